@@ -1,0 +1,1 @@
+"""Engine plugins. Built-in CPU engines live in ``engines.cpu``; GPU engines beside them."""

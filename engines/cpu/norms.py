@@ -1,0 +1,171 @@
+"""CPU layernorm and rmsnorm engines over the last dim, in row blocks (eps 1e-5)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from farm.device import Device
+from farm.knobs import Knob, KnobValue
+from farm.problem import Problem
+from farm.reference import EPS
+
+from ._base import CpuEngine, FunctionPlan, chunks, compute_dtype, nbytes, workspace_view
+
+ROW_BLOCK = Knob.int("row_block", 0, choices=(0, 16, 64, 256, 1024, 4096),
+                     doc="rows normalised per step (0 = all rows at once)")
+
+
+def _rows(problem: Problem) -> tuple[int, int]:
+    dims = problem.tensor("X").dims
+    rows = 1
+    for d in dims[:-1]:
+        rows *= d
+    return rows, dims[-1]
+
+
+def _as_rows(arr: np.ndarray, n: int) -> np.ndarray | None:
+    """A (rows, n) view of ``arr`` when one exists without copying, else None."""
+    try:
+        view = arr.view()
+        view.shape = (-1, n)  # raises instead of copying
+        return view
+    except AttributeError:
+        return None
+
+
+class _RowEngine(CpuEngine):
+    """Runs ``kernel(x_block, params, out_block, stats)`` over blocks of rows in the compute dtype.
+
+    Each block is copied into the workspace, normalised there, and written to Y,
+    so fp16 tensors and strided layouts take the same path.
+    """
+
+    ops: frozenset[str] = frozenset()
+    knobs = (ROW_BLOCK,)
+    params: tuple[str, ...] = ()
+
+    def _block(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> tuple[int, int, int]:
+        rows, n = _rows(problem)
+        blk = rows if int(knobs["row_block"]) <= 0 else min(rows, int(knobs["row_block"]))
+        return rows, n, blk
+
+    def estimate_workspace(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> int:
+        _, n, blk = self._block(problem, knobs)
+        ct = compute_dtype(problem)
+        return 2 * nbytes((blk, n), ct) + nbytes((blk, 2), ct)
+
+    def kernel(self, x: np.ndarray, params: dict[str, np.ndarray], out: np.ndarray, stats: np.ndarray) -> None:
+        raise NotImplementedError  # pragma: no cover
+
+    def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> FunctionPlan:
+        rows, n, blk = self._block(problem, knobs)
+        ct = compute_dtype(problem)
+        kernel: Callable[..., None] = self.kernel
+
+        def run(tensors: Mapping[str, Any], workspace: Any) -> None:
+            x, y = tensors["X"], tensors["Y"]
+            params = {p: tensors[p].astype(ct, copy=False) for p in self.params}
+            xr = _as_rows(x, n)
+            if xr is None:
+                xr = np.ascontiguousarray(x).reshape(-1, n)
+            yr = _as_rows(y, n)
+            dst = yr if yr is not None else np.empty((rows, n), dtype=y.dtype)
+            xb_full = workspace_view(workspace, (blk, n), ct)
+            ob_full = workspace_view(workspace, (blk, n), ct, xb_full.nbytes)
+            stats_full = workspace_view(workspace, (blk, 2), ct, 2 * xb_full.nbytes)
+            for r0, r1 in chunks(rows, blk):
+                m = r1 - r0
+                xb, ob = xb_full[:m], ob_full[:m]
+                np.copyto(xb, xr[r0:r1], casting="unsafe")
+                kernel(xb, params, ob, stats_full[:m])
+                np.copyto(dst[r0:r1], ob, casting="unsafe")
+            if yr is None:
+                y[...] = dst.reshape(y.shape)
+
+        return FunctionPlan(run, self.estimate_workspace(problem, knobs))
+
+
+class TwoPassLayerNorm(_RowEngine):
+    """Mean first, then the variance of the centred rows (numerically safest)."""
+
+    name = "cpu.layernorm.twopass"
+    ops = frozenset({"layernorm"})
+    priority = 10
+    params = ("scale", "bias")
+
+    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray) -> None:
+        mean = stats[:, 0:1]
+        np.mean(x, axis=1, keepdims=True, out=mean)
+        np.subtract(x, mean, out=y)
+        var = stats[:, 1:2]
+        np.einsum("ij,ij->i", y, y, out=var[:, 0])
+        var /= x.shape[1]
+        var += EPS
+        np.sqrt(var, out=var)
+        y /= var
+        y *= p["scale"]
+        y += p["bias"]
+
+
+class OnePassLayerNorm(_RowEngine):
+    """Sum and sum of squares in one sweep: var = E[x^2] - E[x]^2."""
+
+    name = "cpu.layernorm.onepass"
+    ops = frozenset({"layernorm"})
+    priority = 20
+    params = ("scale", "bias")
+
+    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray) -> None:
+        n = x.shape[1]
+        mean = stats[:, 0:1]
+        sq = stats[:, 1:2]
+        np.sum(x, axis=1, keepdims=True, out=mean)
+        np.einsum("ij,ij->i", x, x, out=sq[:, 0])
+        mean /= n
+        sq /= n
+        sq -= mean * mean
+        np.maximum(sq, 0.0, out=sq)
+        sq += EPS
+        np.sqrt(sq, out=sq)
+        np.subtract(x, mean, out=y)
+        y /= sq
+        y *= p["scale"]
+        y += p["bias"]
+
+
+class NumpyRmsNorm(_RowEngine):
+    """mean(x*x) through a squared temporary."""
+
+    name = "cpu.rmsnorm.numpy"
+    ops = frozenset({"rmsnorm"})
+    priority = 10
+    params = ("scale",)
+
+    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray) -> None:
+        ms = stats[:, 0:1]
+        np.multiply(x, x, out=y)
+        np.mean(y, axis=1, keepdims=True, out=ms)
+        ms += EPS
+        np.sqrt(ms, out=ms)
+        np.divide(x, ms, out=y)
+        y *= p["scale"]
+
+
+class EinsumRmsNorm(_RowEngine):
+    """Sum of squares as a row-wise dot product (no squared temporary)."""
+
+    name = "cpu.rmsnorm.einsum"
+    ops = frozenset({"rmsnorm"})
+    priority = 20
+    params = ("scale",)
+
+    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray) -> None:
+        ms = stats[:, 0:1]
+        np.einsum("ij,ij->i", x, x, out=ms[:, 0])
+        ms /= x.shape[1]
+        ms += EPS
+        np.sqrt(ms, out=ms)
+        np.divide(x, ms, out=y)
+        y *= p["scale"]

@@ -1,0 +1,163 @@
+"""Tables for people (rich) and plain dicts for ``--json``; used by the CLI only."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any, Iterable, Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from .autotune import AutotuneResult
+from .engine import Engine, EngineRegistry, engine_id, user_knobs
+from .knobs import format_settings
+from .tuning import ProblemOutcome
+
+
+def fmt_ms(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if value >= 100:
+        return f"{value:.1f}"
+    if value >= 1:
+        return f"{value:.3f}"
+    return f"{value:.4f}"
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def engines_table(registry: EngineRegistry, engines: Iterable[Engine]) -> Table:
+    table = Table(title="Engines", show_lines=True)
+    table.add_column("engine", style="bold")
+    table.add_column("id", justify="right")
+    table.add_column("ops")
+    table.add_column("knobs (type, range, default)")
+    table.add_column("exhaustive", justify="center")
+    table.add_column("from")
+    for e in engines:
+        knobs = "\n".join(k.describe() for k in user_knobs(e)) or "-"
+        table.add_row(Text(e.name), str(engine_id(e)), Text(", ".join(sorted(e.ops))), Text(knobs),
+                      "yes" if e.supports_exhaustive else "no", Text(registry.origin(e)))
+    return table
+
+
+def engine_dict(registry: EngineRegistry, e: Engine) -> dict[str, Any]:
+    return {
+        "name": e.name,
+        "id": engine_id(e),
+        "ops": sorted(e.ops),
+        "supports_exhaustive": bool(e.supports_exhaustive),
+        "origin": registry.origin(e),
+        "knobs": [
+            {"name": k.name, "type": k.type.value, "default": k.default, "min": k.min, "max": k.max,
+             "choices": list(k.choices), "doc": k.doc}
+            for k in user_knobs(e)
+        ],
+    }
+
+
+def _status(r: AutotuneResult) -> Text:
+    if r.succeeded:
+        return Text("ok" + (f" ({r.error})" if r.error else ""), style="green")
+    msg = r.error if len(r.error) <= 90 else r.error[:87] + "..."
+    return Text(f"{r.disposition.value}: {msg}" if msg else r.disposition.value, style="red")
+
+
+def results_table(outcome: ProblemOutcome, position: str = "") -> Table:
+    wp = outcome.problem
+    head = f"{position} {wp.name}".strip()
+    title = f"{head}: {wp.problem.label()}  (key {wp.problem.key})"
+    table = Table(title=Text(title), title_justify="left")
+    for col, justify in (("rank", "right"), ("engine", "left"), ("knobs", "left"), ("min ms", "right"),
+                         ("median ms", "right"), ("avg ± sd ms", "right"), ("iters", "right"),
+                         ("conv", "center"), ("workspace", "right"), ("status", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in outcome.results:
+        avg = "-" if r.avg_ms is None else f"{fmt_ms(r.avg_ms)} ± {fmt_ms(r.stddev_ms)}"
+        table.add_row(
+            str(r.rank) if r.rank >= 0 else "-",
+            Text(r.engine_name),
+            Text(format_settings(r.knobs)),
+            fmt_ms(r.min_ms),
+            fmt_ms(r.median_ms),
+            avg,
+            str(r.iterations),
+            ("yes" if r.converged else "no") if r.succeeded else "-",
+            fmt_bytes(r.workspace_size),
+            _status(r),
+            style="bold" if r.rank == 0 else None,
+        )
+    if outcome.skipped:
+        table.caption = Text(f"{outcome.skipped} candidate(s) measured before, not repeated")
+    if outcome.error:
+        table.caption = Text(outcome.error, style="red")
+    return table
+
+
+def default_result(outcome: ProblemOutcome) -> AutotuneResult | None:
+    """The heuristic default: the earliest candidate (discovery order) with default knobs."""
+    defaults = [r for r in outcome.results if not r.knobs]
+    return min(defaults, key=lambda r: r.candidate) if defaults else None
+
+
+def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float) -> Table:
+    table = Table(title=f"Summary: {len(outcomes)} problem(s) in {wall_s:.1f} s", title_justify="left")
+    for col, justify in (("problem", "left"), ("op", "left"), ("candidates", "right"), ("failed", "right"),
+                         ("winner", "left"), ("min ms", "right"), ("default ms", "right"), ("speedup", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for o in outcomes:
+        w = o.winner
+        d = default_result(o)
+        failed = sum(not r.succeeded for r in o.results)
+        speed = "-"
+        if w and d and d.succeeded and w.min_ms:
+            speed = f"{d.min_ms / w.min_ms:.2f}x"
+        table.add_row(Text(o.problem.name), o.problem.problem.op, str(len(o.results)), str(failed),
+                      Text(w.label) if w else Text(o.error or "no winner", style="red"),
+                      fmt_ms(w.min_ms if w else None), fmt_ms(d.min_ms if d and d.succeeded else None), speed)
+    return table
+
+
+def to_jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if f.name != "ranking_fn"}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def outcome_dict(o: ProblemOutcome) -> dict[str, Any]:
+    results = []
+    for r in o.results:
+        d = to_jsonable(r)
+        d["knobs"] = dict(r.knobs)
+        d["succeeded"] = r.succeeded
+        results.append(d)
+    return {
+        "name": o.problem.name,
+        "index": o.problem.index,
+        "problem_key": o.problem.problem.key,
+        "problem": o.problem.problem.canonical(),
+        "label": o.problem.problem.label(),
+        "error": o.error,
+        "wall_ms": o.wall_ms,
+        "skipped": o.skipped,
+        "winner": results[0] if o.winner else None,
+        "results": results,
+    }

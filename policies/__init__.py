@@ -1,0 +1,1 @@
+"""Selection policies (hipDNN heuristics RFC): built-ins and plugins of group farm.policies."""

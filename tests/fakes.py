@@ -1,0 +1,136 @@
+"""Test doubles: call-counting fake engines and a scripted timer, on the real CPU runtime."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from farm.arrays import NumpyArrays
+from farm.device import Device
+from farm.engine import EngineRegistry, Support
+from farm.knobs import Knob, KnobValue
+from farm.problem import Problem
+from farm.runtimes.cpu import CpuRuntime
+
+
+class ScriptedTimer:
+    """Returns the next programmed time for each measurement (runs the function too)."""
+
+    def __init__(self, times: Iterable[float] | Callable[[], float]) -> None:
+        self._next = times if callable(times) else itertools.cycle(list(times)).__next__
+        self.calls = 0
+
+    def measure(self, fn: Callable[[], None]) -> float:
+        fn()
+        self.calls += 1
+        return float(self._next())
+
+
+def fake_device(timer: Any = None) -> Device:
+    runtime = CpuRuntime()
+    from farm.timing import HostTimer
+
+    return Device(runtime, 0, runtime.properties(0), NumpyArrays(), timer or HostTimer())
+
+
+@dataclass
+class Calls:
+    compile: list[dict[str, KnobValue]] = field(default_factory=list)
+    run: int = 0
+    finalize: int = 0
+    closed: int = 0
+
+
+class FakePlan:
+    def __init__(self, engine: "FakeEngine", knobs: Mapping[str, KnobValue]) -> None:
+        self.engine = engine
+        self.knobs = dict(knobs)
+        self.workspace_size = engine.actual_workspace(knobs)
+
+    def finalize(self, workspace: Any) -> None:
+        self.engine.calls.finalize += 1
+        if self.engine.fail_at == "finalize":
+            raise RuntimeError("cannot bind workspace")
+
+    def run(self, tensors: Mapping[str, Any], workspace: Any, stream: Any) -> None:
+        e = self.engine
+        e.calls.run += 1
+        if self.knobs.get("global.benchmarking"):
+            e.primed_runs += 1
+            if e.fail_at == "prime":
+                raise RuntimeError("priming exploded")
+            return
+        if e.fail_at == "warmup" and e.calls.run == 1:
+            raise RuntimeError("kernel launch failed")
+        if e.fail_at == "run" and e.calls.run >= 3:
+            raise RuntimeError("illegal memory access")
+        # a correct matmul (optionally perturbed) so result checks have something to check
+        out = tensors["A"] @ tensors["B"]
+        if e.wrong:
+            out = out + 1.0
+        tensors["C"][...] = out
+
+    def close(self) -> None:
+        self.engine.calls.closed += 1
+
+
+class FakeEngine:
+    """A matmul engine whose failures, workspace and knobs are set by the test."""
+
+    ops = frozenset({"matmul"})
+
+    def __init__(self, name: str, *, knobs: tuple[Knob, ...] = (), exhaustive: bool = False,
+                 fail_at: str = "", wrong: bool = False, estimate: int = 0, actual: int | None = None,
+                 priority: int = 100, applicable: bool = True) -> None:
+        self.name = name
+        self.knobs = knobs
+        self.supports_exhaustive = exhaustive
+        self.fail_at = fail_at
+        self.wrong = wrong
+        self.estimate = estimate
+        self.actual = estimate if actual is None else actual
+        self.priority = priority
+        self._applicable = applicable
+        self.calls = Calls()
+        self.primed_runs = 0
+
+    def applicable(self, problem: Problem, device: Device) -> Support:
+        return Support.yes() if self._applicable else Support.no("fake says no")
+
+    def estimate_workspace(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> int:
+        return int(self.estimate) + int(knobs.get("extra", 0) or 0)
+
+    def actual_workspace(self, knobs: Mapping[str, KnobValue]) -> int:
+        return int(self.actual) + int(knobs.get("extra", 0) or 0)
+
+    def compile(self, problem: Problem, knobs: Mapping[str, KnobValue], device: Device) -> FakePlan:
+        self.calls.compile.append(dict(knobs))
+        if self.fail_at == "compile":
+            raise ValueError("unsupported tile")
+        if self.fail_at == "prime_compile" and knobs.get("global.benchmarking"):
+            raise ValueError("cannot build priming plan")
+        return FakePlan(self, knobs)
+
+
+def matmul_problem(m: int = 8, n: int = 6, k: int = 5) -> Problem:
+    return Problem.create("matmul", {"A": [m, k], "B": [k, n]})
+
+
+def registry_of(*engines: Any) -> EngineRegistry:
+    return EngineRegistry(engines)
+
+
+TILE = Knob.int("tile", 64, choices=(16, 32, 64, 128))
+SPLIT = Knob.int("split_k", 1, min=1, max=16)
+ALPHA = Knob.float("alpha", 1.0, min=0.0, max=2.0)
+MODE = Knob.str("mode", "fast", choices=("fast", "exact"))
+EXTRA = Knob.int("extra", 0, min=0, max=1 << 40, doc="extra workspace bytes (tests)")
+
+
+def tensors_for(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
+    from farm.arrays import make_tensors
+
+    return make_tensors(problem, NumpyArrays(), seed)

@@ -1,0 +1,394 @@
+"""The in-process autotuner: dispositions, ranking, modes, strategies, budgets, API guards."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from fakes import EXTRA, TILE, FakeEngine, ScriptedTimer, fake_device, matmul_problem, registry_of, tensors_for
+from farm.autotune import (AutotuneConfig, Autotuner, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode)
+from farm.engine import engine_id
+from farm.errors import AutotuneError, InputError, UsageError
+from farm.knobs import BENCHMARKING_KNOB
+from farm.timing import Strategy
+
+FAST = AutotuneConfig(strategy="fixed_average", timed_iterations=3, warmup_iterations=1)
+
+
+def tuner_with(*engines, timer=None, problem=None):
+    return Autotuner(problem or matmul_problem(), fake_device(timer), registry=registry_of(*engines))
+
+
+def by_name(results):
+    return {r.label: r for r in results}
+
+
+def test_every_disposition_exactly_one_result_per_candidate():
+    engines = dict(
+        good=FakeEngine("good", estimate=10),
+        barred=FakeEngine("barred"),
+        filtered=FakeEngine("filtered"),
+        big=FakeEngine("big", estimate=10, actual=10_000),
+        broken=FakeEngine("broken", fail_at="compile"),
+        unbound=FakeEngine("unbound", fail_at="finalize"),
+        cold=FakeEngine("cold", fail_at="warmup"),
+        flaky=FakeEngine("flaky", fail_at="run"),
+        wrong=FakeEngine("wrong", wrong=True),
+    )
+    t = tuner_with(*engines.values())
+    t.add_all_engines()
+    t.deselect_engines(["barred"])
+    keep = [engine_id(e) for n, e in engines.items() if n != "filtered"]
+    cfg = AutotuneConfig(strategy="fixed_average", timed_iterations=5, workspace_limit=100,
+                         engine_id_filter=keep + [123456789], check="reference")
+    results = t.autotune(config=cfg)
+    assert len(results) == len(engines)
+    got = {r.engine_name: r.disposition for r in results}
+    assert got == {
+        "good": Disposition.SUCCEEDED,
+        "barred": Disposition.BARRED_BY_DESELECT,
+        "filtered": Disposition.EXCLUDED_BY_FILTER,
+        "big": Disposition.EXCEEDS_WORKSPACE_LIMIT,
+        "broken": Disposition.FAILED_COMPILE,
+        "unbound": Disposition.FAILED_FINALIZE,
+        "cold": Disposition.FAILED_WARMUP,
+        "flaky": Disposition.FAILED_RUN,
+        "wrong": Disposition.WRONG_RESULT,
+    }
+    # successes first with ranks 0..n-1, failures after with rank -1
+    assert results[0].engine_name == "good" and results[0].rank == 0 and results[0].succeeded
+    assert all(r.rank == -1 and not r.succeeded for r in results[1:])
+    by = {r.engine_name: r for r in results}
+    assert "unsupported tile" in by["broken"].error and "broken" in by["broken"].error
+    assert "10000 B > limit 100 B" in by["big"].error and by["big"].workspace_size == 10_000
+    assert "illegal memory access" in by["flaky"].error
+    assert by["wrong"].max_rel_error > 0.01 and "float64 reference" in by["wrong"].error
+    assert by["good"].max_rel_error < 1e-5
+    assert by["good"].iterations == 5 and by["good"].converged
+    assert engines["barred"].calls.compile == [] and engines["filtered"].calls.compile == []
+
+
+def test_workspace_overrun_after_compile_is_logged_when_the_estimate_fit(caplog):
+    big = FakeEngine("big", estimate=10, actual=10_000)
+    t = tuner_with(big, FakeEngine("ok"))
+    t.add_all_engines()
+    with caplog.at_level(logging.WARNING, logger="farm.autotune"):
+        t.autotune(config=AutotuneConfig(strategy="single_shot", workspace_limit=100))
+    assert any("after compile (estimate 10 B)" in r.message for r in caplog.records)
+
+
+def test_default_ranking_by_min_time_and_ties_keep_candidate_order():
+    times = {"a": [3.0, 2.0, 2.5], "b": [1.0, 5.0, 5.0], "c": [1.0, 1.5, 1.5]}
+    engines = [FakeEngine(n) for n in times]
+    seqs = {n: iter(v * 10) for n, v in times.items()}
+    current = {}
+
+    class PerEngineTimer:
+        def measure(self, fn):
+            fn()
+            return next(seqs[current["name"]])
+
+    t = tuner_with(*engines, timer=PerEngineTimer())
+    t.add_all_engines()
+    # route the timer to the engine whose plan runs: wrap each fake's compile
+    for e in engines:
+        orig = e.compile
+
+        def compile(problem, knobs, device, _orig=orig, _name=e.name):
+            plan = _orig(problem, knobs, device)
+            run = plan.run
+
+            def tracked(tensors, ws, stream, _run=run):
+                current["name"] = _name
+                return _run(tensors, ws, stream)
+
+            plan.run = tracked
+            return plan
+
+        e.compile = compile
+    results = t.autotune(config=AutotuneConfig(strategy="fixed_average", timed_iterations=3))
+    assert [r.engine_name for r in results] == ["b", "c", "a"]  # b and c tie at 1.0: candidate order
+    assert [r.rank for r in results] == [0, 1, 2]
+    assert results[2].min_ms == 2.0 and results[2].avg_ms == pytest.approx(2.5)
+
+
+def test_custom_ranking_function_may_reorder():
+    def tuner():
+        t = tuner_with(FakeEngine("a"), FakeEngine("b"), FakeEngine("c"), timer=ScriptedTimer([3.0, 2.0, 1.0]))
+        t.add_all_engines()
+        return t
+
+    single = AutotuneConfig(strategy="single_shot")
+    assert [r.engine_name for r in tuner().autotune(config=single)] == ["c", "b", "a"]
+    # reordering in place
+    results = tuner().autotune(config=AutotuneConfig(strategy="single_shot", ranking_fn=lambda rs: rs.reverse()))
+    assert [r.engine_name for r in results] == ["a", "b", "c"]
+    assert [r.rank for r in results] == [0, 1, 2]  # ranks are re-assigned after the function
+    # returning a new order works too
+    results = tuner().autotune(config=AutotuneConfig(
+        strategy="single_shot", ranking_fn=lambda rs: sorted(rs, key=lambda r: r.engine_name == "b", reverse=True)))
+    assert results[0].engine_name == "b"
+
+
+@pytest.mark.parametrize("bad_fn", [
+    lambda rs: 1 / 0,                 # throws
+    lambda rs: rs[:1],                # drops a result
+    lambda rs: rs + rs[:1],           # duplicates one
+])
+def test_ranking_function_that_misbehaves_falls_back_to_min_time(bad_fn, caplog):
+    timer = ScriptedTimer([5.0, 5.0, 1.0, 1.0])  # candidates run in discovery (name) order: a_slow, b_fast
+    t = tuner_with(FakeEngine("a_slow"), FakeEngine("b_fast"), timer=timer)
+    t.add_all_engines()
+    with caplog.at_level(logging.WARNING, logger="farm.autotune"):
+        results = t.autotune(config=AutotuneConfig(strategy="fixed_average", timed_iterations=2, ranking_fn=bad_fn))
+    assert [r.engine_name for r in results] == ["b_fast", "a_slow"]
+    assert any("ranking function failed" in r.message for r in caplog.records)
+
+
+def test_engine_id_filter_is_a_subset_and_ignores_unknown_ids():
+    a, b = FakeEngine("a"), FakeEngine("b")
+    t = tuner_with(a, b)
+    t.add_all_engines()
+    results = t.autotune(config=AutotuneConfig(strategy="single_shot", engine_id_filter=[engine_id(b), 42]))
+    assert by_name(results)["a[default]"].disposition is Disposition.EXCLUDED_BY_FILTER
+    assert results[0].engine_name == "b"
+
+
+def test_exhaustive_mode_primes_with_the_benchmarking_knob_then_compiles_real_plans():
+    ex = FakeEngine("ex", knobs=(TILE,), exhaustive=True)
+    plain = FakeEngine("plain")
+    t = tuner_with(ex, plain)
+    t.add_all_engines()
+    t.add_engine("ex", {"tile": 32})
+    results = t.autotune(config=AutotuneConfig(mode="exhaustive", strategy="single_shot"))
+    by = {r.label: r for r in results}
+    assert by["ex[default]"].ran_exhaustive and by["ex[tile=32]"].ran_exhaustive
+    assert not by["plain[default]"].ran_exhaustive and not by["plain[default]"].supports_exhaustive
+    assert all(r.mode is TuneMode.EXHAUSTIVE for r in results)
+    bench = [k[BENCHMARKING_KNOB] for k in ex.calls.compile]
+    assert bench == [1, 1, 0, 0]  # two priming plans first, then the two real plans
+    assert ex.calls.compile[0]["tile"] == 64 and ex.calls.compile[1]["tile"] == 32  # priming keeps the spec's knobs
+    assert ex.primed_runs == 2
+    assert BENCHMARKING_KNOB not in plain.calls.compile[0]
+
+
+def test_priming_failure_abort_and_benchmark_unprimed():
+    t = tuner_with(FakeEngine("ex", exhaustive=True, fail_at="prime"), FakeEngine("plain"))
+    t.add_all_engines()
+    with pytest.raises(AutotuneError, match="priming failed for ex"):
+        t.autotune(config=AutotuneConfig(mode="exhaustive", strategy="single_shot"))
+    t = tuner_with(FakeEngine("ex", exhaustive=True, fail_at="prime_compile"), FakeEngine("plain"))
+    t.add_all_engines()
+    results = t.autotune(config=AutotuneConfig(mode="exhaustive", strategy="single_shot",
+                                               priming_failure=PrimingFailurePolicy.BENCHMARK_UNPRIMED))
+    ex = by_name(results)["ex[default]"]
+    assert ex.succeeded and not ex.ran_exhaustive
+    assert "priming failed, benchmarked unprimed" in ex.error and "cannot build priming plan" in ex.error
+
+
+def test_priming_skipped_for_workspace_is_not_a_failure():
+    big = FakeEngine("big", exhaustive=True, estimate=10, actual=10_000)
+    t = tuner_with(big, FakeEngine("ok"))
+    t.add_all_engines()
+    results = t.autotune(config=AutotuneConfig(mode="exhaustive", strategy="single_shot", workspace_limit=100))
+    assert by_name(results)["big[default]"].disposition is Disposition.EXCEEDS_WORKSPACE_LIMIT
+    assert big.primed_runs == 0
+
+
+def test_run_until_stable_with_scripted_timings():
+    # stable after the noisy start: 3 samples within 5 % CoV end the loop
+    t = tuner_with(FakeEngine("a"), timer=ScriptedTimer([9.0, 1.0, 1.0, 1.0, 1.0]))
+    t.add_all_engines()
+    (r,) = t.autotune(config=AutotuneConfig(window=3, stability_threshold=0.05))
+    assert r.iterations == 4 and r.converged and r.strategy is Strategy.RUN_UNTIL_STABLE
+    assert r.samples == (9.0, 1.0, 1.0, 1.0) and r.min_ms == 1.0 and r.median_ms == 1.0
+    # never stable: capped at max_iterations, converged false
+    t = tuner_with(FakeEngine("a"), timer=ScriptedTimer([1.0, 3.0]))
+    t.add_all_engines()
+    (r,) = t.autotune(config=AutotuneConfig(window=3, max_iterations=8))
+    assert r.iterations == 8 and not r.converged
+
+
+def test_budgets_per_candidate():
+    t = tuner_with(FakeEngine("a"), timer=ScriptedTimer([1.0, 3.0]))
+    t.add_all_engines()
+    (r,) = t.autotune(config=AutotuneConfig(max_iterations=100, max_tuning_samples=5))
+    assert r.iterations == 5 and not r.converged
+
+    import time
+
+    slow = FakeEngine("slow")
+    orig = slow.compile
+
+    def compile(problem, knobs, device):
+        plan = orig(problem, knobs, device)
+        inner = plan.run
+
+        def run(*a):
+            time.sleep(0.004)
+            inner(*a)
+
+        plan.run = run
+        return plan
+
+    slow.compile = compile
+    t = tuner_with(slow, timer=ScriptedTimer([1.0, 3.0]))
+    t.add_all_engines()
+    (r,) = t.autotune(config=AutotuneConfig(max_iterations=100, max_tuning_duration_ms=20, max_tuning_samples=50))
+    assert 2 <= r.iterations <= 8 and not r.converged  # ~4 ms each: the duration budget wins
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(window=1), "window"),
+    (dict(window=5, max_iterations=4), "max_iterations"),
+    (dict(stability_threshold=0.0), "stability_threshold"),
+    (dict(stability_threshold=1.0), "stability_threshold"),
+    (dict(timed_iterations=0), "timed_iterations"),
+    (dict(warmup_iterations=-1), "warmup_iterations"),
+    (dict(max_tuning_samples=0), "max_tuning_samples"),
+    (dict(max_tuning_duration_ms=-5), "max_tuning_duration_ms"),
+    (dict(strategy="fastest"), "strategy"),
+    (dict(mode="turbo"), "mode"),
+    (dict(workspace_limit=-1), "workspace_limit"),
+])
+def test_config_validation_names_the_field(kwargs, field):
+    with pytest.raises(InputError) as info:
+        AutotuneConfig(**kwargs)
+    assert info.value.field == field
+
+
+def test_stable_only_checks_apply_to_run_until_stable():
+    AutotuneConfig(strategy="fixed_average", window=1)  # window is irrelevant there
+
+
+def test_winner_is_what_execute_runs_and_others_are_released():
+    a, b = FakeEngine("a"), FakeEngine("b")
+    t = tuner_with(a, b, timer=ScriptedTimer([2.0, 2.0, 1.0, 1.0]))
+    t.add_all_engines()
+    results = t.autotune(config=AutotuneConfig(strategy="fixed_average", timed_iterations=2))
+    assert results[0].engine_name == "b"
+    assert a.calls.closed == 1 and b.calls.closed == 0
+    before_a, before_b = a.calls.run, b.calls.run
+    tensors = tensors_for(t.problem, seed=3)
+    t.execute(tensors)
+    assert (a.calls.run, b.calls.run) == (before_a, before_b + 1)
+    np.testing.assert_allclose(tensors["C"], tensors["A"] @ tensors["B"], rtol=1e-5)
+    t.close()
+    assert b.calls.closed == 1
+
+
+def test_manual_path():
+    a, b = FakeEngine("a", estimate=8), FakeEngine("b", estimate=16)
+    t = tuner_with(a, b, FakeEngine("broken", fail_at="compile"))
+    t.add_all_engines()
+    assert t.build_plans() == 2  # the broken one is left out
+    assert t.plan_count == 2
+    assert [t.plan_name_at_index(i) for i in range(2)] == ["a[default]", "b[default]"]
+    assert t.workspace_size_at_index(1) == 16
+    tensors = tensors_for(t.problem)
+    t.execute_plan_at_index(1, tensors)
+    assert b.calls.run == 1
+    t.build_plan_at_index(0)
+    t.execute(tensors)
+    assert a.calls.run == 1
+    for bad in (-1, 2, "0", True):
+        with pytest.raises(UsageError, match="out of range"):
+            t.execute_plan_at_index(bad, tensors)
+    with pytest.raises(UsageError, match="after build_plans"):
+        t.add_engine("a")
+    with pytest.raises(UsageError, match="EXHAUSTIVE"):
+        t.autotune(config=AutotuneConfig(mode="exhaustive"))
+    results = t.autotune(config=AutotuneConfig(strategy="single_shot"))  # compiled-plan path, STANDARD
+    assert len(results) == 2 and all(r.succeeded for r in results)
+    t.deselect_workspace_greater_than(10)
+    assert t.plan_count == 1
+
+
+def test_api_guards():
+    t = tuner_with(FakeEngine("a"))
+    with pytest.raises(UsageError, match="build_plans"):
+        _ = t.plan_count
+    with pytest.raises(UsageError, match="no plan selected"):
+        t.execute(tensors_for(t.problem))
+    with pytest.raises(AutotuneError, match="no autotuning candidates"):
+        t.autotune()
+    with pytest.raises(AutotuneError):
+        t.build_plans()
+    t.add_all_engines()
+    with pytest.raises(InputError, match="missing tensor B"):
+        t.autotune({"A": np.zeros((8, 5), np.float32)})
+    with pytest.raises(InputError, match="shape must be"):
+        t.autotune({"A": np.ones((8, 5)), "B": np.ones((4, 6)), "C": np.ones((8, 6))})
+    extra = tensors_for(t.problem)
+    extra["unused"] = np.ones(3)  # extra tensors are accepted
+    assert t.autotune(extra, AutotuneConfig(strategy="single_shot"))[0].succeeded
+
+
+def test_all_candidates_failing_raises_with_the_results():
+    t = tuner_with(FakeEngine("x", fail_at="compile"), FakeEngine("y", wrong=True))
+    t.add_all_engines()
+    with pytest.raises(AutotuneError, match="every candidate failed") as info:
+        t.autotune(config=AutotuneConfig(check="reference"))
+    assert {r.disposition for r in info.value.results} == {Disposition.FAILED_COMPILE, Disposition.WRONG_RESULT}
+    assert t.winner is None
+
+
+def test_check_against_the_first_candidate_and_off():
+    t = tuner_with(FakeEngine("good"), FakeEngine("wrong", wrong=True))
+    t.add_all_engines()
+    results = t.autotune(config=AutotuneConfig(strategy="single_shot", check=ResultCheck.FIRST))
+    wrong = by_name(results)["wrong[default]"]
+    assert wrong.disposition is Disposition.WRONG_RESULT and "good[default] (first candidate)" in wrong.error
+    t = tuner_with(FakeEngine("good"), FakeEngine("wrong", wrong=True))
+    t.add_all_engines()
+    assert all(r.succeeded for r in t.autotune(config=AutotuneConfig(strategy="single_shot", check="off")))
+
+
+def test_unwritten_outputs_are_caught_by_poisoning():
+    lazy = FakeEngine("lazy")
+    orig = lazy.compile
+
+    def compile(problem, knobs, device):
+        plan = orig(problem, knobs, device)
+        plan.run = lambda tensors, ws, stream: None  # writes nothing
+        return plan
+
+    lazy.compile = compile
+    t = tuner_with(FakeEngine("good"), lazy)
+    t.add_all_engines()
+    results = t.autotune(tensors_for(matmul_problem()), AutotuneConfig(strategy="single_shot", check="reference"))
+    assert by_name(results)["lazy[default]"].disposition is Disposition.WRONG_RESULT
+
+
+def test_listener_sees_every_candidate_and_compile_pool_gives_the_same_outcome():
+    engines = [FakeEngine(f"e{i}", knobs=(TILE,)) for i in range(3)] + [FakeEngine("bad", fail_at="compile")]
+    seen = []
+    t = tuner_with(*engines)
+    t.add_all_engines()
+    for e in engines[:3]:
+        t.add_engine(e.name, {"tile": 32})
+    results = t.autotune(config=AutotuneConfig(strategy="single_shot", compile_workers=2), listener=seen.append)
+    assert len(seen) == len(results) == 7
+    assert all(r.rank == -1 for r in seen)  # streamed before ranking
+    assert sum(r.succeeded for r in results) == 6
+    assert sorted(r.candidate for r in results) == list(range(7))
+
+
+def test_workspace_is_allocated_through_the_runtime_and_reused():
+    e = FakeEngine("ws", knobs=(EXTRA,), estimate=0)
+    t = tuner_with(e)
+    t.add_engine("ws", {"extra": 4096})
+    t.add_engine("ws", {"extra": 1024})
+    results = t.autotune(config=AutotuneConfig(strategy="single_shot"))
+    assert {r.workspace_size for r in results} == {4096, 1024}
+    assert t._workspace_size == 4096  # grown once, reused for the smaller plan
+
+
+def test_not_applicable_engine_added_by_id_fails_at_compile_time():
+    t = tuner_with(FakeEngine("ok"), FakeEngine("nope", applicable=False))
+    assert [c.engine_name for c in t.engine_configs()] == ["ok"]
+    t.add_engine("nope")
+    t.add_engine("ok")
+    results = t.autotune(config=AutotuneConfig(strategy="single_shot"))
+    nope = by_name(results)["nope[default]"]
+    assert nope.disposition is Disposition.FAILED_COMPILE and "does not apply: fake says no" in nope.error

@@ -1,0 +1,153 @@
+import logging
+
+import pytest
+
+from fakes import EXTRA, MODE, SPLIT, TILE, FakeEngine, fake_device, matmul_problem, registry_of
+from farm.engine import engine_id
+from farm.errors import InputError
+from farm.knobs import BENCHMARKING_KNOB
+from farm.plans import (EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection, SWEEP_ERROR_LIMIT,
+                        cartesian_product)
+
+
+@pytest.fixture
+def setup():
+    a = FakeEngine("fake.a", knobs=(TILE, SPLIT, MODE, EXTRA), exhaustive=True, estimate=1000)
+    b = FakeEngine("fake.b", knobs=(TILE,), estimate=50)
+    reg = registry_of(a, b)
+    col = PlanSpecCollection(matmul_problem(), fake_device(), reg)
+    return col, a, b
+
+
+def test_plan_spec_equality_ignores_knob_order_and_defaults(setup):
+    col, a, _ = setup
+    s1 = col.add_engine("fake.a", {"tile": 32, "split_k": 4})
+    s2 = col.add_engine("fake.a", {"split_k": 4, "tile": 32, "mode": "fast"})  # mode=fast is the default
+    assert s1 == s2 and hash(s1) == hash(s2)
+    assert len(col) == 1
+    assert s1 == PlanSpec(engine_id(a), (("split_k", 4), ("tile", 32)))
+    assert col.add_engine("fake.a", {}) == col.add_engine("fake.a") == PlanSpec(engine_id(a), ())
+    assert len(col) == 2
+
+
+def test_additive_dedup_across_calls(setup):
+    col, a, b = setup
+    col.add_all_engines()
+    col.add_engine_variants([EngineVariant("fake.a", {}), EngineVariant("fake.a", {"tile": 128})])
+    col.add_engine_sweep([EngineSweep("fake.a", {"tile": [64, 128]})])
+    assert [s.describe(col.registry) for s in col.specs] == [
+        "fake.a[default]", "fake.b[default]", "fake.a[tile=128]"]
+
+
+def test_single_calls_raise(setup):
+    col, *_ = setup
+    with pytest.raises(InputError, match="unknown engine"):
+        col.add_engine("nope")
+    with pytest.raises(InputError, match="unknown knob"):
+        col.add_engine("fake.a", {"tiles": 3})
+    with pytest.raises(InputError) as info:
+        col.add_engine("fake.a", {"split_k": 99})
+    assert "fake.a" in str(info.value) and "split_k" in str(info.value) and "99" in str(info.value)
+    with pytest.raises(InputError, match="no engines given"):
+        col.add_engines([])
+    with pytest.raises(InputError):
+        col.add_engine_configs([])
+    with pytest.raises(InputError):
+        col.add_engine_variants([])
+    with pytest.raises(InputError):
+        col.add_engine_sweep([])
+
+
+def test_engine_that_does_not_serve_the_op_is_refused():
+    conv_only = FakeEngine("fake.conv")
+    conv_only.ops = frozenset({"conv_fprop"})
+    col = PlanSpecCollection(matmul_problem(), fake_device(), registry_of(conv_only))
+    with pytest.raises(InputError, match="does not implement matmul"):
+        col.add_engine("fake.conv")
+
+
+def test_batch_calls_skip_invalid_entries_with_a_warning(setup, caplog):
+    col, *_ = setup
+    with caplog.at_level(logging.WARNING, logger="farm.plans"):
+        n = col.add_engine_variants([
+            EngineVariant("fake.a", {"tile": 32}),
+            EngineVariant("ghost", {}),
+            EngineVariant("fake.a", {"tile": 33}),
+            EngineVariant("fake.b", {"tile": 128}),
+        ])
+    assert n == 2
+    assert len([r for r in caplog.records if "skipped" in r.message]) == 2
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="farm.plans"):
+        n = col.add_engine_sweep([EngineSweep("fake.a", {"split_k": [1, 2, 99]}), EngineSweep("ghost", {"x": [1]})])
+    assert n == 2  # split_k=1 (the default-knob spec) and split_k=2; 99 is out of range
+    assert any("ghost" in r.message for r in caplog.records)
+    assert any("99" in r.message for r in caplog.records)
+
+
+def test_benchmarking_knob_is_stripped_with_a_warning(setup, caplog):
+    col, *_ = setup
+    with caplog.at_level(logging.WARNING, logger="farm.plans"):
+        spec = col.add_engine("fake.a", {BENCHMARKING_KNOB: 1, "tile": 32})
+    assert spec.knobs == (("tile", 32),)
+    assert any(BENCHMARKING_KNOB in r.message and "stripped" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("axes, expected", [
+    ({}, [{}]),
+    ({"a": [1, 2, 3]}, [{"a": 1}, {"a": 2}, {"a": 3}]),
+    ({"a": [1, 2], "b": ["x", "y"]}, [{"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 2, "b": "x"}, {"a": 2, "b": "y"}]),
+    ({"a": [1], "b": [2], "c": [3, 4]}, [{"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 2, "c": 4}]),
+])
+def test_cartesian_product(axes, expected):
+    assert cartesian_product(axes) == expected
+
+
+def test_cartesian_product_limit():
+    axes = {"a": list(range(100)), "b": list(range(101))}
+    with pytest.raises(InputError, match="10100 plan specs, above the limit of 10000"):
+        cartesian_product(axes)
+    assert len(cartesian_product({"a": list(range(100)), "b": list(range(100))})) == SWEEP_ERROR_LIMIT
+    with pytest.raises(InputError, match="list of values"):
+        cartesian_product({"a": 3})
+
+
+def test_sweep_merges_fixed_settings_and_warns_above_1000(setup, caplog):
+    col, *_ = setup
+    n = col.add_engine_sweep([EngineSweep("fake.a", {"tile": [32, 128], "split_k": [2, 4]}, {"mode": "exact"})])
+    assert n == 4
+    assert all(dict(s.knobs)["mode"] == "exact" for s in col.specs)
+    with caplog.at_level(logging.WARNING, logger="farm.plans"):
+        n = col.add_engine_sweep([EngineSweep("fake.a", {"extra": list(range(1100))})])
+    assert n == 1100
+    assert any("1100 plan specs" in r.message for r in caplog.records)
+    with pytest.raises(InputError):
+        col.add_engine_sweep([EngineSweep("fake.a", {"extra": list(range(10_001))})])
+
+
+def test_deselect_engines_accumulates_and_workspace_ceiling_last_write_wins(setup):
+    col, a, b = setup
+    col.add_all_engines()
+    col.add_engine("fake.a", {"extra": 5000})
+    specs = col.specs
+    col.deselect_engines(["fake.b"])
+    col.deselect_engines([engine_id(a) + 1])  # unknown ids are ignored
+    assert col.barred_reason(specs[1]) == "engine deselected"
+    assert col.barred_reason(specs[0]) is None
+    col.deselect_workspace_greater_than(10)
+    assert "exceeds the deselect ceiling" in col.barred_reason(specs[0])
+    col.deselect_workspace_greater_than(2000)  # last write wins
+    assert col.barred_reason(specs[0]) is None
+    assert "6000 B" in col.barred_reason(specs[2])
+    assert col.barred_reason(specs[1]) == "engine deselected"  # engine bars stay
+    assert col.estimated_max_workspace() == 1000
+    with pytest.raises(InputError):
+        col.deselect_workspace_greater_than(-1)
+
+
+def test_estimated_max_workspace_over_all_candidates(setup):
+    col, *_ = setup
+    assert col.estimated_max_workspace() == 0
+    col.add_all_engines()
+    col.add_engine("fake.a", {"extra": 24})
+    assert col.estimated_max_workspace() == 1024
