@@ -132,24 +132,17 @@ def _infer_conv_fprop(dims: Mapping[str, Dims], c: Mapping[str, int]) -> dict[st
     return {"Y": _conv_geometry(x, w, c, "X", "W")}
 
 
-def _infer_conv_dgrad(dims: Mapping[str, Dims], c: Mapping[str, int]) -> dict[str, Dims]:
-    dx = _rank(dims, "dX", 4)
-    w = _rank(dims, "W", 4)
-    dy = _rank(dims, "dY", 4)
-    expect = _conv_geometry(dx, w, c, "dX", "W")
-    if dy != expect:
-        raise _fail(f"dY must be {list(expect)} for this dX, W and criteria", "dY", dy)
-    return {}
+def _conv_gradient(data: str, filt: str) -> InferFn:
+    """Shape check of a conv gradient: dY must be what conv_fprop(data, filt) would produce."""
 
+    def infer(dims: Mapping[str, Dims], c: Mapping[str, int]) -> dict[str, Dims]:
+        expect = _conv_geometry(_rank(dims, data, 4), _rank(dims, filt, 4), c, data, filt)
+        dy = _rank(dims, "dY", 4)
+        if dy != expect:
+            raise _fail(f"dY must be {list(expect)} for this {data}, {filt} and criteria", "dY", dy)
+        return {}
 
-def _infer_conv_wgrad(dims: Mapping[str, Dims], c: Mapping[str, int]) -> dict[str, Dims]:
-    x = _rank(dims, "X", 4)
-    dw = _rank(dims, "dW", 4)
-    dy = _rank(dims, "dY", 4)
-    expect = _conv_geometry(x, dw, c, "X", "dW")
-    if dy != expect:
-        raise _fail(f"dY must be {list(expect)} for this X, dW and criteria", "dY", dy)
-    return {}
+    return infer
 
 
 def _sdpa_shapes(dims: Mapping[str, Dims]) -> tuple[Dims, Dims, Dims]:
@@ -223,9 +216,9 @@ OPS: dict[str, OpSpec] = {
         OpSpec("conv_fprop", OpCategory.CONVOLUTION, ("X", "W"), ("Y",), criteria=_CONV_CRITERIA,
                infer=_infer_conv_fprop, doc="2-D convolution forward, NCHW dims, KCRS filter"),
         OpSpec("conv_dgrad", OpCategory.CONVOLUTION, ("dY", "W"), ("dX",), criteria=_CONV_CRITERIA,
-               infer=_infer_conv_dgrad, given_outputs=("dX",), doc="gradient of conv_fprop w.r.t. its input"),
+               infer=_conv_gradient("dX", "W"), given_outputs=("dX",), doc="gradient of conv_fprop w.r.t. its input"),
         OpSpec("conv_wgrad", OpCategory.CONVOLUTION, ("X", "dY"), ("dW",), criteria=_CONV_CRITERIA,
-               infer=_infer_conv_wgrad, given_outputs=("dW",), doc="gradient of conv_fprop w.r.t. its filter"),
+               infer=_conv_gradient("X", "dW"), given_outputs=("dW",), doc="gradient of conv_fprop w.r.t. its filter"),
         OpSpec("sdpa_fwd", OpCategory.SDPA, ("Q", "K", "V"), ("O",), criteria={"causal": 0},
                infer=_infer_sdpa_fwd, doc="softmax(Q K^T / sqrt(d)) V, [batch, heads, seq, dim]; GQA allowed"),
         OpSpec("sdpa_bwd", OpCategory.SDPA, ("Q", "K", "V", "O", "dO"), ("dQ", "dK", "dV"),

@@ -294,6 +294,12 @@ def _problem(raw: Any, i: int, registry: EngineRegistry, base: EngineSelection) 
     for s in own:
         if problem.op not in registry.get(str(s.engine)).ops:
             raise InputError(f"engine {s.engine} does not implement {problem.op}", field=f"{prefix}.engines.sweep[{s.engine}]")
+    if engines.include == ():
+        raise InputError("include lists no engine: this problem would have no candidates", field=f"{prefix}.engines.include", value=[])
+    if not engines.defaults and not any(engines.selects(str(s.engine)) and problem.op in registry.get(str(s.engine)).ops
+                                        for s in engines.sweeps):
+        raise InputError("defaults is false and no sweep applies to this op: this problem would have no candidates",
+                         field=f"{prefix}.engines.defaults", value=False)
     name = raw.get("name")
     if name is not None and not isinstance(name, str):
         raise InputError("expected a string", field=f"{prefix}.name", value=name)

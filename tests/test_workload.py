@@ -119,6 +119,24 @@ def test_structural_mistakes(tmp_path, registry, text, fragment):
         load_workload(write(tmp_path, text), registry)
 
 
+@pytest.mark.parametrize("engines, field", [
+    ("{include: []}", "problems[0].engines.include"),
+    ("{defaults: false}", "problems[0].engines.defaults"),
+])
+def test_empty_candidate_sets_are_rejected(tmp_path, registry, engines, field):
+    text = f"problems:\n  - op: matmul\n    tensors: {{A: [2, 2], B: [2, 2]}}\n    engines: {engines}\n"
+    with pytest.raises(InputError, match="no candidates") as info:
+        load_workload(write(tmp_path, text), registry)
+    assert info.value.field == field
+
+
+def test_inherited_sweep_of_another_op_does_not_count_as_a_candidate(tmp_path, registry):
+    text = ("engines: {defaults: false, sweep: {cpu.conv.im2col: {batch_chunk: [1]}}}\n"
+            "problems:\n  - op: matmul\n    tensors: {A: [2, 2], B: [2, 2]}\n")
+    with pytest.raises(InputError, match="no candidates"):
+        load_workload(write(tmp_path, text), registry)
+
+
 def test_missing_file(tmp_path, registry):
     with pytest.raises(InputError, match="not found") as info:
         load_workload(tmp_path / "nope.yaml", registry)
