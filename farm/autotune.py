@@ -183,6 +183,7 @@ class AutotuneResult:
     avg_ms: float | None = None
     stddev_ms: float | None = None
     median_ms: float | None = None
+    mad_ms: float | None = None
     samples: tuple[float, ...] = ()
     iterations: int = 0
     warmups: int = 0
@@ -395,12 +396,15 @@ class Autotuner:
         *,
         listener: Callable[[AutotuneResult], None] | None = None,
         seed: int = 0,
+        only: Iterable[PlanSpec] | None = None,
     ) -> list[AutotuneResult]:
         """Measure every candidate; return one result per candidate, ranked.
 
         ``tensors`` defaults to random inputs (seeded) and poisoned outputs on
         the device. ``listener`` receives each candidate's result as soon as it
-        is final (before ranking, so with rank -1). Raises AutotuneError when no
+        is final (before ranking, so with rank -1). ``only`` restricts the run to
+        those plan specs (resuming): the others get no result, and every result
+        keeps its candidate index in the full list. Raises AutotuneError when no
         candidate succeeds; the error carries ``.results``.
         """
         config = config or AutotuneConfig()
@@ -418,7 +422,11 @@ class Autotuner:
         else:
             if not self._collection.specs:
                 raise AutotuneError("no autotuning candidates: add engines first")
-            candidates = [self._candidate(i, s) for i, s in enumerate(self._collection.specs)]
+            wanted = set(only) if only is not None else None
+            candidates = [self._candidate(i, s) for i, s in enumerate(self._collection.specs)
+                          if wanted is None or s in wanted]
+            if not candidates:
+                raise AutotuneError("no autotuning candidates left: every plan spec was excluded by 'only'")
         t0 = time.perf_counter()
         log.info("autotune: start %s (key %s) on %s: %d candidate(s), mode %s, strategy %s",
                  self.problem.label(), self.problem.key, self.device.properties.name, len(candidates),
@@ -714,6 +722,7 @@ class _Run:
             avg_ms=stats.mean,
             stddev_ms=stats.stddev,
             median_ms=stats.median,
+            mad_ms=stats.mad,
             samples=tuple(float(s) for s in samples),
             iterations=len(samples),
             warmups=warmups,

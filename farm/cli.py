@@ -51,8 +51,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from .device import cpu_device
     from .engine import default_engine_registry
-    from .render import outcome_dict, results_table, summary_table, to_jsonable
-    from .tuning import tune_workload
+    from .job import run_local
+    from .render import outcome_dict, reduce_dict, results_table, summary_table, to_jsonable, where_table
     from .workload import load_workload
 
     registry = default_engine_registry()
@@ -61,35 +61,71 @@ def cmd_tune(args: argparse.Namespace) -> int:
     console = _console()
     if args.dry_run:
         return _dry_run(workload, device, registry, args.json)
+    out = args.out or f"runs/{workload.name}"
     total = len(workload.problems)
-    started = time.perf_counter()
     if not args.json:
         console.print(f"tuning [bold]{escape(workload.name)}[/] ({total} problem(s)) on "
-                      f"{escape(device.properties.name)} [dim]{device.signature}[/]")
+                      f"{escape(device.properties.name)} [dim]{device.signature}[/] into {escape(out)}")
     done = 0
 
     def show(outcome: Any) -> None:
         nonlocal done
         done += 1
-        if args.json:
-            return
-        console.print(results_table(outcome, f"[{done}/{total}]"))
-        console.print()
+        if not args.json:
+            console.print(results_table(outcome, f"[{done}/{total}]"))
+            console.print()
 
-    outcomes = tune_workload(workload, device, registry, on_problem=show)
-    wall = time.perf_counter() - started
+    report = run_local(workload, out, device, registry, on_problem=show, reduce=not args.no_reduce, top_k=args.top_k)
     if args.json:
         _print_json({
             "workload": {"name": workload.name, "source": workload.source, "digest": workload.digest},
+            "job_id": report.job_id,
+            "run_id": report.run_id,
+            "out": out,
             "device": device.properties.to_dict(),
             "autotune": to_jsonable(workload.autotune),
-            "wall_s": wall,
-            "problems": [outcome_dict(o) for o in outcomes],
+            "wall_s": report.wall_s,
+            "rows_written": report.rows_written,
+            "problems": [outcome_dict(o) for o in report.outcomes],
+            "reduce": reduce_dict(report.reduce) if report.reduce else None,
         })
     else:
-        console.print(summary_table(outcomes, wall))
-    failed = [o for o in outcomes if o.winner is None and o.error]
-    return 1 if failed and len(failed) == len(outcomes) else 0
+        console.print(summary_table(report.outcomes, report.wall_s, _recorded_winners(report)))
+        console.print(where_table(out, report))
+    failed = [o for o in report.outcomes if o.winner is None and o.error]
+    return 1 if failed and len(failed) == len(report.outcomes) else 0
+
+
+def _recorded_winners(report: Any) -> Any:
+    """problem -> override entry, from the files the run's reduce step wrote."""
+    from .overrides import load_overrides
+
+    files = [load_overrides(s.write.path) for s in (report.reduce.signatures if report.reduce else []) if s.write]
+
+    def lookup(problem: Any) -> Any:
+        for f in files:
+            entry = f.match(problem)
+            if entry is not None:
+                return entry
+        return None
+
+    return lookup
+
+
+# -- farm reduce ----------------------------------------------------------------------------
+def cmd_reduce(args: argparse.Namespace) -> int:
+    from .reduce import reduce_results
+    from .render import reduce_dict, reduce_table
+
+    report = reduce_results(args.results, args.out, top_k=args.top_k, mode=args.mode, tunableop_csv=args.tunableop_csv)
+    if args.json:
+        _print_json(reduce_dict(report))
+    else:
+        console = _console()
+        for path, reason in report.skipped_files:
+            _console(stderr=True).print(f"[yellow]skipped[/] {escape(path)}: {escape(reason)}")
+        console.print(reduce_table(report))
+    return 0 if any(s.entries for s in report.signatures) else 1
 
 
 def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool) -> int:
@@ -134,9 +170,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="tune every problem of a workload file")
     p.add_argument("workload", help="workload YAML file (see docs/workload.md)")
+    p.add_argument("--out", help="output folder: results/ (Parquet), overrides/, job.json (default runs/<workload name>); "
+                                 "an existing one is resumed")
+    p.add_argument("--top-k", type=int, default=3, help="ranking depth kept in the override metadata (default 3)")
+    p.add_argument("--no-reduce", action="store_true", help="write results only, no override files")
     p.add_argument("--json", action="store_true", help="print results as JSON instead of tables")
     p.add_argument("--dry-run", action="store_true", help="validate and list the candidates, measure nothing")
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("reduce", help="turn a results dataset into one override file per device signature")
+    p.add_argument("results", help="results folder (e.g. runs/x/results)")
+    p.add_argument("--out", required=True, help="folder for <device_signature>.json files")
+    p.add_argument("--top-k", type=int, default=3, help="ranking depth kept in the metadata (default 3)")
+    p.add_argument("--mode", choices=("append", "replace", "new"), default="append",
+                   help="append: replace matching entries, keep the rest (default); replace: start over; "
+                        "new: refuse to touch an existing file")
+    p.add_argument("--tunableop-csv", action="store_true", help="also write TunableOp-style CSV files")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_reduce)
     return parser
 
 

@@ -109,21 +109,38 @@ def default_result(outcome: ProblemOutcome) -> AutotuneResult | None:
     return min(defaults, key=lambda r: r.candidate) if defaults else None
 
 
-def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float) -> Table:
+def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, recorded: Any = None) -> Table:
+    """One row per problem: the recorded winner (what an override file replays) when known.
+
+    ``recorded(problem)`` returns the override entry for a problem, or None.
+    """
     table = Table(title=f"Summary: {len(outcomes)} problem(s) in {wall_s:.1f} s", title_justify="left")
     for col, justify in (("problem", "left"), ("op", "left"), ("candidates", "right"), ("failed", "right"),
-                         ("winner", "left"), ("min ms", "right"), ("default ms", "right"), ("speedup", "right")):
+                         ("winner", "left"), ("min ms", "right"), ("default ms", "right"), ("speedup", "right"),
+                         ("note", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for o in outcomes:
-        w = o.winner
-        d = default_result(o)
+        w, d = o.winner, default_result(o)
+        entry = recorded(o.problem.problem) if recorded is not None else None
         failed = sum(not r.succeeded for r in o.results)
-        speed = "-"
-        if w and d and d.succeeded and w.min_ms:
-            speed = f"{d.min_ms / w.min_ms:.2f}x"
-        table.add_row(Text(o.problem.name), o.problem.problem.op, str(len(o.results)), str(failed),
-                      Text(w.label) if w else Text(o.error or "no winner", style="red"),
-                      fmt_ms(w.min_ms if w else None), fmt_ms(d.min_ms if d and d.succeeded else None), speed)
+        note = ""
+        if entry is not None:
+            winner = f"{entry.engine_name}[{format_settings(entry.knobs)}]"
+            best = (entry.metadata or {}).get("min_time_ms")
+            selection = (entry.metadata or {}).get("selection") or {}
+            if not o.results:
+                note = "measured before"
+            elif selection.get("rule") == "heuristic_first_within_noise":
+                fast = selection.get("fastest", {})
+                note = f"kept over {fast.get('engine_name')}[{format_settings(tuple(sorted((fast.get('knobs') or {}).items())))}]: within noise"
+        elif w is not None:
+            winner, best = w.label, w.min_ms
+        else:
+            winner, best = "", None
+        speed = f"{d.min_ms / best:.2f}x" if d is not None and d.succeeded and best else "-"
+        table.add_row(Text(o.problem.name), o.problem.problem.op, str(len(o.results) + o.skipped), str(failed),
+                      Text(winner) if winner else Text(o.error or "no winner", style="red"),
+                      fmt_ms(best), fmt_ms(d.min_ms if d and d.succeeded else None), speed, Text(note, style="dim"))
     return table
 
 
@@ -161,3 +178,52 @@ def outcome_dict(o: ProblemOutcome) -> dict[str, Any]:
         "winner": results[0] if o.winner else None,
         "results": results,
     }
+
+
+def reduce_table(report: Any) -> Table:
+    table = Table(title="Override files", title_justify="left")
+    for col, justify in (("device signature", "left"), ("problems", "right"), ("entries", "right"),
+                         ("kept heuristic-first", "right"), ("no winner", "right"), ("file", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for s in report.signatures:
+        w = s.write
+        file = "-" if w is None else f"{w.path} ({w.added} added, {w.replaced} replaced)"
+        if w is not None and w.moved_aside:
+            file += f"; corrupt file moved to {w.moved_aside}"
+        if s.csv_path:
+            file += f"\n{s.csv_path}"
+        table.add_row(Text(s.signature), str(s.problems), str(s.entries), str(s.preferred_default),
+                      str(len(s.no_winner)), Text(file))
+    if report.skipped_files:
+        table.caption = Text(f"{len(report.skipped_files)} unreadable results file(s) skipped", style="yellow")
+    return table
+
+
+def reduce_dict(report: Any) -> dict[str, Any]:
+    return {
+        "rows": report.rows,
+        "skipped_files": [{"path": p, "reason": r} for p, r in report.skipped_files],
+        "signatures": [
+            {"signature": s.signature, "problems": s.problems, "entries": s.entries,
+             "kept_heuristic_first": s.preferred_default, "no_winner": s.no_winner,
+             "file": s.write.path if s.write else None, "added": s.write.added if s.write else 0,
+             "replaced": s.write.replaced if s.write else 0, "moved_aside": s.write.moved_aside if s.write else "",
+             "tunableop_csv": s.csv_path or None}
+            for s in report.signatures
+        ],
+    }
+
+
+def where_table(out: str, report: Any) -> Table:
+    table = Table(title="Outputs", title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("where")
+    table.add_row("job", Text(f"{report.job_id} (run {report.run_id})"))
+    table.add_row("results", Text(f"{out}/results  ({report.rows_written} new rows)"))
+    if report.reduce is not None:
+        for s in report.reduce.signatures:
+            if s.write is not None:
+                table.add_row("overrides", Text(f"{s.write.path}  ({s.entries} entries)"))
+    table.add_row("query", Text(f"duckdb -c \"SELECT problem_name, engine_name, min_ms FROM "
+                                f"read_parquet('{out}/results/**/*.parquet', hive_partitioning=true) WHERE rank = 0\""))
+    return table

@@ -40,6 +40,7 @@ class SampleStats:
     mean: float | None
     stddev: float | None
     median: float | None
+    mad: float | None = None  # median absolute deviation from the median
 
     @property
     def cov(self) -> float | None:
@@ -47,10 +48,10 @@ class SampleStats:
 
 
 def summarize(samples: Sequence[float]) -> SampleStats:
-    """min / max / mean / population stddev / median of ``samples``."""
+    """min / max / mean / population stddev / median / MAD of ``samples``."""
     n = len(samples)
     if n == 0:
-        return SampleStats(0, None, None, None, None, None)
+        return SampleStats(0, None, None, None, None, None, None)
     mean = math.fsum(samples) / n
     # float rounding can put mean a hair outside [min, max]; keep the invariant.
     lo, hi = min(samples), max(samples)
@@ -59,7 +60,9 @@ def summarize(samples: Sequence[float]) -> SampleStats:
     ordered = sorted(samples)
     mid = n // 2
     median = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return SampleStats(n, lo, hi, mean, math.sqrt(var), median)
+    deviations = sorted(abs(s - median) for s in samples)
+    mad = deviations[mid] if n % 2 else (deviations[mid - 1] + deviations[mid]) / 2
+    return SampleStats(n, lo, hi, mean, math.sqrt(var), median, mad)
 
 
 def coefficient_of_variation_from(mean: float, stddev: float) -> float:

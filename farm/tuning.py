@@ -85,12 +85,9 @@ def tune_problem(
         todo = [s for s in specs if s not in done_set]
         if not todo:
             return ProblemOutcome(wp, (), "", (time.perf_counter() - t0) * 1e3, skipped=len(specs))
-        if len(todo) < len(specs):
-            tuner = Autotuner(wp.problem, device, registry=registry)
-            for spec in todo:
-                tuner.add_engine(spec.engine_id, dict(spec.knobs))
         try:
-            results = tuner.autotune(config=config, seed=seed, listener=listener)
+            results = tuner.autotune(config=config, seed=seed, listener=listener,
+                                     only=todo if len(todo) < len(specs) else None)
             error = ""
         except AutotuneError as exc:
             results, error = exc.results, str(exc)

@@ -134,3 +134,44 @@ def tensors_for(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
     from farm.arrays import make_tensors
 
     return make_tensors(problem, NumpyArrays(), seed)
+
+
+# -- synthetic results -----------------------------------------------------------------------
+def fake_props(name: str = "Fake GPU", arch: str = "sm_90", units: int = 132, index: int = 0, driver: str = "580.1"):
+    from farm.device import DeviceProperties
+
+    return DeviceProperties(vendor="nvidia", name=name, arch=arch, compute_units=units, total_memory=141 * 2**30,
+                            l2_bytes=60 * 2**20, clock_mhz=1980, warp_size=32, driver_version=driver,
+                            runtime_version="13.0", libraries=(("torch", "2.11.0"),), index=index, host="test-host")
+
+
+def fake_result(problem: Problem, engine: str, samples=(1.0, 1.0, 1.0), *, knobs=(), candidate: int = 0,
+                disposition=None, strategy: str = "run_until_stable", started_at: str = "2026-11-30T00:00:00.000Z"):
+    """An AutotuneResult with the given samples (statistics computed from them)."""
+    from farm.autotune import AutotuneResult, Disposition, TuneMode
+    from farm.ids import engine_name_to_id
+    from farm.timing import Strategy, summarize
+
+    disposition = disposition or Disposition.SUCCEEDED
+    ok = disposition is Disposition.SUCCEEDED
+    st = summarize(list(samples) if ok else [])
+    return AutotuneResult(
+        problem_key=problem.key, engine_id=engine_name_to_id(engine), engine_name=engine, knobs=tuple(knobs),
+        disposition=disposition, mode=TuneMode.STANDARD, strategy=Strategy(strategy), candidate=candidate,
+        error="" if ok else "boom", min_ms=st.min, avg_ms=st.mean, stddev_ms=st.stddev, median_ms=st.median,
+        mad_ms=st.mad, samples=tuple(samples) if ok else (), iterations=len(samples) if ok else 0,
+        converged=ok, workspace_size=0, estimated_workspace=0, started_at=started_at,
+    )
+
+
+def write_results(root, rows_by_device, *, job_id="job1", round="main", flush_rows=1000):
+    """Write rows: rows_by_device = {DeviceProperties: [(problem, name, [AutotuneResult...]), ...]}."""
+    from farm.results import MeasurementContext, ResultWriter, RunContext, result_row
+
+    run = RunContext(job_id=job_id, workload_name="synthetic")
+    with ResultWriter(root, run.run_id, flush_rows=flush_rows) as w:
+        for props, problems in rows_by_device.items():
+            for problem, name, results in problems:
+                where = MeasurementContext(props, round=round)
+                w.append(result_row(r, problem, name, run, where) for r in results)
+    return run

@@ -84,5 +84,7 @@ def test_resume_skips_done_specs(cpu, registry):
     second = tune_problem(wp, cpu, cfg, registry, done=done)
     assert second.skipped == 2 and len(second.results) == len(first.results) - 2
     assert not {r.spec for r in second.results} & set(done)
+    # candidate indices stay those of the full list, so "discovery order first" survives a resume
+    assert {(r.spec, r.candidate) for r in second.results} <= {(r.spec, r.candidate) for r in first.results}
     third = tune_problem(wp, cpu, cfg, registry, done=[r.spec for r in first.results])
     assert third.results == () and third.skipped == len(first.results) and third.error == ""

@@ -14,6 +14,9 @@ def test_summarize_edge_cases():
     assert flat.stddev == 0.0 and flat.cov == 0.0
     s = summarize([1.0, 2.0, 3.0, 4.0])
     assert s.mean == 2.5 and s.median == 2.5 and s.min == 1.0 and s.max == 4.0
+    assert s.mad == 1.0  # deviations 1.5, 0.5, 0.5, 1.5
+    assert summarize([1.0, 1.0, 1.0, 50.0]).mad == 0.0  # one outlier does not move it
+    assert one.mad == 0.0 and empty.mad is None
     assert math.isclose(s.stddev, math.sqrt(1.25))
 
 

@@ -1,0 +1,280 @@
+"""Override files: the RFC §10.2 config-file tests and §17 matching rules."""
+
+import json
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from farm.errors import InputError
+from farm.overrides import (OverrideEntry, TensorRule, autotune_metadata, load_overrides, parse_overrides,
+                            write_overrides)
+from farm.problem import Problem
+
+DEVICE = {"signature": "nvidia-h200-sm90-132cu-abc", "properties": {"arch": "sm_90"}}
+
+
+def meta(strategy="run_until_stable", **kw):
+    return autotune_metadata(rank=0, min_ms=0.5, avg_ms=0.6, stddev_ms=0.01, workspace=1024, mode="exhaustive",
+                             ran_exhaustive=True, strategy=strategy, iterations=12, converged=True, device="sm_90",
+                             timestamp="2026-11-30T00:00:00Z", **kw)
+
+
+def mm(m=64, n=32, k=16, dtype="fp32", **kw):
+    return Problem.create("matmul", {"A": [m, k], "B": [k, n]}, dtype=dtype, **kw)
+
+
+def conv(**crit):
+    return Problem.create("conv_fprop", {"X": [1, 4, 8, 8], "W": [6, 4, 3, 3]}, criteria=crit)
+
+
+# -- writer: serialization and entry construction ------------------------------------------------
+def test_knob_serialization_per_type(tmp_path):
+    e = OverrideEntry.for_problem(mm(), "triton.gemm", (("BLOCK_M", 128), ("alpha", 0.5), ("layout", "nt")), meta())
+    path = tmp_path / "o.json"
+    write_overrides(path, [e], device=DEVICE)
+    raw = json.loads(path.read_text())["engine_overrides"][0]
+    assert raw["knobs"] == [{"knob_id": "BLOCK_M", "type": "int", "value": 128},
+                            {"knob_id": "alpha", "type": "double", "value": 0.5},
+                            {"knob_id": "layout", "type": "string", "value": "nt"}]
+    back = load_overrides(path).entries[0]
+    assert back.knobs == (("BLOCK_M", 128), ("alpha", 0.5), ("layout", "nt"))
+    assert isinstance(dict(back.knobs)["alpha"], float)
+
+
+def test_entry_construction_conditional_fields(tmp_path):
+    rus = OverrideEntry.for_problem(mm(), "e", (), meta("run_until_stable")).to_json()
+    fixed = OverrideEntry.for_problem(mm(32), "e", (), meta("fixed_average")).to_json()
+    assert "knobs" not in rus  # default-knob winner
+    assert rus["autotune_metadata"]["converged"] is True
+    assert "converged" not in fixed["autotune_metadata"]
+    for m in (rus["autotune_metadata"], fixed["autotune_metadata"]):
+        assert m["ran_exhaustive"] is True  # always present
+        for key in ("rank", "min_time_ms", "avg_time_ms", "stddev_ms", "workspace_size", "mode", "strategy",
+                    "iterations_run", "device", "timestamp"):
+            assert key in m
+    assert rus["tensors"][0] == {"tensor_id": "A", "dim": [64, 16], "stride": [16, 1], "data_type": "fp32"}
+    assert rus["criteria"] == {} and rus["compute_data_type"] == "fp32"
+    # a tensor rule with empty strides serialises as [] and matches any layout
+    any_layout = OverrideEntry("matmul", "e", (TensorRule("A", (64, 16)), TensorRule("B", (16, 32)),
+                                               TensorRule("C", (64, 32)))).to_json()
+    assert any_layout["tensors"][0]["stride"] == []
+
+
+# -- writer: modes -------------------------------------------------------------------------------
+def test_three_write_modes(tmp_path):
+    path = tmp_path / "o.json"
+    a, b, c = (OverrideEntry.for_problem(mm(m), "e1", (), meta()) for m in (8, 16, 32))
+    r = write_overrides(path, [a, b], device=DEVICE, mode="new")
+    assert (r.added, r.replaced, r.entries) == (2, 0, 2)
+    with pytest.raises(InputError, match="mode 'new'"):
+        write_overrides(path, [c], device=DEVICE, mode="new")
+    b2 = OverrideEntry.for_problem(mm(16), "e2", (("tile", 64),), meta())
+    r = write_overrides(path, [b2, c], device=DEVICE, mode="append")
+    assert (r.added, r.replaced, r.entries) == (1, 1, 3)
+    f = load_overrides(path)
+    assert [e.engine_name for e in f.entries] == ["e1", "e2", "e1"]  # replaced in place, new appended
+    assert f.match(mm(16)).knobs == (("tile", 64),)
+    r = write_overrides(path, [c], device=DEVICE, mode="replace")
+    assert r.entries == 1 and load_overrides(path).match(mm(8)) is None
+    with pytest.raises(InputError, match="write mode"):
+        write_overrides(path, [c], device=DEVICE, mode="merge")
+
+
+def test_replace_key_ignores_tensor_order(tmp_path):
+    path = tmp_path / "o.json"
+    e = OverrideEntry.for_problem(mm(), "old", (), meta())
+    shuffled = OverrideEntry(e.op, "new", tuple(reversed(e.tensors)), e.criteria, (), e.compute_data_type, meta())
+    write_overrides(path, [e], device=DEVICE)
+    r = write_overrides(path, [shuffled], device=DEVICE)
+    assert (r.replaced, r.entries) == (1, 1)
+    assert load_overrides(path).match(mm()).engine_name == "new"
+
+
+def test_round_trip_write_load_match_knobs(tmp_path):
+    path = tmp_path / "o.json"
+    problems = [mm(), mm(dtype="fp16"), conv(pad_h=1), conv()]
+    entries = [OverrideEntry.for_problem(p, f"eng{i}", (("k", i),), meta()) for i, p in enumerate(problems)]
+    write_overrides(path, entries, device=DEVICE)
+    f = load_overrides(path)
+    assert f.device_signature == DEVICE["signature"] and f.is_autotune_file and f.version == 2
+    for i, p in enumerate(problems):
+        hit = f.match(p)
+        assert hit is not None and hit.engine_name == f"eng{i}" and hit.knobs == (("k", i),)
+    assert f.match(mm(65)) is None
+    assert f.match(mm(compute_dtype="tf32")) is None  # same shape, other compute type
+
+
+def test_corrupt_file_is_moved_aside_never_over_an_earlier_one(tmp_path):
+    path = tmp_path / "o.json"
+    path.write_text("{ not json")
+    e = OverrideEntry.for_problem(mm(), "e", (), meta())
+    r1 = write_overrides(path, [e], device=DEVICE)
+    assert r1.moved_aside and os.path.basename(r1.moved_aside).startswith("o.json.corrupt-")
+    assert open(r1.moved_aside).read() == "{ not json"
+    assert load_overrides(path).match(mm()).engine_name == "e"
+    path.write_text('{"version": 2, "engine_overrides": [{"op": 1}]}')  # structurally broken
+    r2 = write_overrides(path, [e], device=DEVICE)
+    assert r2.moved_aside != r1.moved_aside and os.path.exists(r1.moved_aside) and os.path.exists(r2.moved_aside)
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ({"engine_overrides": [{"op": "matmul", "engine_name": "x", "tensors": [{"dim": [1]}]}]}, "version 1"),
+    ({"version": 2, "engine_overrides": [{"op": "matmul", "engine_name": "x",
+                                          "tensors": [{"tensor_id": "A", "dim": [1]}]}]}, "not written by autotuning"),
+    ({"version": 2, "device": {"signature": "other-device"}, "engine_overrides": []}, "file for device other-device"),
+])
+def test_append_refusals_write_nothing(tmp_path, content, fragment):
+    path = tmp_path / "o.json"
+    text = json.dumps(content)
+    path.write_text(text)
+    with pytest.raises(InputError, match=fragment):
+        write_overrides(path, [OverrideEntry.for_problem(mm(), "e", (), meta())], device=DEVICE)
+    assert path.read_text() == text
+    assert not [p for p in os.listdir(tmp_path) if "corrupt" in p]
+
+
+def _append_many(path, start, count):
+    for i in range(start, start + count):
+        write_overrides(path, [OverrideEntry.for_problem(mm(i + 1), f"e{i}", (), meta())], device=DEVICE)
+
+
+def test_concurrent_appenders_lose_no_entry(tmp_path):
+    path = str(tmp_path / "o.json")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(path, s, 40)) for s in (0, 40)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    f = load_overrides(path)
+    assert len(f.entries) == 80
+    assert {e.engine_name for e in f.entries} == {f"e{i}" for i in range(80)}
+
+
+# -- reader ---------------------------------------------------------------------------------
+def test_v1_positional_files_and_unknown_fields(tmp_path):
+    text = json.dumps({
+        "comment": "hand-written",
+        "engine_overrides": [{"op": "matmul", "engine_name": "legacy", "note": "x",
+                              "tensors": [{"dim": [64, 16]}, {"dim": [16, 32]}, {"dim": [64, 32]}]}]})
+    f = parse_overrides(text)
+    assert f.version == 1 and f.entries[0].positional
+    assert f.match(mm()).engine_name == "legacy"
+    assert f.match(mm(64, 32, 17)) is None
+    assert f.entries[0].to_json()["note"] == "x" and f.to_json()["comment"] == "hand-written"
+
+
+def test_missing_or_empty_knobs_are_default(tmp_path):
+    doc = {"version": 2, "engine_overrides": [
+        {"op": "matmul", "engine_name": "a", "tensors": [{"tensor_id": "A", "dim": [1, 1]}], "knobs": []},
+        {"op": "matmul", "engine_name": "b", "tensors": [{"tensor_id": "A", "dim": [1, 1]}]}]}
+    assert [e.knobs for e in parse_overrides(json.dumps(doc)).entries] == [(), ()]
+
+
+def test_knob_type_aliases():
+    doc = {"version": 2, "engine_overrides": [{"op": "matmul", "engine_name": "a", "tensors": [{"tensor_id": "A", "dim": [1]}],
+                                               "knobs": [{"knob_id": "x", "type": "float", "value": 2},
+                                                         {"knob_id": "y", "type": "integer", "value": 3},
+                                                         {"knob_id": "z", "type": "str", "value": "v"}]}]}
+    assert parse_overrides(json.dumps(doc)).entries[0].knobs == (("x", 2.0), ("y", 3), ("z", "v"))
+
+
+def rule(engine, dims_a, dims_b, dims_c, strides=(None, None, None), **kw):
+    tensors = []
+    for tid, dims, stride in zip("ABC", (dims_a, dims_b, dims_c), strides):
+        t = {"tensor_id": tid, "dim": dims}
+        if stride is not None:
+            t["stride"] = stride
+        tensors.append(t)
+    return {"op": kw.pop("op", "matmul"), "engine_name": engine, "tensors": tensors, **kw}
+
+
+def test_wildcards_strides_and_order_rules():
+    exact = OverrideEntry.for_problem(mm(), "exact", (), meta()).to_json()
+    doc = {"version": 2, "engine_overrides": [
+        rule("wild-m", [-1, 16], [16, 32], [-1, 32]),
+        rule("wild-any", [-1, -1], [-1, -1], [-1, -1]),
+        exact,  # declared after wildcards, still found first (exact bucket)
+        rule("colmajor-b", [-1, -1], [-1, -1], [-1, -1], strides=(None, [1, -1], None)),
+    ]}
+    f = parse_overrides(json.dumps(doc))
+    assert f.match(mm()).engine_name == "exact"
+    assert f.match(mm(m=100)).engine_name == "wild-m"  # first wildcard in declaration order
+    assert f.match(mm(m=100, k=8)).engine_name == "wild-any"
+    colmajor = Problem.create("matmul", {"A": [4, 8], "B": {"dims": [8, 2], "strides": [1, 8]}})
+    doc2 = {"version": 2, "engine_overrides": [doc["engine_overrides"][3], doc["engine_overrides"][1]]}
+    f2 = parse_overrides(json.dumps(doc2))
+    assert f2.match(colmajor).engine_name == "colmajor-b"  # stride pattern with a wildcard element
+    assert f2.match(mm(4, 2, 8)).engine_name == "wild-any"  # row-major B fails [1, -1]
+    exact_stride = {"version": 2, "engine_overrides": [rule("s", [64, 16], [16, 32], [64, 32], strides=([16, 1], [32, 1], [32, 1]))]}
+    assert parse_overrides(json.dumps(exact_stride)).match(mm()).engine_name == "s"
+    assert parse_overrides(json.dumps(exact_stride)).match(colmajor) is None
+
+
+def test_criteria_op_and_tensor_count_rejection():
+    doc = {"version": 2, "engine_overrides": [
+        {"op": "conv_fprop", "engine_name": "padded", "criteria": {"pad_h": 1},
+         "tensors": [{"tensor_id": t, "dim": [-1, -1, -1, -1]} for t in ("X", "W", "Y")]},
+        {"op": "conv_fprop", "engine_name": "two-tensors", "tensors": [{"tensor_id": t, "dim": [-1, -1, -1, -1]} for t in ("X", "W")]},
+        rule("mm", [-1, -1], [-1, -1], [-1, -1]),
+    ]}
+    f = parse_overrides(json.dumps(doc))
+    assert f.match(conv(pad_h=1)).engine_name == "padded"
+    assert f.match(conv()) is None  # criteria differ; the 2-tensor rule has the wrong tensor count
+    assert f.match(mm()).engine_name == "mm"
+    bias = Problem.create("matmul", {"A": [2, 2], "B": [2, 2], "bias": [2]})
+    assert f.match(bias) is None  # 4 tensors vs 3
+    assert f.match(Problem.create("rmsnorm", {"X": [2, 2], "scale": [2]})) is None
+
+
+def test_exact_lookup_is_a_hash_lookup_not_a_scan(monkeypatch):
+    entries = [OverrideEntry.for_problem(mm(m), "e", (), meta()).to_json() for m in range(1, 2001)]
+    f = parse_overrides(json.dumps({"version": 2, "engine_overrides": entries}))
+    calls = {"n": 0}
+    real = OverrideEntry.matches
+
+    def counting(self, problem):
+        calls["n"] += 1
+        return real(self, problem)
+
+    monkeypatch.setattr(OverrideEntry, "matches", counting)
+    probe = mm(1500)
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        assert f.match(probe) is not None
+    assert calls["n"] == 0
+    assert (time.perf_counter() - t0) / 1000 < 1e-3
+
+
+@pytest.mark.parametrize("doc, path", [
+    ({"version": 2, "engine_overrides": [rule("a", [1, 1], [1, 1], [1, "x"])]}, "engine_overrides[0].tensors[2].dim[1]"),
+    ({"version": 2, "engine_overrides": [{"op": "matmul", "engine_name": "a", "tensors": [{"dim": [1]}]}]},
+     "engine_overrides[0].tensors[0].tensor_id"),
+    ({"version": 2, "engine_overrides": [{**rule("a", [1], [1], [1]), "knobs": [{"knob_id": "t", "type": "int", "value": 1.5}]}]},
+     "engine_overrides[0].knobs[0].value"),
+    ({"version": 2, "engine_overrides": [{**rule("a", [1], [1], [1]), "criteria": {"pad": "1"}}]},
+     "engine_overrides[0].criteria.pad"),
+    ({"version": 7, "engine_overrides": []}, "version"),
+    ({"version": 2, "engine_overrides": {}}, "engine_overrides"),
+    ({"version": 2, "engine_overrides": [rule("a", [1, 2], [1], [1], strides=([1], None, None))]},
+     "engine_overrides[0].tensors[0].stride"),
+])
+def test_malformed_files_name_file_and_json_path(tmp_path, doc, path):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as info:
+        load_overrides(p)
+    assert info.value.field == path
+    assert str(p) in str(info.value)
+
+
+def test_invalid_json_and_missing_file(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text('{"version": 2,,}')
+    with pytest.raises(InputError, match="not valid JSON.*line 1"):
+        load_overrides(p)
+    with pytest.raises(InputError, match="not found"):
+        load_overrides(tmp_path / "none.json")
