@@ -36,8 +36,8 @@ def test_engines_json_and_op_filter(repo_root):
     assert bad.returncode == 2 and "unknown op 'gemm'" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_tune_example_json(repo_root):
-    proc = farm(repo_root, "tune", "examples/cpu-quick.yaml", "--json", check=True)
+def test_tune_example_json(repo_root, tmp_path):
+    proc = farm(repo_root, "tune", "examples/cpu-quick.yaml", "--out", str(tmp_path / "o"), "--json", check=True)
     data = json.loads(proc.stdout)
     assert data["device"]["vendor"] == "cpu" and data["device"]["signature"].startswith("cpu-")
     assert len(data["problems"]) >= 8
@@ -49,10 +49,25 @@ def test_tune_example_json(repo_root):
         assert all(r["disposition"] for r in p["results"])
 
 
-def test_tune_tables_and_summary(repo_root):
-    out = farm(repo_root, "tune", "examples/cpu-quick.yaml", check=True).stdout
+def test_tune_tables_and_summary(repo_root, tmp_path):
+    out = farm(repo_root, "tune", "examples/cpu-quick.yaml", "--out", str(tmp_path / "o"), check=True).stdout
     assert "[1/8] gemm-384" in out and "Summary: 8 problem(s)" in out
     assert "speedup" in out and "cpu.conv.im2col" in out
+    assert "Outputs" in out and "read_parquet(" in out and str(tmp_path / "o") in out
+
+
+def test_default_out_is_runs_workload_name(repo_root, tmp_path):
+    import shutil
+
+    shutil.copy(f"{repo_root}/examples/cpu-quick.yaml", tmp_path / "w.yaml")
+    text = (tmp_path / "w.yaml").read_text().replace("name: cpu-quick", "name: tiny")
+    (tmp_path / "w.yaml").write_text(text)
+    env = dict(os.environ, PYTHONPATH=repo_root)
+    proc = subprocess.run([sys.executable, "-m", "farm", "tune", "w.yaml", "--json"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["out"] == "runs/tiny"
+    assert (tmp_path / "runs" / "tiny" / "job.json").exists()
 
 
 def test_dry_run_measures_nothing(repo_root):
