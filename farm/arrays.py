@@ -112,3 +112,49 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
 
 def host_inputs(tensors: Mapping[str, Any], problem: Problem, backend: ArrayBackend) -> dict[str, np.ndarray]:
     return {tid: backend.to_numpy(tensors[tid]) for tid in problem.input_ids}
+
+
+TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
+                "int32": "int32", "int8": "int8"}
+
+
+class TorchArrays:
+    """torch tensors on a GPU (CUDA or ROCm builds of torch both call it "cuda")."""
+
+    name = "torch"
+
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
+        self._torch: Any = None
+
+    @property
+    def torch(self) -> Any:
+        if self._torch is None:
+            try:
+                import torch
+            except ImportError:
+                from .runtimes.base import RuntimeUnavailable
+
+                raise RuntimeUnavailable("GPU tensors need torch: pip install 'tunefarm[torch]'") from None
+            self._torch = torch
+        return self._torch
+
+    def _dtype(self, desc: TensorDesc) -> Any:
+        return getattr(self.torch, TORCH_DTYPES[desc.dtype])
+
+    def empty(self, desc: TensorDesc) -> Any:
+        return self.torch.empty_strided(desc.dims, desc.strides, dtype=self._dtype(desc), device=f"cuda:{self.index}")
+
+    def from_numpy(self, data: np.ndarray, desc: TensorDesc) -> Any:
+        out = self.empty(desc)
+        out.copy_(self.torch.from_numpy(np.ascontiguousarray(data)).to(out.dtype))
+        return out
+
+    def fill(self, tensor: Any, value: float) -> None:
+        tensor.fill_(value)
+
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        t = tensor.detach()
+        if t.is_floating_point():
+            t = t.to(self.torch.float64)
+        return t.cpu().numpy()

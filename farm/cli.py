@@ -47,6 +47,22 @@ def cmd_engines(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- farm devices ---------------------------------------------------------------------------
+def cmd_devices(args: argparse.Namespace) -> int:
+    from .device import probe
+    from .render import devices_table
+
+    probes = probe()
+    if args.json:
+        _print_json({
+            "devices": [d.to_dict() for p in probes for d in p.devices],
+            "runtimes": [{"runtime": p.runtime, "devices": len(p.devices), "note": p.note} for p in probes],
+        })
+    else:
+        _console().print(devices_table(probes))
+    return 0
+
+
 # -- farm tune ------------------------------------------------------------------------------
 def cmd_tune(args: argparse.Namespace) -> int:
     from .device import cpu_device
@@ -167,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--op", help="only engines implementing this op")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_engines)
+
+    p = sub.add_parser("devices", help="list visible devices (GPUs and the CPU), their properties and signatures")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_devices)
 
     p = sub.add_parser("tune", help="tune every problem of a workload file")
     p.add_argument("workload", help="workload YAML file (see docs/workload.md)")

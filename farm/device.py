@@ -161,3 +161,56 @@ def cpu_device(index: int = 0) -> Device:
 
     runtime = CpuRuntime()
     return Device(runtime, index, runtime.properties(index), NumpyArrays(), HostTimer())
+
+
+def gpu_device(kind: str | Any, index: int = 0) -> Device:
+    """A CUDA or HIP device: its own stream, event timing on that stream, torch tensors (when torch is installed)."""
+    from .arrays import TorchArrays
+    from .runtimes import runtime_for
+    from .timing import EventTimer
+
+    runtime = runtime_for(kind)
+    props = runtime.properties(index)
+    runtime.set_device(index)
+    stream = runtime.create_stream()
+    return Device(runtime, index, props, TorchArrays(index), EventTimer(runtime, stream), stream)
+
+
+def open_device(kind: str = "auto", index: int = 0) -> Device:
+    """A device by runtime name ("cpu", "cuda", "hip"), or "auto": the first GPU runtime with a device, else the CPU."""
+    if kind == "cpu":
+        return cpu_device(index)
+    if kind != "auto":
+        return gpu_device(kind, index)
+    from .runtimes import RuntimeUnavailable
+
+    for name in ("cuda", "hip"):
+        try:
+            return gpu_device(name, index)
+        except RuntimeUnavailable:
+            continue
+    return cpu_device(index)
+
+
+@dataclass(frozen=True)
+class RuntimeProbe:
+    """What one runtime sees here: its devices, or why none."""
+
+    runtime: str
+    devices: tuple[DeviceProperties, ...]
+    note: str = ""
+
+
+def probe(kinds: tuple[str, ...] = ("cuda", "hip")) -> list[RuntimeProbe]:
+    """Every GPU runtime's devices (properties only; nothing is allocated), then the CPU."""
+    from .runtimes import RuntimeUnavailable, runtime_for
+
+    out = []
+    for kind in kinds:
+        try:
+            rt = runtime_for(kind)
+            out.append(RuntimeProbe(kind, tuple(rt.properties(i) for i in range(rt.device_count()))))
+        except RuntimeUnavailable as exc:
+            out.append(RuntimeProbe(kind, (), str(exc)))
+    out.append(RuntimeProbe("cpu", (cpu_device().properties,)))
+    return out

@@ -227,3 +227,23 @@ def where_table(out: str, report: Any) -> Table:
     table.add_row("query", Text(f"duckdb -c \"SELECT problem_name, engine_name, min_ms FROM "
                                 f"read_parquet('{out}/results/**/*.parquet', hive_partitioning=true) WHERE rank = 0\""))
     return table
+
+
+def devices_table(probes: Any) -> Table:
+    table = Table(title="Devices", show_lines=True, title_justify="left")
+    for col, justify in (("runtime", "left"), ("index", "right"), ("name", "left"), ("arch", "left"),
+                         ("units", "right"), ("memory", "right"), ("L2", "right"), ("clock", "right"),
+                         ("driver / runtime", "left"), ("libraries", "left"), ("signature", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    notes = []
+    for p in probes:
+        for d in p.devices:
+            libs = "\n".join(f"{k} {v}" for k, v in d.libraries) or "-"
+            table.add_row(p.runtime, str(d.index), Text(d.name), Text(d.arch), str(d.compute_units),
+                          fmt_bytes(d.total_memory), fmt_bytes(d.l2_bytes), f"{d.clock_mhz} MHz" if d.clock_mhz else "-",
+                          Text(f"{d.driver_version or '-'} / {d.runtime_version or '-'}"), Text(libs), Text(d.signature))
+        if p.note:
+            notes.append(f"{p.runtime}: {p.note}")
+    if notes:
+        table.caption = Text("\n".join(notes), style="dim")
+    return table

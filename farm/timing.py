@@ -11,7 +11,7 @@ import enum
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 
 @runtime_checkable
@@ -28,6 +28,27 @@ class HostTimer:
         t0 = time.perf_counter_ns()
         fn()
         return (time.perf_counter_ns() - t0) / 1e6
+
+
+class EventTimer:
+    """Device events recorded on ``stream`` around the call; the time is read after the end event completes.
+
+    The timed function must enqueue its work on the same stream.
+    """
+
+    def __init__(self, runtime: Any, stream: Any) -> None:
+        self.runtime = runtime
+        self.stream = stream
+        self._start = runtime.create_event()
+        self._end = runtime.create_event()
+
+    def measure(self, fn: Callable[[], None]) -> float:
+        rt = self.runtime
+        rt.record_event(self._start, self.stream)
+        fn()
+        rt.record_event(self._end, self.stream)
+        rt.synchronize_event(self._end)
+        return rt.elapsed_ms(self._start, self._end)
 
 
 @dataclass(frozen=True)

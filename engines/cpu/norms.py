@@ -28,10 +28,8 @@ def _rows(problem: Problem) -> tuple[int, int]:
 def _as_rows(arr: np.ndarray, n: int) -> np.ndarray | None:
     """A (rows, n) view of ``arr`` when one exists without copying, else None."""
     try:
-        view = arr.view()
-        view.shape = (-1, n)  # raises instead of copying
-        return view
-    except AttributeError:
+        return np.reshape(arr, (-1, n), copy=False)  # raises instead of copying
+    except ValueError:
         return None
 
 

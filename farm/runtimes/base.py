@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ..errors import FarmError
+
 if TYPE_CHECKING:
     from ..device import DeviceProperties
 
@@ -46,3 +48,21 @@ class Runtime(Protocol):
     def memset(self, ptr: Any, value: int, nbytes: int) -> None: ...
 
     def flush_l2(self, stream: Any) -> None: ...
+
+
+class RuntimeUnavailable(FarmError, RuntimeError):
+    """The runtime cannot be used here: its Python bindings or native library are missing."""
+
+
+class NoDeviceError(RuntimeUnavailable):
+    """The runtime loaded, but sees no device."""
+
+
+class RuntimeCallError(FarmError, RuntimeError):
+    """A runtime call returned an error code; the message names the call, its arguments and the error."""
+
+    def __init__(self, call: str, code: int, name: str, description: str) -> None:
+        self.call = call
+        self.code = code
+        self.error_name = name
+        super().__init__(f"{call} failed: {name} ({code}){': ' + description if description else ''}")
