@@ -408,8 +408,11 @@ class Autotuner:
         candidate succeeds; the error carries ``.results``.
         """
         config = config or AutotuneConfig()
+        if not self.device.checks_numerics and config.check is not ResultCheck.OFF:
+            config = replace(config, check=ResultCheck.OFF)
         if tensors is None:
-            tensors = make_tensors(self.problem, self.device.arrays, seed)
+            make = getattr(self.device.arrays, "make", None)
+            tensors = make(self.problem, seed) if make is not None else make_tensors(self.problem, self.device.arrays, seed)
         self._check_tensors(tensors)
         if self._built is not None:
             if config.mode is TuneMode.EXHAUSTIVE:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any, Sequence
@@ -65,22 +66,43 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 # -- farm tune ------------------------------------------------------------------------------
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .device import cpu_device
     from .engine import default_engine_registry
-    from .job import run_local
-    from .render import outcome_dict, reduce_dict, results_table, summary_table, to_jsonable, where_table
     from .workload import load_workload
 
     registry = default_engine_registry()
-    workload = load_workload(args.workload, registry)  # every input error surfaces here, before tuning
-    device = cpu_device()
-    console = _console()
-    if args.dry_run:
-        return _dry_run(workload, device, registry, args.json)
+    workload = load_workload(args.workload, registry)  # every input error surfaces here, before any device time
     out = args.out or f"runs/{workload.name}"
+    if args.dry_run:
+        return _dry_run(workload, _local_device(args.devices), registry, args.json)
+    if args.in_process:
+        return _tune_in_process(args, workload, out, registry)
+    return _tune_on_ray(args, workload, out)
+
+
+def _local_device(spec: str) -> Any:
+    from .cluster import DeviceRequest
+    from .device import open_device
+
+    request = DeviceRequest.parse(spec)
+    if request.kind == "sim":
+        from .sim import sim_device
+
+        group, _ = request.sim.slots()[0]
+        return sim_device(request.sim, group, 0)
+    if request.kind == "cpu":
+        return open_device("cpu")
+    return open_device("auto")
+
+
+def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry: Any) -> int:
+    from .job import run_local
+    from .render import local_dict, results_table, summary_table, where_table
+
+    device = _local_device(args.devices)
+    console = _console()
     total = len(workload.problems)
     if not args.json:
-        console.print(f"tuning [bold]{escape(workload.name)}[/] ({total} problem(s)) on "
+        console.print(f"tuning [bold]{escape(workload.name)}[/] ({total} problem(s)) in-process on "
                       f"{escape(device.properties.name)} [dim]{device.signature}[/] into {escape(out)}")
     done = 0
 
@@ -93,33 +115,56 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     report = run_local(workload, out, device, registry, on_problem=show, reduce=not args.no_reduce, top_k=args.top_k)
     if args.json:
-        _print_json({
-            "workload": {"name": workload.name, "source": workload.source, "digest": workload.digest},
-            "job_id": report.job_id,
-            "run_id": report.run_id,
-            "out": out,
-            "device": device.properties.to_dict(),
-            "autotune": to_jsonable(workload.autotune),
-            "wall_s": report.wall_s,
-            "rows_written": report.rows_written,
-            "problems": [outcome_dict(o) for o in report.outcomes],
-            "reduce": reduce_dict(report.reduce) if report.reduce else None,
-        })
+        _print_json(local_dict(workload, out, device, report))
     else:
-        console.print(summary_table(report.outcomes, report.wall_s, _recorded_winners(report)))
-        console.print(where_table(out, report))
+        console.print(summary_table(report.outcomes, report.wall_s, _recorded_winners(report.reduce)))
+        console.print(where_table(out, report.job_id, report.run_id, report.rows_written, report.reduce))
     failed = [o for o in report.outcomes if o.winner is None and o.error]
     return 1 if failed and len(failed) == len(report.outcomes) else 0
 
 
-def _recorded_winners(report: Any) -> Any:
-    """problem -> override entry, from the files the run's reduce step wrote."""
+def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
+    from .cluster import DeviceRequest, FarmSettings, run_farm
+    from .progress import ProgressView
+    from .render import farm_dict, farm_tables, where_table
+
+    request = DeviceRequest.parse(args.devices)
+    settings = FarmSettings(shard_size=args.shard_size, finalist_k=args.finalist_k,
+                            candidate_timeout_s=args.candidate_timeout)
+    address = args.address or os.environ.get("RAY_ADDRESS") or None
+    console = _console()
+    view = None if args.json else ProgressView(console, workload.name, interval_s=args.progress_every)
+    if view is not None:
+        console.print(f"tuning [bold]{escape(workload.name)}[/] ({len(workload.problems)} problem(s)) on "
+                      f"{'Ray cluster ' + escape(address) if address else 'a local Ray instance'}, "
+                      f"devices: {escape(args.devices)}, into {escape(out)}")
+    try:
+        report = run_farm(workload, out, devices=request, address=address, settings=settings,
+                          progress=view.update if view else None, reduce=not args.no_reduce, top_k=args.top_k,
+                          keep_results=True)
+    finally:
+        if view is not None:
+            view.close()
+    if args.json:
+        _print_json(farm_dict(workload, out, report))
+    else:
+        for table in farm_tables(workload, report, _recorded_winners(report.reduce)):
+            console.print(table)
+        console.print(where_table(out, report.job_id, report.run_id, report.rows_written, report.reduce))
+    tuned = sum(len(v) for v in report.results.values())
+    return 0 if tuned or report.total == 0 else 1
+
+
+def _recorded_winners(reduce_report: Any) -> Any:
+    """problem -> override entry, from the files a reduce step wrote."""
     from .overrides import load_overrides
 
-    files = [load_overrides(s.write.path) for s in (report.reduce.signatures if report.reduce else []) if s.write]
+    files = [load_overrides(s.write.path) for s in (reduce_report.signatures if reduce_report else []) if s.write]
 
-    def lookup(problem: Any) -> Any:
+    def lookup(problem: Any, signature: str | None = None) -> Any:
         for f in files:
+            if signature is not None and f.device_signature != signature:
+                continue
             entry = f.match(problem)
             if entry is not None:
                 return entry
@@ -188,10 +233,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_devices)
 
-    p = sub.add_parser("tune", help="tune every problem of a workload file")
+    p = sub.add_parser("tune", help="tune every problem of a workload file on every device (Ray)")
     p.add_argument("workload", help="workload YAML file (see docs/workload.md)")
     p.add_argument("--out", help="output folder: results/ (Parquet), overrides/, job.json (default runs/<workload name>); "
                                  "an existing one is resumed")
+    p.add_argument("--devices", default="auto",
+                   help="auto (GPUs if any, else the CPU), gpu, cpu[:N], sim:N or sim:FILE.yaml (default auto)")
+    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray instance)")
+    p.add_argument("--in-process", action="store_true", help="no Ray: tune on one local device in this process")
+    p.add_argument("--shard-size", type=_positive_int, default=128,
+                   help="split problems with more candidates across devices, then re-measure finalists (default 128)")
+    p.add_argument("--finalist-k", type=_positive_int, default=3, help="finalists per shard (default 3)")
+    p.add_argument("--candidate-timeout", type=float, default=120.0,
+                   help="seconds without a result before a worker counts as hung and is restarted (default 120)")
+    p.add_argument("--progress-every", type=float, default=10.0,
+                   help="seconds between progress lines when output is not a terminal (default 10)")
     p.add_argument("--top-k", type=int, default=3, help="ranking depth kept in the override metadata (default 3)")
     p.add_argument("--no-reduce", action="store_true", help="write results only, no override files")
     p.add_argument("--json", action="store_true", help="print results as JSON instead of tables")
@@ -209,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_reduce)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
 
 
 def _setup_logging(verbosity: int) -> None:

@@ -137,6 +137,7 @@ class Device:
     timer: "Timer"
     stream: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
+    checks_numerics: bool = True  # False for simulated devices, whose engines compute nothing
 
     @property
     def signature(self) -> str:

@@ -33,7 +33,7 @@ log = logging.getLogger("farm.engine")
 
 ENTRY_POINT_GROUP = "farm.engines"
 # Built-in engine modules; each exposes ENGINES (an iterable of engine objects).
-BUILTIN_ENGINE_MODULES: tuple[str, ...] = ("engines.cpu",)
+BUILTIN_ENGINE_MODULES: tuple[str, ...] = ("engines.cpu", "engines.sim")
 
 
 @dataclass(frozen=True)

@@ -214,19 +214,76 @@ def reduce_dict(report: Any) -> dict[str, Any]:
     }
 
 
-def where_table(out: str, report: Any) -> Table:
+def where_table(out: str, job_id: str, run_id: str, rows_written: int, reduce_report: Any) -> Table:
     table = Table(title="Outputs", title_justify="left", show_header=False)
     table.add_column("what")
     table.add_column("where")
-    table.add_row("job", Text(f"{report.job_id} (run {report.run_id})"))
-    table.add_row("results", Text(f"{out}/results  ({report.rows_written} new rows)"))
-    if report.reduce is not None:
-        for s in report.reduce.signatures:
+    table.add_row("job", Text(f"{job_id} (run {run_id})"))
+    table.add_row("results", Text(f"{out}/results  ({rows_written} new rows)"))
+    if reduce_report is not None:
+        for s in reduce_report.signatures:
             if s.write is not None:
                 table.add_row("overrides", Text(f"{s.write.path}  ({s.entries} entries)"))
     table.add_row("query", Text(f"duckdb -c \"SELECT problem_name, engine_name, min_ms FROM "
                                 f"read_parquet('{out}/results/**/*.parquet', hive_partitioning=true) WHERE rank = 0\""))
     return table
+
+
+def farm_outcomes(workload: Any, report: Any, signature: str) -> list[ProblemOutcome]:
+    """Per-problem outcomes of one signature from a farm report (finalist rows replace earlier ones)."""
+    import dataclasses as dc
+
+    out = []
+    skipped = report.problems_skipped.get(signature, {})
+    for wp in workload.problems:
+        rows = report.results.get((signature, wp.name), [])
+        latest: dict[Any, AutotuneResult] = {}
+        for r in rows:
+            latest[r.spec] = r
+        ok = sorted((r for r in latest.values() if r.succeeded), key=lambda r: r.min_ms)
+        bad = [r for r in latest.values() if not r.succeeded]
+        ranked = [dc.replace(r, rank=i) for i, r in enumerate(ok)] + [dc.replace(r, rank=-1) for r in bad]
+        out.append(ProblemOutcome(wp, tuple(ranked), skipped.get(wp.name, ""), 0.0))
+    return out
+
+
+def farm_tables(workload: Any, report: Any, recorded: Any) -> list[Table]:
+    tables = []
+    for sig in sorted({w.signature for w in report.workers}):
+        outcomes = farm_outcomes(workload, report, sig)
+        t = summary_table(outcomes, report.wall_s, lambda p, _s=sig: recorded(p, _s))
+        t.title = Text(f"{sig}: {len(outcomes)} problem(s)")
+        tables.append(t)
+    workers = Table(title=f"Workers ({report.tuning_s:.1f} s of tuning, {report.wall_s:.1f} s in all)",
+                    title_justify="left")
+    for col, justify in (("worker", "left"), ("host", "left"), ("device", "left"), ("signature", "left"),
+                         ("candidates", "right"), ("failed", "right"), ("restarts", "right"), ("busy", "right")):
+        workers.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for st in report.statuses:
+        frac = st.busy_s / report.tuning_s if report.tuning_s else 0.0
+        workers.add_row(Text(st.name), Text(st.host), Text(st.device), Text(st.signature), str(st.candidates),
+                        str(st.failures), str(st.restarts), f"{100 * frac:.0f} %")
+    tables.append(workers)
+    return tables
+
+
+def farm_dict(workload: Any, out: str, report: Any) -> dict[str, Any]:
+    import dataclasses as dc
+
+    signatures = {}
+    for sig in sorted({w.signature for w in report.workers}):
+        signatures[sig] = [outcome_dict(o) for o in farm_outcomes(workload, report, sig)]
+    return {
+        "workload": {"name": workload.name, "source": workload.source, "digest": workload.digest},
+        "autotune": to_jsonable(workload.autotune),
+        "executor": "ray", "job_id": report.job_id, "run_id": report.run_id, "out": out, "wall_s": report.wall_s,
+        "rows_written": report.rows_written, "candidates": report.total, "remeasured": report.remeasured,
+        "counts": report.counts, "skipped_problems": report.problems_skipped,
+        "workers": [{**dc.asdict(st), "gpu_ids": list(w.gpu_ids), "pid": w.pid,
+                     "properties": w.properties.to_dict()} for st, w in zip(report.statuses, report.workers)],
+        "signatures": signatures,
+        "reduce": reduce_dict(report.reduce) if report.reduce else None,
+    }
 
 
 def devices_table(probes: Any) -> Table:
@@ -247,3 +304,21 @@ def devices_table(probes: Any) -> Table:
     if notes:
         table.caption = Text("\n".join(notes), style="dim")
     return table
+
+
+def local_dict(workload: Any, out: str, device: Any, report: Any) -> dict[str, Any]:
+    """The in-process run in the same shape as :func:`farm_dict` (one worker, one signature)."""
+    candidates = sum(len(o.results) for o in report.outcomes)
+    return {
+        "workload": {"name": workload.name, "source": workload.source, "digest": workload.digest},
+        "autotune": to_jsonable(workload.autotune),
+        "executor": "in-process", "job_id": report.job_id, "run_id": report.run_id, "out": out,
+        "wall_s": report.wall_s, "rows_written": report.rows_written, "candidates": candidates, "remeasured": 0,
+        "counts": report.counts,
+        "skipped_problems": {device.signature: {o.problem.name: o.error for o in report.outcomes
+                                                if o.error and not o.results}},
+        "workers": [{"name": f"in-process:{device.index}", "signature": device.signature, "host": device.properties.host,
+                     "candidates": candidates, "properties": device.properties.to_dict()}],
+        "signatures": {device.signature: [outcome_dict(o) for o in report.outcomes]},
+        "reduce": reduce_dict(report.reduce) if report.reduce else None,
+    }

@@ -138,24 +138,27 @@ def test_farm_tune_out_then_resume_then_reduce_cli(tmp_path, repo_root):
                               text=True, timeout=300)
 
     out = tmp_path / "run"
-    first = farm("tune", "examples/cpu-quick.yaml", "--out", str(out), "--json")
+    first = farm("tune", "examples/cpu-quick.yaml", "--out", str(out), "--json")  # on the embedded Ray
     assert first.returncode == 0, first.stderr
     data = json.loads(first.stdout)
+    assert data["executor"] == "ray"
     rows = data["rows_written"]
-    assert rows == sum(len(p["results"]) for p in data["problems"]) > 0
+    (sig,) = data["signatures"]
+    problems = data["signatures"][sig]
+    assert rows == sum(len(p["results"]) for p in problems) > 0
     files = list((out / "overrides").glob("*.json"))
-    assert len(files) == 1 and files[0].name == f"{data['device']['signature']}.json"
-    assert len(load_overrides(files[0]).entries) == len(data["problems"])
+    assert len(files) == 1 and files[0].name == f"{sig}.json"
+    assert len(load_overrides(files[0]).entries) == len(problems)
     # the README's one-liner
     count = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/results/**/*.parquet', hive_partitioning=true)").fetchall()[0][0]
     assert count == rows
     job = json.loads((out / "job.json").read_text())
     assert job["job_id"] == data["job_id"] and job["runs"][0]["state"] == "finished"
-    # resume: nothing left to measure, same job, same override file
-    second = farm("tune", "examples/cpu-quick.yaml", "--out", str(out), "--json")
+    # resume (in-process this time: the same folder works with either executor): nothing left, same job
+    second = farm("tune", "examples/cpu-quick.yaml", "--out", str(out), "--json", "--in-process")
     again = json.loads(second.stdout)
     assert again["rows_written"] == 0 and again["job_id"] == data["job_id"]
-    assert all(p["skipped"] == len(prev["results"]) for p, prev in zip(again["problems"], data["problems"]))
+    assert all(p["skipped"] == len(prev["results"]) for p, prev in zip(again["signatures"][sig], problems))
     assert len(json.loads((out / "job.json").read_text())["runs"]) == 2
     # farm reduce on the same results, human and JSON output, with a corrupt file beside them
     part = next((out / "results").rglob("*.parquet"))
@@ -165,7 +168,7 @@ def test_farm_tune_out_then_resume_then_reduce_cli(tmp_path, repo_root):
     assert "part-broken-000001.parquet" in red.stderr and "Traceback" not in red.stderr
     assert "Override files" in red.stdout
     red_json = json.loads(farm("reduce", str(out / "results"), "--out", str(tmp_path / "ovr"), "--json").stdout)
-    assert red_json["signatures"][0]["entries"] == len(data["problems"])
+    assert red_json["signatures"][0]["entries"] == len(problems)
     assert red_json["skipped_files"][0]["path"].endswith("part-broken-000001.parquet")
 
 

@@ -1,0 +1,109 @@
+"""Simulated engines for simulated devices (farm.sim): a cost model, noise, and injected faults.
+
+They apply only to devices of vendor "sim", compute nothing, and advance the
+device's virtual clock by the modelled time of each run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from farm.device import Device
+from farm.engine import Support
+from farm.knobs import Knob, KnobValue
+from farm.problem import Problem
+from farm.sim import unit_hash
+
+PEAK_FLOPS = 100e12  # a speed-1 simulated device
+PEAK_BYTES = 2e12
+LAUNCH_MS = 0.005
+
+
+class SimPlan:
+    def __init__(self, engine: str, problem: Problem, knobs: Mapping[str, KnobValue], device: Device,
+                 workspace: int) -> None:
+        cfg, group = device.extras["sim"], device.extras["sim_group"]
+        self.runtime = device.runtime
+        self.workspace_size = workspace
+        self.priming = bool(knobs.get("global.benchmarking", 0))
+        self.sleep = cfg.sleep
+        self.noise = cfg.noise
+        clean = {k: v for k, v in knobs.items() if k != "global.benchmarking"}
+        key = (engine, sorted(clean.items()), problem.key)
+        # mostly a property of the candidate, partly of the device model: signatures may disagree
+        efficiency = 0.2 + 0.8 * (0.75 * unit_hash(*key) + 0.25 * unit_hash(*key, group.name))
+        work = problem.flops / PEAK_FLOPS if problem.flops else sum(t.nbytes for t in problem.tensors) / PEAK_BYTES
+        self.base_ms = work * 1e3 / (group.speed * efficiency) + LAUNCH_MS
+        self.rng = np.random.default_rng(int(unit_hash(*key, group.name, "noise") * 2**32))
+        self.fault = next((f.kind for f in cfg.faults if f.matches(engine, clean, problem.key)), "")
+
+    def run(self, tensors: Mapping[str, Any], workspace: Any, stream: Any) -> None:
+        if self.fault == "crash":
+            os._exit(137)  # the worker dies as it would of SIGKILL or a segfault
+        if self.fault == "hang":
+            while True:
+                time.sleep(3600)
+        cost = 0.01 if self.priming else self.base_ms * math.exp(self.noise * self.rng.standard_normal())
+        self.runtime.clock_ms += cost
+        if self.sleep > 0:
+            time.sleep(cost * self.sleep / 1e3)
+
+
+class SimEngine:
+    ops: frozenset[str] = frozenset()
+    knobs: tuple[Knob, ...] = ()
+    supports_exhaustive = False
+    priority = 100
+    name = ""
+
+    def applicable(self, problem: Problem, device: Device) -> Support:
+        if device.vendor != "sim":
+            return Support.no("runs on simulated devices only")
+        return Support.yes()
+
+    def estimate_workspace(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> int:
+        return int(1024 * sum(v for v in knobs.values() if isinstance(v, int) and not isinstance(v, bool)))
+
+    def compile(self, problem: Problem, knobs: Mapping[str, KnobValue], device: Device) -> SimPlan:
+        return SimPlan(self.name, problem, knobs, device, self.estimate_workspace(problem, knobs))
+
+
+class SimVendor(SimEngine):
+    """The vendor library: serves every op; one knob picks among its algorithms."""
+
+    name = "sim.vendor"
+    ops = frozenset({"matmul", "conv_fprop", "sdpa_fwd", "layernorm", "rmsnorm", "batchnorm_inference", "pointwise"})
+    priority = 10
+    knobs = (Knob.int("algo", 0, min=0, max=15, doc="algorithm index"),)
+
+
+class SimGemm(SimEngine):
+    """A JIT GEMM with a tile search space (5 x 5 x 4 = 100 configurations)."""
+
+    name = "sim.gemm"
+    ops = frozenset({"matmul"})
+    priority = 50
+    supports_exhaustive = True
+    knobs = (
+        Knob.int("block", 64, choices=(16, 32, 64, 128, 256)),
+        Knob.int("stages", 3, choices=(1, 2, 3, 4, 5)),
+        Knob.int("split_k", 1, choices=(1, 2, 4, 8)),
+    )
+
+
+class SimConv(SimEngine):
+    name = "sim.conv"
+    ops = frozenset({"conv_fprop"})
+    priority = 40
+    knobs = (
+        Knob.int("tile", 64, choices=(32, 64, 128)),
+        Knob.str("layout", "nchw", choices=("nchw", "nhwc")),
+    )
+
+
+ENGINES = (SimVendor(), SimGemm(), SimConv())

@@ -1,0 +1,69 @@
+"""Progress of a farm run for people: a live display on a terminal, plain periodic lines otherwise."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class ProgressView:
+    """Feed it FarmStatus snapshots (``update``); ``close`` at the end."""
+
+    def __init__(self, console: Console, title: str, *, interval_s: float = 10.0) -> None:
+        self.console = console
+        self.interval_s = interval_s
+        self.live: Live | None = None
+        self._last_line = 0.0
+        if console.is_terminal:
+            self.bar = Progress(TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("candidates"), TimeElapsedColumn(), TextColumn("ETA"),
+                                TimeRemainingColumn(), console=console)
+            self.task = self.bar.add_task("tune", total=None)
+            self.live = Live(self.bar, console=console, refresh_per_second=4, transient=True)
+            self.live.start()
+
+    def update(self, status: Any) -> None:
+        if self.live is not None:
+            self.bar.update(self.task, total=status.total, completed=status.finished)
+            self.live.update(Group(self.bar, self._workers(status)))
+            return
+        now = time.monotonic()
+        if now - self._last_line < self.interval_s and status.phase != "done":
+            return
+        self._last_line = now
+        busy = sum(w.state == "busy" for w in status.workers)
+        restarting = sum(w.state == "restarting" for w in status.workers)
+        pct = 100 * status.finished / status.total if status.total else 100.0
+        line = (f"[{_fmt_s(status.elapsed_s)}] {status.finished}/{status.total} candidates ({pct:.0f} %), "
+                f"{status.remeasured} re-measured, {status.failed} failed; {busy}/{len(status.workers)} workers busy"
+                f"{f', {restarting} restarting' if restarting else ''}; ETA {_fmt_s(status.eta_s)}")
+        self.console.print(Text(line), soft_wrap=True)
+
+    def _workers(self, status: Any) -> Table:
+        t = Table(show_header=True, header_style="dim", box=None)
+        for col in ("worker", "device", "state", "working on", "candidates", "failed", "restarts"):
+            t.add_column(col)
+        for w in status.workers:
+            style = {"busy": "green", "restarting": "yellow", "idle": "dim"}.get(w.state, "")
+            t.add_row(Text(w.name), Text(w.device), Text(w.state, style=style), Text(w.problem),
+                      str(w.candidates), str(w.failures), str(w.restarts))
+        t.caption = Text(f"{status.failed} failed, {status.remeasured} finalist re-measurements")
+        return t
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None

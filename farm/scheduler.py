@@ -1,0 +1,241 @@
+"""The farm's work bookkeeping: tasks per device signature, shards, finalist rounds, faults.
+
+Pure Python (no Ray), so it can be tested alone. For every (signature, problem):
+
+* the candidates not measured yet become one task, or several of at most
+  ``shard_size`` candidates when there are more;
+* devices of the signature pull tasks as they free up (finalists first, then
+  retries, then the rest in workload order);
+* when every candidate has a row and the successful ones were measured in more
+  than one session (shards, a resumed job, retries after a crash), the top
+  ``finalist_k`` of every session are measured again together in one
+  ``finalist`` task, so the ranking compares numbers from one device;
+* a task that loses its worker (crash) or stops reporting (hang) is split: its
+  unreported candidates are retried one per task ("careful" mode), so the next
+  failure names its candidate exactly. A candidate that kills a careful task's
+  worker ``max_strikes`` times is quarantined with a ``crashed`` row; one that
+  hangs a careful task gets a ``timed_out`` row at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from .autotune import AutotuneConfig, AutotuneResult, Disposition
+from .plans import PlanSpec
+from .workload import WorkloadProblem
+
+MAIN, FINALIST = "main", "finalist"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A plan spec as discovered on a signature: its identity, engine name, and discovery position."""
+
+    spec: PlanSpec
+    engine_name: str
+    index: int
+    supports_exhaustive: bool = False
+    estimated_workspace: int | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    signature: str
+    problem: int  # index in the workload
+    specs: tuple[PlanSpec, ...]
+    round: str = MAIN
+    careful: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.specs)
+
+
+@dataclass(frozen=True)
+class PriorRow:
+    """A row measured before (resume): enough to rebuild the state."""
+
+    spec: PlanSpec
+    round: str
+    session: str
+    succeeded: bool
+    median_ms: float | None
+
+
+@dataclass
+class _Problem:
+    wp: WorkloadProblem
+    candidates: dict[PlanSpec, Candidate]
+    pending: set[PlanSpec]  # main round: no row yet
+    outstanding: int = 0  # tasks queued or running
+    successes: dict[PlanSpec, tuple[str, float]] = field(default_factory=dict)  # main-round: session, median
+    finalist: str = "none"  # none | queued | done
+    strikes: collections.Counter = field(default_factory=collections.Counter)
+
+
+class Scheduler:
+    def __init__(self, *, shard_size: int = 128, finalist_k: int = 3, max_strikes: int = 2) -> None:
+        if shard_size < 1 or finalist_k < 1 or max_strikes < 1:
+            raise ValueError("shard_size, finalist_k and max_strikes must be >= 1")
+        self.shard_size = shard_size
+        self.finalist_k = finalist_k
+        self.max_strikes = max_strikes
+        self._ids = itertools.count(1)
+        self._queues: dict[str, collections.deque[Task]] = {}
+        self._urgent: dict[str, collections.deque[Task]] = {}
+        self._problems: dict[tuple[str, int], _Problem] = {}
+        self.total = 0  # candidates to measure in the main round
+        self.finished = 0  # of those, with a final row
+        self.remeasured = 0  # finalist measurements
+
+    # -- building ------------------------------------------------------------------------
+    def add_problem(self, signature: str, index: int, wp: WorkloadProblem, candidates: Sequence[Candidate],
+                    prior: Iterable[PriorRow] = ()) -> None:
+        """Plan one problem on one signature; ``prior`` are its rows from earlier runs."""
+        self._queues.setdefault(signature, collections.deque())
+        self._urgent.setdefault(signature, collections.deque())
+        by_spec = {c.spec: c for c in candidates}
+        state = _Problem(wp, by_spec, set(by_spec))
+        finalist_rows = False
+        for row in prior:
+            if row.spec not in by_spec:
+                continue  # measured under another workload
+            if row.round == FINALIST:
+                finalist_rows = True
+                continue
+            state.pending.discard(row.spec)
+            if row.succeeded and row.median_ms is not None:
+                state.successes[row.spec] = (row.session, row.median_ms)
+        if finalist_rows:
+            state.finalist = "done"
+        self._problems[(signature, index)] = state
+        todo = [c.spec for c in sorted(candidates, key=lambda c: c.index) if c.spec in state.pending]
+        self.total += len(todo)
+        for i in range(0, len(todo), self.shard_size):
+            self._push(signature, index, tuple(todo[i:i + self.shard_size]))
+        if not todo:
+            self._maybe_finalist(signature, index)
+
+    def _push(self, signature: str, index: int, specs: tuple[PlanSpec, ...], *, round: str = MAIN,
+              careful: bool = False, urgent: bool = False) -> Task:
+        task = Task(next(self._ids), signature, index, specs, round, careful)
+        (self._urgent if urgent else self._queues)[signature].append(task)
+        self._problems[(signature, index)].outstanding += 1
+        return task
+
+    # -- pulling ---------------------------------------------------------------------------
+    def next_task(self, signature: str) -> Task | None:
+        for queue in (self._urgent.get(signature), self._queues.get(signature)):
+            if queue:
+                return queue.popleft()
+        return None
+
+    def pending_tasks(self, signature: str | None = None) -> int:
+        sigs = [signature] if signature else list(self._queues)
+        return sum(len(self._queues.get(s, ())) + len(self._urgent.get(s, ())) for s in sigs)
+
+    @property
+    def done(self) -> bool:
+        return all(p.outstanding == 0 for p in self._problems.values())
+
+    def problem_of(self, task: Task) -> WorkloadProblem:
+        return self._problems[(task.signature, task.problem)].wp
+
+    def candidates_of(self, task: Task) -> dict[PlanSpec, Candidate]:
+        return self._problems[(task.signature, task.problem)].candidates
+
+    # -- reporting -----------------------------------------------------------------------
+    def on_result(self, task: Task, result: AutotuneResult, session: str) -> None:
+        """A candidate's row arrived."""
+        state = self._problems[(task.signature, task.problem)]
+        if task.round == FINALIST:
+            self.remeasured += 1
+            return
+        if result.spec in state.pending:
+            state.pending.discard(result.spec)
+            self.finished += 1
+        if result.succeeded and result.median_ms is not None:
+            state.successes[result.spec] = (session, result.median_ms)
+
+    def on_task_end(self, task: Task) -> None:
+        """The task finished (every candidate reported)."""
+        self._problems[(task.signature, task.problem)].outstanding -= 1
+        self._settle(task)
+
+    def on_task_lost(self, task: Task, reported: Iterable[PlanSpec], kind: str,
+                     config: AutotuneConfig, detail: str = "") -> list[AutotuneResult]:
+        """The task's worker died (``kind`` "crash"), stopped reporting ("timeout"), failed the task
+        ("error"), or went away before the task started ("not_started", which charges nobody).
+
+        Returns the rows to write for candidates this failure settles.
+        """
+        state = self._problems[(task.signature, task.problem)]
+        state.outstanding -= 1
+        seen = set(reported)
+        left = [s for s in task.specs if s not in seen]
+        rows: list[AutotuneResult] = []
+        if kind == "not_started":
+            if left:  # queued again as it was
+                self._push(task.signature, task.problem, tuple(left), round=task.round, careful=task.careful,
+                           urgent=True)
+            else:
+                self._settle(task)
+            return rows
+        if task.careful and left:
+            culprit, left = left[0], left[1:]
+            state.strikes[culprit] += 1
+            if kind == "timeout" or state.strikes[culprit] >= self.max_strikes:
+                rows.append(self._failure_row(state, culprit, kind, config, detail))
+                if task.round == MAIN and culprit in state.pending:
+                    state.pending.discard(culprit)
+                    self.finished += 1
+            else:
+                left.insert(0, culprit)
+        for spec in left:  # retried one per task, so the next failure names its candidate
+            self._push(task.signature, task.problem, (spec,), round=task.round, careful=True, urgent=True)
+        if not left:
+            self._settle(task)
+        return rows
+
+    def _settle(self, task: Task) -> None:
+        state = self._problems[(task.signature, task.problem)]
+        if task.round == FINALIST and state.outstanding == 0:
+            state.finalist = "done"
+        self._maybe_finalist(task.signature, task.problem)
+
+    def _failure_row(self, state: _Problem, spec: PlanSpec, kind: str, config: AutotuneConfig,
+                     detail: str) -> AutotuneResult:
+        cand = state.candidates[spec]
+        if kind == "timeout":
+            disposition = Disposition.TIMED_OUT
+            error = f"no result within the candidate timeout; its worker was restarted{': ' + detail if detail else ''}"
+        else:
+            disposition = Disposition.CRASHED
+            error = (f"killed its worker {state.strikes[spec]} times; quarantined"
+                     f"{': ' + detail if detail else ''}")
+        return AutotuneResult(
+            problem_key=state.wp.problem.key, engine_id=spec.engine_id, engine_name=cand.engine_name, knobs=spec.knobs,
+            disposition=disposition, mode=config.mode, strategy=config.strategy, candidate=cand.index, error=error,
+            supports_exhaustive=cand.supports_exhaustive, estimated_workspace=cand.estimated_workspace,
+        )
+
+    def _maybe_finalist(self, signature: str, index: int) -> None:
+        state = self._problems[(signature, index)]
+        if state.pending or state.outstanding or state.finalist != "none":
+            return
+        sessions: dict[str, list[tuple[float, int, PlanSpec]]] = {}
+        for spec, (session, median) in state.successes.items():
+            sessions.setdefault(session, []).append((median, state.candidates[spec].index, spec))
+        if len(sessions) < 2:
+            return  # measured together already
+        finalists: list[PlanSpec] = []
+        for rows in sessions.values():
+            finalists += [spec for _, _, spec in sorted(rows)[:self.finalist_k]]
+        order = sorted(set(finalists), key=lambda s: state.candidates[s].index)
+        state.finalist = "queued"
+        self._push(signature, index, tuple(order), round=FINALIST, urgent=True)

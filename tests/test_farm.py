@@ -1,0 +1,181 @@
+"""The Ray farm on simulated devices: many devices, two signatures, faults, a killed driver."""
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from farm.cluster import DeviceRequest, FarmSettings, run_farm
+from farm.engine import default_engine_registry
+from farm.overrides import load_overrides
+from farm.results import ResultsDataset
+from farm.sim import SimConfig
+from farm.workload import parse_workload
+
+ray = pytest.importorskip("ray", reason="the farm needs ray[default]")
+
+SWEEP = {"sim.gemm": {"block": [16, 32, 64, 128, 256], "stages": [1, 2, 3, 4, 5], "split_k": [1, 2, 4, 8]},
+         "sim.conv": {"tile": [32, 64, 128], "layout": ["nchw", "nhwc"]}}
+
+
+def workload_dict(n_mm=5, sweep=SWEEP):
+    return {
+        "name": "farmtest",
+        "autotune": {"strategy": "fixed_average", "timed_iterations": 3},
+        "engines": {"sweep": sweep},
+        "problems": [{"name": f"mm{i}", "op": "matmul", "tensors": {"A": [128 * (i + 1), 512], "B": [512, 256]}}
+                     for i in range(n_mm)]
+                    + [{"name": "conv", "op": "conv_fprop", "tensors": {"X": [8, 64, 28, 28], "W": [64, 64, 3, 3]},
+                        "criteria": {"pad_h": 1, "pad_w": 1}},
+                       {"name": "norm", "op": "rmsnorm", "tensors": {"X": [64, 4096], "scale": [4096]}}],
+    }
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    from farm.cluster import _init_ray
+
+    if not ray.is_initialized():
+        _init_ray(None, DeviceRequest("sim"))
+    yield
+    ray.shutdown()
+
+
+def rows(out):
+    cols = ["device_signature", "problem_name", "candidate_key", "round", "disposition", "engine_name", "error",
+            "actor_id", "session_id"]
+    return ResultsDataset(out / "results").table(cols).to_pylist()
+
+
+def test_eight_devices_over_two_signatures(tmp_path, local_ray):
+    wl = parse_workload(workload_dict(), registry=default_engine_registry())
+    sim = SimConfig.parse({"devices": [{"name": "Sim A", "count": 4, "speed": 1.0},
+                                       {"name": "Sim B", "count": 4, "speed": 2.5}], "sleep": 0.05})
+    out = tmp_path / "run"
+    report = run_farm(wl, out, devices=DeviceRequest("sim", 8, sim), settings=FarmSettings(shard_size=40))
+    sigs = sorted({w.signature for w in report.workers})
+    assert len(report.workers) == 8 and len(sigs) == 2
+    # one override file per signature, one entry per problem
+    files = sorted(p.name for p in (out / "overrides").glob("*.json"))
+    assert files == [f"{s}.json" for s in sigs]
+    for s in sigs:
+        assert len(load_overrides(out / "overrides" / f"{s}.json").entries) == len(wl.problems)
+    # every candidate exactly one row per round; every expanded candidate measured on every signature
+    data = rows(out)
+    per = collections.Counter((r["device_signature"], r["problem_name"], r["candidate_key"], r["round"]) for r in data)
+    assert max(per.values()) == 1
+    main = collections.Counter((r["device_signature"], r["problem_name"]) for r in data if r["round"] == "main")
+    assert main[(sigs[0], "mm0")] == 101 and main[(sigs[1], "mm0")] == 101  # vendor + 100 gemm configs
+    assert main[(sigs[0], "conv")] == 1 + 6  # vendor + the conv sweep (3 x 2; its default is one of the six)
+    # the 101-candidate problems were sharded (40) and had a finalist round on one device
+    finals = [r for r in data if r["round"] == "finalist"]
+    assert finals and {r["problem_name"] for r in finals} == {f"mm{i}" for i in range(5)}
+    by_problem = collections.defaultdict(set)
+    for r in finals:
+        by_problem[(r["device_signature"], r["problem_name"])].add(r["session_id"])
+    assert all(len(v) == 1 for v in by_problem.values())
+    # work was spread over every device
+    assert all(st.candidates > 0 for st in report.statuses)
+    assert report.counts == {"succeeded": len(data)} and report.rows_written == len(data)
+    job = json.loads((out / "job.json").read_text())
+    run = job["runs"][-1]
+    assert run["state"] == "finished" and sorted(run["signatures"]) == sigs and len(run["devices"]) == 8
+    assert run["counts"]["succeeded"] == len(data) and job["workload"]["digest"] == wl.digest
+
+
+def test_crash_and_hang_leave_a_complete_job_with_the_right_failed_rows(tmp_path, local_ray):
+    sweep = {"sim.gemm": {"block": [16, 32, 64], "stages": [1, 2]}}
+    wl = parse_workload(workload_dict(3, sweep), registry=default_engine_registry())
+    hang_problem = wl.problems[1].problem.key
+    sim = SimConfig.parse({"devices": [{"name": "Sim A", "count": 2}], "faults": [
+        {"kind": "crash", "engine": "sim.gemm", "knobs": {"block": 32, "stages": 2}},
+        {"kind": "hang", "engine": "sim.gemm", "knobs": {"block": 16, "stages": 1}, "problem": hang_problem}]})
+    out = tmp_path / "run"
+    report = run_farm(wl, out, devices=DeviceRequest("sim", 2, sim), settings=FarmSettings(candidate_timeout_s=2))
+    data = rows(out)
+    failed = sorted((r["problem_name"], r["disposition"], r["candidate_key"]) for r in data if r["disposition"] != "succeeded")
+    crash_key = next(r["candidate_key"] for r in data if r["disposition"] == "crashed")
+    hang_key = next(r["candidate_key"] for r in data if r["disposition"] == "timed_out")
+    assert failed == sorted([("mm0", "crashed", crash_key), ("mm1", "crashed", crash_key), ("mm2", "crashed", crash_key),
+                             ("mm1", "timed_out", hang_key)])
+    assert '"block",32' in crash_key and '"stages",2' in crash_key and '"block",16' in hang_key
+    crashed = [r for r in data if r["disposition"] == "crashed"]
+    assert all("killed its worker 2 times; quarantined" in r["error"] for r in crashed)
+    # every other candidate succeeded exactly once in the main round
+    main = collections.Counter((r["problem_name"], r["candidate_key"]) for r in data if r["round"] == "main")
+    assert max(main.values()) == 1 and len(main) == report.total
+    assert sum(st.restarts for st in report.statuses) >= 3
+    for p in wl.problems:  # the job completed: every problem has a winner
+        assert load_overrides(next((out / "overrides").glob("*.json"))).match(p.problem) is not None
+
+
+def test_resume_after_a_killed_driver_measures_only_what_is_missing(tmp_path, repo_root):
+    wl = workload_dict(4)
+    (tmp_path / "w.yaml").write_text(yaml.safe_dump(wl))
+    (tmp_path / "sim.yaml").write_text(yaml.safe_dump({"devices": [{"name": "Sim A", "count": 2}], "sleep": 2.0}))
+    env = dict(os.environ, PYTHONPATH=repo_root)
+    cmd = [sys.executable, "-m", "farm", "tune", str(tmp_path / "w.yaml"), "--devices", f"sim:{tmp_path / 'sim.yaml'}",
+           "--shard-size", "1000", "--json"]
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(cmd + ["--out", str(out)], env=env, cwd=repo_root, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((out / "results").rglob("part-*.parquet")):
+        time.sleep(0.2)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
+    proc.wait()
+    before = rows(out)
+    assert before, "the driver was killed before it wrote anything"
+    assert not (out / "overrides").exists()
+    resumed = subprocess.run(cmd + ["--out", str(out)], env=env, cwd=repo_root, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    after = rows(out)
+    main = collections.Counter((r["problem_name"], r["candidate_key"]) for r in after if r["round"] == "main")
+    assert max(main.values()) == 1  # nothing measured twice in the main round
+    total = 4 * 101 + 7 + 1
+    assert len(main) == total
+    assert json.loads(resumed.stdout)["candidates"] == total - len({(r["problem_name"], r["candidate_key"]) for r in before})
+    job = json.loads((out / "job.json").read_text())
+    assert [r["state"] for r in job["runs"]] == ["running", "finished"]  # the killed run never finished
+    # the same winners as a run that was never interrupted
+    clean = subprocess.run(cmd + ["--out", str(tmp_path / "clean")], env=env, cwd=repo_root, capture_output=True,
+                           text=True, timeout=300)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    a = load_overrides(next((out / "overrides").glob("*.json")))
+    b = load_overrides(next((tmp_path / "clean" / "overrides").glob("*.json")))
+    assert [(e.op, e.engine_name, e.knobs) for e in a.entries] == [(e.op, e.engine_name, e.knobs) for e in b.entries]
+
+
+def test_invalid_workload_is_rejected_before_any_device_time(tmp_path, repo_root):
+    (tmp_path / "bad.yaml").write_text("problems: [{op: matmul, tensors: {A: [4, 4], B: [5, 4]}}]\n")
+    env = dict(os.environ, PYTHONPATH=repo_root)
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "farm", "tune", str(tmp_path / "bad.yaml"), "--devices", "sim:2",
+                           "--out", str(tmp_path / "o")], env=env, cwd=repo_root, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "problems[0].tensors.B.dims" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()  # no job was started
+    assert time.time() - t0 < 20
+
+
+def test_device_request_parsing(tmp_path):
+    assert DeviceRequest.parse("auto").kind == "auto"
+    assert DeviceRequest.parse("cpu:3").count == 3
+    assert DeviceRequest.parse("sim:4").sim.device_count == 4
+    (tmp_path / "s.yaml").write_text("devices: [{name: X, count: 2}, {name: Y, count: 3}]\n")
+    assert DeviceRequest.parse(f"sim:{tmp_path / 's.yaml'}").count == 5
+    from farm.errors import InputError
+
+    for bad in ("tpu", "cpu:0", "cpu:x", "gpu:2"):
+        with pytest.raises(InputError, match="--devices"):
+            DeviceRequest.parse(bad)
+    with pytest.raises(InputError, match="not found"):
+        DeviceRequest.parse("sim:/nonexistent.yaml")

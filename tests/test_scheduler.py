@@ -1,0 +1,148 @@
+"""The farm's bookkeeping without Ray: shards, finalists, careful retries, strikes, resume."""
+
+import pytest
+
+from fakes import fake_result, matmul_problem
+from farm.autotune import AutotuneConfig, Disposition
+from farm.ids import engine_name_to_id
+from farm.plans import PlanSpec
+from farm.scheduler import FINALIST, MAIN, Candidate, PriorRow, Scheduler
+from farm.workload import EngineSelection, WorkloadProblem
+
+CFG = AutotuneConfig()
+P = matmul_problem()
+WP = WorkloadProblem(0, "mm", P, EngineSelection())
+
+
+def cands(n, engine="e"):
+    return [Candidate(PlanSpec(engine_name_to_id(engine), (("k", i),)), engine, i) for i in range(n)]
+
+
+def result(c, median=1.0, ok=True):
+    samples = (median,) * 3
+    r = fake_result(P, c.engine_name, samples, knobs=c.spec.knobs, candidate=c.index,
+                    disposition=None if ok else Disposition.FAILED_RUN)
+    return r
+
+
+def drain(s, sig, session_of=lambda t: f"s{t.id}", median=lambda c: 1.0 + c.index / 100):
+    """Run every queued task to completion; returns the tasks in the order they ran."""
+    ran = []
+    while (t := s.next_task(sig)) is not None:
+        ran.append(t)
+        cs = s.candidates_of(t)
+        for spec in t.specs:
+            s.on_result(t, result(cs[spec], median(cs[spec])), session_of(t))
+        s.on_task_end(t)
+    return ran
+
+
+def test_small_problem_is_one_task_and_needs_no_finalist():
+    s = Scheduler(shard_size=10)
+    c = cands(5)
+    s.add_problem("sig", 0, WP, c)
+    ran = drain(s, "sig")
+    assert [len(t.specs) for t in ran] == [5] and ran[0].round == MAIN
+    assert s.done and s.total == s.finished == 5 and s.remeasured == 0
+
+
+def test_large_problem_is_sharded_then_finalists_are_measured_together():
+    s = Scheduler(shard_size=4, finalist_k=2)
+    c = cands(10)
+    s.add_problem("sig", 0, WP, c)
+    first = [s.next_task("sig") for _ in range(3)]
+    assert [t.specs for t in first] == [tuple(x.spec for x in c[i:i + 4]) for i in (0, 4, 8)]
+    assert s.next_task("sig") is None
+    for t in first:
+        cs = s.candidates_of(t)
+        for spec in t.specs:
+            s.on_result(t, result(cs[spec], 1.0 + cs[spec].index / 100), f"session{t.id}")
+        s.on_task_end(t)
+    assert not s.done
+    final = s.next_task("sig")
+    assert final.round == FINALIST
+    # the best 2 of each shard, in discovery order
+    assert [s.candidates_of(final)[x].index for x in final.specs] == [0, 1, 4, 5, 8, 9]
+    for spec in final.specs:
+        s.on_result(final, result(s.candidates_of(final)[spec]), "final")
+    s.on_task_end(final)
+    assert s.done and s.remeasured == 6 and s.finished == 10
+
+
+def test_signatures_have_their_own_queues():
+    s = Scheduler()
+    s.add_problem("a", 0, WP, cands(3))
+    s.add_problem("b", 0, WP, cands(2, "f"))
+    assert s.next_task("b").signature == "b" and s.next_task("b") is None
+    assert s.pending_tasks("a") == 1 and s.pending_tasks() == 1
+
+
+def test_crash_splits_into_careful_tasks_and_quarantines_after_two_strikes():
+    s = Scheduler(max_strikes=2)
+    c = cands(4)
+    s.add_problem("sig", 0, WP, c)
+    t = s.next_task("sig")
+    s.on_result(t, result(c[0]), "s1")
+    assert s.on_task_lost(t, [c[0].spec], "crash", CFG) == []  # batched: nobody is charged
+    careful = [s.next_task("sig") for _ in range(3)]
+    assert all(x.careful and len(x.specs) == 1 for x in careful)
+    assert [x.specs[0] for x in careful] == [c[1].spec, c[2].spec, c[3].spec]
+    # c2 kills its careful task twice
+    assert s.on_task_lost(careful[1], [], "crash", CFG) == []
+    retry = s.next_task("sig")
+    assert retry.careful and retry.specs == (c[2].spec,)
+    rows = s.on_task_lost(retry, [], "crash", CFG, "worker w died")
+    assert len(rows) == 1 and rows[0].disposition is Disposition.CRASHED
+    assert "killed its worker 2 times; quarantined: worker w died" in rows[0].error
+    assert rows[0].candidate == 2 and rows[0].engine_name == "e"
+    for x in (careful[0], careful[2]):
+        s.on_result(x, result(s.candidates_of(x)[x.specs[0]]), f"s{x.id}")
+        s.on_task_end(x)
+    assert s.finished == 4
+    assert s.next_task("sig").round == FINALIST  # successes now span several sessions
+    assert not s.done
+
+
+def test_a_careful_hang_times_out_at_once_and_not_started_charges_nobody():
+    s = Scheduler()
+    c = cands(2)
+    s.add_problem("sig", 0, WP, c)
+    t = s.next_task("sig")
+    s.on_task_lost(t, [], "timeout", CFG)
+    a, b = s.next_task("sig"), s.next_task("sig")
+    assert s.on_task_lost(a, [], "not_started", CFG) == []  # the worker was restarting
+    again = s.next_task("sig")
+    assert again.specs == a.specs and again.careful
+    rows = s.on_task_lost(again, [], "timeout", CFG)
+    assert rows[0].disposition is Disposition.TIMED_OUT and "timeout" in rows[0].error
+    s.on_result(b, result(c[1]), "x")
+    s.on_task_end(b)
+    assert s.done and s.finished == 2
+
+
+def test_resume_skips_measured_candidates_and_adds_a_finalist_when_sessions_differ():
+    c = cands(4)
+    prior = [PriorRow(c[0].spec, MAIN, "old", True, 1.0), PriorRow(c[1].spec, MAIN, "old", False, None)]
+    s = Scheduler()
+    s.add_problem("sig", 0, WP, c, prior)
+    t = s.next_task("sig")
+    assert t.specs == (c[2].spec, c[3].spec) and s.total == 2
+    for spec in t.specs:
+        s.on_result(t, result(s.candidates_of(t)[spec]), "new")
+    s.on_task_end(t)
+    final = s.next_task("sig")
+    assert final.round == FINALIST and c[0].spec in final.specs and c[1].spec not in final.specs
+    # everything measured before, with a finalist round: nothing to do
+    done = [PriorRow(x.spec, MAIN, "old", True, 1.0) for x in c] + [PriorRow(c[0].spec, FINALIST, "f", True, 1.0)]
+    s2 = Scheduler()
+    s2.add_problem("sig", 0, WP, c, done)
+    assert s2.next_task("sig") is None and s2.done and s2.total == 0
+    # rows of candidates the workload no longer has are ignored
+    s3 = Scheduler()
+    s3.add_problem("sig", 0, WP, c[:2], [PriorRow(PlanSpec(1, ()), MAIN, "old", True, 1.0)])
+    assert s3.total == 2
+
+
+def test_invalid_settings():
+    with pytest.raises(ValueError):
+        Scheduler(shard_size=0)
