@@ -116,6 +116,8 @@ class AutotuneConfig:
     cold_cache: bool = False
     check: ResultCheck = ResultCheck.AUTO
     compile_workers: int = 0  # >0: compile in a thread pool, overlapped with measuring
+    rotating_buffers: int = 0  # >0: that many extra input sets, used in turn, so inputs are not in cache
+    graph_repeats: int = 0  # >0: time replays of a device graph holding that many runs (microsecond kernels)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", _enum(TuneMode, self.mode, "mode"))
@@ -134,11 +136,14 @@ class AutotuneConfig:
             v = getattr(self, name)
             return isinstance(v, int) and not isinstance(v, bool)
 
-        for name in ("warmup_iterations", "timed_iterations", "max_iterations", "window", "compile_workers"):
+        for name in ("warmup_iterations", "timed_iterations", "max_iterations", "window", "compile_workers",
+                     "rotating_buffers", "graph_repeats"):
             need(is_int(name), name, "must be an integer")
         need(self.warmup_iterations >= 0, "warmup_iterations", "must be >= 0")
         need(self.timed_iterations >= 1, "timed_iterations", "must be >= 1")
         need(self.compile_workers >= 0, "compile_workers", "must be >= 0")
+        need(self.rotating_buffers >= 0, "rotating_buffers", "must be >= 0")
+        need(self.graph_repeats >= 0, "graph_repeats", "must be >= 0")
         if self.strategy is Strategy.RUN_UNTIL_STABLE:
             need(self.window >= 2, "window", "must be >= 2")
             need(self.max_iterations >= self.window, "max_iterations", f"must be >= window ({self.window})")
@@ -527,6 +532,7 @@ class _Run:
         self.tensors = tensors
         self.listener = listener
         self.rule = config.stop_rule()
+        self.rotations = self._rotations(tuner, tensors, config.rotating_buffers)
         self.results: list[AutotuneResult] = []
         self._plans: dict[tuple[int, KnobSettings], tuple[PlanSpec, Engine, Plan]] = {}
         self._prebuilt = False
@@ -536,6 +542,16 @@ class _Run:
                               max(dtypes.RELATIVE_TOLERANCE.get(tuner.problem.tensor(o).dtype, 1e-2)
                                   for o in tuner.problem.output_ids))
         self._prepare_reference()
+
+    @staticmethod
+    def _rotations(tuner: "Autotuner", tensors: Mapping[str, Any], extra: int) -> list[Mapping[str, Any]]:
+        """The tensor sets timed runs cycle through: the given one, then ``extra`` with fresh inputs."""
+        sets: list[Mapping[str, Any]] = [tensors]
+        p = tuner.problem
+        for i in range(extra):
+            fresh = make_tensors(p, tuner.device.arrays, 1000 + i)
+            sets.append({**{o: tensors[o] for o in p.output_ids}, **{t: fresh[t] for t in p.input_ids}})
+        return sets
 
     # -- the pipeline ----------------------------------------------------------------
     def execute(self, candidates: list[_Candidate], *, prebuilt: bool) -> list[AutotuneResult]:
@@ -651,12 +667,13 @@ class _Run:
             return
         samples: list[float] = []
         converged = False
+        timed, per_call, note = self._timed_call(plan, workspace, cand)
         t0 = time.perf_counter()
         try:
             while True:
                 if self.cfg.cold_cache:
                     dev.runtime.flush_l2(dev.stream)
-                samples.append(dev.timer.measure(once))
+                samples.append(dev.timer.measure(timed(len(samples))) / per_call)
                 stop, converged = self.rule.done(samples, (time.perf_counter() - t0) * 1e3)
                 if stop:
                     break
@@ -665,8 +682,37 @@ class _Run:
                          workspace=ws, warmups=warmups, samples=samples, max_err=max_err)
             return
         self._finish(cand, Disposition.SUCCEEDED, workspace=ws, warmups=warmups, samples=samples,
-                     converged=converged, max_err=max_err, error=cand.note)
+                     converged=converged, max_err=max_err, error="; ".join(x for x in (cand.note, note) if x))
         self._plans[(cand.spec.engine_id, cand.spec.knobs)] = (cand.spec, cand.engine, plan)
+
+    def _timed_call(self, plan: Plan, workspace: Any, cand: _Candidate) -> tuple[Callable[[int], Callable[[], None]], int, str]:
+        """(sample index -> the function one measurement times, runs per measurement, a note).
+
+        With graph_repeats, one measurement is a replay of a device graph holding that many runs
+        (the device must offer ``capture_graph``); a failed capture falls back to plain runs.
+        """
+        dev = self.t.device
+        repeats = self.cfg.graph_repeats
+        capture = dev.extras.get("capture_graph")
+        if repeats and capture is not None:
+            try:
+                replay = capture(lambda: plan.run(self.tensors, workspace, dev.stream), repeats)
+                return (lambda i: replay), repeats, ""
+            except Exception as exc:
+                note = f"graph capture failed, timed without graphs: {_err(exc)}"
+                log.info("autotune: %s: %s", cand.spec.describe(self.t.registry), note)
+                dev.synchronize()
+        elif repeats:
+            note = f"{dev.runtime.name} devices offer no graph capture; timed without graphs"
+        else:
+            note = ""
+        sets = self.rotations
+
+        def timed(i: int) -> Callable[[], None]:
+            tensors = sets[i % len(sets)]
+            return lambda: plan.run(tensors, workspace, dev.stream)
+
+        return timed, 1, note
 
     # -- numerical check ---------------------------------------------------------------
     def _prepare_reference(self) -> None:

@@ -201,7 +201,8 @@ def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool) -> int:
         tuner = Autotuner(wp.problem, device, registry=registry)
         specs = plan_specs_for(wp, tuner)
         rows.append((wp, [s.describe(registry) for s in specs],
-                     [f"{c.engine_name}: {c.reason}" for c in registry.explain(wp.problem, device) if not c.applicable]))
+                     [f"{c.engine_name}: {c.reason}" for c in registry.explain(wp.problem, device) if not c.applicable]
+                     + [f"{label}: {reason}" for label, reason in tuner._collection.dropped]))
     if as_json:
         _print_json([{"name": wp.name, "problem_key": wp.problem.key, "label": wp.problem.label(),
                       "candidates": specs, "not_applicable": skipped} for wp, specs, skipped in rows])

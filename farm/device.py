@@ -174,7 +174,28 @@ def gpu_device(kind: str | Any, index: int = 0) -> Device:
     props = runtime.properties(index)
     runtime.set_device(index)
     stream = runtime.create_stream()
-    return Device(runtime, index, props, TorchArrays(index), EventTimer(runtime, stream), stream)
+    device = Device(runtime, index, props, TorchArrays(index), EventTimer(runtime, stream), stream)
+    device.extras["capture_graph"] = lambda fn, repeats: torch_graph(device, fn, repeats)
+    return device
+
+
+def torch_graph(device: Device, fn: Any, repeats: int) -> Any:
+    """Capture ``repeats`` calls of ``fn`` into a CUDA/HIP graph on the device stream; returns its replay."""
+    import torch
+
+    stream = torch.cuda.ExternalStream(int(device.stream), device=torch.device("cuda", device.index))
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize(device.index)
+    # thread_local: other threads (the compile pool) may keep using CUDA during the capture
+    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        for _ in range(repeats):
+            fn()
+
+    def replay() -> None:
+        with torch.cuda.stream(stream):
+            graph.replay()
+
+    return replay
 
 
 def open_device(kind: str = "auto", index: int = 0) -> Device:

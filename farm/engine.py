@@ -33,7 +33,7 @@ log = logging.getLogger("farm.engine")
 
 ENTRY_POINT_GROUP = "farm.engines"
 # Built-in engine modules; each exposes ENGINES (an iterable of engine objects).
-BUILTIN_ENGINE_MODULES: tuple[str, ...] = ("engines.cpu", "engines.sim")
+BUILTIN_ENGINE_MODULES: tuple[str, ...] = ("engines.cpu", "engines.gpu", "engines.sim")
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,9 @@ class Engine(Protocol):
     def estimate_workspace(self, problem: "Problem", knobs: Mapping[str, KnobValue]) -> int: ...
 
     def compile(self, problem: "Problem", knobs: Mapping[str, KnobValue], device: "Device") -> Plan: ...
+
+    # Optional: ``knob_support(problem, device, knobs) -> Support`` says whether these knob values apply
+    # here (e.g. an attention backend); sweeps and variants leave out those that do not.
 
 
 def engine_id(engine: Engine) -> int:

@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from .engine import Engine, EngineConfig, EngineRegistry, engine_id, settings_to_resolved, user_knobs
+from .engine import Engine, EngineConfig, EngineRegistry, Support, engine_id, settings_to_resolved, user_knobs
 from .errors import InputError, UnknownNameError, UsageError
 from .ids import engine_name_to_id
 from .knobs import BENCHMARKING_KNOB, KnobSettings, KnobValue, format_settings, normalize_settings
@@ -94,6 +94,7 @@ class PlanSpecCollection:
         self._barred_ids: set[int] = set()
         self._workspace_ceiling: int | None = None
         self._locked = False
+        self.dropped: list[tuple[str, str]] = []  # (candidate, reason): knob values that do not apply here
 
     # -- state -------------------------------------------------------------------
     def lock(self, reason: str) -> None:
@@ -129,6 +130,21 @@ class PlanSpecCollection:
                         BENCHMARKING_KNOB, engine.name)
             items.pop(BENCHMARKING_KNOB)
         return normalize_settings(user_knobs(engine), items, engine=engine.name)
+
+    def _applies(self, engine: Engine, spec: PlanSpec) -> bool:
+        """Batch additions skip knob settings the engine says do not apply here (engine.knob_support)."""
+        check = getattr(engine, "knob_support", None)
+        if check is None:
+            return True
+        try:
+            support = check(self.problem, self.device, dict(spec.knobs))
+        except Exception as exc:
+            support = Support.no(f"knob check failed: {type(exc).__name__}: {exc}")
+        if not support:
+            label = spec.describe(self.registry)
+            self.dropped.append((label, support.reason))
+            log.info("autotune: %s left out: %s", label, support.reason)
+        return bool(support)
 
     def _store(self, spec: PlanSpec) -> bool:
         if spec in self._seen:
@@ -173,7 +189,9 @@ class PlanSpecCollection:
         for i, v in enumerate(variants):
             try:
                 eng = self._engine_for(v.engine, where=f"variants[{i}].engine")
-                added += self._store(PlanSpec(engine_id(eng), self._normalize(eng, v.knobs)))
+                spec = PlanSpec(engine_id(eng), self._normalize(eng, v.knobs))
+                if self._applies(eng, spec):
+                    added += self._store(spec)
             except InputError as exc:
                 log.warning("autotune: variant %d skipped: %s", i, exc)
         return added
@@ -196,7 +214,9 @@ class PlanSpecCollection:
             for combo in combos:
                 merged = {**dict(sw.fixed), **combo}
                 try:
-                    added += self._store(PlanSpec(engine_id(eng), self._normalize(eng, merged)))
+                    spec = PlanSpec(engine_id(eng), self._normalize(eng, merged))
+                    if self._applies(eng, spec):
+                        added += self._store(spec)
                 except InputError as exc:
                     log.warning("autotune: sweep %d entry %s skipped: %s", i, combo, exc)
         return added

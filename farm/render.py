@@ -277,6 +277,7 @@ def farm_dict(workload: Any, out: str, report: Any) -> dict[str, Any]:
         "workload": {"name": workload.name, "source": workload.source, "digest": workload.digest},
         "autotune": to_jsonable(workload.autotune),
         "executor": "ray", "job_id": report.job_id, "run_id": report.run_id, "out": out, "wall_s": report.wall_s,
+        "tuning_s": report.tuning_s,
         "rows_written": report.rows_written, "candidates": report.total, "remeasured": report.remeasured,
         "counts": report.counts, "skipped_problems": report.problems_skipped,
         "workers": [{**dc.asdict(st), "gpu_ids": list(w.gpu_ids), "pid": w.pid,

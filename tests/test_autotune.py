@@ -392,3 +392,47 @@ def test_not_applicable_engine_added_by_id_fails_at_compile_time():
     results = t.autotune(config=AutotuneConfig(strategy="single_shot"))
     nope = by_name(results)["nope[default]"]
     assert nope.disposition is Disposition.FAILED_COMPILE and "does not apply: fake says no" in nope.error
+
+
+def test_rotating_buffers_give_each_timed_run_other_inputs():
+    seen = []
+    e = FakeEngine("rot")
+    orig = e.compile
+
+    def compile(problem, knobs, device):
+        plan = orig(problem, knobs, device)
+        inner = plan.run
+
+        def run(tensors, ws, stream):
+            seen.append(float(tensors["A"][0, 0]))
+            inner(tensors, ws, stream)
+
+        plan.run = run
+        return plan
+
+    e.compile = compile
+    t = tuner_with(e)
+    t.add_all_engines()
+    (r,) = t.autotune(config=AutotuneConfig(strategy="fixed_average", timed_iterations=6, warmup_iterations=0,
+                                            check="off", rotating_buffers=2))
+    timed = seen[-6:]
+    assert len(set(timed[:3])) == 3 and timed[:3] == timed[3:]  # three input sets, in turn
+
+
+def test_graph_timing_divides_by_the_runs_in_the_graph_and_falls_back_without_capture():
+    calls = {"capture": 0}
+
+    def capture(fn, repeats):
+        calls["capture"] += 1
+        return lambda: [fn() for _ in range(repeats)]
+
+    dev = fake_device(ScriptedTimer([8.0]))
+    dev.extras["capture_graph"] = capture
+    t = Autotuner(matmul_problem(), dev, registry=registry_of(FakeEngine("g")))
+    t.add_all_engines()
+    (r,) = t.autotune(config=AutotuneConfig(strategy="fixed_average", timed_iterations=3, graph_repeats=4))
+    assert calls["capture"] == 1 and r.min_ms == 2.0 and r.samples == (2.0, 2.0, 2.0)
+    t2 = tuner_with(FakeEngine("g"), timer=ScriptedTimer([8.0]))  # a CPU device: no graphs
+    t2.add_all_engines()
+    (r2,) = t2.autotune(config=AutotuneConfig(strategy="single_shot", graph_repeats=4))
+    assert r2.min_ms == 8.0 and "no graph capture" in r2.error and r2.succeeded

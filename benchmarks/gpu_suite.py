@@ -1,0 +1,300 @@
+"""The GPU suite: tuned winners vs PyTorch's default path, Inductor max-autotune, and @triton.autotune.
+
+    python benchmarks/gpu_suite.py all --out DIR       # everything below, in child processes; prints tables
+    python benchmarks/gpu_suite.py suite --out DIR     # our tuner per shape: winner vs default, tuning time
+    python benchmarks/gpu_suite.py inductor --out DIR  # torch.compile(max-autotune-no-cudagraphs) per GEMM
+    python benchmarks/gpu_suite.py triton --contender ours|triton --out DIR   # same 48-config Triton space
+    python benchmarks/gpu_suite.py report DIR          # tables from the JSON files
+
+The shapes and the candidate space are examples/h200-suite.yaml's. Every speed
+is measured the same way (``bench``): device events on one stream, L2 flushed
+before each run and excluded, median of 100 runs, random inputs. Compile caches
+are per contender and per state: "cold" runs start with empty Triton and
+Inductor caches, "warm" runs reuse the cold run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+WORKLOAD = ROOT / "examples" / "h200-suite.yaml"
+TRITON_SHAPES = ("gemm-4k", "odd-fp16", "mlp-up-1k")
+
+
+def _setup():
+    import torch
+
+    from farm.device import gpu_device
+    from farm.workload import load_workload
+
+    return torch, gpu_device("cuda", 0), load_workload(WORKLOAD)
+
+
+def bench(torch, dev, fn, n: int = 100) -> float:
+    """Median ms of ``fn`` on the device stream, L2 flushed (outside the timing) before each run."""
+    stream = torch.cuda.ExternalStream(int(dev.stream))
+
+    def run():
+        with torch.cuda.stream(stream):
+            fn()
+
+    for _ in range(5):
+        run()
+    dev.synchronize()
+    samples = []
+    for _ in range(n):
+        dev.runtime.flush_l2(dev.stream)
+        samples.append(dev.timer.measure(run))
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12 if ms else 0.0
+
+
+def _operands(torch, problem, dev):
+    from farm.arrays import make_tensors
+
+    return make_tensors(problem, dev.arrays, seed=1)
+
+
+# -- our tuner per shape --------------------------------------------------------------------
+def run_suite(out: Path) -> None:
+    import numpy as np
+
+    from farm.autotune import Autotuner
+    from farm.reduce import choose
+    from farm.tuning import plan_specs_for
+
+    torch, dev, wl = _setup()
+    rows = []
+    for wp in wl.problems:
+        p = wp.problem
+        tuner = Autotuner(p, dev)
+        plan_specs_for(wp, tuner)
+        t0 = time.perf_counter()
+        results = tuner.autotune(config=wl.autotune, seed=wl.seed)
+        tune_s = time.perf_counter() - t0
+        ok = [r for r in results if r.succeeded]
+        med = np.array([r.median_ms for r in ok])
+        mad = np.array([r.mad_ms or 0.0 for r in ok])
+        order = np.array([r.candidate for r in ok])
+        w, f, _, _ = choose(med, mad, order)
+        winner, default = ok[w], min((r for r in ok if not r.knobs), key=lambda r: r.candidate)
+        tensors = _operands(torch, p, dev)
+        plans = {}
+        for r in {winner.label: winner, default.label: default}.values():
+            eng = tuner.registry.get(r.engine_id)
+            from farm.engine import settings_to_resolved
+
+            plans[r.label] = eng.compile(p, settings_to_resolved(eng, r.knobs), dev)
+        ws = {k: dev.runtime.malloc(v.workspace_size) if v.workspace_size else None for k, v in plans.items()}
+        ms = {k: bench(torch, dev, lambda k=k: plans[k].run(tensors, ws[k], dev.stream)) for k in plans}
+        failed = [(r.label, r.disposition.value, r.error[:160]) for r in results if not r.succeeded]
+        rows.append({
+            "name": wp.name, "label": p.label(), "op": p.op, "flops": p.flops, "candidates": len(results),
+            "failed": failed, "tune_s": tune_s, "winner": winner.label, "fastest_in_tuning": ok[f].label,
+            "winner_ms": ms[winner.label], "default": default.label, "default_ms": ms[default.label],
+            "winner_tflops": tflops(p.flops, ms[winner.label]), "default_tflops": tflops(p.flops, ms[default.label]),
+            "speedup": ms[default.label] / ms[winner.label],
+        })
+        print(f"{wp.name:14s} {len(results):3d} cand {tune_s:6.1f} s  winner {winner.label:60s} "
+              f"{ms[winner.label]:.4f} ms  default {ms[default.label]:.4f} ms  x{rows[-1]['speedup']:.3f}", flush=True)
+    (out / "suite.json").write_text(json.dumps(rows, indent=1))
+
+
+# -- Inductor --------------------------------------------------------------------------------
+def run_inductor(out: Path) -> None:
+    torch, dev, wl = _setup()
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = 64
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    rows = []
+    for wp in wl.problems:
+        p = wp.problem
+        if p.op != "matmul":
+            continue
+        t = _operands(torch, p, dev)
+        torch.backends.cuda.matmul.allow_tf32 = p.compute_dtype == "tf32"
+        torch._dynamo.reset()  # each shape tunes from scratch in this process (disk caches stay as they are)
+        f = torch.compile(lambda a, b: a @ b, mode="max-autotune-no-cudagraphs", dynamic=False)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        f(t["A"], t["B"])
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        ms = bench(torch, dev, lambda: f(t["A"], t["B"]))
+        rows.append({"name": wp.name, "first_call_s": first, "ms": ms, "tflops": tflops(p.flops, ms)})
+        print(f"inductor {wp.name:14s} first call {first:6.1f} s  {ms:.4f} ms  {rows[-1]['tflops']:.0f} TFLOP/s", flush=True)
+    (out / "inductor.json").write_text(json.dumps(rows, indent=1))
+
+
+# -- the same Triton config space: our tuner vs @triton.autotune -------------------------------
+def _configs(wl):
+    sweep = next(s for s in wl.problems[0].engines.sweeps if s.engine == "triton.gemm")
+    import itertools
+
+    names = list(sweep.axes)
+    return [{**dict(zip(names, combo)), **dict(sweep.fixed)} for combo in itertools.product(*sweep.axes.values())]
+
+
+def run_triton(out: Path, contender: str, tag: str) -> None:
+    torch, dev, wl = _setup()
+    import triton
+
+    from farm.autotune import Autotuner
+    from farm.plans import EngineVariant
+
+    configs = _configs(wl)
+    rows = []
+    for wp in (w for w in wl.problems if w.name in TRITON_SHAPES):
+        p = wp.problem
+        t = _operands(torch, p, dev)
+        if contender == "ours":
+            tuner = Autotuner(p, dev)
+            tuner.add_engine_variants([EngineVariant("triton.gemm", c) for c in configs])
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            results = tuner.autotune(t, wl.autotune)
+            torch.cuda.synchronize()
+            tune_s = time.perf_counter() - t0
+            best = results[0]
+            stream_fn = lambda: tuner.execute(t)  # noqa: E731
+            winner = best.label
+            failed = sum(not r.succeeded for r in results)
+        else:
+            from engines.gpu.triton_gemm import TritonGemm, _kernel
+
+            kernel = _kernel()
+            tc = [triton.Config({k: v for k, v in c.items() if k not in ("num_warps", "num_stages")},
+                                num_warps=c["num_warps"], num_stages=c["num_stages"]) for c in configs]
+            tuned = triton.autotune(configs=tc, key=["M", "N", "K"])(kernel)
+            grid_meta, meta, scalars = TritonGemm()._call(p, {**configs[0]})
+            fixed = {k: meta[k] for k in ("HAS_BIAS", "TF32")}
+            batch = grid_meta[1]
+            m, n = scalars[0], scalars[1]
+
+            def call():
+                tuned[lambda M: (triton.cdiv(m, M["BLOCK_M"]) * triton.cdiv(n, M["BLOCK_N"]), batch, 1)](
+                    t["A"], t["B"], t["C"], t["C"], *scalars, **fixed)
+
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            tune_s = time.perf_counter() - t0
+            winner = str(tuned.best_config)
+            stream_fn = call
+            failed = None
+        ms = bench(torch, dev, stream_fn)
+        rows.append({"name": wp.name, "contender": contender, "cache": tag, "tune_s": tune_s, "winner": winner,
+                     "ms": ms, "tflops": tflops(p.flops, ms), "failed_configs": failed})
+        print(f"{contender:6s} {tag:4s} {wp.name:12s} tune {tune_s:6.1f} s  {ms:.4f} ms  {winner}", flush=True)
+    (out / f"triton-{contender}-{tag}.json").write_text(json.dumps(rows, indent=1))
+
+
+# -- orchestration and report ------------------------------------------------------------------
+def child(args: list[str], caches: Path, log: Path, timeout: float) -> None:
+    env = dict(os.environ, TRITON_CACHE_DIR=str(caches / "triton"), TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
+    with open(log, "a") as fh:
+        fh.write(f"\n$ {' '.join(args)}  (caches {caches})\n")
+        fh.flush()
+        try:
+            subprocess.run([sys.executable, __file__, *args], env=env, stdout=fh, stderr=subprocess.STDOUT,
+                           timeout=timeout)
+        except subprocess.TimeoutExpired:
+            fh.write(f"\n!! timed out after {timeout:.0f} s\n")
+
+
+def run_all(out: Path, parts: list[str], budget_s: float) -> None:
+    caches = Path(tempfile.mkdtemp(prefix="suite-caches-"))
+    log = out / "suite.log"
+    t0 = time.time()
+    left = lambda: max(30.0, budget_s - (time.time() - t0))  # noqa: E731
+    if "suite" in parts:
+        child(["suite", "--out", str(out)], caches / "suite", log, left())
+    if "inductor" in parts:
+        child(["inductor", "--out", str(out)], caches / "inductor", log, left())
+    if "triton" in parts:
+        for contender in ("triton", "ours"):
+            for tag in ("cold", "warm"):  # warm reuses the cold run's caches
+                child(["triton", "--contender", contender, "--tag", tag, "--out", str(out)], caches / contender, log,
+                      left())
+    report(out)
+
+
+def report(out: Path) -> None:
+    def load(name):
+        path = out / name
+        return json.loads(path.read_text()) if path.exists() else []
+
+    suite = load("suite.json")
+    ind = {r["name"]: r for r in load("inductor.json")}
+    if suite:
+        print("\n| shape | problem | cand | tune s | winner | TFLOP/s | default TFLOP/s | speedup | Inductor first call s | Inductor TFLOP/s | winner / Inductor |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in suite:
+            i = ind.get(r["name"])
+            print(f"| {r['name']} | {r['label']} | {r['candidates']} | {r['tune_s']:.1f} | {r['winner']} | "
+                  f"{r['winner_tflops']:.1f} | {r['default_tflops']:.1f} | {r['speedup']:.3f} | "
+                  f"{i['first_call_s']:.1f} | {i['tflops']:.1f} | {r['winner_tflops'] / i['tflops']:.3f} |"
+                  if i else
+                  f"{r['winner_tflops']:.1f} | {r['default_tflops']:.1f} | {r['speedup']:.3f} | - | - | - |")
+        geo = math.exp(sum(math.log(r["speedup"]) for r in suite) / len(suite))
+        print(f"\ngeometric-mean speedup over the default path: {geo:.3f} ({len(suite)} shapes); "
+              f"worst {min(r['speedup'] for r in suite):.3f}")
+        failures = [(r["name"], f) for r in suite for f in r["failed"]]
+        if failures:
+            print(f"failed candidates: {len(failures)}, e.g. {failures[:3]}")
+    tri = [r for name in sorted(os.listdir(out)) if name.startswith("triton-") for r in load(name)]
+    if tri:
+        print("\n| shape | cache | Triton autotune s | ours s | time ratio (ours / Triton) | Triton winner ms | ours winner ms | ours / Triton |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for tag in ("cold", "warm"):
+            for name in TRITON_SHAPES:
+                a = next((r for r in tri if r["name"] == name and r["cache"] == tag and r["contender"] == "triton"), None)
+                b = next((r for r in tri if r["name"] == name and r["cache"] == tag and r["contender"] == "ours"), None)
+                if a and b:
+                    print(f"| {name} | {tag} | {a['tune_s']:.1f} | {b['tune_s']:.1f} | {b['tune_s'] / a['tune_s']:.2f} | "
+                          f"{a['ms']:.4f} | {b['ms']:.4f} | {b['ms'] / a['ms']:.3f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=("all", "suite", "inductor", "triton", "report"))
+    ap.add_argument("dir", nargs="?")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--contender", choices=("ours", "triton"), default="ours")
+    ap.add_argument("--tag", default="cold")
+    ap.add_argument("--parts", default="suite,inductor,triton")
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds for 'all' (children share it)")
+    args = ap.parse_args()
+    out = Path(args.out or args.dir or "runs/gpu-suite")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.what == "all":
+        run_all(out, args.parts.split(","), args.budget)
+    elif args.what == "suite":
+        run_suite(out)
+    elif args.what == "inductor":
+        run_inductor(out)
+    elif args.what == "triton":
+        run_triton(out, args.contender, args.tag)
+    else:
+        report(out)
+
+
+if __name__ == "__main__":
+    main()

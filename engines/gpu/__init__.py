@@ -1,0 +1,19 @@
+"""GPU engines on PyTorch and Triton (NVIDIA, and AMD through the same Python APIs).
+
+torch.matmul   PyTorch's default GEMM path (the default candidate)
+torch.blas     GEMM with the BLAS library chosen and reduced-precision knobs
+triton.gemm    a Triton GEMM with the tile knobs autotuners search
+torch.sdpa     attention with the backend forced (flash, efficient, cudnn, math) or auto
+torch.conv     cuDNN convolutions (fprop, dgrad, wgrad): layout, determinism, benchmark priming
+
+torch and triton are imported only when an engine is used on a GPU device.
+"""
+
+from .conv import TorchConv
+from .matmul import TorchBlas, TorchMatmul
+from .sdpa import TorchSdpa
+from .triton_gemm import TritonGemm
+
+ENGINES = (TorchMatmul(), TorchBlas(), TritonGemm(), TorchSdpa(), TorchConv())
+
+__all__ = ["ENGINES"]

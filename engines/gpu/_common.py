@@ -1,0 +1,125 @@
+"""What the GPU engines share: lazy torch, applicability, streams, dtypes.
+
+The GPU engines use PyTorch (and Triton) tensors on the device's own stream,
+so the farm's event timer sees exactly their work. PyTorch and Triton expose the
+same Python API on ROCm (``cuda`` device strings, hipBLASLt where cuBLASLt is),
+so the engines are written once for both vendors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator, Mapping
+
+from farm.device import Device
+from farm.engine import Support
+from farm.knobs import Knob, KnobValue
+from farm.problem import Problem
+
+GPU_VENDORS = frozenset({"nvidia", "amd"})
+TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8",
+                "int32": "int32"}
+
+
+@functools.lru_cache(maxsize=1)
+def torch_module() -> Any:
+    import torch
+
+    return torch
+
+
+def torch_or_reason() -> tuple[Any, str]:
+    try:
+        return torch_module(), ""
+    except ImportError:
+        return None, "torch is not installed (pip install 'tunefarm[torch]')"
+
+
+def torch_dtype(name: str) -> Any:
+    return getattr(torch_module(), TORCH_DTYPES[name])
+
+
+class GpuEngine:
+    """Base class: applicability on GPU devices with torch; subclasses add op rules and ``build``."""
+
+    name = ""
+    ops: frozenset[str] = frozenset()
+    knobs: tuple[Knob, ...] = ()
+    supports_exhaustive = False
+    priority = 100
+    storage_dtypes = frozenset({"fp32", "fp16", "bf16"})
+
+    def applicable(self, problem: Problem, device: Device) -> Support:
+        if device.vendor not in GPU_VENDORS:
+            return Support.no(f"runs on NVIDIA or AMD GPUs, not on a {device.vendor} device")
+        torch, reason = torch_or_reason()
+        if torch is None:
+            return Support.no(reason)
+        for t in problem.tensors:
+            if t.dtype not in self.storage_dtypes:
+                return Support.no(f"tensor {t.id} is {t.dtype}; supports {', '.join(sorted(self.storage_dtypes))}")
+        return self.supports(problem, device)
+
+    def supports(self, problem: Problem, device: Device) -> Support:
+        return Support.yes()
+
+    def estimate_workspace(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> int:
+        return 0
+
+    def compile(self, problem: Problem, knobs: Mapping[str, KnobValue], device: Device) -> "TorchPlan":
+        return self.build(problem, dict(knobs), device)
+
+    def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> "TorchPlan":
+        raise NotImplementedError  # pragma: no cover
+
+    def __repr__(self) -> str:
+        return f"<engine {self.name}>"
+
+
+def device_stream(device: Device) -> Any:
+    """The device's runtime stream as a torch stream (work enqueued on it is what the events time)."""
+    torch = torch_module()
+    if device.stream is None:
+        return torch.cuda.current_stream()
+    return torch.cuda.ExternalStream(int(device.stream), device=torch.device("cuda", device.index))
+
+
+class TorchPlan:
+    """Runs ``fn(tensors)`` on the device stream, inside ``context()`` when given (flags, backend choice)."""
+
+    def __init__(self, fn: Callable[[Mapping[str, Any]], None], device: Device, workspace_size: int = 0,
+                 context: Callable[[], Any] | None = None) -> None:
+        self.fn = fn
+        self.workspace_size = workspace_size
+        self.context = context
+        self.stream = device_stream(device)
+        self._torch = torch_module()
+
+    def run(self, tensors: Mapping[str, Any], workspace: Any, stream: Any) -> None:
+        with self._torch.cuda.stream(self.stream):
+            if self.context is None:
+                self.fn(tensors)
+            else:
+                with self.context():
+                    self.fn(tensors)
+
+
+@contextlib.contextmanager
+def flags(obj: Any, **values: Any) -> Iterator[None]:
+    """Set attributes of a torch flags object for the duration (restored after, even on error)."""
+    old = {k: getattr(obj, k) for k in values}
+    try:
+        for k, v in values.items():
+            setattr(obj, k, v)
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(obj, k, v)
+
+
+def empty_like_desc(problem: Problem, tid: str, device: Device) -> Any:
+    """An uninitialised tensor with the layout of ``problem``'s tensor ``tid`` (for capability queries)."""
+    torch = torch_module()
+    t = problem.tensor(tid)
+    return torch.empty_strided(t.dims, t.strides, dtype=torch_dtype(t.dtype), device=torch.device("cuda", device.index))

@@ -1,0 +1,107 @@
+"""PyTorch matmul engines: the default path, and the BLAS backend chosen with precision knobs.
+
+matmul covers plain, batched (A with batch dims, B batched or shared) and
+matmul+bias (``addmm``/``baddbmm``, the cuBLASLt epilogue path). TF32 is used
+exactly when the problem's compute dtype is tf32: it changes results, so it is
+part of the problem, not a knob.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from farm.device import Device
+from farm.engine import Support
+from farm.knobs import Knob, KnobValue
+from farm.problem import Problem
+
+from ._common import GpuEngine, TorchPlan, flags, torch_module
+
+
+def _matmul_fn(problem: Problem) -> Any:
+    """fn(tensors) computing C = A @ B (+ bias) into C."""
+    torch = torch_module()
+    has_bias = problem.has_tensor("bias")
+    a_dims, c_dims = problem.tensor("A").dims, problem.tensor("C").dims
+    m, k, n = a_dims[-2], a_dims[-1], c_dims[-1]
+
+    def fn(t: Mapping[str, Any]) -> None:
+        a, b, c = t["A"], t["B"], t["C"]
+        if not has_bias:
+            torch.matmul(a, b, out=c)
+            return
+        bias = t["bias"].reshape(-1)
+        if a.dim() == 2:
+            torch.addmm(bias, a, b, out=c)
+            return
+        a3 = a.reshape(-1, m, k)
+        b3 = (b if b.dim() == a.dim() else b.expand(*a.shape[:-2], k, n)).reshape(-1, k, n)
+        if c.is_contiguous():
+            torch.baddbmm(bias, a3, b3, out=c.view(-1, m, n))
+        else:
+            c.copy_(torch.baddbmm(bias, a3, b3).view(c.shape))
+
+    return fn
+
+
+class _TorchMatmulBase(GpuEngine):
+    ops = frozenset({"matmul"})
+
+    def supports(self, problem: Problem, device: Device) -> Support:
+        if problem.compute_dtype == "tf32" and problem.dtype != "fp32":
+            return Support.no("tf32 applies to fp32 data")
+        if problem.compute_dtype == "fp64":
+            return Support.no("fp64 is out of scope for the GPU matmul engines")
+        return Support.yes()
+
+    def _matmul_flags(self, problem: Problem, reduced: bool | None = None) -> dict[str, Any]:
+        values: dict[str, Any] = {"allow_tf32": problem.compute_dtype == "tf32"}
+        if reduced is not None:
+            if problem.dtype == "fp16":
+                values["allow_fp16_reduced_precision_reduction"] = reduced
+            elif problem.dtype == "bf16":
+                values["allow_bf16_reduced_precision_reduction"] = reduced
+        return values
+
+
+class TorchMatmul(_TorchMatmulBase):
+    """PyTorch's default path: torch.matmul / addmm with the library's own heuristics."""
+
+    name = "torch.matmul"
+    priority = 10
+
+    def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
+        torch = torch_module()
+        settings = self._matmul_flags(problem)
+        return TorchPlan(_matmul_fn(problem), device, context=lambda: flags(torch.backends.cuda.matmul, **settings))
+
+
+class TorchBlas(_TorchMatmulBase):
+    """PyTorch with the BLAS library picked (cuBLAS or cuBLASLt; on ROCm hipBLAS or hipBLASLt)."""
+
+    name = "torch.blas"
+    priority = 20
+    knobs = (
+        Knob.str("backend", "cublaslt", choices=("cublas", "cublaslt"),
+                 doc="torch.backends.cuda.preferred_blas_library (hipBLAS/hipBLASLt on ROCm)"),
+        Knob.int("reduced_precision", 1, choices=(0, 1),
+                 doc="allow fp16/bf16 reduced-precision reductions inside the GEMM"),
+    )
+
+    def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
+        torch = torch_module()
+        settings = self._matmul_flags(problem, bool(knobs["reduced_precision"]))
+        backend = str(knobs["backend"])
+
+        class _Context:
+            def __enter__(self) -> None:
+                self.prev = torch.backends.cuda.preferred_blas_library()
+                torch.backends.cuda.preferred_blas_library(backend)
+                self.flags = flags(torch.backends.cuda.matmul, **settings)
+                self.flags.__enter__()
+
+            def __exit__(self, *exc: Any) -> None:
+                self.flags.__exit__(*exc)
+                torch.backends.cuda.preferred_blas_library(self.prev)
+
+        return TorchPlan(_matmul_fn(problem), device, context=_Context)

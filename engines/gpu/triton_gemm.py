@@ -1,0 +1,195 @@
+"""A Triton GEMM with the canonical autotuning knobs: BLOCK_M/N/K, GROUP_M, num_warps, num_stages.
+
+Grouped tile order, masked edges (odd sizes), batched over the grid's second
+axis (B may be shared by the batch), an optional bias epilogue, fp32
+accumulation. Compiling (``JITFunction.warmup``, no launch, no allocation) is
+what EXHAUSTIVE mode's priming does before timing; a configuration that needs
+more shared memory than the device has fails at compile time with the
+compiler's reason, and becomes a failed row.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Mapping
+
+from farm.device import Device
+from farm.engine import Support
+from farm.knobs import Knob, KnobValue
+from farm.problem import Problem
+
+from ._common import GpuEngine, TorchPlan, torch_dtype
+
+_COMPILE_LOCK = threading.Lock()
+COMPILE_PROCS_ENV = "FARM_TRITON_COMPILE_PROCS"
+
+
+def _warmup_in_worker(dtypes: tuple[str, ...], scalars: tuple[int, ...], grid: tuple[int, ...],
+                      meta: dict[str, Any]) -> None:
+    """Compile one configuration in a pool process: the binary lands in the shared Triton disk cache."""
+    import torch
+
+    _kernel().warmup(*(getattr(torch, d) for d in dtypes), *scalars, grid=grid, **meta)
+
+
+class _CompilePool:
+    """Worker processes that compile Triton configurations in parallel (as Inductor's compile workers do).
+
+    Triton's compiler holds the GIL for most of its work, so threads would compile one at a time.
+    FARM_TRITON_COMPILE_PROCS sets the size (default 4; 0 compiles in-process only).
+    """
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def submit(self, *args: Any) -> Any:
+        import os
+
+        n = int(os.environ.get(COMPILE_PROCS_ENV, "4") or 0)
+        if n <= 0 or self._broken:
+            return None
+        with self._lock:
+            if self._pool is None:
+                import concurrent.futures
+                import multiprocessing
+
+                self._pool = concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            return self._pool.submit(_warmup_in_worker, *args)
+        except Exception:  # a broken pool costs parallelism, never correctness
+            self._broken = True
+            return None
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
+                    stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+                    stride_cb, stride_cm, stride_cn,
+                    HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        pid = tl.program_id(0)
+        batch = tl.program_id(1)
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        in_group = GROUP_M * num_pid_n
+        first_m = (pid // in_group) * GROUP_M
+        group_m = min(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + ((pid % in_group) % group_m)
+        pid_n = (pid % in_group) // group_m
+        rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M  # wrapped rows load valid memory; masked at the store
+        rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+        rk = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + batch * stride_ab + rm[:, None] * stride_am + rk[None, :] * stride_ak
+        b_ptrs = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            if TF32:
+                acc = tl.dot(a, b, acc, input_precision="tf32")
+            else:
+                acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + rn).to(tl.float32)
+            acc += bias[None, :]
+        om = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        on = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_ptrs = c_ptr + batch * stride_cb + om[:, None] * stride_cm + on[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(om[:, None] < M) & (on[None, :] < N))
+
+    return gemm_kernel
+
+
+def _strides(dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int, int]:
+    """(batch, row, column) strides; batch 0 for a 2-D (shared) operand."""
+    return (strides[0] if len(dims) == 3 else 0, strides[-2], strides[-1])
+
+
+class TritonGemm(GpuEngine):
+    """matmul (plain, batched, +bias) in Triton; fp16 / bf16, or fp32 data with tf32 compute."""
+
+    name = "triton.gemm"
+    ops = frozenset({"matmul"})
+    priority = 50
+    supports_exhaustive = True
+
+    def __init__(self) -> None:
+        self._procs = _CompilePool()
+
+    knobs = (
+        Knob.int("BLOCK_M", 128, choices=(16, 32, 64, 128, 256)),
+        Knob.int("BLOCK_N", 128, choices=(16, 32, 64, 128, 256)),
+        Knob.int("BLOCK_K", 64, choices=(16, 32, 64, 128)),
+        Knob.int("GROUP_M", 8, choices=(1, 4, 8, 16), doc="tile rows per group (L2 reuse)"),
+        Knob.int("num_warps", 4, choices=(2, 4, 8, 16)),
+        Knob.int("num_stages", 3, choices=(1, 2, 3, 4, 5, 6), doc="software pipeline depth"),
+    )
+
+    def supports(self, problem: Problem, device: Device) -> Support:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return Support.no("triton is not installed (pip install 'tunefarm[triton]')")
+        if problem.dtype == "fp32" and problem.compute_dtype != "tf32":
+            return Support.no("Triton's fp32 dot is TF32; strict fp32 problems are left to cuBLAS")
+        if problem.compute_dtype not in ("fp32", "tf32"):
+            return Support.no(f"accumulates in fp32, not {problem.compute_dtype}")
+        a, b = problem.tensor("A"), problem.tensor("B")
+        if len(a.dims) > 3 or len(b.dims) > 3:
+            return Support.no("at most one batch dimension")
+        for t in (a, b, problem.tensor("C")):
+            if 1 not in t.strides[-2:]:
+                return Support.no(f"tensor {t.id} has no unit-stride dimension among its last two")
+        return Support.yes()
+
+    def _call(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> tuple[tuple[int, ...], dict[str, Any], Any]:
+        import triton
+
+        a, b, c = problem.tensor("A"), problem.tensor("B"), problem.tensor("C")
+        m, k, n = a.dims[-2], a.dims[-1], c.dims[-1]
+        batch = a.dims[0] if len(a.dims) == 3 else 1
+        grid = (triton.cdiv(m, int(knobs["BLOCK_M"])) * triton.cdiv(n, int(knobs["BLOCK_N"])), batch, 1)
+        meta = {"HAS_BIAS": problem.has_tensor("bias"), "TF32": problem.compute_dtype == "tf32",
+                "BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": int(knobs["BLOCK_N"]), "BLOCK_K": int(knobs["BLOCK_K"]),
+                "GROUP_M": int(knobs["GROUP_M"]), "num_warps": int(knobs["num_warps"]),
+                "num_stages": int(knobs["num_stages"])}
+        scalars = (m, n, k, *_strides(a.dims, a.strides), *_strides(b.dims, b.strides), *_strides(c.dims, c.strides))
+        return grid, meta, scalars
+
+    def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
+        kernel = _kernel()
+        grid, meta, scalars = self._call(problem, knobs)
+        bias_dtype = torch_dtype(problem.tensor("bias").dtype) if problem.has_tensor("bias") else torch_dtype(problem.dtype)
+        dtypes = (torch_dtype(problem.tensor("A").dtype), torch_dtype(problem.tensor("B").dtype),
+                  torch_dtype(problem.tensor("C").dtype), bias_dtype)
+        names = tuple(str(d).replace("torch.", "") for d in dtypes)
+        future = self._procs.submit(names, scalars, grid, meta)
+        if future is not None:
+            try:
+                future.result()
+            except Exception:
+                pass  # the in-process compile below reports the real error
+        with _COMPILE_LOCK:  # a cache hit after the pool compiled; Triton's in-process compile is not thread-safe
+            compiled = kernel.warmup(*dtypes, *scalars, grid=grid, **meta)
+        init = getattr(compiled, "_init_handles", None)
+        if callable(init):
+            init()  # loads the binary: too much shared memory or too many registers raise here, at compile time
+        has_bias = meta["HAS_BIAS"]
+        launch = kernel[grid]
+
+        def fn(t: Mapping[str, Any]) -> None:
+            bias = t["bias"] if has_bias else t["C"]
+            launch(t["A"], t["B"], t["C"], bias, *scalars, **meta)
+
+        return TorchPlan(fn, device)
