@@ -94,7 +94,9 @@ class PlanSpecCollection:
         self._barred_ids: set[int] = set()
         self._workspace_ceiling: int | None = None
         self._locked = False
-        self.dropped: list[tuple[str, str]] = []  # (candidate, reason): knob values that do not apply here
+        self.dropped: list[tuple[str, str]] = []  # (candidate, reason): engines or knob values that do not apply
+        self._engine_support: dict[int, EngineConfig] = {}
+        self._warned: set[int] = set()
 
     # -- state -------------------------------------------------------------------
     def lock(self, reason: str) -> None:
@@ -132,7 +134,17 @@ class PlanSpecCollection:
         return normalize_settings(user_knobs(engine), items, engine=engine.name)
 
     def _applies(self, engine: Engine, spec: PlanSpec) -> bool:
-        """Batch additions skip knob settings the engine says do not apply here (engine.knob_support)."""
+        """Batch additions skip engines that do not apply here, and knob settings the engine says do not."""
+        key = engine_id(engine)
+        if key not in self._engine_support:
+            self._engine_support[key] = self.registry.config_for(engine, self.problem, self.device)
+        cfg = self._engine_support[key]
+        if not cfg.applicable:
+            if key not in self._warned:
+                self._warned.add(key)
+                self.dropped.append((f"{engine.name}[*]", cfg.reason))
+                log.warning("autotune: %s skipped: it does not apply here (%s)", engine.name, cfg.reason)
+            return False
         check = getattr(engine, "knob_support", None)
         if check is None:
             return True

@@ -33,17 +33,24 @@ class HostTimer:
 class EventTimer:
     """Device events recorded on ``stream`` around the call; the time is read after the end event completes.
 
-    The timed function must enqueue its work on the same stream.
+    The timed function must enqueue its work on the same stream. Events time what
+    the device does between them, idle gaps included: if the host is still
+    launching the work when the start event runs, its launch latency is counted.
+    ``lead`` (when given) enqueues a short device-side wait before the start
+    event, so the work is queued before the clock starts.
     """
 
-    def __init__(self, runtime: Any, stream: Any) -> None:
+    def __init__(self, runtime: Any, stream: Any, lead: Callable[[], None] | None = None) -> None:
         self.runtime = runtime
         self.stream = stream
+        self.lead = lead
         self._start = runtime.create_event()
         self._end = runtime.create_event()
 
     def measure(self, fn: Callable[[], None]) -> float:
         rt = self.runtime
+        if self.lead is not None:
+            self.lead()
         rt.record_event(self._start, self.stream)
         fn()
         rt.record_event(self._end, self.stream)

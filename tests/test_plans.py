@@ -151,3 +151,15 @@ def test_estimated_max_workspace_over_all_candidates(setup):
     col.add_all_engines()
     col.add_engine("fake.a", {"extra": 24})
     assert col.estimated_max_workspace() == 1024
+
+
+def test_batch_additions_skip_engines_that_do_not_apply(caplog):
+    ok, nope = FakeEngine("fake.ok", knobs=(TILE,)), FakeEngine("fake.nope", knobs=(TILE,), applicable=False)
+    col = PlanSpecCollection(matmul_problem(), fake_device(), registry_of(ok, nope))
+    with caplog.at_level(logging.WARNING, logger="farm.plans"):
+        n = col.add_engine_sweep([EngineSweep("fake.nope", {"tile": [32, 128]}), EngineSweep("fake.ok", {"tile": [32]})])
+    assert n == 1 and col.dropped == [("fake.nope[*]", "fake says no")]
+    assert sum("does not apply" in r.message for r in caplog.records) == 1  # once per engine
+    assert col.add_engine_variants([EngineVariant("fake.nope", {})]) == 0
+    col.add_engine("fake.nope")  # a single, explicit addition is kept (and fails at compile with the reason)
+    assert len(col) == 2

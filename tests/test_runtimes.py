@@ -241,3 +241,17 @@ def test_real_hip_python_load_and_no_device_paths(tmp_path, repo_root):
     env = dict(os.environ, ROCM_PATH=str(tmp_path), PYTHONPATH=repo_root)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120).stdout
     assert "no HIP runtime found" in out and str(tmp_path / "lib") in out, out
+
+
+def test_event_timer_enqueues_the_lead_before_the_start_event():
+    order = []
+
+    class Rt(CpuRuntime):
+        def record_event(self, event, stream):
+            order.append("event")
+            super().record_event(event, stream)
+
+    rt = Rt()
+    timer = EventTimer(rt, None, lead=lambda: order.append("lead"))
+    timer.measure(lambda: order.append("work"))
+    assert order == ["lead", "event", "work", "event"]

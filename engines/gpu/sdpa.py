@@ -36,9 +36,8 @@ class TorchSdpa(GpuEngine):
         if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
             return Support.no("this torch has no scaled_dot_product_attention")
         if problem.tensor("Q").dims[1] != problem.tensor("K").dims[1]:
-            import inspect
-
-            if "enable_gqa" not in inspect.signature(torch.nn.functional.scaled_dot_product_attention).parameters:
+            major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+            if (major, minor) < (2, 5):  # the builtin has no inspectable signature; enable_gqa came in 2.5
                 return Support.no("grouped-query attention needs torch >= 2.5 (enable_gqa)")
         return Support.yes()
 
