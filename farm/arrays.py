@@ -158,3 +158,16 @@ class TorchArrays:
         if t.is_floating_point():
             t = t.to(self.torch.float64)
         return t.cpu().numpy()
+
+    def clone(self, tensor: Any) -> Any:
+        return tensor.detach().clone()
+
+    def relative_error(self, out: Any, ref: Any) -> float:
+        """||out - ref|| / ||ref|| computed on the device (inf for NaN/inf); no copy to the host."""
+        torch = self.torch
+        o, r = out.detach().float(), ref.detach().float()
+        if not bool(torch.isfinite(o).all()):
+            return float("inf")
+        denom = float(torch.linalg.vector_norm(r))
+        num = float(torch.linalg.vector_norm(o - r))
+        return num / denom if denom > 0 else num

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import dtypes
+import numpy as np
+
 from .arrays import make_tensors, relative_error
 from .device import Device, cpu_device
 from .engine import Engine, EngineConfig, EngineRegistry, Plan, default_engine_registry, settings_to_resolved
@@ -727,22 +729,34 @@ class _Run:
             self._baseline_source = "the float64 reference"
 
     def _check(self, cand: _Candidate) -> tuple[float | None, str]:
-        """(max relative error, description of a mismatch or '')."""
+        """(max relative error, description of a mismatch or '').
+
+        Against the float64 reference the outputs come to the host; against the
+        first candidate they stay on the device when the array backend can compare
+        there (``clone``/``relative_error``), so large GPU outputs are not copied.
+        """
         p = self.t.problem
         arrays = self.t.device.arrays
-        outputs = {o: arrays.to_numpy(self.tensors[o]) for o in p.output_ids}
+        on_device = self._baseline_source != "the float64 reference" and hasattr(arrays, "relative_error")
         if self._baseline is None:
             # first candidate that runs becomes the baseline (TunableOp compares with the default)
+            if on_device:
+                outputs = {o: arrays.clone(self.tensors[o]) for o in p.output_ids}
+                bad = [o for o, v in outputs.items() if arrays.relative_error(v, v) == float("inf")]
+            else:
+                outputs = {o: arrays.to_numpy(self.tensors[o]) for o in p.output_ids}
+                bad = [o for o, v in outputs.items() if not np.isfinite(v).all()]
+            if bad:
+                return None, f"output {bad[0]} has NaN or unwritten elements"
             self._baseline = outputs
             self._baseline_source = f"{cand.spec.describe(self.t.registry)} (first candidate)"
-            bad = [o for o, v in outputs.items() if not (v == v).all()]
-            if bad:
-                self._baseline = None
-                return None, f"output {bad[0]} has NaN or unwritten elements"
             return None, ""
         worst, worst_out = 0.0, ""
-        for o, v in outputs.items():
-            e = relative_error(v, self._baseline[o])
+        for o in p.output_ids:
+            if on_device:
+                e = arrays.relative_error(self.tensors[o], self._baseline[o])
+            else:
+                e = relative_error(arrays.to_numpy(self.tensors[o]), self._baseline[o])
             if e > worst or not worst_out:
                 worst, worst_out = e, o
         if worst > self._tolerance:

@@ -436,3 +436,36 @@ def test_graph_timing_divides_by_the_runs_in_the_graph_and_falls_back_without_ca
     t2.add_all_engines()
     (r2,) = t2.autotune(config=AutotuneConfig(strategy="single_shot", graph_repeats=4))
     assert r2.min_ms == 8.0 and "no graph capture" in r2.error and r2.succeeded
+
+
+def test_first_candidate_comparison_can_stay_on_the_device():
+    from farm.arrays import NumpyArrays, relative_error
+
+    calls = {"device": 0}
+
+    class DeviceSideArrays(NumpyArrays):  # stands in for TorchArrays: compares without a host copy
+        def clone(self, tensor):
+            return tensor.copy()
+
+        def relative_error(self, out, ref):
+            calls["device"] += 1
+            return relative_error(out, ref)
+
+    dev = fake_device()
+    dev.arrays = DeviceSideArrays()
+    t = Autotuner(matmul_problem(), dev, registry=registry_of(FakeEngine("good"), FakeEngine("wrong", wrong=True)))
+    t.add_all_engines()
+    results = t.autotune(config=AutotuneConfig(strategy="single_shot", check="first"))
+    assert by_name(results)["wrong[default]"].disposition is Disposition.WRONG_RESULT
+    assert calls["device"] >= 2
+
+
+def test_torch_arrays_compare_on_the_device():
+    torch = pytest.importorskip("torch", reason="torch is not installed (it is optional)")
+    from farm.arrays import TorchArrays
+
+    a = TorchArrays()
+    x = torch.ones(10)
+    assert a.relative_error(x, x) == 0.0
+    assert a.relative_error(x * 1.1, x) == pytest.approx(0.1)
+    assert a.relative_error(torch.full((3,), float("nan")), torch.ones(3)) == float("inf")

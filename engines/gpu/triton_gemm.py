@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from typing import Any, Mapping
 
 from farm.device import Device
@@ -37,28 +38,51 @@ class _CompilePool:
     """Worker processes that compile Triton configurations in parallel (as Inductor's compile workers do).
 
     Triton's compiler holds the GIL for most of its work, so threads would compile one at a time.
+    The pool is used once a compile turns out slow (a cold disk cache); with a warm cache every
+    configuration loads in-process in milliseconds and the pool's start-up would only cost time.
     FARM_TRITON_COMPILE_PROCS sets the size (default 4; 0 compiles in-process only).
     """
+
+    COLD_S = 0.25  # an in-process compile slower than this means the disk cache is cold
 
     def __init__(self) -> None:
         self._pool: Any = None
         self._lock = threading.Lock()
         self._broken = False
+        self.cold = False
 
-    def submit(self, *args: Any) -> Any:
+    def _size(self) -> int:
         import os
 
-        n = int(os.environ.get(COMPILE_PROCS_ENV, "4") or 0)
-        if n <= 0 or self._broken:
-            return None
+        return int(os.environ.get(COMPILE_PROCS_ENV, "4") or 0)
+
+    def saw_compile(self, seconds: float) -> None:
+        """Record an in-process compile's duration; a slow one switches to the pool (started now)."""
+        if seconds > self.COLD_S and not self.cold and self._size() > 0:
+            self.cold = True
+            threading.Thread(target=self._start, daemon=True).start()
+
+    def _start(self) -> Any:
         with self._lock:
-            if self._pool is None:
+            if self._pool is None and not self._broken:
                 import concurrent.futures
                 import multiprocessing
 
-                self._pool = concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+                try:
+                    self._pool = concurrent.futures.ProcessPoolExecutor(
+                        self._size(), mp_context=multiprocessing.get_context("spawn"))
+                except Exception:
+                    self._broken = True
+            return self._pool
+
+    def submit(self, *args: Any) -> Any:
+        if not self.cold or self._broken:
+            return None
+        pool = self._start()
+        if pool is None:
+            return None
         try:
-            return self._pool.submit(_warmup_in_worker, *args)
+            return pool.submit(_warmup_in_worker, *args)
         except Exception:  # a broken pool costs parallelism, never correctness
             self._broken = True
             return None
@@ -181,7 +205,10 @@ class TritonGemm(GpuEngine):
             except Exception:
                 pass  # the in-process compile below reports the real error
         with _COMPILE_LOCK:  # a cache hit after the pool compiled; Triton's in-process compile is not thread-safe
+            t0 = time.perf_counter()
             compiled = kernel.warmup(*dtypes, *scalars, grid=grid, **meta)
+            if future is None:
+                self._procs.saw_compile(time.perf_counter() - t0)
         init = getattr(compiled, "_init_handles", None)
         if callable(init):
             init()  # loads the binary: too much shared memory or too many registers raise here, at compile time
