@@ -26,13 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def run(n: int, workload: str, out: Path, log: Path) -> dict:
+def run(n: int, workload: str, out: Path, log: Path, devices: str = "gpu") -> dict:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(n)), PYTHONUNBUFFERED="1",
                TRITON_CACHE_DIR=tempfile.mkdtemp(prefix=f"triton-{n}gpu-"),
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.perf_counter()
     with open(log, "a") as fh:
-        proc = subprocess.run([sys.executable, "-m", "farm", "tune", workload, "--devices", "gpu", "--out",
+        proc = subprocess.run([sys.executable, "-m", "farm", "tune", workload, "--devices", devices.format(n=n), "--out",
                                str(out), "--json"], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=fh, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -70,11 +70,12 @@ def main() -> None:
     ap.add_argument("--gpus", default="1,2")
     ap.add_argument("--workload", default="examples/h200-suite.yaml")
     ap.add_argument("--out", default="runs/scaling")
+    ap.add_argument("--devices", default="gpu", help="farm tune --devices value; {n} is the count (sim:{n} tests the script)")
     args = ap.parse_args()
     base = Path(args.out)
     base.mkdir(parents=True, exist_ok=True)
     counts = [int(x) for x in args.gpus.split(",")]
-    reports = {n: run(n, args.workload, base / f"{n}gpu", base / "scaling.log") for n in counts}
+    reports = {n: run(n, args.workload, base / f"{n}gpu", base / "scaling.log", args.devices) for n in counts}
     one = reports[counts[0]]
     print("| GPUs | wall s | tuning s | candidates | candidates/s | speed-up | efficiency | busy per GPU | winners vs 1 GPU |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

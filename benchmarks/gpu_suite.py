@@ -222,7 +222,7 @@ def child(args: list[str], caches: Path, log: Path, timeout: float) -> None:
             fh.write(f"\n!! timed out after {timeout:.0f} s\n")
 
 
-def run_all(out: Path, parts: list[str], budget_s: float) -> None:
+def run_all(out: Path, parts: list[str], budget_s: float, contenders: tuple[str, ...] = ("triton", "ours")) -> None:
     caches = Path(tempfile.mkdtemp(prefix="suite-caches-"))
     log = out / "suite.log"
     t0 = time.time()
@@ -230,7 +230,7 @@ def run_all(out: Path, parts: list[str], budget_s: float) -> None:
     if "suite" in parts:
         child(["suite", "--out", str(out)], caches / "suite", log, left())
     if "triton" in parts:
-        for contender in ("triton", "ours"):
+        for contender in contenders:
             for tag in ("cold", "warm"):  # warm reuses the cold run's caches
                 child(["triton", "--contender", contender, "--tag", tag, "--out", str(out)], caches / contender, log,
                       left())
@@ -284,11 +284,12 @@ def main() -> None:
     ap.add_argument("--tag", default="cold")
     ap.add_argument("--parts", default="suite,inductor,triton")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for 'all' (children share it)")
+    ap.add_argument("--contenders", default="triton,ours", help="Triton comparison contenders for 'all' (default both)")
     args = ap.parse_args()
     out = Path(args.out or args.dir or "runs/gpu-suite")
     out.mkdir(parents=True, exist_ok=True)
     if args.what == "all":
-        run_all(out, args.parts.split(","), args.budget)
+        run_all(out, args.parts.split(","), args.budget, tuple(args.contenders.split(",")))
     elif args.what == "suite":
         run_suite(out)
     elif args.what == "inductor":

@@ -189,6 +189,45 @@ def cmd_reduce(args: argparse.Namespace) -> int:
     return 0 if any(s.entries for s in report.signatures) else 1
 
 
+# -- farm policies --------------------------------------------------------------------------
+def cmd_policies(args: argparse.Namespace) -> int:
+    from .render import policies_table
+    from .selection import DEFAULT_ORDER, ORDER_ENV, PolicyRegistry, resolve_order
+
+    registry = PolicyRegistry.default()
+    order = [p.name for p in resolve_order(registry)]
+    if args.json:
+        _print_json({"policies": [{"name": i.name, "id": i.id, "api_version": list(i.api_version), "origin": i.origin}
+                                  for i in registry.info()],
+                     "rejected": [{"where": w, "reason": r} for w, r in registry.rejected],
+                     "order": order, "order_from": ORDER_ENV if os.environ.get(ORDER_ENV) else "default",
+                     "default_order": list(DEFAULT_ORDER)})
+        return 0
+    console = _console()
+    console.print(policies_table(registry, order))
+    for where, reason in registry.rejected:
+        console.print(f"[yellow]rejected[/] {escape(where)}: {escape(reason)}")
+    return 0
+
+
+# -- farm publish ---------------------------------------------------------------------------
+def cmd_publish(args: argparse.Namespace) -> int:
+    from .publish import publish
+    from .render import publish_dict, publish_tables
+
+    reports = publish(args.overrides, args.to, force=args.force, replace=args.replace, dry_run=args.dry_run)
+    if args.json:
+        _print_json(publish_dict(reports))
+    else:
+        console = _console()
+        for table in publish_tables(reports, args.dry_run):
+            console.print(table)
+        for r in reports:
+            if r.refused:
+                _console(stderr=True).print(f"[bold red]refused[/] {escape(r.signature)}: {escape(r.refused)}")
+    return 1 if any(r.refused for r in reports) else 0
+
+
 def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool) -> int:
     from rich.table import Table
     from rich.text import Text
@@ -265,6 +304,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tunableop-csv", action="store_true", help="also write TunableOp-style CSV files")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_reduce)
+
+    p = sub.add_parser("policies", help="list the selection policies loaded (built-in and plugins) and the order in force")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_policies)
+
+    p = sub.add_parser("publish", help="publish override files per architecture under a root (folder, s3://, gs://)")
+    p.add_argument("overrides", help="folder of <device_signature>.json override files (e.g. runs/x/overrides)")
+    p.add_argument("--to", required=True, help="publishing root: ROOT/<arch>/<signature>.json and ROOT/index.json")
+    p.add_argument("--force", action="store_true", help="publish even winners measured slower than the ones they replace")
+    p.add_argument("--replace", action="store_true", help="replace each published file instead of merging into it")
+    p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_publish)
     return parser
 
 

@@ -323,3 +323,50 @@ def local_dict(workload: Any, out: str, device: Any, report: Any) -> dict[str, A
         "signatures": {device.signature: [outcome_dict(o) for o in report.outcomes]},
         "reduce": reduce_dict(report.reduce) if report.reduce else None,
     }
+
+
+def policies_table(registry: Any, order: Sequence[str]) -> Table:
+    table = Table(title="Selection policies (order in force: " + " > ".join(order) + ")", title_justify="left")
+    for col, justify in (("#", "right"), ("name", "left"), ("id", "right"), ("API", "left"), ("origin", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for info in registry.info():
+        pos = str(order.index(info.name) + 1) if info.name in order else "-"
+        table.add_row(pos, Text(info.name), str(info.id), ".".join(map(str, info.api_version)), Text(info.origin))
+    return table
+
+
+def _change_line(c: Any) -> str:
+    if not c.old_engine:
+        return f"+ {c.key}: {c.new_engine} {fmt_ms(c.new_ms)}"
+    if not c.new_engine:
+        return f"- {c.key}: {c.old_engine} {fmt_ms(c.old_ms)}"
+    return f"~ {c.key}: {c.old_engine} {fmt_ms(c.old_ms)} -> {c.new_engine} {fmt_ms(c.new_ms)}"
+
+
+def publish_tables(reports: Sequence[Any], dry_run: bool = False) -> list[Table]:
+    summary = Table(title="Published" + (" (dry run: nothing written)" if dry_run else ""), title_justify="left")
+    for col, justify in (("device signature", "left"), ("added", "right"), ("winner changed", "right"),
+                         ("removed", "right"), ("unchanged", "right"), ("status", "left"), ("file", "left")):
+        summary.add_column(col, justify=justify)  # type: ignore[arg-type]
+    details = Table(title="Changes", title_justify="left", show_header=False)
+    details.add_column("change")
+    for r in reports:
+        status = Text("refused", style="red") if r.refused else Text("written" if r.written else "not written")
+        summary.add_row(Text(r.signature), str(len(r.added)), str(len(r.changed)), str(len(r.removed)),
+                        str(r.unchanged), status, Text(r.path))
+        for c in r.added + r.changed + r.removed:
+            details.add_row(Text(_change_line(c)))
+        for c in r.regressions:
+            details.add_row(Text("! slower: " + _change_line(c), style="red"))
+    return [summary] + ([details] if details.row_count else [])
+
+
+def publish_dict(reports: Sequence[Any]) -> dict[str, Any]:
+    def change(c: Any) -> dict[str, Any]:
+        return {"problem": c.key, "old_engine": c.old_engine or None, "new_engine": c.new_engine or None,
+                "old_ms": c.old_ms, "new_ms": c.new_ms}
+
+    return {"files": [{"signature": r.signature, "path": r.path, "written": r.written, "refused": r.refused or None,
+                       "added": [change(c) for c in r.added], "changed": [change(c) for c in r.changed],
+                       "removed": [change(c) for c in r.removed], "unchanged": r.unchanged,
+                       "regressions": [change(c) for c in r.regressions]} for r in reports]}

@@ -78,15 +78,18 @@ class GpuEngine:
 
 
 def device_stream(device: Device) -> Any:
-    """The device's runtime stream as a torch stream (work enqueued on it is what the events time)."""
+    """The device's runtime stream as a torch stream, or None for "torch's current stream at run time"."""
     torch = torch_module()
     if device.stream is None:
-        return torch.cuda.current_stream()
+        return None
     return torch.cuda.ExternalStream(int(device.stream), device=torch.device("cuda", device.index))
 
 
 class TorchPlan:
-    """Runs ``fn(tensors)`` on the device stream, inside ``context()`` when given (flags, backend choice)."""
+    """Runs ``fn(tensors)`` on the device stream, inside ``context()`` when given (flags, backend choice).
+
+    A device without a stream (the replay runtime's) runs on the caller's current torch stream.
+    """
 
     def __init__(self, fn: Callable[[Mapping[str, Any]], None], device: Device, workspace_size: int = 0,
                  context: Callable[[], Any] | None = None) -> None:
@@ -97,12 +100,18 @@ class TorchPlan:
         self._torch = torch_module()
 
     def run(self, tensors: Mapping[str, Any], workspace: Any, stream: Any) -> None:
+        if self.stream is None:
+            self._call(tensors)
+            return
         with self._torch.cuda.stream(self.stream):
-            if self.context is None:
+            self._call(tensors)
+
+    def _call(self, tensors: Mapping[str, Any]) -> None:
+        if self.context is None:
+            self.fn(tensors)
+        else:
+            with self.context():
                 self.fn(tensors)
-            else:
-                with self.context():
-                    self.fn(tensors)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,284 @@
+"""Entry points production code calls: the tuned engine runs, nothing is measured.
+
+    import farm.ops
+    c = farm.ops.matmul(a, b)                 # numpy on the CPU, torch tensors on their GPU
+    o = farm.ops.sdpa(q, k, v, causal=True)
+    y = farm.ops.conv2d(x, w, stride=2, padding=1)
+
+The first call for a shape builds its Problem and asks the device's
+TunableRuntime for an engine (a recorded winner, a tuning run when tuning is
+on, else the selection policies: FARM_HEUR_CONFIG_PATH's override file, then
+StaticOrdering). The choice is cached per shape, so later calls cost a
+dictionary lookup plus the engine itself. Torch tensors run on the caller's
+current stream; CPU torch tensors are treated as numpy arrays (shared memory).
+
+The TunableOp-style switches apply to every device's runtime:
+``farm.ops.enable()``, ``tuning_enable()``, ``record_untuned_enable()``,
+``set_filename()``; ``runtime(...)`` gives one device's runtime
+(``read_file``/``write_file``/``get_results``); ``choices()`` says what runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .device import Device, cpu_device, gpu_device
+from .dtypes import canonical_dtype
+from .errors import InputError
+from .problem import Problem
+from .tunable import Bound, TunableRuntime, TunableSettings
+
+__all__ = ["matmul", "sdpa", "conv2d", "enable", "tuning_enable", "record_untuned_enable", "set_verbose",
+           "set_filename", "runtime", "choices", "reset"]
+
+
+@dataclass(frozen=True)
+class _Cached:
+    bound: Bound
+    out_id: str
+    out_dims: tuple[int, ...]
+    out_dtype: str
+
+
+class RuntimeRegistry:
+    """One TunableRuntime per (runtime kind, device index), created on first use, with shared setting changes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runtimes: dict[tuple[str, int], TunableRuntime] = {}
+        self._changes: dict[str, Any] = {}
+        self.cache: dict[tuple[Any, ...], _Cached] = {}
+
+    def get(self, kind: str, index: int) -> TunableRuntime:
+        rt = self._runtimes.get((kind, index))
+        if rt is None:
+            with self._lock:
+                rt = self._runtimes.get((kind, index))
+                if rt is None:
+                    rt = TunableRuntime(*_devices(kind, index), settings=self._settings())
+                    self._runtimes[(kind, index)] = rt
+        return rt
+
+    def _settings(self) -> TunableSettings:
+        return dataclasses.replace(TunableSettings.from_env(), **self._changes)
+
+    def configure(self, **changes: Any) -> None:
+        """Change settings for every runtime, present and future; cached choices are made again."""
+        with self._lock:
+            self._changes.update(changes)
+            for rt in self._runtimes.values():
+                rt.configure(**changes)
+            self.cache.clear()
+
+    def runtimes(self) -> list[TunableRuntime]:
+        return list(self._runtimes.values())
+
+    def reset(self) -> None:
+        with self._lock:
+            self._runtimes.clear()
+            self._changes.clear()
+            self.cache.clear()
+
+
+def _devices(kind: str, index: int) -> tuple[Device, Device]:
+    """(the device tuning measures on, the device plans run on)."""
+    if kind == "cpu":
+        d = cpu_device(index)
+        return d, d
+    tuning = gpu_device(kind, index)
+    # replayed plans run on the caller's current torch stream, not the tuner's private one
+    return tuning, dataclasses.replace(tuning, stream=None)
+
+
+RUNTIMES = RuntimeRegistry()
+
+
+# -- the TunableOp-style switches ---------------------------------------------------------------
+def enable(on: bool = True) -> None:
+    RUNTIMES.configure(enabled=on)
+
+
+def tuning_enable(on: bool = True) -> None:
+    RUNTIMES.configure(tuning=on)
+
+
+def record_untuned_enable(on: bool = True) -> None:
+    RUNTIMES.configure(record_untuned=on)
+
+
+def set_verbose(on: bool = True) -> None:
+    RUNTIMES.configure(verbose=on)
+
+
+def set_max_tuning_duration(ms: float) -> None:
+    RUNTIMES.configure(max_tuning_duration_ms=float(ms))
+
+
+def set_max_tuning_iterations(samples: int) -> None:
+    RUNTIMES.configure(max_tuning_samples=int(samples))
+
+
+def set_filename(filename: str) -> None:
+    RUNTIMES.configure(filename=filename)
+
+
+def runtime(kind: str = "cpu", index: int = 0) -> TunableRuntime:
+    """The runtime of one device ("cpu", "cuda" or "hip"; index)."""
+    return RUNTIMES.get(kind, index)
+
+
+def choices() -> list[dict[str, Any]]:
+    """What each problem seen so far runs: problem, engine, knobs, and where the choice came from."""
+    out = []
+    for rt in RUNTIMES.runtimes():
+        for b in rt.bound():
+            out.append({"device": rt.device.signature, "problem": b.problem.label(), "problem_key": b.problem.key,
+                        "engine": b.engine_name, "knobs": dict(b.knobs), "source": b.source})
+    return out
+
+
+def reset() -> None:
+    """Forget every runtime, setting change and cached choice (tests; a new results file)."""
+    RUNTIMES.reset()
+
+
+# -- tensors ------------------------------------------------------------------------------------
+class _Framework:
+    """How one tensor library describes and allocates tensors."""
+
+    def key(self, t: Any) -> tuple[Any, ...]: ...  # cheap: what the cached choice depends on
+    def describe(self, t: Any) -> tuple[tuple[int, ...], tuple[int, ...], str]: ...
+    def empty(self, like: Any, dims: tuple[int, ...], dtype: str) -> Any: ...
+
+
+class _Numpy(_Framework):
+    def key(self, t: np.ndarray) -> tuple[Any, ...]:
+        return t.shape, t.strides, t.dtype
+
+    def describe(self, t: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+        item = t.dtype.itemsize
+        if any(s % item or s < 0 for s in t.strides):
+            raise InputError("strides must be non-negative multiples of the element size; pass np.ascontiguousarray(x)",
+                             field="strides", value=t.strides)
+        return t.shape, tuple(s // item for s in t.strides), canonical_dtype(t.dtype.name)
+
+    def empty(self, like: Any, dims: tuple[int, ...], dtype: str) -> np.ndarray:
+        from .arrays import NUMPY_DTYPES
+
+        return np.empty(dims, dtype=NUMPY_DTYPES[dtype])
+
+
+class _Torch(_Framework):
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+
+    def key(self, t: Any) -> tuple[Any, ...]:
+        return t.shape, t.stride(), t.dtype
+
+    def describe(self, t: Any) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+        return tuple(t.shape), tuple(t.stride()), canonical_dtype(str(t.dtype))
+
+    def empty(self, like: Any, dims: tuple[int, ...], dtype: str) -> Any:
+        from engines.gpu._common import torch_dtype
+
+        return self.torch.empty(dims, dtype=torch_dtype(dtype), device=like.device)
+
+
+_NUMPY = _Numpy()
+
+
+def _placement(t: Any) -> tuple[str, int, _Framework, Callable[[Any], Any]]:
+    """(runtime kind, device index, framework, how results go back to the caller's type)."""
+    if isinstance(t, np.ndarray):
+        return "cpu", 0, _NUMPY, _identity
+    torch = _torch_if_tensor(t)
+    if torch is None:
+        raise InputError("expected a numpy array or a torch tensor", field="tensor", value=type(t).__name__)
+    if t.device.type == "cpu":
+        return "cpu", 0, _NUMPY, torch.from_numpy
+    kind = "hip" if getattr(torch.version, "hip", None) else "cuda"
+    return kind, t.device.index or 0, _Torch(torch), _identity
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _torch_if_tensor(t: Any) -> Any:
+    mod = type(t).__module__
+    if not mod.startswith("torch"):
+        return None
+    import torch
+
+    return torch if isinstance(t, torch.Tensor) else None
+
+
+def _run(op: str, tensors: Mapping[str, Any], criteria: tuple[tuple[str, int], ...], compute_dtype: str | None,
+         out: Any) -> Any:
+    first = next(iter(tensors.values()))
+    kind, index, fw, back = _placement(first)
+    if back is not _identity:
+        tensors = {k: v.numpy() for k, v in tensors.items()}
+        out = out.numpy() if out is not None else None
+    key = (op, kind, index, criteria, compute_dtype, *(fw.key(v) for v in tensors.values()), *tensors)
+    cached = RUNTIMES.cache.get(key)
+    if cached is None:
+        described = {k: fw.describe(v) for k, v in tensors.items()}
+        cached = _bind(op, kind, index, described, criteria, compute_dtype, key)
+    if out is None:
+        out = fw.empty(first if back is _identity else None, cached.out_dims, cached.out_dtype)
+    elif fw.describe(out)[0] != cached.out_dims:
+        raise InputError(f"out must have shape {list(cached.out_dims)}", field="out", value=list(fw.describe(out)[0]))
+    cached.bound.run({**tensors, cached.out_id: out})
+    return back(out)
+
+
+def _bind(op: str, kind: str, index: int, described: Mapping[str, tuple], criteria: tuple[tuple[str, int], ...],
+          compute_dtype: str | None, key: tuple[Any, ...]) -> _Cached:
+    problem = Problem.create(op, {k: {"dims": d, "strides": s, "dtype": t} for k, (d, s, t) in described.items()},
+                             criteria=dict(criteria), compute_dtype=compute_dtype)
+    rt = RUNTIMES.get(kind, index)
+    bound = rt.bind(problem.key, problem)
+    out_id = problem.output_ids[0]
+    desc = problem.tensor(out_id)
+    cached = _Cached(bound, out_id, desc.dims, desc.dtype)
+    RUNTIMES.cache[key] = cached
+    return cached
+
+
+def _pair(value: int | tuple[int, int], name: str) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    try:
+        h, w = value
+        return int(h), int(w)
+    except (TypeError, ValueError):
+        raise InputError("expected an int or a pair of ints", field=name, value=value) from None
+
+
+# -- the ops ------------------------------------------------------------------------------------
+def matmul(a: Any, b: Any, bias: Any = None, *, out: Any = None, compute_dtype: str | None = None) -> Any:
+    """``a @ b (+ bias)``; batched when ``a`` has more than two dims. ``compute_dtype="tf32"`` allows TF32."""
+    tensors = {"A": a, "B": b} if bias is None else {"A": a, "B": b, "bias": bias}
+    return _run("matmul", tensors, (), compute_dtype, out)
+
+
+def sdpa(q: Any, k: Any, v: Any, *, causal: bool = False, out: Any = None) -> Any:
+    """softmax(q k^T / sqrt(d)) v on [batch, heads, seq, dim] tensors (grouped-query when k/v have fewer heads)."""
+    return _run("sdpa_fwd", {"Q": q, "K": k, "V": v}, (("causal", int(bool(causal))),), None, out)
+
+
+def conv2d(x: Any, w: Any, *, stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
+           dilation: int | tuple[int, int] = 1, groups: int = 1, out: Any = None) -> Any:
+    """2-D convolution, NCHW input, KCRS filter (no bias)."""
+    sh, sw = _pair(stride, "stride")
+    ph, pw = _pair(padding, "padding")
+    dh, dw = _pair(dilation, "dilation")
+    criteria = (("dilation_h", dh), ("dilation_w", dw), ("groups", int(groups)), ("pad_h", ph), ("pad_w", pw),
+                ("stride_h", sh), ("stride_w", sw))
+    return _run("conv_fprop", {"X": x, "W": w}, criteria, None, out)

@@ -1,0 +1,331 @@
+"""Publishing override files per architecture, and finding the one for a device.
+
+    farm publish runs/x/overrides --to ROOT       # ROOT: a folder, or s3://bucket/prefix, gs://...
+
+lays files out as ``ROOT/<arch>/<device_signature>.json`` with ``ROOT/index.json``.
+Publishing over an existing file merges by match key (the reducer's append
+rules) and reports what changed. A winner replaced by one measured slower
+beyond noise is refused unless forced. Writes are temp-then-rename on POSIX
+filesystems (a single PUT on object stores), under a lock, index last, so
+readers never see an index naming a file that is not there.
+
+Any filesystem pyarrow opens works (local, S3 and S3-compatible servers, GCS,
+HDFS). Concurrent publishers are serialised by a lock file on POSIX
+filesystems; object stores have no atomic create through pyarrow, so there the
+lock is advisory (see docs/publish.md).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import re
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from filelock import FileLock
+
+from .device import DeviceProperties
+from .errors import FarmError, InputError
+from .overrides import OverrideEntry, OverrideFile, merge_entries, parse_overrides, render
+
+log = logging.getLogger("farm.publish")
+
+INDEX = "index.json"
+INDEX_VERSION = 1
+NOISE_FLOOR = 0.03  # relative; below this a slower re-measurement is noise
+
+
+def _arch_dir(arch: str) -> str:
+    """A folder name for an arch: ``sm_90``, ``gfx942`` (target features dropped), ``x86_64-skylakex``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", arch.split(":")[0]) or "unknown"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class Store:
+    """A publishing root on a pyarrow filesystem (local paths too)."""
+
+    def __init__(self, root: str) -> None:
+        import pyarrow.fs as pafs
+
+        self.uri = root
+        if "://" in root:
+            self.fs, self.path = pafs.FileSystem.from_uri(root)
+            self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        else:
+            Path(root).mkdir(parents=True, exist_ok=True)
+            self.fs, self.path, self.local = pafs.LocalFileSystem(), str(Path(root).resolve()), True
+
+    def join(self, *parts: str) -> str:
+        return posixpath.join(self.path, *parts)
+
+    def read(self, rel: str) -> str | None:
+        import pyarrow as pa
+
+        try:
+            with self.fs.open_input_stream(self.join(rel)) as fh:
+                return fh.read().decode("utf-8")
+        except (FileNotFoundError, OSError, pa.ArrowException) as exc:
+            if isinstance(exc, FileNotFoundError) or "not found" in str(exc).lower() or "does not exist" in str(exc).lower() \
+                    or "No such file" in str(exc):
+                return None
+            raise
+
+    def write(self, rel: str, text: str) -> None:
+        target = self.join(rel)
+        self.fs.create_dir(posixpath.dirname(target), recursive=True)
+        if self.local:
+            from .fsutil import atomic_write_text
+
+            atomic_write_text(target, text)
+        else:
+            with self.fs.open_output_stream(target) as fh:  # one PUT: readers see the old object or the new one
+                fh.write(text.encode("utf-8"))
+
+    def lock(self) -> Any:
+        if self.local:
+            return FileLock(self.join(".publish.lock"), timeout=300)
+        return _AdvisoryLock(self)
+
+
+class _AdvisoryLock:
+    """A lock object on an object store: taken if absent, released after; not atomic (documented)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.token = uuid.uuid4().hex
+
+    def __enter__(self) -> "_AdvisoryLock":
+        import time
+
+        for _ in range(600):
+            current = self.store.read(".publish.lock")
+            if current is None:
+                self.store.write(".publish.lock", self.token)
+                if self.store.read(".publish.lock") == self.token:
+                    return self
+            time.sleep(0.5)
+        raise FarmError(f"{self.store.uri}: another publisher has held .publish.lock for 5 minutes")
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.store.fs.delete_file(self.store.join(".publish.lock"))
+        except OSError:
+            pass
+
+
+@dataclass
+class Change:
+    key: str  # problem name or label
+    old_engine: str = ""
+    new_engine: str = ""
+    old_ms: float | None = None
+    new_ms: float | None = None
+
+
+@dataclass
+class PublishedFile:
+    signature: str
+    path: str
+    added: list[Change] = field(default_factory=list)
+    changed: list[Change] = field(default_factory=list)
+    removed: list[Change] = field(default_factory=list)
+    unchanged: int = 0
+    regressions: list[Change] = field(default_factory=list)
+    written: bool = False
+    refused: str = ""
+
+
+def _label(e: OverrideEntry) -> str:
+    meta = e.metadata or {}
+    return str(meta.get("problem_name") or meta.get("problem_key") or e.op)
+
+
+def _desc(e: OverrideEntry) -> str:
+    return f"{e.engine_name}[{','.join(f'{k}={v}' for k, v in e.knobs) or 'default'}]"
+
+
+def _ms(e: OverrideEntry) -> float | None:
+    meta = e.metadata or {}
+    v = meta.get("median_time_ms", meta.get("min_time_ms"))
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _noise(a: OverrideEntry, b: OverrideEntry) -> float:
+    noise = [((x.metadata or {}).get("selection") or {}).get("noise_ms") for x in (a, b)]
+    return max([n for n in noise if isinstance(n, (int, float))] + [0.0])
+
+
+def diff_entries(old: Iterable[OverrideEntry], new: Iterable[OverrideEntry]) -> tuple[list[Change], list[Change], list[Change], int]:
+    """(added, changed, removed, unchanged) between two sets of entries, by match key."""
+    old_by = {e.match_key(): e for e in old}
+    new_by = {e.match_key(): e for e in new}
+    added, changed, removed, same = [], [], [], 0
+    for k, e in new_by.items():
+        o = old_by.get(k)
+        if o is None:
+            added.append(Change(_label(e), "", _desc(e), None, _ms(e)))
+        elif (o.engine_name, o.knobs) != (e.engine_name, e.knobs):
+            changed.append(Change(_label(e), _desc(o), _desc(e), _ms(o), _ms(e)))
+        else:
+            same += 1
+    for k, o in old_by.items():
+        if k not in new_by:
+            removed.append(Change(_label(o), _desc(o), "", _ms(o), None))
+    return added, changed, removed, same
+
+
+def _regressions(old: Iterable[OverrideEntry], new: Iterable[OverrideEntry]) -> list[Change]:
+    """Changed winners whose new recorded time is slower than the old beyond noise."""
+    old_by = {e.match_key(): e for e in old}
+    out = []
+    for e in new:
+        o = old_by.get(e.match_key())
+        if o is None or (o.engine_name, o.knobs) == (e.engine_name, e.knobs):
+            continue
+        a, b = _ms(o), _ms(e)
+        if a is not None and b is not None and b - a > max(_noise(o, e), NOISE_FLOOR * a):
+            out.append(Change(_label(e), _desc(o), _desc(e), a, b))
+    return out
+
+
+def validate_for_publish(f: OverrideFile, name: str) -> DeviceProperties:
+    """The device a file is for; InputError when it cannot be published."""
+    if f.version != 2 or not f.is_autotune_file:
+        raise InputError("only version-2 override files written by autotuning are published", source=name)
+    if not f.device or not f.device.get("signature") or not f.device.get("properties"):
+        raise InputError("the file names no device (signature and properties)", source=name)
+    props = DeviceProperties.from_dict(f.device["properties"])
+    if props.signature != f.device["signature"]:
+        raise InputError(f"the device signature {f.device['signature']} does not match its properties "
+                         f"({props.signature})", source=name)
+    if Path(name).suffix == ".json" and Path(name).stem not in (props.signature,) and "://" not in name:
+        raise InputError(f"the file name does not match its device signature {props.signature}", source=name)
+    return props
+
+
+def publish(overrides_dir: str | Path, root: str, *, force: bool = False, replace: bool = False,
+            dry_run: bool = False) -> list[PublishedFile]:
+    """Publish every ``<signature>.json`` of ``overrides_dir`` under ``root``."""
+    src = Path(overrides_dir)
+    if not src.is_dir():
+        raise InputError("overrides folder not found", source=str(src))
+    files = sorted(p for p in src.glob("*.json") if not p.name.startswith("."))
+    if not files:
+        raise InputError("no override files (*.json) to publish", source=str(src))
+    store = Store(root)
+    reports = []
+    with store.lock():
+        index = _read_index(store)
+        for path in files:
+            text = path.read_text(encoding="utf-8")
+            new = parse_overrides(text, source=str(path))
+            props = validate_for_publish(new, str(path))
+            rel = f"{_arch_dir(props.arch)}/{props.signature}.json"
+            rep = PublishedFile(props.signature, f"{root.rstrip('/')}/{rel}")
+            old_text = store.read(rel)
+            old = parse_overrides(old_text, source=f"{root}/{rel}") if old_text is not None else None
+            if old is not None and old.device_signature != props.signature:
+                rep.refused = f"{root}/{rel} holds device {old.device_signature}, not {props.signature}"
+                reports.append(rep)
+                continue
+            old_entries = old.entries if old else []
+            merged = list(new.entries) if replace else merge_entries(old_entries, new.entries)[0]
+            rep.added, rep.changed, rep.removed, rep.unchanged = diff_entries(old_entries, merged)
+            rep.regressions = _regressions(old_entries, new.entries)
+            if rep.regressions and not force:
+                rep.refused = (f"{len(rep.regressions)} winner(s) would be replaced by one measured slower beyond noise "
+                               "(use --force to publish anyway)")
+                reports.append(rep)
+                continue
+            jobs = sorted(set(((old.extra if old else {}).get("generated_by") or {}).get("job_ids", []))
+                          | set((new.extra.get("generated_by") or {}).get("job_ids", [])))
+            extra = {**(old.extra if old else {}), **new.extra}
+            extra["generated_by"] = {**(extra.get("generated_by") or {}), "job_ids": jobs}
+            doc = OverrideFile(2, merged, new.device, extra, rel)
+            body = render(doc)
+            if not dry_run:
+                store.write(rel, body)
+                rep.written = True
+            prev = index["files"].get(props.signature, {})
+            index["files"][props.signature] = {
+                "path": rel, "signature": props.signature, "arch": props.arch, "device_name": props.name,
+                "vendor": props.vendor, "driver_version": props.driver_version,
+                "runtime_version": props.runtime_version, "libraries": dict(props.libraries),
+                "entries": len(merged), "sha256": hashlib.sha256(body.encode()).hexdigest(),
+                "created": prev.get("created") or _now(), "updated": _now(), "job_ids": jobs,
+            }
+            reports.append(rep)
+        if not dry_run and any(r.written for r in reports):
+            index["updated"] = _now()
+            store.write(INDEX, json.dumps(index, indent=2, sort_keys=True) + "\n")  # last: it names written files
+    return reports
+
+
+def _read_index(store: Store) -> dict[str, Any]:
+    text = store.read(INDEX)
+    if text is None:
+        return {"version": INDEX_VERSION, "files": {}}
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+            raise ValueError("no files mapping")
+        return data
+    except ValueError as exc:
+        raise InputError(f"the publishing index is malformed ({exc}); fix or remove it", source=f"{store.uri}/{INDEX}") from None
+
+
+def find_published(root: str, props: DeviceProperties) -> tuple[str, str] | None:
+    """(path, note) of the published file for this device: its signature, else one of the same arch.
+
+    The note is empty for an exact match and names what differs otherwise.
+    """
+    store = Store(root) if "://" in root or os.path.isdir(root) else None
+    if store is None:
+        return None
+    try:
+        index = _read_index(store)["files"]
+    except InputError:
+        index = {}
+    exact = index.get(props.signature)
+    rel = exact["path"] if exact else f"{_arch_dir(props.arch)}/{props.signature}.json"
+    if store.read(rel) is not None:
+        return _local(store, rel), ""
+    same_arch = [e for e in index.values() if e.get("arch") == props.arch]
+    if not same_arch:
+        return None
+    best = same_arch[0]
+    mine = props.signature_fields()
+    theirs = DeviceProperties(vendor=best.get("vendor", props.vendor), name=best.get("device_name", ""), arch=best["arch"],
+                              compute_units=props.compute_units, total_memory=props.total_memory, l2_bytes=props.l2_bytes,
+                              clock_mhz=0, warp_size=props.warp_size, driver_version=best.get("driver_version", ""),
+                              runtime_version=best.get("runtime_version", ""),
+                              libraries=tuple(sorted((best.get("libraries") or {}).items())))
+    differs = [k for k, v in theirs.signature_fields().items() if mine.get(k) != v and k != "v"]
+    note = (f"no file for {props.signature}; using {best['signature']} of the same arch {props.arch} "
+            f"(differs in: {', '.join(differs) or 'the hash only'})")
+    log.warning("publish: %s", note)
+    return _local(store, best["path"]), note
+
+
+def _local(store: Store, rel: str) -> str:
+    if store.local:
+        return store.join(rel)
+    text = store.read(rel)  # object stores: a local copy to read
+    cache = Path(os.environ.get("FARM_PUBLISH_CACHE", Path.home() / ".cache" / "tunefarm")) / hashlib.sha256(
+        f"{store.uri}/{rel}".encode()).hexdigest()[:16]
+    cache.mkdir(parents=True, exist_ok=True)
+    target = cache / Path(rel).name
+    from .fsutil import atomic_write_text
+
+    atomic_write_text(target, text or "")
+    return str(target)

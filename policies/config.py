@@ -1,0 +1,120 @@
+"""SelectionHeuristic::Config: the engine an override file names for the problem goes first.
+
+The file is FARM_HEUR_CONFIG_PATH (HIPDNN_HEUR_CONFIG_PATH is accepted too): an
+override file, or the root of a published tree (farm publish), where the file
+for this device is looked up. It is read again only when it changes (size,
+mtime, inode), and matches are memoised per problem, so a steady-state
+selection is a few dictionary lookups. The policy declines, and says why in the
+log once, when: the variable is unset, the file is missing or unparsable, the
+problem bytes are malformed, nothing matches, the matched engine is not a
+candidate, or the file is for another device signature.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any, Sequence
+
+from farm.errors import FarmError
+from farm.fb import FlatBufferError, decode_device_properties, decode_problem
+from farm.ids import engine_name_to_id, policy_name_to_id
+from farm.overrides import OverrideFile, load_overrides
+from farm.selection import CONFIG, POLICY_API_VERSION, Choice
+
+log = logging.getLogger("farm.policies.config")
+PATH_ENVS = ("FARM_HEUR_CONFIG_PATH", "HIPDNN_HEUR_CONFIG_PATH")
+
+
+def config_path() -> str | None:
+    for name in PATH_ENVS:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+@functools.lru_cache(maxsize=8192)
+def _problem(buf: bytes) -> Any:
+    return decode_problem(buf)
+
+
+class _Session:
+    def __init__(self, device_properties: bytes) -> None:
+        self.props = decode_device_properties(device_properties)
+        self._file: OverrideFile | None = None
+        self._stamp: tuple[Any, ...] | None = None
+        self._said: set[tuple[str, Any]] = set()
+
+    def _once(self, key: Any, message: str, *args: Any) -> None:
+        if (message, key) not in self._said:
+            self._said.add((message, key))
+            log.info("autotune: Config " + message, *args)
+
+    def _load(self, path: str) -> OverrideFile | None:
+        target = path
+        if os.path.isdir(path):
+            from farm.publish import find_published
+
+            found = find_published(path, self.props)
+            if found is None:
+                self._once(path, "declines: %s holds no file for %s", path, self.props.signature)
+                return None
+            target, note = found
+            if note:
+                self._once((path, target), "uses %s: %s", target, note)
+        try:
+            st = os.stat(target)
+        except OSError:
+            self._once(target, "declines: %s does not exist", target)
+            self._file, self._stamp = None, None
+            return None
+        stamp = (target, st.st_size, st.st_mtime_ns, st.st_ino)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            try:
+                self._file = load_overrides(target)
+            except FarmError as exc:
+                self._file = None
+                self._once(stamp, "declines: %s", exc)
+        return self._file
+
+    def order(self, candidates: Sequence[int], problem: bytes) -> Choice | None:
+        path = config_path()
+        if not path:
+            return None
+        f = self._load(path)
+        if f is None:
+            return None
+        sig = f.device_signature
+        if sig and sig != self.props.signature and not os.path.isdir(path):
+            self._once((f.source, sig), "declines: %s is for device %s, this is %s", f.source, sig, self.props.signature)
+            return None
+        try:
+            p = _problem(problem)
+        except FlatBufferError as exc:
+            self._once(str(exc), "declines: %s", exc)
+            return None
+        entry = f.match(p)
+        if entry is None:
+            return None
+        eid = engine_name_to_id(entry.engine_name)
+        if eid not in candidates:
+            self._once((f.source, entry.engine_name), "declines: %s names %s, which is not a candidate here",
+                       f.source, entry.engine_name)
+            return None
+        order = (eid,) + tuple(c for c in candidates if c != eid)
+        return Choice(order, {eid: entry.knobs})
+
+
+class ConfigPolicy:
+    name = CONFIG
+    id = policy_name_to_id(CONFIG)
+    api_version = POLICY_API_VERSION
+
+    def session(self, device_properties: bytes) -> _Session:
+        return _Session(device_properties)
+
+
+POLICIES = (ConfigPolicy(),)
