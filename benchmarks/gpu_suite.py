@@ -251,11 +251,10 @@ def report(out: Path) -> None:
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in suite:
             i = ind.get(r["name"])
+            inductor = (f"{i['first_call_s']:.1f} | {i['tflops']:.1f} | {r['winner_tflops'] / i['tflops']:.3f}"
+                        if i else "- | - | -")
             print(f"| {r['name']} | {r['label']} | {r['candidates']} | {r['tune_s']:.1f} | {r['winner']} | "
-                  f"{r['winner_tflops']:.1f} | {r['default_tflops']:.1f} | {r['speedup']:.3f} | "
-                  f"{i['first_call_s']:.1f} | {i['tflops']:.1f} | {r['winner_tflops'] / i['tflops']:.3f} |"
-                  if i else
-                  f"{r['winner_tflops']:.1f} | {r['default_tflops']:.1f} | {r['speedup']:.3f} | - | - | - |")
+                  f"{r['winner_tflops']:.1f} | {r['default_tflops']:.1f} | {r['speedup']:.3f} | {inductor} |")
         geo = math.exp(sum(math.log(r["speedup"]) for r in suite) / len(suite))
         print(f"\ngeometric-mean speedup over the default path: {geo:.3f} ({len(suite)} shapes); "
               f"worst {min(r['speedup'] for r in suite):.3f}")

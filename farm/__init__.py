@@ -1,6 +1,7 @@
 """tunefarm: a distributed autotuning farm for GPU kernels.
 
-The public API is what ``__all__`` lists (pinned by tests/test_public_api.py).
+The public API is what ``__all__`` lists (pinned by tests/test_public_api.py), plus the
+``farm.ops`` module production code calls (matmul, sdpa, conv2d and the replay switches).
 """
 
 __version__ = "0.1.0"
@@ -22,7 +23,9 @@ from .knobs import Knob, KnobType
 from .operations import OpCategory, core_op
 from .plans import EngineSweep, EngineVariant, PlanSpec
 from .problem import Problem, TensorDesc
+from .selection import POLICY_API_VERSION, Choice, NoSelection, PolicyRegistry, Selector
 from .timing import Strategy
+from .tunable import TunableRuntime, TunableSettings
 from .workload import Workload, load_workload
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "AutotuneError",
     "AutotuneResult",
     "Autotuner",
+    "Choice",
     "Device",
     "DeviceProperties",
     "Disposition",
@@ -42,15 +46,21 @@ __all__ = [
     "InputError",
     "Knob",
     "KnobType",
+    "NoSelection",
     "OpCategory",
     "Plan",
+    "POLICY_API_VERSION",
     "PlanSpec",
+    "PolicyRegistry",
     "PrimingFailurePolicy",
     "Problem",
     "ResultCheck",
+    "Selector",
     "Strategy",
     "Support",
     "TensorDesc",
+    "TunableRuntime",
+    "TunableSettings",
     "TuneMode",
     "UnknownNameError",
     "UsageError",

@@ -45,6 +45,7 @@ log = logging.getLogger("farm.overrides")
 
 OVERRIDE_VERSION = 2
 WRITE_MODES = ("new", "append", "replace")
+_MEMO_LIMIT = 1 << 16  # distinct problems remembered per file before the memo starts over
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,47 @@ def _full_criteria(op: str, criteria: Mapping[str, int]) -> dict[str, int]:
     return {**dict(spec.criteria), **criteria} if spec else dict(criteria)
 
 
+def _pattern(e: OverrideEntry) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(which fields of ``e`` are wildcards, the values of those that are not)."""
+    rules, values = [], []
+    for pos, t in enumerate(e.tensors):
+        dims_fixed = tuple(i for i, d in enumerate(t.dims) if d != -1)
+        strides_fixed = tuple(i for i, d in enumerate(t.strides) if d != -1) if t.strides else None
+        rules.append((t.tensor_id if t.tensor_id is not None else pos, len(t.dims), dims_fixed,
+                      len(t.strides) if t.strides else None, strides_fixed, t.data_type is not None))
+        values.append((tuple(t.dims[i] for i in dims_fixed),
+                       tuple(t.strides[i] for i in strides_fixed) if strides_fixed is not None else None, t.data_type))
+    names = tuple(k for k, _ in e.criteria)
+    pattern = (e.positional, len(e.tensors), tuple(rules), names, e.compute_data_type is not None)
+    return pattern, (tuple(values), tuple(v for _, v in e.criteria), e.compute_data_type)
+
+
+def _project(problem: Problem, pattern: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The values ``problem`` has in the fields ``pattern`` fixes; None when it cannot match the pattern at all."""
+    positional, count, rules, names, has_compute = pattern
+    if len(problem.tensors) != count:
+        return None
+    if positional:
+        ordered = [problem.tensor(t) for t in problem.spec.tensor_ids if problem.has_tensor(t)]
+    values = []
+    for tid, ndims, dims_fixed, nstrides, strides_fixed, has_dtype in rules:
+        if positional:
+            if tid >= len(ordered):
+                return None
+            t = ordered[tid]
+        elif problem.has_tensor(tid):
+            t = problem.tensor(tid)
+        else:
+            return None
+        if len(t.dims) != ndims or (nstrides is not None and len(t.strides) != nstrides):
+            return None
+        values.append((tuple(t.dims[i] for i in dims_fixed),
+                       tuple(t.strides[i] for i in strides_fixed) if strides_fixed is not None else None,
+                       t.dtype if has_dtype else None))
+    crit = problem.criteria_dict
+    return (tuple(values), tuple(crit.get(k) for k in names), problem.compute_dtype if has_compute else None)
+
+
 def _query_key(problem: Problem) -> tuple[Any, ...]:
     return (problem.op, problem.criteria, frozenset((t.id, t.dims, t.strides, t.dtype) for t in problem.tensors),
             problem.compute_dtype)
@@ -198,14 +240,18 @@ class OverrideFile:
 
     def _build_index(self) -> None:
         self._exact: dict[tuple[Any, ...], OverrideEntry] = {}
-        self._wildcard: list[OverrideEntry] = []
-        for e in self.entries:
+        # wildcard entries grouped by shape of rule (which fields are wildcards); within a group, by the
+        # values of the fields that are not, so a lookup costs one dict probe per group, not a scan
+        self._patterns: dict[str, dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, OverrideEntry]]]] = {}
+        self._memo: dict[str, OverrideEntry | None] = {}  # problem key -> answer (the file never changes)
+        for i, e in enumerate(self.entries):
             if e.exact:
                 key = (e.op, tuple(sorted(dict(e.criteria).items())),
                        frozenset((t.tensor_id, t.dims, t.strides, t.data_type) for t in e.tensors), e.compute_data_type)
                 self._exact.setdefault(key, e)  # declaration order: the first one wins
             else:
-                self._wildcard.append(e)
+                pattern, values = _pattern(e)
+                self._patterns.setdefault(e.op, {}).setdefault(pattern, {}).setdefault(values, (i, e))
 
     @property
     def device_signature(self) -> str | None:
@@ -216,14 +262,23 @@ class OverrideFile:
         return self.version == OVERRIDE_VERSION and all(e.metadata is not None for e in self.entries)
 
     def match(self, problem: Problem) -> OverrideEntry | None:
-        """The entry for ``problem``: exact entries by hash, then wildcard entries in order."""
+        """The entry for ``problem``: exact entries by hash, then wildcard entries in order (memoised)."""
+        try:
+            return self._memo[problem.key]
+        except KeyError:
+            pass
         hit = self._exact.get(_query_key(problem))
-        if hit is not None:
-            return hit
-        for e in self._wildcard:
-            if e.matches(problem):
-                return e
-        return None
+        if hit is None:
+            found = []
+            for pattern, groups in self._patterns.get(problem.op, {}).items():
+                values = _project(problem, pattern)
+                if values is not None and values in groups:
+                    found.append(groups[values])
+            hit = min(found, key=lambda ie: ie[0])[1] if found else None
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[problem.key] = hit
+        return hit
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"version": self.version}

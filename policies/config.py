@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from typing import Any, Sequence
 
 from farm.errors import FarmError
@@ -25,6 +26,7 @@ from farm.selection import CONFIG, POLICY_API_VERSION, Choice
 
 log = logging.getLogger("farm.policies.config")
 PATH_ENVS = ("FARM_HEUR_CONFIG_PATH", "HIPDNN_HEUR_CONFIG_PATH")
+REMOTE_REFRESH_S = 60.0
 
 
 def config_path() -> str | None:
@@ -40,11 +42,17 @@ def _problem(buf: bytes) -> Any:
     return decode_problem(buf)
 
 
+_engine_id = functools.lru_cache(maxsize=4096)(engine_name_to_id)
+
+
 class _Session:
     def __init__(self, device_properties: bytes) -> None:
         self.props = decode_device_properties(device_properties)
+        self.signature = self.props.signature  # computed once: it hashes the properties
         self._file: OverrideFile | None = None
         self._stamp: tuple[Any, ...] | None = None
+        self._root: tuple[Any, str | None] | None = None  # (index.json stamp, file) of a published root
+        self._from_root = False  # the file came from a published root (same-arch fallbacks allowed)
         self._said: set[tuple[str, Any]] = set()
 
     def _once(self, key: Any, message: str, *args: Any) -> None:
@@ -52,18 +60,38 @@ class _Session:
             self._said.add((message, key))
             log.info("autotune: Config " + message, *args)
 
-    def _load(self, path: str) -> OverrideFile | None:
-        target = path
-        if os.path.isdir(path):
-            from farm.publish import find_published
+    def _resolve(self, root: str) -> str | None:
+        """The file for this device under a published root; looked up again only when index.json changes
+        (on an object store, s3:// or gs://, at most every REMOTE_REFRESH_S seconds)."""
+        stamp: Any
+        if "://" in root:
+            stamp = (root, int(time.monotonic() // REMOTE_REFRESH_S))
+        else:
+            try:
+                st = os.stat(os.path.join(root, "index.json"))
+                stamp = (root, st.st_size, st.st_mtime_ns, st.st_ino)
+            except OSError:
+                stamp = (root, None)
+        if self._root is not None and self._root[0] == stamp:
+            return self._root[1]
+        from farm.publish import find_published
 
-            found = find_published(path, self.props)
-            if found is None:
-                self._once(path, "declines: %s holds no file for %s", path, self.props.signature)
-                return None
+        found = find_published(root, self.props)
+        target = None
+        if found is None:
+            self._once(root, "declines: %s holds no file for %s", root, self.props.signature)
+        else:
             target, note = found
             if note:
-                self._once((path, target), "uses %s: %s", target, note)
+                self._once((root, target), "uses %s: %s", target, note)
+        self._root = (stamp, target)
+        return target
+
+    def _load(self, path: str) -> OverrideFile | None:
+        self._from_root = "://" in path or os.path.isdir(path)
+        target = self._resolve(path) if self._from_root else path
+        if target is None:
+            return None
         try:
             st = os.stat(target)
         except OSError:
@@ -88,8 +116,8 @@ class _Session:
         if f is None:
             return None
         sig = f.device_signature
-        if sig and sig != self.props.signature and not os.path.isdir(path):
-            self._once((f.source, sig), "declines: %s is for device %s, this is %s", f.source, sig, self.props.signature)
+        if sig and sig != self.signature and not self._from_root:
+            self._once((f.source, sig), "declines: %s is for device %s, this is %s", f.source, sig, self.signature)
             return None
         try:
             p = _problem(problem)
@@ -99,7 +127,7 @@ class _Session:
         entry = f.match(p)
         if entry is None:
             return None
-        eid = engine_name_to_id(entry.engine_name)
+        eid = _engine_id(entry.engine_name)
         if eid not in candidates:
             self._once((f.source, entry.engine_name), "declines: %s names %s, which is not a candidate here",
                        f.source, entry.engine_name)
