@@ -228,6 +228,38 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 1 if any(r.refused for r in reports) else 0
 
 
+# -- farm report ----------------------------------------------------------------------------
+def cmd_report(args: argparse.Namespace) -> int:
+    from .render import report_tables
+    from .report import build_report, report_dict, write_html
+
+    report = build_report(args.results)
+    if args.html:
+        write_html(report, args.html)
+    if args.json:
+        _print_json(report_dict(report))
+    else:
+        console = _console()
+        for table in report_tables(report):
+            console.print(table)
+        if args.html:
+            console.print(f"plots: {escape(args.html)}")
+    return 0 if report.signatures else 1
+
+
+# -- farm diff ------------------------------------------------------------------------------
+def cmd_diff(args: argparse.Namespace) -> int:
+    from .diff import diff_dict, diff_paths
+    from .render import diff_table
+
+    rows = diff_paths(args.a, args.b)
+    if args.json:
+        _print_json(diff_dict(rows))
+    else:
+        _console().print(diff_table(rows, args.a, args.b, show_same=args.all))
+    return 0
+
+
 def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool) -> int:
     from rich.table import Table
     from rich.text import Text
@@ -317,6 +349,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_publish)
+
+    p = sub.add_parser("report", help="summarise a results folder: failures, speed-ups, noise, device disagreement")
+    p.add_argument("results", help="results folder (e.g. runs/x/results)")
+    p.add_argument("--html", help="also write a self-contained HTML page with plots (needs matplotlib)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("diff", help="compare two results folders or two override files: winners and times")
+    p.add_argument("a", help="the old side: a results folder (or run folder) or an override file")
+    p.add_argument("b", help="the new side, of the same kind")
+    p.add_argument("--all", action="store_true", help="also list problems whose winner did not change (or by < 3 %%)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_diff)
     return parser
 
 

@@ -1,0 +1,100 @@
+"""farm report and farm diff on synthetic result sets with known answers."""
+
+import json
+import re
+
+import pytest
+
+from farm.autotune import Disposition
+from farm.cli import main
+from tests.fakes import fake_props, fake_result, matmul_problem, write_results
+
+P1, P2 = matmul_problem(8, 8, 8), matmul_problem(16, 16, 16)
+GPU0, GPU1 = fake_props(index=0), fake_props(index=1)
+
+
+def results(root, p1_tuned_ms=1.0, p2_winner="tuned.fast"):
+    write_results(root, {
+        GPU0: [
+            (P1, "p1", [fake_result(P1, "lib.default", (2.0, 2.0, 2.0), candidate=0),
+                        fake_result(P1, "tuned.fast", (p1_tuned_ms,) * 3, knobs=(("tile", 64),), candidate=1),
+                        fake_result(P1, "tuned.broken", candidate=2, disposition=Disposition.FAILED_COMPILE)]),
+            (P2, "p2", [fake_result(P2, "lib.default", (4.0, 4.0, 4.0), candidate=0),
+                        fake_result(P2, p2_winner, (1.0, 3.0, 1.0, 3.0), knobs=(("tile", 32),), candidate=1)]),
+        ],
+        GPU1: [
+            (P1, "p1", [fake_result(P1, "lib.default", (1.5, 1.5, 1.5), candidate=0),
+                        fake_result(P1, "tuned.fast", (p1_tuned_ms + 1.0,) * 3, knobs=(("tile", 64),), candidate=1)]),
+        ],
+    })
+    return root
+
+
+def test_report_summarises_failures_speedups_noise_and_disagreement(tmp_path, capsys):
+    root = results(tmp_path / "r")
+    assert main(["report", str(root), "--json"]) == 0
+    [sig] = json.loads(capsys.readouterr().out)["signatures"]
+    assert sig["signature"] == GPU0.signature and sig["problems"] == 2
+    assert sig["failures"] == {"failed_compile": 1}
+    per = {p["problem"]: p for p in sig["per_problem"]}
+    # p1: default median over devices = 1.75, tuned = 1.5 -> 1.1667x; p2: 4.0 / 2.0 = 2x
+    assert per["p1"]["winner"] == "tuned.fast[tile=64]" and per["p1"]["speedup"] == pytest.approx(1.75 / 1.5)
+    assert per["p2"]["speedup"] == pytest.approx(2.0)
+    assert sig["speedup_geomean"] == pytest.approx((1.75 / 1.5 * 2.0) ** 0.5)
+    assert sig["speedup_worst_problem"] == "p1"
+    assert sig["noisiest"][0]["problem"] == "p2" and sig["noisiest"][0]["cov"] == pytest.approx(0.5)
+    # GPU 0 finds tuned.fast fastest for p1, GPU 1 the default: a disagreement within one signature
+    [dis] = sig["disagreements"]
+    assert dis["problem"] == "p1" and set(dis["device_winners"].values()) == {"tuned.fast[tile=64]", "lib.default[default]"}
+    assert per["p1"]["device_spread"] == pytest.approx(2.0)
+
+    assert main(["report", str(root)]) == 0
+    text = capsys.readouterr().out
+    assert "failed_compile 1" in text and "devices disagree on" in text and "p1" in text
+
+
+def test_report_html_has_the_plots(tmp_path):
+    pytest.importorskip("matplotlib", reason="--html needs matplotlib (the report extra)")
+    root = results(tmp_path / "r")
+    out = tmp_path / "report.html"
+    assert main(["report", str(root), "--html", str(out)]) == 0
+    html = out.read_text()
+    assert html.count("data:image/png;base64,") == 2 + 2  # speed-ups, noise, one distribution per problem
+    assert "Speed-up of the winner" in html and "Per-device noise" in html
+    import base64
+    png = base64.b64decode(re.search(r"base64,([A-Za-z0-9+/=]+)", html).group(1))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_of_a_missing_folder_is_a_clear_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "results folder not found" in capsys.readouterr().err
+
+
+def test_diff_of_two_result_sets(tmp_path, capsys):
+    a = results(tmp_path / "a")
+    b = results(tmp_path / "b", p1_tuned_ms=0.5, p2_winner="other.kernel")
+    assert main(["diff", str(a), str(b), "--json"]) == 0
+    rows = {r["problem"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["p1"]["status"] == "same winner" and rows["p1"]["ratio"] == pytest.approx(1.0 / 1.5)
+    assert rows["p2"]["status"] == "near tie"  # same time, another engine
+    assert rows["p2"]["new_winner"] == "other.kernel[tile=32]"
+
+
+def test_diff_of_two_override_files(tmp_path, capsys):
+    from farm.overrides import OverrideEntry, write_overrides
+
+    dev = {"signature": GPU0.signature, "properties": GPU0.to_dict()}
+
+    def e(p, engine, ms, name):
+        return OverrideEntry.for_problem(p, engine, (), {"rank": 0, "median_time_ms": ms, "problem_name": name})
+
+    write_overrides(tmp_path / "a.json", [e(P1, "x", 1.0, "p1"), e(P2, "y", 2.0, "p2")], device=dev, mode="replace")
+    write_overrides(tmp_path / "b.json", [e(P1, "z", 0.5, "p1"), e(matmul_problem(3, 3, 3), "y", 1.0, "p3")],
+                    device=dev, mode="replace")
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["counts"] == {"added": 1, "removed": 1, "winner changed": 1, "near tie": 0, "same winner": 0}
+    [changed] = [r for r in data["rows"] if r["status"] == "winner changed"]
+    assert (changed["problem"], changed["ratio"]) == ("p1", 0.5)
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path)]) == 2
