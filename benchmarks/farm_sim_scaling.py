@@ -1,0 +1,84 @@
+"""The scheduler's own scaling: the same workload on 1, 2, 4, 8, 16 simulated devices through the Ray farm.
+
+    python benchmarks/farm_sim_scaling.py [--devices 1,2,4,8,16] [--problems 48] [--sleep 20]
+
+Simulated devices compute nothing: each timed run sleeps its simulated kernel
+time times --sleep, so a device is "busy" for a known wall time without using a
+CPU core, and a 2-core machine can host 16 of them. What is left to measure is
+the farm itself: scheduling, streaming results, writing Parquet. Reported per
+device count: tuning time (workers ready to last result), candidates per
+second, efficiency against 1 device (t1 / (N * tN)), the mean and lowest busy
+fraction of the workers, and whether the winners match the 1-device run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from farm.cluster import DeviceRequest, FarmSettings, run_farm  # noqa: E402
+from farm.engine import default_engine_registry  # noqa: E402
+from farm.sim import SimConfig  # noqa: E402
+from farm.workload import parse_workload  # noqa: E402
+
+
+def workload(problems: int):
+    return parse_workload({
+        "name": "sim-scaling",
+        "autotune": {"strategy": "fixed_average", "max_iterations": 3, "warmup_iterations": 1, "check": "off"},
+        "engines": {"include": ["sim.gemm"], "sweep": {"sim.gemm": {"block": [32, 64, 128, 256], "stages": [2, 3, 4],
+                                                                    "split_k": [1, 2]}}},
+        "problems": [{"name": f"p{i}", "op": "matmul", "tensors": {"A": [256 + 32 * i, 512], "B": [512, 256]}}
+                     for i in range(problems)],
+    }, registry=default_engine_registry())
+
+
+def winners(report) -> dict[str, str]:
+    out = {}
+    for (_, name), rs in report.results.items():
+        ok = [r for r in rs if r.succeeded]
+        if ok:
+            best = min(ok, key=lambda r: r.median_ms)
+            out[name] = f"{best.engine_name}{dict(best.knobs)}"
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--devices", default="1,2,4,8,16")
+    ap.add_argument("--problems", type=int, default=48)
+    ap.add_argument("--sleep", type=float, default=200.0, help="wall seconds slept per simulated second")
+    args = ap.parse_args()
+    wl = workload(args.problems)
+    rows, base, base_winners = [], None, None
+    for n in (int(x) for x in args.devices.split(",")):
+        sim = SimConfig.parse({"devices": [{"name": "Sim GPU", "count": n}], "noise": 0.0, "sleep": args.sleep})
+        out = Path(tempfile.mkdtemp(prefix=f"sim-scaling-{n}-")) / "run"
+        t0 = time.perf_counter()
+        report = run_farm(wl, out, devices=DeviceRequest("sim", n, sim), settings=FarmSettings(), reduce=False,
+                           keep_results=True)
+        wall = time.perf_counter() - t0
+        busy = [s.busy_s / report.tuning_s for s in report.statuses]
+        w = winners(report)
+        if base is None:
+            base, base_winners = report.tuning_s, w
+        same = sum(w.get(k) == v for k, v in base_winners.items())
+        rows.append((n, wall, report.tuning_s, report.total, base / (n * report.tuning_s), statistics.fmean(busy),
+                     min(busy), f"{same}/{len(base_winners)}"))
+        print(f"{n} devices: tuning {report.tuning_s:.1f} s", file=sys.stderr, flush=True)
+    print(f"{args.problems} problems, {rows[0][3]} candidates, sleep x{args.sleep:g}")
+    print("| devices | wall s | tuning s | candidates/s | speed-up | efficiency | busy mean | busy min | winners as 1 device |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for n, wall, t, total, eff, bmean, bmin, same in rows:
+        print(f"| {n} | {wall:.1f} | {t:.2f} | {total / t:.0f} | {base / t:.2f} | {eff:.2f} | {100 * bmean:.0f} % | "
+              f"{100 * bmin:.0f} % | {same} |")
+
+
+if __name__ == "__main__":
+    main()
