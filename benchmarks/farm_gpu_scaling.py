@@ -76,15 +76,16 @@ def main() -> None:
     base.mkdir(parents=True, exist_ok=True)
     counts = [int(x) for x in args.gpus.split(",")]
     reports = {n: run(n, args.workload, base / f"{n}gpu", base / "scaling.log", args.devices) for n in counts}
-    one = reports[counts[0]]
+    first = min(counts)  # the baseline (runs may come in any order: --gpus 2,1 measures the larger count first)
+    one = reports[first]
     print("| GPUs | wall s | tuning s | candidates | candidates/s | speed-up | efficiency | busy per GPU | winners vs 1 GPU |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for n, r in reports.items():
+    for n, r in sorted(reports.items()):
         tuning = r["tuning_s"]
         busy = ", ".join(f"{w['name']} {100 * w['busy_s'] / tuning:.0f} %" for w in r["workers"])
         speed = one["tuning_s"] / tuning
-        eff = speed / (n / counts[0])
-        same, close, notes = agree(base / f"{counts[0]}gpu" / "overrides", base / f"{n}gpu" / "overrides")
+        eff = speed / (n / first)
+        same, close, notes = agree(base / f"{first}gpu" / "overrides", base / f"{n}gpu" / "overrides")
         total = same + len(notes)
         print(f"| {n} | {r['command_wall_s']:.1f} | {tuning:.1f} | {r['candidates']} | {r['candidates'] / tuning:.1f} | "
               f"{speed:.2f} | {eff:.2f} | {busy} | {same}/{total} same, {close} within 3 % |")
