@@ -146,6 +146,7 @@ class TunableRuntime:
         self._selector: Selector | None = None
         self._untuned: set[str] = set()
         self.measurements = 0  # autotune() calls made (0 when everything replays)
+        self._insert_ordinal = True  # the device ordinal goes into the results file name
 
     # -- settings (TunableOp's API) --------------------------------------------------------
     @property
@@ -192,10 +193,10 @@ class TunableRuntime:
     def set_filename(self, filename: str, insert_device_ordinal: bool = True) -> None:
         self._set(filename=filename if insert_device_ordinal else filename.replace("{ordinal}", ""))
         self._results_loaded = False
-        self._ordinal = insert_device_ordinal
+        self._insert_ordinal = insert_device_ordinal
 
     def get_filename(self) -> str:
-        if getattr(self, "_ordinal", True):
+        if self._insert_ordinal:
             return with_ordinal(self.settings.filename, self.device.index)
         return self.settings.filename
 
