@@ -107,6 +107,7 @@ def run_suite(out: Path) -> None:
         rows.append({
             "name": wp.name, "label": p.label(), "op": p.op, "flops": p.flops, "candidates": len(results),
             "failed": failed, "tune_s": tune_s, "winner": winner.label, "fastest_in_tuning": ok[f].label,
+            "winner_engine": winner.engine_name, "winner_knobs": [list(kv) for kv in winner.knobs],
             "winner_ms": ms[winner.label], "default": default.label, "default_ms": ms[default.label],
             "winner_tflops": tflops(p.flops, ms[winner.label]), "default_tflops": tflops(p.flops, ms[default.label]),
             "speedup": ms[default.label] / ms[winner.label],
@@ -118,29 +119,74 @@ def run_suite(out: Path) -> None:
 
 
 # -- Inductor --------------------------------------------------------------------------------
+def bench_pair(torch, dev, ours, theirs, rounds: int = 6, n: int = 50) -> tuple[float, float, float, float]:
+    """Side by side: alternate rounds of ``bench`` on both. Returns (ours ms, theirs ms, lowest and
+    highest per-round time ratio ours / theirs), the medians over all rounds."""
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(bench(torch, dev, ours, n))
+        b.append(bench(torch, dev, theirs, n))
+    ratios = sorted(x / y for x, y in zip(a, b))
+    return sorted(a)[rounds // 2], sorted(b)[rounds // 2], ratios[0], ratios[-1]
+
+
+def _inductor_fn(torch, p):
+    """The same computation as our engines, for torch.compile: ``a @ b``, or SDPA into the output."""
+    if p.op == "matmul":
+        return (lambda a, b: a @ b), ("A", "B")
+    causal = bool(p.criteria_dict.get("causal"))
+    gqa = {"enable_gqa": True} if p.tensor("Q").dims[1] != p.tensor("K").dims[1] else {}
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def attention(q, k, v, o):
+        o.copy_(sdpa(q, k, v, is_causal=causal, **gqa))  # our SDPA plans write into O as well
+
+    return attention, ("Q", "K", "V", "O")
+
+
 def run_inductor(out: Path) -> None:
+    """Inductor max-autotune per shape, first call timed, then side by side with our tuned winner
+    (from suite.json when the suite ran; otherwise the default path)."""
     torch, dev, wl = _setup()
     import torch._dynamo
 
+    from farm.engine import default_engine_registry, settings_to_resolved
+
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.automatic_dynamic_shapes = False
+    suite = {r["name"]: r for r in (json.loads((out / "suite.json").read_text()) if (out / "suite.json").exists() else [])}
+    registry = default_engine_registry()
+    stream = torch.cuda.ExternalStream(int(dev.stream))
     rows = []
     for wp in wl.problems:
         p = wp.problem
-        if p.op != "matmul":
+        if p.op not in ("matmul", "sdpa_fwd"):
             continue
         t = _operands(torch, p, dev)
         torch.backends.cuda.matmul.allow_tf32 = p.compute_dtype == "tf32"
         torch._dynamo.reset()  # each shape tunes from scratch in this process (disk caches stay as they are)
-        f = torch.compile(lambda a, b: a @ b, mode="max-autotune-no-cudagraphs", dynamic=False)
+        fn, ids = _inductor_fn(torch, p)
+        f = torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
+        args = [t[i] for i in ids]
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        f(t["A"], t["B"])
+        with torch.cuda.stream(stream):
+            f(*args)
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
-        ms = bench(torch, dev, lambda: f(t["A"], t["B"]))
-        rows.append({"name": wp.name, "first_call_s": first, "ms": ms, "tflops": tflops(p.flops, ms)})
-        print(f"inductor {wp.name:14s} first call {first:6.1f} s  {ms:.4f} ms  {rows[-1]['tflops']:.0f} TFLOP/s", flush=True)
+        won = suite.get(wp.name)
+        engine = registry.get(won["winner_engine"] if won else ("torch.matmul" if p.op == "matmul" else "torch.sdpa"))
+        knobs = tuple(tuple(kv) for kv in won["winner_knobs"]) if won else ()
+        plan = engine.compile(p, settings_to_resolved(engine, knobs), dev)
+        ws = dev.runtime.malloc(plan.workspace_size) if plan.workspace_size else None
+        ours_ms, ms, lo, hi = bench_pair(torch, dev, lambda: plan.run(t, ws, dev.stream), lambda: f(*args))
+        label = won["winner"] if won else f"{engine.name}[default]"
+        rows.append({"name": wp.name, "first_call_s": first, "ms": ms, "tflops": tflops(p.flops, ms),
+                     "ours": label, "ours_ms": ours_ms, "ours_tflops": tflops(p.flops, ours_ms),
+                     "ratio_lo": lo, "ratio_hi": hi})
+        print(f"inductor {wp.name:14s} first call {first:6.1f} s  {ms:.4f} ms  {rows[-1]['tflops']:.0f} TFLOP/s | "
+              f"ours {label} {ours_ms:.4f} ms  ours/inductor time {ours_ms / ms:.3f} (rounds {lo:.3f}-{hi:.3f})",
+              flush=True)
         (out / "inductor.json").write_text(json.dumps(rows, indent=1))
 
 
@@ -251,8 +297,12 @@ def report(out: Path) -> None:
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in suite:
             i = ind.get(r["name"])
-            inductor = (f"{i['first_call_s']:.1f} | {i['tflops']:.1f} | {r['winner_tflops'] / i['tflops']:.3f}"
-                        if i else "- | - | -")
+            inductor = "- | - | -"
+            if i and "ours_ms" in i:  # side by side in one process: time ratio, and its spread over rounds
+                inductor = (f"{i['first_call_s']:.1f} | {i['tflops']:.1f} | {i['ms'] / i['ours_ms']:.3f} "
+                            f"({1 / i['ratio_hi']:.3f}-{1 / i['ratio_lo']:.3f})")
+            elif i:
+                inductor = f"{i['first_call_s']:.1f} | {i['tflops']:.1f} | {r['winner_tflops'] / i['tflops']:.3f}"
             print(f"| {r['name']} | {r['label']} | {r['candidates']} | {r['tune_s']:.1f} | {r['winner']} | "
                   f"{r['winner_tflops']:.1f} | {r['default_tflops']:.1f} | {r['speedup']:.3f} | {inductor} |")
         geo = math.exp(sum(math.log(r["speedup"]) for r in suite) / len(suite))

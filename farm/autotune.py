@@ -26,6 +26,7 @@ import concurrent.futures
 import datetime as _dt
 import enum
 import logging
+import queue
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -34,6 +35,7 @@ from . import dtypes
 import numpy as np
 
 from .arrays import make_tensors, relative_error
+from .compile_claims import CompileQueue
 from .device import Device, cpu_device
 from .engine import Engine, EngineConfig, EngineRegistry, Plan, default_engine_registry, settings_to_resolved
 from .errors import AutotuneError, InputError, UsageError
@@ -467,6 +469,17 @@ class Autotuner:
         engine = self.registry.get(spec.engine_id) if spec.engine_id in self.registry else None
         return _Candidate(index, spec, engine, self._collection.estimated_workspace(spec))
 
+    def _compile_key(self, cand: _Candidate) -> str | None:
+        """The host-wide key of the artifact compiling ``cand`` produces, if its engine declares one."""
+        key_of = getattr(cand.engine, "compile_key", None)
+        if key_of is None:
+            return None
+        try:
+            return key_of(self.problem, settings_to_resolved(cand.engine, cand.spec.knobs), self.device)
+        except Exception as exc:  # no key means no sharing, never a failed candidate
+            log.debug("autotune: no compile key for %s: %s", cand.spec.describe(self.registry), exc)
+            return None
+
     def _compile(self, cand: _Candidate, *, benchmarking: bool = False) -> Plan | None:
         """Compile (or, with ``benchmarking``, build a priming plan). Sets cand.error on failure."""
         engine = cand.engine
@@ -583,12 +596,45 @@ class _Run:
             for cand in todo:
                 self._measure(cand)
         else:
-            with concurrent.futures.ThreadPoolExecutor(self.cfg.compile_workers, thread_name_prefix="farm-compile") as pool:
-                futures = [pool.submit(self.t._compile, cand) for cand in todo]
-                for cand, fut in zip(todo, futures):
-                    fut.result()  # _compile records failures on the candidate
-                    self._measure(cand)
+            self._compile_while_measuring(todo)
         return self.results
+
+    def _compile_while_measuring(self, todo: list[_Candidate]) -> None:
+        """Compile threads feed the measuring loop, which takes candidates as they are ready.
+
+        The order of compiles follows host-wide claims (farm.compile_claims): an artifact another
+        process on this host is compiling is left for later, when it is a cache load.
+        """
+        work: CompileQueue[_Candidate] = CompileQueue(todo, self.t._compile_key)
+        ready: queue.Queue[_Candidate] = queue.Queue()
+
+        def compile_some() -> None:
+            while (taken := work.take()) is not None:
+                cand, claim = taken
+                try:
+                    self.t._compile(cand)  # records failures on the candidate
+                finally:
+                    claim.release()
+                    ready.put(cand)
+
+        with concurrent.futures.ThreadPoolExecutor(self.cfg.compile_workers, thread_name_prefix="farm-compile") as pool:
+            threads = [pool.submit(compile_some) for _ in range(min(self.cfg.compile_workers, len(todo)))]
+            try:
+                for _ in todo:
+                    while True:
+                        try:
+                            cand = ready.get(timeout=0.5)
+                            break
+                        except queue.Empty:
+                            if all(t.done() for t in threads) and ready.empty():
+                                for t in threads:
+                                    t.result()  # a compile thread that died raises here
+                                raise RuntimeError("compile threads ended with candidates left")  # pragma: no cover
+                    self._measure(cand)
+            finally:
+                work.close()
+        if work.deferred:
+            log.info("autotune: %d compile(s) deferred: another process on this host was compiling them", work.deferred)
 
     def _prime(self, cand: _Candidate) -> None:
         """EXHAUSTIVE mode: build a plan with the benchmarking knob, run it once, discard it."""

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from . import __version__
 from .autotune import AutotuneConfig, AutotuneResult, Autotuner
@@ -160,7 +160,19 @@ class DeviceWorkerImpl:
                 cands.append(Candidate(s, engine.name, i, bool(engine.supports_exhaustive),
                                        tuner._collection.estimated_workspace(s)))
             out[index] = cands
+        self._prepare(c.engine_name for cands in out.values() if not isinstance(cands, str) for c in cands)
         return out
+
+    def _prepare(self, engine_names: Iterable[str]) -> None:
+        """Let engines the tasks will use start what their compiles want (Triton's compile pool)
+        while the first tasks are scheduled: a worker tunes many problems, so it pays once."""
+        for name in sorted(set(engine_names)):
+            prepare = getattr(self.registry.get(name), "prepare", None)
+            if callable(prepare):
+                try:
+                    prepare(self.device)
+                except Exception as exc:  # preparing is an optimisation; compiles work without it
+                    log.warning("farm: preparing %s failed: %s", name, exc)
 
     def run(self, task: Task, wp: WorkloadProblem, candidates: Sequence[Candidate], config: AutotuneConfig,
             seed: int, stream_interval_s: float) -> Iterator[TaskStarted | list[AutotuneResult] | TaskEnd]:

@@ -82,6 +82,9 @@ class Engine(Protocol):
 
     # Optional: ``knob_support(problem, device, knobs) -> Support`` says whether these knob values apply
     # here (e.g. an attention backend); sweeps and variants leave out those that do not.
+    # Optional: ``compile_key(problem, knobs, device) -> str | None`` names the artifact a compile leaves
+    # in a cache shared by the processes of a host (Triton's disk cache), so workers on one host
+    # compile it once (farm.compile_claims).
 
 
 def engine_id(engine: Engine) -> int:

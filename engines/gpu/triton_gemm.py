@@ -20,7 +20,7 @@ from farm.engine import Support
 from farm.knobs import Knob, KnobValue
 from farm.problem import Problem
 
-from ._common import GpuEngine, TorchPlan, torch_dtype
+from ._common import TORCH_DTYPES, GpuEngine, TorchPlan, torch_module
 
 _COMPILE_LOCK = threading.Lock()
 COMPILE_PROCS_ENV = "FARM_TRITON_COMPILE_PROCS"
@@ -34,13 +34,22 @@ def _warmup_in_worker(dtypes: tuple[str, ...], scalars: tuple[int, ...], grid: t
     _kernel().warmup(*(getattr(torch, d) for d in dtypes), *scalars, grid=grid, **meta)
 
 
+def _ready_in_worker() -> None:
+    """Import what a compile needs, so the pool's first real compile does not pay for it."""
+    import torch  # noqa: F401
+
+    _kernel()
+
+
 class _CompilePool:
     """Worker processes that compile Triton configurations in parallel (as Inductor's compile workers do).
 
     Triton's compiler holds the GIL for most of its work, so threads would compile one at a time.
-    The pool is used once a compile turns out slow (a cold disk cache); with a warm cache every
-    configuration loads in-process in milliseconds and the pool's start-up would only cost time.
-    FARM_TRITON_COMPILE_PROCS sets the size (default 4; 0 compiles in-process only).
+    Compiles go to the pool once an in-process compile turned out slow (a cold disk cache) and the
+    pool's processes have imported torch and Triton; until then they stay in-process, so a pool
+    that is still starting never delays anything. The pool starts at the first slow compile, or
+    earlier when a farm worker calls ``start`` (TritonGemm.prepare). FARM_TRITON_COMPILE_PROCS
+    sets the size (default 4; 0 compiles in-process only).
     """
 
     COLD_S = 0.25  # an in-process compile slower than this means the disk cache is cold
@@ -49,40 +58,53 @@ class _CompilePool:
         self._pool: Any = None
         self._lock = threading.Lock()
         self._broken = False
-        self.cold = False
+        self._ready = threading.Event()
+        self.cold = False  # an in-process compile was slow: the disk cache lacks these kernels
 
-    def _size(self) -> int:
+    @staticmethod
+    def size() -> int:
         import os
 
         return int(os.environ.get(COMPILE_PROCS_ENV, "4") or 0)
 
+    def start(self) -> None:
+        """Start the pool now, in the background (a farm worker that will compile for a while)."""
+        if self._pool is None and not self._broken and self.size() > 0:
+            threading.Thread(target=self._start, daemon=True, name="triton-compile-pool").start()
+
     def saw_compile(self, seconds: float) -> None:
-        """Record an in-process compile's duration; a slow one switches to the pool (started now)."""
-        if seconds > self.COLD_S and not self.cold and self._size() > 0:
+        """Record an in-process compile's duration; a slow one starts the pool in the background."""
+        if seconds > self.COLD_S:
             self.cold = True
-            threading.Thread(target=self._start, daemon=True).start()
+            self.start()
 
-    def _start(self) -> Any:
+    def _start(self) -> None:
         with self._lock:
-            if self._pool is None and not self._broken:
-                import concurrent.futures
-                import multiprocessing
+            if self._pool is not None or self._broken:
+                return
+            import concurrent.futures
+            import multiprocessing
 
-                try:
-                    self._pool = concurrent.futures.ProcessPoolExecutor(
-                        self._size(), mp_context=multiprocessing.get_context("spawn"))
-                except Exception:
-                    self._broken = True
-            return self._pool
+            try:
+                self._pool = concurrent.futures.ProcessPoolExecutor(
+                    self.size(), mp_context=multiprocessing.get_context("spawn"))
+                warm = [self._pool.submit(_ready_in_worker) for _ in range(self.size())]
+            except Exception:
+                self._broken = True
+                return
+        try:
+            warm[0].result()
+            self._ready.set()
+        except Exception:
+            self._broken = True
 
     def submit(self, *args: Any) -> Any:
-        if not self.cold or self._broken:
-            return None
-        pool = self._start()
-        if pool is None:
+        """A future compiling in a pool process, or None (compile in-process): the cache is warm as far
+        as we know, or the pool is not ready yet."""
+        if not self.cold or not self._ready.is_set() or self._broken:
             return None
         try:
-            return pool.submit(_warmup_in_worker, *args)
+            return self._pool.submit(_warmup_in_worker, *args)
         except Exception:  # a broken pool costs parallelism, never correctness
             self._broken = True
             return None
@@ -191,24 +213,52 @@ class TritonGemm(GpuEngine):
         scalars = (m, n, k, *_strides(a.dims, a.strides), *_strides(b.dims, b.strides), *_strides(c.dims, c.strides))
         return grid, meta, scalars
 
+    def prepare(self, device: Device) -> None:
+        """Start the compile pool in the background; the farm calls this when a worker gets Triton work."""
+        if device.vendor in ("nvidia", "amd"):
+            self._procs.start()
+
+    def compile_key(self, problem: Problem, knobs: Mapping[str, KnobValue], device: Device) -> str:
+        """Names the kernel binary in Triton's disk cache: dtypes, constexprs, and the integer
+        arguments' specialisation (==1, divisible by 16), not the shape itself."""
+        import os
+
+        import triton
+
+        _, meta, scalars = self._call(problem, knobs)
+        spec = "".join("1" if v == 1 else "D" if v % 16 == 0 else "." for v in scalars)
+        cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+        return "|".join((self.name, triton.__version__, cache, device.arch, ",".join(self._dtype_names(problem)),
+                         ",".join(f"{k}={v}" for k, v in sorted(meta.items())), spec))
+
+    @staticmethod
+    def _dtype_names(problem: Problem) -> tuple[str, ...]:
+        bias = problem.tensor("bias").dtype if problem.has_tensor("bias") else problem.dtype
+        return tuple(TORCH_DTYPES[d] for d in (problem.tensor("A").dtype, problem.tensor("B").dtype,
+                                               problem.tensor("C").dtype, bias))
+
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
         kernel = _kernel()
         grid, meta, scalars = self._call(problem, knobs)
-        bias_dtype = torch_dtype(problem.tensor("bias").dtype) if problem.has_tensor("bias") else torch_dtype(problem.dtype)
-        dtypes = (torch_dtype(problem.tensor("A").dtype), torch_dtype(problem.tensor("B").dtype),
-                  torch_dtype(problem.tensor("C").dtype), bias_dtype)
-        names = tuple(str(d).replace("torch.", "") for d in dtypes)
-        future = self._procs.submit(names, scalars, grid, meta)
-        if future is not None:
-            try:
-                future.result()
-            except Exception:
-                pass  # the in-process compile below reports the real error
-        with _COMPILE_LOCK:  # a cache hit after the pool compiled; Triton's in-process compile is not thread-safe
-            t0 = time.perf_counter()
-            compiled = kernel.warmup(*dtypes, *scalars, grid=grid, **meta)
-            if future is None:
-                self._procs.saw_compile(time.perf_counter() - t0)
+        names = self._dtype_names(problem)
+        dtypes = tuple(getattr(torch_module(), n) for n in names)
+        compiled, done = None, False
+        while not done:
+            future = self._procs.submit(names, scalars, grid, meta)
+            if future is not None:
+                try:
+                    future.result()
+                except Exception:
+                    pass  # the in-process compile below reports the real error
+                with _COMPILE_LOCK:  # a cache hit now; Triton's in-process compile is not thread-safe
+                    compiled, done = kernel.warmup(*dtypes, *scalars, grid=grid, **meta), True
+            elif _COMPILE_LOCK.acquire(timeout=0.05):  # wake up now and then: the pool may have become ready
+                try:
+                    t0 = time.perf_counter()
+                    compiled, done = kernel.warmup(*dtypes, *scalars, grid=grid, **meta), True
+                    self._procs.saw_compile(time.perf_counter() - t0)
+                finally:
+                    _COMPILE_LOCK.release()
         init = getattr(compiled, "_init_handles", None)
         if callable(init):
             init()  # loads the binary: too much shared memory or too many registers raise here, at compile time

@@ -162,3 +162,17 @@ def test_numerical_check_on_the_gpu_catches_a_wrong_candidate(dev):
     results = t.autotune(config=AutotuneConfig(**FAST))
     wrong = next(r for r in results if r.engine_name == "test.wrong")
     assert wrong.disposition is Disposition.WRONG_RESULT and "first candidate" in wrong.error
+
+
+def test_triton_compile_key_names_the_kernel_not_the_shape(dev):
+    from engines.gpu.triton_gemm import TritonGemm
+
+    eng = TritonGemm()
+    knobs = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+    key = lambda p, **k: eng.compile_key(p, {**knobs, **k}, dev)  # noqa: E731
+    sq1 = Problem.create("matmul", {"A": [1024, 1024], "B": [1024, 1024]}, dtype="bf16")
+    sq2 = Problem.create("matmul", {"A": [2048, 4096], "B": [4096, 1024]}, dtype="bf16")
+    odd = Problem.create("matmul", {"A": [4095, 511], "B": [511, 4097]}, dtype="bf16")
+    fp16 = Problem.create("matmul", {"A": [1024, 1024], "B": [1024, 1024]}, dtype="fp16")
+    assert key(sq1) == key(sq2)  # one binary serves both shapes: a second worker must not compile it again
+    assert len({key(sq1), key(odd), key(fp16), key(sq1, BLOCK_M=128)}) == 4
