@@ -477,7 +477,8 @@ class Autotuner:
         try:
             return key_of(self.problem, settings_to_resolved(cand.engine, cand.spec.knobs), self.device)
         except Exception as exc:  # no key means no sharing, never a failed candidate
-            log.debug("autotune: no compile key for %s: %s", cand.spec.describe(self.registry), exc)
+            log.warning("autotune: %s.compile_key failed (%s); compiling without host-wide sharing",
+                        cand.engine.name, _err(exc))
             return None
 
     def _compile(self, cand: _Candidate, *, benchmarking: bool = False) -> Plan | None:

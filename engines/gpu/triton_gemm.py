@@ -228,7 +228,7 @@ class TritonGemm(GpuEngine):
         _, meta, scalars = self._call(problem, knobs)
         spec = "".join("1" if v == 1 else "D" if v % 16 == 0 else "." for v in scalars)
         cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
-        return "|".join((self.name, triton.__version__, cache, device.arch, ",".join(self._dtype_names(problem)),
+        return "|".join((self.name, triton.__version__, cache, device.properties.arch, ",".join(self._dtype_names(problem)),
                          ",".join(f"{k}={v}" for k, v in sorted(meta.items())), spec))
 
     @staticmethod
