@@ -43,7 +43,7 @@ from .knobs import KnobSettings, KnobValue, format_settings
 from .plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection
 from .problem import Problem
 from .reference import has_reference, reference
-from .timing import StopRule, Strategy, summarize
+from .timing import StopRule, Strategy, summarize, timed_section
 
 log = logging.getLogger("farm.autotune")
 
@@ -717,15 +717,16 @@ class _Run:
         samples: list[float] = []
         converged = False
         timed, per_call, note = self._timed_call(plan, workspace, cand)
-        t0 = time.perf_counter()
         try:
-            while True:
-                if self.cfg.cold_cache:
-                    dev.runtime.flush_l2(dev.stream)
-                samples.append(dev.timer.measure(timed(len(samples))) / per_call)
-                stop, converged = self.rule.done(samples, (time.perf_counter() - t0) * 1e3)
-                if stop:
-                    break
+            with timed_section():  # compile threads of this process wait: see farm.timing
+                t0 = time.perf_counter()
+                while True:
+                    if self.cfg.cold_cache:
+                        dev.runtime.flush_l2(dev.stream)
+                    samples.append(dev.timer.measure(timed(len(samples))) / per_call)
+                    stop, converged = self.rule.done(samples, (time.perf_counter() - t0) * 1e3)
+                    if stop:
+                        break
         except Exception as exc:
             self._finish(cand, Disposition.FAILED_RUN, error=f"{cand.engine.name}: run {len(samples) + 1}: {_err(exc)}",
                          workspace=ws, warmups=warmups, samples=samples, max_err=max_err)

@@ -165,7 +165,7 @@ class DeviceWorkerImpl:
 
     def _prepare(self, engine_names: Iterable[str]) -> None:
         """Let engines the tasks will use start what their compiles want (Triton's compile pool)
-        while the first tasks are scheduled: a worker tunes many problems, so it pays once."""
+        in the background: a worker tunes many problems, so it pays once. Idempotent."""
         for name in sorted(set(engine_names)):
             prepare = getattr(self.registry.get(name), "prepare", None)
             if callable(prepare):
@@ -179,6 +179,7 @@ class DeviceWorkerImpl:
         """Tune the task's candidates; stream TaskStarted, results (each alone in careful mode), then TaskEnd."""
         yield TaskStarted(os.getpid())
         t0 = time.perf_counter()
+        self._prepare(c.engine_name for c in candidates)  # discovery ran on one worker of the signature only
         index = {c.spec: c.index for c in candidates}
         items: queue.Queue = queue.Queue()
         session = new_id()

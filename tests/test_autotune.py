@@ -469,3 +469,36 @@ def test_torch_arrays_compare_on_the_device():
     assert a.relative_error(x, x) == 0.0
     assert a.relative_error(x * 1.1, x) == pytest.approx(0.1)
     assert a.relative_error(torch.full((3,), float("nan")), torch.ones(3)) == float("inf")
+
+
+def test_timed_loops_and_gil_heavy_compiles_take_turns():
+    import time
+
+    from farm.timing import gil_heavy_section
+
+    spans = {"heavy": [], "timed": []}
+
+    class HeavyCompile(FakeEngine):
+        def compile(self, problem, knobs, device):
+            with gil_heavy_section():  # as the Triton engine wraps its in-process compiles
+                t0 = time.perf_counter()
+                time.sleep(0.01)
+                spans["heavy"].append((t0, time.perf_counter()))
+            return super().compile(problem, knobs, device)
+
+    class SpanTimer:
+        def measure(self, fn):
+            t0 = time.perf_counter()
+            fn()
+            time.sleep(0.002)
+            spans["timed"].append((t0, time.perf_counter()))
+            return 1.0
+
+    t = tuner_with(HeavyCompile("heavy", knobs=(TILE,)), timer=SpanTimer())
+    for tile in (16, 32, 64, 128):
+        t.add_engine("heavy", {"tile": tile})
+    results = t.autotune(config=AutotuneConfig(strategy="fixed_average", timed_iterations=5, compile_workers=3))
+    assert len(results) == 4 and all(r.succeeded for r in results)
+    assert len(spans["heavy"]) == 4 and len(spans["timed"]) == 20
+    overlaps = [(h, m) for h in spans["heavy"] for m in spans["timed"] if h[0] < m[1] and m[0] < h[1]]
+    assert overlaps == []

@@ -179,3 +179,30 @@ def test_device_request_parsing(tmp_path):
             DeviceRequest.parse(bad)
     with pytest.raises(InputError, match="not found"):
         DeviceRequest.parse("sim:/nonexistent.yaml")
+
+
+def test_every_worker_prepares_the_engines_its_tasks_use():
+    """Discovery runs on one worker per signature; the others prepare (start compile pools) at their first task."""
+    from fakes import FakeEngine, registry_of
+
+    from farm.autotune import AutotuneConfig
+    from farm.cluster import DeviceWorkerImpl
+    from farm.scheduler import Task
+
+    prepared = []
+
+    class Preparing(FakeEngine):
+        def prepare(self, device):
+            prepared.append(self.name)
+
+    registry = registry_of(Preparing("jit"), FakeEngine("plain"))
+    wl = parse_workload({"name": "p", "problems": [{"name": "mm", "op": "matmul", "tensors": {"A": [8, 4], "B": [4, 6]}}]},
+                        registry=registry)
+    discovering, other = DeviceWorkerImpl("cpu", 0), DeviceWorkerImpl("cpu", 1)
+    for w in (discovering, other):
+        w.registry = registry
+    cands = discovering.expand([(0, wl.problems[0])])[0]
+    assert prepared == ["jit"]
+    task = Task(1, other.device.signature, 0, tuple(c.spec for c in cands))
+    items = list(other.run(task, wl.problems[0], cands, AutotuneConfig(strategy="single_shot"), 0, 0.0))
+    assert prepared == ["jit", "jit"] and items[-1].error == ""

@@ -19,6 +19,7 @@ from farm.device import Device
 from farm.engine import Support
 from farm.knobs import Knob, KnobValue
 from farm.problem import Problem
+from farm.timing import gil_heavy_section
 
 from ._common import TORCH_DTYPES, GpuEngine, TorchPlan, torch_module
 
@@ -58,6 +59,7 @@ class _CompilePool:
         self._pool: Any = None
         self._lock = threading.Lock()
         self._broken = False
+        self._starting = False
         self._ready = threading.Event()
         self.cold = False  # an in-process compile was slow: the disk cache lacks these kernels
 
@@ -69,8 +71,11 @@ class _CompilePool:
 
     def start(self) -> None:
         """Start the pool now, in the background (a farm worker that will compile for a while)."""
-        if self._pool is None and not self._broken and self.size() > 0:
-            threading.Thread(target=self._start, daemon=True, name="triton-compile-pool").start()
+        with self._lock:
+            if self._starting or self._broken or self.size() <= 0:
+                return
+            self._starting = True
+        threading.Thread(target=self._start, daemon=True, name="triton-compile-pool").start()
 
     def saw_compile(self, seconds: float) -> None:
         """Record an in-process compile's duration; a slow one starts the pool in the background."""
@@ -250,18 +255,21 @@ class TritonGemm(GpuEngine):
                     future.result()
                 except Exception:
                     pass  # the in-process compile below reports the real error
-                with _COMPILE_LOCK:  # a cache hit now; Triton's in-process compile is not thread-safe
+                # a cache hit now; Triton's in-process compile is not thread-safe
+                with _COMPILE_LOCK, gil_heavy_section():
                     compiled, done = kernel.warmup(*dtypes, *scalars, grid=grid, **meta), True
             elif _COMPILE_LOCK.acquire(timeout=0.05):  # wake up now and then: the pool may have become ready
                 try:
-                    t0 = time.perf_counter()
-                    compiled, done = kernel.warmup(*dtypes, *scalars, grid=grid, **meta), True
-                    self._procs.saw_compile(time.perf_counter() - t0)
+                    with gil_heavy_section():
+                        t0 = time.perf_counter()
+                        compiled, done = kernel.warmup(*dtypes, *scalars, grid=grid, **meta), True
+                        self._procs.saw_compile(time.perf_counter() - t0)
                 finally:
                     _COMPILE_LOCK.release()
         init = getattr(compiled, "_init_handles", None)
         if callable(init):
-            init()  # loads the binary: too much shared memory or too many registers raise here, at compile time
+            with gil_heavy_section():
+                init()  # loads the binary: too much shared memory or too many registers raise here, at compile time
         has_bias = meta["HAS_BIAS"]
         launch = kernel[grid]
 
