@@ -70,7 +70,11 @@ def _operands(torch, problem, dev):
 
 
 # -- our tuner per shape --------------------------------------------------------------------
-def run_suite(out: Path) -> None:
+def _selected(wl, shapes: tuple[str, ...]):
+    return [wp for wp in wl.problems if not shapes or wp.name in shapes]
+
+
+def run_suite(out: Path, shapes: tuple[str, ...] = ()) -> None:
     import numpy as np
 
     from farm.autotune import Autotuner
@@ -79,7 +83,7 @@ def run_suite(out: Path) -> None:
 
     torch, dev, wl = _setup()
     rows = []
-    for wp in wl.problems:
+    for wp in _selected(wl, shapes):
         p = wp.problem
         tuner = Autotuner(p, dev)
         if not plan_specs_for(wp, tuner):
@@ -144,7 +148,7 @@ def _inductor_fn(torch, p):
     return attention, ("Q", "K", "V", "O")
 
 
-def run_inductor(out: Path) -> None:
+def run_inductor(out: Path, shapes: tuple[str, ...] = ()) -> None:
     """Inductor max-autotune per shape, first call timed, then side by side with our tuned winner
     (from suite.json when the suite ran; otherwise the default path)."""
     torch, dev, wl = _setup()
@@ -158,7 +162,7 @@ def run_inductor(out: Path) -> None:
     registry = default_engine_registry()
     stream = torch.cuda.ExternalStream(int(dev.stream))
     rows = []
-    for wp in wl.problems:
+    for wp in _selected(wl, shapes):
         p = wp.problem
         if p.op not in ("matmul", "sdpa_fwd"):
             continue
@@ -268,20 +272,21 @@ def child(args: list[str], caches: Path, log: Path, timeout: float) -> None:
             fh.write(f"\n!! timed out after {timeout:.0f} s\n")
 
 
-def run_all(out: Path, parts: list[str], budget_s: float, contenders: tuple[str, ...] = ("triton", "ours")) -> None:
+def run_all(out: Path, parts: list[str], budget_s: float, contenders: tuple[str, ...] = ("triton", "ours"),
+            shapes: tuple[str, ...] = ()) -> None:
     caches = Path(tempfile.mkdtemp(prefix="suite-caches-"))
     log = out / "suite.log"
     t0 = time.time()
     left = lambda: max(30.0, budget_s - (time.time() - t0))  # noqa: E731
     if "suite" in parts:
-        child(["suite", "--out", str(out)], caches / "suite", log, left())
+        child(["suite", "--out", str(out), "--shapes", ",".join(shapes)], caches / "suite", log, left())
     if "triton" in parts:
         for contender in contenders:
             for tag in ("cold", "warm"):  # warm reuses the cold run's caches
                 child(["triton", "--contender", contender, "--tag", tag, "--out", str(out)], caches / contender, log,
                       left())
     if "inductor" in parts:
-        child(["inductor", "--out", str(out)], caches / "inductor", log, left())
+        child(["inductor", "--out", str(out), "--shapes", ",".join(shapes)], caches / "inductor", log, left())
     report(out)
 
 
@@ -334,15 +339,17 @@ def main() -> None:
     ap.add_argument("--parts", default="suite,inductor,triton")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for 'all' (children share it)")
     ap.add_argument("--contenders", default="triton,ours", help="Triton comparison contenders for 'all' (default both)")
+    ap.add_argument("--shapes", default="", help="suite/inductor: only these shapes (comma-separated names)")
     args = ap.parse_args()
     out = Path(args.out or args.dir or "runs/gpu-suite")
     out.mkdir(parents=True, exist_ok=True)
+    shapes = tuple(x for x in args.shapes.split(",") if x)
     if args.what == "all":
-        run_all(out, args.parts.split(","), args.budget, tuple(args.contenders.split(",")))
+        run_all(out, args.parts.split(","), args.budget, tuple(args.contenders.split(",")), shapes)
     elif args.what == "suite":
-        run_suite(out)
+        run_suite(out, shapes)
     elif args.what == "inductor":
-        run_inductor(out)
+        run_inductor(out, shapes)
     elif args.what == "triton":
         run_triton(out, args.contender, args.tag)
     else:

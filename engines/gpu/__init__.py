@@ -2,6 +2,7 @@
 
 torch.matmul   PyTorch's default GEMM path (the default candidate)
 torch.blas     GEMM with the BLAS library chosen and reduced-precision knobs
+torch.matmul_padded  GEMM on zero-padded aligned copies (odd M, N or K), as Inductor's pad_mm
 triton.gemm    a Triton GEMM with the tile knobs autotuners search
 torch.sdpa     attention with the backend forced (flash, efficient, cudnn, math) or auto
 torch.conv     cuDNN convolutions (fprop, dgrad, wgrad): layout, determinism, benchmark priming
@@ -10,10 +11,10 @@ torch and triton are imported only when an engine is used on a GPU device.
 """
 
 from .conv import TorchConv
-from .matmul import TorchBlas, TorchMatmul
+from .matmul import TorchBlas, TorchMatmul, TorchMatmulPadded
 from .sdpa import TorchSdpa
 from .triton_gemm import TritonGemm
 
-ENGINES = (TorchMatmul(), TorchBlas(), TritonGemm(), TorchSdpa(), TorchConv())
+ENGINES = (TorchMatmul(), TorchBlas(), TorchMatmulPadded(), TritonGemm(), TorchSdpa(), TorchConv())
 
 __all__ = ["ENGINES"]

@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from farm.device import Device
+from farm.dtypes import itemsize
 from farm.engine import Support
 from farm.knobs import Knob, KnobValue
 from farm.problem import Problem
 
-from ._common import GpuEngine, TorchPlan, flags, torch_module
+from ._common import GpuEngine, TorchPlan, flags, torch_dtype, torch_module
 
 
 def _matmul_fn(problem: Problem) -> Any:
@@ -105,3 +106,76 @@ class TorchBlas(_TorchMatmulBase):
                 torch.backends.cuda.preferred_blas_library(self.prev)
 
         return TorchPlan(_matmul_fn(problem), device, context=_Context)
+
+
+class TorchMatmulPadded(_TorchMatmulBase):
+    """torch.matmul on zero-padded copies whose sizes are multiples of ``multiple`` (Inductor's pad_mm).
+
+    An odd M, N or K leaves the BLAS library's leading dimensions unaligned and keeps it off
+    its fastest kernels; copying into aligned buffers, multiplying, and copying the result back
+    can cost less than it saves. The copies are part of every run, so they are measured too.
+    The padded buffers are held by the plan (``estimate_workspace`` counts them).
+    """
+
+    name = "torch.matmul_padded"
+    priority = 30
+    knobs = (Knob.int("multiple", 8, choices=(8, 16, 32, 64, 128),
+                      doc="pad M, N and K up to a multiple of this (zeros in K leave the product exact)"),)
+
+    def supports(self, problem: Problem, device: Device) -> Support:
+        base = super().supports(problem, device)
+        if not base:
+            return base
+        m, k, n = _mkn(problem)
+        if m % 8 == 0 and k % 8 == 0 and n % 8 == 0:
+            return Support.no(f"M={m}, K={k}, N={n} are aligned already (multiples of 8)")
+        return Support.yes()
+
+    def estimate_workspace(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> int:
+        return sum(_elements(shape) * itemsize(problem.tensor(t).dtype)
+                   for t, shape in zip(("A", "B", "C"), _padded_shapes(problem, int(knobs.get("multiple", 8)))))
+
+    def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
+        torch = torch_module()
+        where = torch.device("cuda", device.index)
+        a_shape, b_shape, c_shape = _padded_shapes(problem, int(knobs["multiple"]))
+        a_p = torch.zeros(a_shape, dtype=torch_dtype(problem.tensor("A").dtype), device=where)
+        b_p = torch.zeros(b_shape, dtype=torch_dtype(problem.tensor("B").dtype), device=where)
+        c_p = torch.empty(c_shape, dtype=torch_dtype(problem.tensor("C").dtype), device=where)
+        torch.cuda.current_stream(where).synchronize()  # the zeros are in place before any stream uses them
+        m, k, n = _mkn(problem)
+        has_bias = problem.has_tensor("bias")
+
+        def fn(t: Mapping[str, Any]) -> None:
+            a_p[..., :m, :k].copy_(t["A"])
+            b_p[..., :k, :n].copy_(t["B"])
+            torch.matmul(a_p, b_p, out=c_p)
+            if has_bias:
+                torch.add(c_p[..., :m, :n], t["bias"].reshape(-1), out=t["C"])
+            else:
+                t["C"].copy_(c_p[..., :m, :n])
+
+        settings = self._matmul_flags(problem)
+        plan = TorchPlan(fn, device, context=lambda: flags(torch.backends.cuda.matmul, **settings))
+        if plan.stream is not None:
+            for buf in (a_p, b_p, c_p):
+                buf.record_stream(plan.stream)  # freed only after the device stream is done with them
+        return plan
+
+
+def _mkn(problem: Problem) -> tuple[int, int, int]:
+    a, c = problem.tensor("A").dims, problem.tensor("C").dims
+    return a[-2], a[-1], c[-1]
+
+
+def _padded_shapes(problem: Problem, multiple: int) -> tuple[tuple[int, ...], ...]:
+    m, k, n = (-(-v // multiple) * multiple for v in _mkn(problem))
+    a, b = problem.tensor("A").dims, problem.tensor("B").dims
+    return (*a[:-2], m, k), (*b[:-2], k, n), (*a[:-2], m, n)
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    out = 1
+    for v in shape:
+        out *= v
+    return out
