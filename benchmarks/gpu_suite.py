@@ -148,9 +148,10 @@ def _inductor_fn(torch, p):
     return attention, ("Q", "K", "V", "O")
 
 
-def run_inductor(out: Path, shapes: tuple[str, ...] = ()) -> None:
+def run_inductor(out: Path, shapes: tuple[str, ...] = (), into_c: bool = False) -> None:
     """Inductor max-autotune per shape, first call timed, then side by side with our tuned winner
-    (from suite.json when the suite ran; otherwise the default path)."""
+    (from suite.json when the suite ran; otherwise the default path). ``into_c``: GEMMs also
+    compiled as ``c.copy_(a @ b)``, writing into the problem's own C layout as our engines do."""
     torch, dev, wl = _setup()
     import torch._dynamo
 
@@ -191,6 +192,22 @@ def run_inductor(out: Path, shapes: tuple[str, ...] = ()) -> None:
         print(f"inductor {wp.name:14s} first call {first:6.1f} s  {ms:.4f} ms  {rows[-1]['tflops']:.0f} TFLOP/s | "
               f"ours {label} {ours_ms:.4f} ms  ours/inductor time {ours_ms / ms:.3f} (rounds {lo:.3f}-{hi:.3f})",
               flush=True)
+        if p.op == "matmul" and into_c:
+            # a @ b lets Inductor choose the output's strides (it pads them for odd N); our problems fix
+            # C's layout, so also time Inductor writing into the problem's C
+            torch._dynamo.reset()
+            g = torch.compile(lambda a, b, c: c.copy_(a @ b), mode="max-autotune-no-cudagraphs", dynamic=False)
+            t0 = time.perf_counter()
+            with torch.cuda.stream(stream):
+                g(t["A"], t["B"], t["C"])
+            torch.cuda.synchronize()
+            into_first = time.perf_counter() - t0
+            ours_ms2, into_ms, lo2, hi2 = bench_pair(torch, dev, lambda: plan.run(t, ws, dev.stream),
+                                                     lambda: g(t["A"], t["B"], t["C"]))
+            rows[-1].update({"into_first_call_s": into_first, "into_ms": into_ms, "into_ours_ms": ours_ms2,
+                             "into_lo": lo2, "into_hi": hi2})
+            print(f"inductor {wp.name:14s} into C: first call {into_first:6.1f} s  {into_ms:.4f} ms | ours {ours_ms2:.4f} ms"
+                  f"  ours/inductor time {ours_ms2 / into_ms:.3f} (rounds {lo2:.3f}-{hi2:.3f})", flush=True)
         (out / "inductor.json").write_text(json.dumps(rows, indent=1))
 
 
@@ -273,7 +290,7 @@ def child(args: list[str], caches: Path, log: Path, timeout: float) -> None:
 
 
 def run_all(out: Path, parts: list[str], budget_s: float, contenders: tuple[str, ...] = ("triton", "ours"),
-            shapes: tuple[str, ...] = ()) -> None:
+            shapes: tuple[str, ...] = (), into_c: bool = False) -> None:
     caches = Path(tempfile.mkdtemp(prefix="suite-caches-"))
     log = out / "suite.log"
     t0 = time.time()
@@ -286,7 +303,8 @@ def run_all(out: Path, parts: list[str], budget_s: float, contenders: tuple[str,
                 child(["triton", "--contender", contender, "--tag", tag, "--out", str(out)], caches / contender, log,
                       left())
     if "inductor" in parts:
-        child(["inductor", "--out", str(out), "--shapes", ",".join(shapes)], caches / "inductor", log, left())
+        child(["inductor", "--out", str(out), "--shapes", ",".join(shapes), *(["--into-c"] if into_c else [])],
+              caches / "inductor", log, left())
     report(out)
 
 
@@ -298,8 +316,11 @@ def report(out: Path) -> None:
     suite = load("suite.json")
     ind = {r["name"]: r for r in load("inductor.json")}
     if suite:
-        print("\n| shape | problem | cand | tune s | winner | TFLOP/s | default TFLOP/s | speedup | Inductor first call s | Inductor TFLOP/s | winner / Inductor |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        into = any("into_ms" in x for x in ind.values())
+        print("\n| shape | problem | cand | tune s | winner | TFLOP/s | default TFLOP/s | speedup | Inductor first call s | "
+              "Inductor TFLOP/s | winner / Inductor |"
+              + (" Inductor into C first call s | Inductor into C TFLOP/s | winner / Inductor into C |" if into else ""))
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if into else ""))
         for r in suite:
             i = ind.get(r["name"])
             inductor = "- | - | -"
@@ -308,6 +329,11 @@ def report(out: Path) -> None:
                             f"({1 / i['ratio_hi']:.3f}-{1 / i['ratio_lo']:.3f})")
             elif i:
                 inductor = f"{i['first_call_s']:.1f} | {i['tflops']:.1f} | {r['winner_tflops'] / i['tflops']:.3f}"
+            if i and "into_ms" in i:
+                inductor += (f" | {i['into_first_call_s']:.1f} | {tflops(r['flops'], i['into_ms']):.1f} | "
+                             f"{i['into_ms'] / i['into_ours_ms']:.3f} ({1 / i['into_hi']:.3f}-{1 / i['into_lo']:.3f})")
+            elif any("into_ms" in x for x in ind.values()):
+                inductor += " | - | - | -"
             print(f"| {r['name']} | {r['label']} | {r['candidates']} | {r['tune_s']:.1f} | {r['winner']} | "
                   f"{r['winner_tflops']:.1f} | {r['default_tflops']:.1f} | {r['speedup']:.3f} | {inductor} |")
         geo = math.exp(sum(math.log(r["speedup"]) for r in suite) / len(suite))
@@ -340,16 +366,17 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for 'all' (children share it)")
     ap.add_argument("--contenders", default="triton,ours", help="Triton comparison contenders for 'all' (default both)")
     ap.add_argument("--shapes", default="", help="suite/inductor: only these shapes (comma-separated names)")
+    ap.add_argument("--into-c", action="store_true", help="inductor: also time GEMMs compiled to write into C")
     args = ap.parse_args()
     out = Path(args.out or args.dir or "runs/gpu-suite")
     out.mkdir(parents=True, exist_ok=True)
     shapes = tuple(x for x in args.shapes.split(",") if x)
     if args.what == "all":
-        run_all(out, args.parts.split(","), args.budget, tuple(args.contenders.split(",")), shapes)
+        run_all(out, args.parts.split(","), args.budget, tuple(args.contenders.split(",")), shapes, args.into_c)
     elif args.what == "suite":
         run_suite(out, shapes)
     elif args.what == "inductor":
-        run_inductor(out, shapes)
+        run_inductor(out, shapes, args.into_c)
     elif args.what == "triton":
         run_triton(out, args.contender, args.tag)
     else:

@@ -109,18 +109,22 @@ class TorchBlas(_TorchMatmulBase):
 
 
 class TorchMatmulPadded(_TorchMatmulBase):
-    """torch.matmul on zero-padded copies whose sizes are multiples of ``multiple`` (Inductor's pad_mm).
+    """torch.matmul on zero-padded copies with aligned leading dimensions (Inductor's pad_mm).
 
     An odd M, N or K leaves the BLAS library's leading dimensions unaligned and keeps it off
-    its fastest kernels; copying into aligned buffers, multiplying, and copying the result back
-    can cost less than it saves. The copies are part of every run, so they are measured too.
-    The padded buffers are held by the plan (``estimate_workspace`` counts them).
+    its fastest kernels. A and B are copied into buffers whose K and N extents are multiples of
+    ``multiple`` (zeros in the K padding leave the product exact); ``output`` says where the
+    product goes: ``direct`` writes it into C as laid out by the problem, ``padded`` into an
+    aligned buffer copied to C afterwards. The copies are part of every run, so they are
+    measured too. The buffers are held by the plan (``estimate_workspace`` counts them).
     """
 
     name = "torch.matmul_padded"
     priority = 30
     knobs = (Knob.int("multiple", 8, choices=(8, 16, 32, 64, 128),
-                      doc="pad M, N and K up to a multiple of this (zeros in K leave the product exact)"),)
+                      doc="pad K and N (and M for a padded output) up to a multiple of this"),
+             Knob.str("output", "direct", choices=("direct", "padded"),
+                      doc="write into C as it is, or into an aligned buffer copied to C"))
 
     def supports(self, problem: Problem, device: Device) -> Support:
         base = super().supports(problem, device)
@@ -132,34 +136,46 @@ class TorchMatmulPadded(_TorchMatmulBase):
         return Support.yes()
 
     def estimate_workspace(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> int:
-        return sum(_elements(shape) * itemsize(problem.tensor(t).dtype)
-                   for t, shape in zip(("A", "B", "C"), _padded_shapes(problem, int(knobs.get("multiple", 8)))))
+        shapes = _padded_shapes(problem, int(knobs.get("multiple", 8)), str(knobs.get("output", "direct")) == "padded")
+        return sum(_elements(shape) * itemsize(problem.tensor(t).dtype) for t, shape in zip(("A", "B", "C"), shapes))
 
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
         torch = torch_module()
         where = torch.device("cuda", device.index)
-        a_shape, b_shape, c_shape = _padded_shapes(problem, int(knobs["multiple"]))
+        padded_out = str(knobs["output"]) == "padded"
+        a_shape, b_shape, c_shape = _padded_shapes(problem, int(knobs["multiple"]), padded_out)
         a_p = torch.zeros(a_shape, dtype=torch_dtype(problem.tensor("A").dtype), device=where)
         b_p = torch.zeros(b_shape, dtype=torch_dtype(problem.tensor("B").dtype), device=where)
-        c_p = torch.empty(c_shape, dtype=torch_dtype(problem.tensor("C").dtype), device=where)
+        c_p = torch.empty(c_shape, dtype=torch_dtype(problem.tensor("C").dtype), device=where) if c_shape else None
         torch.cuda.current_stream(where).synchronize()  # the zeros are in place before any stream uses them
         m, k, n = _mkn(problem)
+        a_in, b_in = a_p[..., :m, :k], b_p[..., :k, :n]
+        a_mm, b_mm = a_p[..., :m, :], b_p[..., :, :n]  # K padded with zeros; leading dimensions aligned
         has_bias = problem.has_tensor("bias")
 
         def fn(t: Mapping[str, Any]) -> None:
-            a_p[..., :m, :k].copy_(t["A"])
-            b_p[..., :k, :n].copy_(t["B"])
-            torch.matmul(a_p, b_p, out=c_p)
-            if has_bias:
-                torch.add(c_p[..., :m, :n], t["bias"].reshape(-1), out=t["C"])
+            a_in.copy_(t["A"])
+            b_in.copy_(t["B"])
+            if c_p is not None:
+                torch.matmul(a_p, b_p, out=c_p)
+                if has_bias:
+                    torch.add(c_p[..., :m, :n], t["bias"].reshape(-1), out=t["C"])
+                else:
+                    t["C"].copy_(c_p[..., :m, :n])
+            elif has_bias:
+                if a_mm.dim() == 2:
+                    torch.addmm(t["bias"].reshape(-1), a_mm, b_mm, out=t["C"])
+                else:
+                    torch.add(torch.matmul(a_mm, b_mm), t["bias"].reshape(-1), out=t["C"])
             else:
-                t["C"].copy_(c_p[..., :m, :n])
+                torch.matmul(a_mm, b_mm, out=t["C"])
 
         settings = self._matmul_flags(problem)
         plan = TorchPlan(fn, device, context=lambda: flags(torch.backends.cuda.matmul, **settings))
         if plan.stream is not None:
             for buf in (a_p, b_p, c_p):
-                buf.record_stream(plan.stream)  # freed only after the device stream is done with them
+                if buf is not None:
+                    buf.record_stream(plan.stream)  # freed only after the device stream is done with them
         return plan
 
 
@@ -168,14 +184,17 @@ def _mkn(problem: Problem) -> tuple[int, int, int]:
     return a[-2], a[-1], c[-1]
 
 
-def _padded_shapes(problem: Problem, multiple: int) -> tuple[tuple[int, ...], ...]:
-    m, k, n = (-(-v // multiple) * multiple for v in _mkn(problem))
+def _padded_shapes(problem: Problem, multiple: int, padded_out: bool) -> tuple[tuple[int, ...], ...]:
+    """Buffer shapes for A, B and (padded output only; else ()) C."""
+    m, k, n = _mkn(problem)
+    up = lambda v: -(-v // multiple) * multiple  # noqa: E731
     a, b = problem.tensor("A").dims, problem.tensor("B").dims
-    return (*a[:-2], m, k), (*b[:-2], k, n), (*a[:-2], m, n)
+    rows = up(m) if padded_out else m
+    return (*a[:-2], rows, up(k)), (*b[:-2], up(k), up(n)), ((*a[:-2], up(m), up(n)) if padded_out else ())
 
 
 def _elements(shape: tuple[int, ...]) -> int:
-    out = 1
+    out = 1 if shape else 0
     for v in shape:
         out *= v
     return out
