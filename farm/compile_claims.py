@@ -60,8 +60,7 @@ class CompileQueue(Generic[T]):
 
     def __init__(self, items: Sequence[T], key: Callable[[T], str | None], *, directory: Path | None = None,
                  wait_s: float = 300.0) -> None:
-        self._pending = list(items)
-        self._key = key
+        self._pending = [(item, key(item)) for item in items]  # keys once, not on every take()
         self._dir = directory if directory is not None else claims_dir()
         self._wait_s = wait_s
         self._mutex = threading.Lock()
@@ -82,23 +81,19 @@ class CompileQueue(Generic[T]):
         with self._mutex:
             if self._closed or not self._pending:
                 return None
-            for i, item in enumerate(self._pending):
-                key = self._key(item)
-                if key is None:
-                    return self._pending.pop(i), Claim(None)
-                lock = self._lock(key)
+            for i, (item, key) in enumerate(self._pending):
+                lock = self._lock(key) if key is not None else None
                 if lock is None:
-                    return self._pending.pop(i), Claim(None)
+                    return self._pending.pop(i)[0], Claim(None)
                 try:
                     lock.acquire(timeout=0)
                 except Timeout:
                     self._deferred.add(id(item))
                     continue
                 except OSError:
-                    return self._pending.pop(i), Claim(None)
-                return self._pending.pop(i), Claim(lock)
-            item = self._pending.pop(0)
-            key = self._key(item)
+                    return self._pending.pop(i)[0], Claim(None)
+                return self._pending.pop(i)[0], Claim(lock)
+            item, key = self._pending.pop(0)
         lock = self._lock(key) if key is not None else None
         if lock is None:
             return item, Claim(None)
