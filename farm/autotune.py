@@ -496,7 +496,7 @@ class Autotuner:
             plan = engine.compile(self.problem, settings_to_resolved(engine, cand.spec.knobs, benchmarking=benchmarking), self.device)
         except Exception as exc:  # any compile failure is that candidate's, not the tuner's
             cand.error = f"{engine.name}: compile: {_err(exc)}"
-            return None
+            plan = None
         if not benchmarking:
             cand.plan = plan
             cand.compile_ms = (time.perf_counter() - t0) * 1e3
@@ -667,6 +667,9 @@ class _Run:
             log.warning("autotune: %s", cand.note)
 
     def _measure(self, cand: _Candidate) -> None:
+        # the candidate's own time starts here (its compile is counted apart): with compiles
+        # pipelined, the time since the batch began would include other candidates' work
+        cand.started, cand.started_at = time.perf_counter(), _now_iso()
         plan = cand.plan
         if plan is None:
             self._finish(cand, Disposition.FAILED_COMPILE, error=cand.error)
@@ -818,7 +821,7 @@ class _Run:
                 max_err: float | None = None) -> None:
         stats = summarize(samples)
         engine = cand.engine
-        spent = cand.spent_ms + (time.perf_counter() - cand.started) * 1e3 if cand.started else cand.spent_ms
+        spent = cand.spent_ms + (cand.compile_ms or 0.0) + ((time.perf_counter() - cand.started) * 1e3 if cand.started else 0.0)
         result = AutotuneResult(
             problem_key=self.t.problem.key,
             engine_id=cand.spec.engine_id,

@@ -106,8 +106,8 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("ran_exhaustive", pa.bool_(), "primed with the benchmarking knob"),
     ("supports_exhaustive", pa.bool_(), ""),
     ("max_rel_error", pa.float64(), "numerical check: relative error vs the reference"),
-    ("compile_ms", pa.float64(), ""),
-    ("tuning_ms", pa.float64(), "wall time spent on this candidate"),
+    ("compile_ms", pa.float64(), "time to compile this candidate's plan (a failed compile too)"),
+    ("tuning_ms", pa.float64(), "wall time spent on this candidate: priming, compile and measurement"),
 )
 FILE_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in COLUMNS],
                         metadata={b"tunefarm.schema_version": str(SCHEMA_VERSION).encode()})

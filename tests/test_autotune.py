@@ -502,3 +502,30 @@ def test_timed_loops_and_gil_heavy_compiles_take_turns():
     assert len(spans["heavy"]) == 4 and len(spans["timed"]) == 20
     overlaps = [(h, m) for h in spans["heavy"] for m in spans["timed"] if h[0] < m[1] and m[0] < h[1]]
     assert overlaps == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_tuning_time_is_each_candidates_own_not_the_time_since_the_batch_began(workers):
+    import time
+
+    class SlowCompile(FakeEngine):
+        def compile(self, problem, knobs, device):
+            time.sleep(0.08)
+            return super().compile(problem, knobs, device)
+
+    t = tuner_with(SlowCompile("slow", knobs=(TILE,)))
+    for tile in (16, 32, 64, 128):
+        t.add_engine("slow", {"tile": tile})
+    results = t.autotune(config=AutotuneConfig(strategy="single_shot", compile_workers=workers))
+    assert all(r.compile_ms >= 80 for r in results)
+    # each is its own 80 ms compile plus a quick measurement; counted from the batch's start, later
+    # candidates would carry the earlier ones' compiles too (160 ms and more)
+    assert all(r.compile_ms <= r.tuning_ms < r.compile_ms + 60 for r in results), [(r.compile_ms, r.tuning_ms) for r in results]
+
+
+def test_a_failed_compile_records_how_long_it_took():
+    t = tuner_with(FakeEngine("bad", fail_at="compile"), FakeEngine("good"))
+    t.add_engine("bad")
+    t.add_engine("good")
+    r = by_name(t.autotune(config=AutotuneConfig(strategy="single_shot")))["bad[default]"]
+    assert r.disposition is Disposition.FAILED_COMPILE and r.compile_ms is not None and r.tuning_ms >= r.compile_ms
