@@ -115,9 +115,13 @@ def run_suite(out: Path, shapes: tuple[str, ...] = ()) -> None:
             "winner_ms": ms[winner.label], "default": default.label, "default_ms": ms[default.label],
             "winner_tflops": tflops(p.flops, ms[winner.label]), "default_tflops": tflops(p.flops, ms[default.label]),
             "speedup": ms[default.label] / ms[winner.label],
+            # each engine's fastest candidate in tuning (median ms): what the winner beat
+            "best_per_engine": {r.engine_name: [r.label, r.median_ms] for r in sorted(ok, key=lambda r: -r.median_ms)},
         })
         print(f"{wp.name:14s} {len(results):3d} cand {tune_s:6.1f} s  winner {winner.label:60s} "
               f"{ms[winner.label]:.4f} ms  default {ms[default.label]:.4f} ms  x{rows[-1]['speedup']:.3f}", flush=True)
+        print("    best per engine (tuning median ms): " + ", ".join(
+            f"{label} {m:.4f}" for label, m in sorted(rows[-1]["best_per_engine"].values(), key=lambda x: x[1])), flush=True)
         (out / "suite.json").write_text(json.dumps(rows, indent=1))  # after every shape: a timeout keeps the rest
         tuner.close()
 
@@ -134,26 +138,42 @@ def bench_pair(torch, dev, ours, theirs, rounds: int = 6, n: int = 50) -> tuple[
     return sorted(a)[rounds // 2], sorted(b)[rounds // 2], ratios[0], ratios[-1]
 
 
-def _inductor_fn(torch, p):
-    """The same computation as our engines, for torch.compile: ``a @ b``, or SDPA into the output."""
-    if p.op == "matmul":
-        return (lambda a, b: a @ b), ("A", "B")
+def _inductor_sdpa(torch, p):
+    """The same call our SDPA engine makes, for torch.compile: attention written into O."""
     causal = bool(p.criteria_dict.get("causal"))
     gqa = {"enable_gqa": True} if p.tensor("Q").dims[1] != p.tensor("K").dims[1] else {}
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def attention(q, k, v, o):
-        o.copy_(sdpa(q, k, v, is_causal=causal, **gqa))  # our SDPA plans write into O as well
+        o.copy_(sdpa(q, k, v, is_causal=causal, **gqa))
 
     return attention, ("Q", "K", "V", "O")
 
 
+def _inductor_variants(p, into_c: bool) -> list[tuple[str, bool, bool]]:
+    """(label, force_shape_pad, into C) per Inductor compile of this problem. Odd GEMMs get Inductor's
+    padding forced as well (its own choice, ``pad_mm``, is a timing race that goes either way), and
+    every GEMM whose layout Inductor could choose differently also writes into the problem's C."""
+    if p.op != "matmul":
+        return [("sdpa into O", False, True)]
+    m, k = p.tensor("A").dims[-2:]
+    n = p.tensor("C").dims[-1]
+    odd = any(v % 8 for v in (m, k, n))
+    into = into_c or odd or not p.tensor("C").is_contiguous
+    out = [("a @ b", False, False)] + ([("a @ b, pad forced", True, False)] if odd else [])
+    if into:
+        out += [("into C", False, True)] + ([("into C, pad forced", True, True)] if odd else [])
+    return out
+
+
 def run_inductor(out: Path, shapes: tuple[str, ...] = (), into_c: bool = False) -> None:
     """Inductor max-autotune per shape, first call timed, then side by side with our tuned winner
-    (from suite.json when the suite ran; otherwise the default path). ``into_c``: GEMMs also
-    compiled as ``c.copy_(a @ b)``, writing into the problem's own C layout as our engines do."""
+    (from suite.json when the suite ran; otherwise the default path). Each variant of
+    ``_inductor_variants`` is compiled from scratch; an ``a @ b`` variant lets Inductor choose the
+    output's strides, so the row records them and whether they are C's."""
     torch, dev, wl = _setup()
     import torch._dynamo
+    from torch._inductor import config as inductor_config
 
     from farm.engine import default_engine_registry, settings_to_resolved
 
@@ -169,45 +189,39 @@ def run_inductor(out: Path, shapes: tuple[str, ...] = (), into_c: bool = False) 
             continue
         t = _operands(torch, p, dev)
         torch.backends.cuda.matmul.allow_tf32 = p.compute_dtype == "tf32"
-        torch._dynamo.reset()  # each shape tunes from scratch in this process (disk caches stay as they are)
-        fn, ids = _inductor_fn(torch, p)
-        f = torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
-        args = [t[i] for i in ids]
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.cuda.stream(stream):
-            f(*args)
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t0
         won = suite.get(wp.name)
         engine = registry.get(won["winner_engine"] if won else ("torch.matmul" if p.op == "matmul" else "torch.sdpa"))
         knobs = tuple(tuple(kv) for kv in won["winner_knobs"]) if won else ()
         plan = engine.compile(p, settings_to_resolved(engine, knobs), dev)
         ws = dev.runtime.malloc(plan.workspace_size) if plan.workspace_size else None
-        ours_ms, ms, lo, hi = bench_pair(torch, dev, lambda: plan.run(t, ws, dev.stream), lambda: f(*args))
         label = won["winner"] if won else f"{engine.name}[default]"
-        rows.append({"name": wp.name, "first_call_s": first, "ms": ms, "tflops": tflops(p.flops, ms),
-                     "ours": label, "ours_ms": ours_ms, "ours_tflops": tflops(p.flops, ours_ms),
-                     "ratio_lo": lo, "ratio_hi": hi})
-        print(f"inductor {wp.name:14s} first call {first:6.1f} s  {ms:.4f} ms  {rows[-1]['tflops']:.0f} TFLOP/s | "
-              f"ours {label} {ours_ms:.4f} ms  ours/inductor time {ours_ms / ms:.3f} (rounds {lo:.3f}-{hi:.3f})",
-              flush=True)
-        if p.op == "matmul" and into_c:
-            # a @ b lets Inductor choose the output's strides (it pads them for odd N); our problems fix
-            # C's layout, so also time Inductor writing into the problem's C
-            torch._dynamo.reset()
-            g = torch.compile(lambda a, b, c: c.copy_(a @ b), mode="max-autotune-no-cudagraphs", dynamic=False)
+        c_id = "C" if p.op == "matmul" else "O"
+        variants = []
+        for name, pad, into in _inductor_variants(p, into_c):
+            torch._dynamo.reset()  # each variant tunes from scratch in this process (disk caches stay as they are)
+            inductor_config.force_shape_pad = pad
+            if p.op == "matmul":
+                fn, ids = ((lambda a, b, c: c.copy_(a @ b)), ("A", "B", "C")) if into else ((lambda a, b: a @ b), ("A", "B"))
+            else:
+                fn, ids = _inductor_sdpa(torch, p)
+            f = torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
+            args = [t[i] for i in ids]
+            torch.cuda.synchronize()
             t0 = time.perf_counter()
             with torch.cuda.stream(stream):
-                g(t["A"], t["B"], t["C"])
+                result = f(*args)
             torch.cuda.synchronize()
-            into_first = time.perf_counter() - t0
-            ours_ms2, into_ms, lo2, hi2 = bench_pair(torch, dev, lambda: plan.run(t, ws, dev.stream),
-                                                     lambda: g(t["A"], t["B"], t["C"]))
-            rows[-1].update({"into_first_call_s": into_first, "into_ms": into_ms, "into_ours_ms": ours_ms2,
-                             "into_lo": lo2, "into_hi": hi2})
-            print(f"inductor {wp.name:14s} into C: first call {into_first:6.1f} s  {into_ms:.4f} ms | ours {ours_ms2:.4f} ms"
-                  f"  ours/inductor time {ours_ms2 / into_ms:.3f} (rounds {lo2:.3f}-{hi2:.3f})", flush=True)
+            first = time.perf_counter() - t0
+            strides = tuple(result.stride()) if p.op == "matmul" else p.tensor(c_id).strides
+            ours_ms, ms, lo, hi = bench_pair(torch, dev, lambda: plan.run(t, ws, dev.stream), lambda: f(*args))
+            variants.append({"variant": name, "first_call_s": first, "ms": ms, "tflops": tflops(p.flops, ms),
+                             "strides": list(strides), "same_layout": strides == p.tensor(c_id).strides,
+                             "ours_ms": ours_ms, "ratio_lo": lo, "ratio_hi": hi})
+            print(f"inductor {wp.name:14s} {name:20s} first call {first:6.1f} s  {ms:.4f} ms  "
+                  f"{variants[-1]['tflops']:.0f} TFLOP/s  strides {strides} | ours {label} {ours_ms:.4f} ms  "
+                  f"ours/inductor time {ours_ms / ms:.3f} (rounds {lo:.3f}-{hi:.3f})", flush=True)
+        inductor_config.force_shape_pad = False
+        rows.append({"name": wp.name, "ours": label, "c_strides": list(p.tensor(c_id).strides), "variants": variants})
         (out / "inductor.json").write_text(json.dumps(rows, indent=1))
 
 
@@ -245,9 +259,12 @@ def run_triton(out: Path, contender: str, tag: str) -> None:
             winner = best.label
             failed = sum(not r.succeeded for r in results)
         else:
-            from engines.gpu.triton_gemm import TritonGemm, _kernel
+            from engines.gpu.triton_gemm import GemmLayout, TritonGemm, _kernel
 
-            kernel = _kernel()
+            lay = GemmLayout.of(p)
+            # the constexprs our engine derives per configuration, derived by Triton's own heuristics here
+            kernel = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0,
+                                        "CONTIG_N": lambda a: lay.contig_n(a["BLOCK_N"])})(_kernel())
             tc = [triton.Config({k: v for k, v in c.items() if k not in ("num_warps", "num_stages")},
                                 num_warps=c["num_warps"], num_stages=c["num_stages"]) for c in configs]
             tuned = triton.autotune(configs=tc, key=["M", "N", "K"])(kernel)
@@ -308,32 +325,29 @@ def run_all(out: Path, parts: list[str], budget_s: float, contenders: tuple[str,
     report(out)
 
 
+def _best_same_layout(row):
+    """The fastest Inductor variant whose output has the problem's own strides (None: not run)."""
+    same = [v for v in (row or {}).get("variants", []) if v["same_layout"]]
+    return min(same, key=lambda v: v["ms"]) if same else None
+
+
 def report(out: Path) -> None:
     def load(name):
         path = out / name
         return json.loads(path.read_text()) if path.exists() else []
 
     suite = load("suite.json")
-    ind = {r["name"]: r for r in load("inductor.json")}
+    ind = {r["name"]: r for r in load("inductor.json") if "variants" in r}
     if suite:
-        into = any("into_ms" in x for x in ind.values())
         print("\n| shape | problem | cand | tune s | winner | TFLOP/s | default TFLOP/s | speedup | Inductor first call s | "
-              "Inductor TFLOP/s | winner / Inductor |"
-              + (" Inductor into C first call s | Inductor into C TFLOP/s | winner / Inductor into C |" if into else ""))
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if into else ""))
+              "Inductor TFLOP/s | winner / Inductor |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in suite:
-            i = ind.get(r["name"])
+            best = _best_same_layout(ind.get(r["name"]))
             inductor = "- | - | -"
-            if i and "ours_ms" in i:  # side by side in one process: time ratio, and its spread over rounds
-                inductor = (f"{i['first_call_s']:.1f} | {i['tflops']:.1f} | {i['ms'] / i['ours_ms']:.3f} "
-                            f"({1 / i['ratio_hi']:.3f}-{1 / i['ratio_lo']:.3f})")
-            elif i:
-                inductor = f"{i['first_call_s']:.1f} | {i['tflops']:.1f} | {r['winner_tflops'] / i['tflops']:.3f}"
-            if i and "into_ms" in i:
-                inductor += (f" | {i['into_first_call_s']:.1f} | {tflops(r['flops'], i['into_ms']):.1f} | "
-                             f"{i['into_ms'] / i['into_ours_ms']:.3f} ({1 / i['into_hi']:.3f}-{1 / i['into_lo']:.3f})")
-            elif any("into_ms" in x for x in ind.values()):
-                inductor += " | - | - | -"
+            if best:  # side by side in one process: time ratio, and its spread over rounds
+                inductor = (f"{best['first_call_s']:.1f} | {best['tflops']:.1f} | {best['ms'] / best['ours_ms']:.3f} "
+                            f"({1 / best['ratio_hi']:.3f}-{1 / best['ratio_lo']:.3f})")
             print(f"| {r['name']} | {r['label']} | {r['candidates']} | {r['tune_s']:.1f} | {r['winner']} | "
                   f"{r['winner_tflops']:.1f} | {r['default_tflops']:.1f} | {r['speedup']:.3f} | {inductor} |")
         geo = math.exp(sum(math.log(r["speedup"]) for r in suite) / len(suite))
@@ -342,6 +356,17 @@ def report(out: Path) -> None:
         failures = [(r["name"], f) for r in suite for f in r["failed"]]
         if failures:
             print(f"failed candidates: {len(failures)}, e.g. {failures[:3]}")
+    several = [r for r in ind.values() if len(r["variants"]) > 1]
+    if several:
+        print("\nInductor variants (the table above uses the fastest whose output has C's strides):\n")
+        print("| shape | our winner | Inductor variant | output strides | C's strides? | first call s | TFLOP/s | "
+              "winner / it |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in several:
+            for v in r["variants"]:
+                print(f"| {r['name']} | {r['ours']} | {v['variant']} | {tuple(v['strides'])} | "
+                      f"{'yes' if v['same_layout'] else 'no'} | {v['first_call_s']:.1f} | {v['tflops']:.1f} | "
+                      f"{v['ms'] / v['ours_ms']:.3f} ({1 / v['ratio_hi']:.3f}-{1 / v['ratio_lo']:.3f}) |")
     tri = [r for name in sorted(os.listdir(out)) if name.startswith("triton-") for r in load(name)]
     if tri:
         print("\n| shape | cache | Triton autotune s | ours s | time ratio (ours / Triton) | Triton winner ms | ours winner ms | ours / Triton |")
@@ -366,7 +391,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for 'all' (children share it)")
     ap.add_argument("--contenders", default="triton,ours", help="Triton comparison contenders for 'all' (default both)")
     ap.add_argument("--shapes", default="", help="suite/inductor: only these shapes (comma-separated names)")
-    ap.add_argument("--into-c", action="store_true", help="inductor: also time GEMMs compiled to write into C")
+    ap.add_argument("--into-c", action="store_true",
+                    help="inductor: also time aligned GEMMs compiled to write into C (odd ones always are)")
     args = ap.parse_args()
     out = Path(args.out or args.dir or "runs/gpu-suite")
     out.mkdir(parents=True, exist_ok=True)

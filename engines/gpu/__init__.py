@@ -4,6 +4,7 @@ torch.matmul   PyTorch's default GEMM path (the default candidate)
 torch.blas     GEMM with the BLAS library chosen and reduced-precision knobs
 torch.matmul_padded  GEMM on zero-padded aligned copies (odd M, N or K), as Inductor's pad_mm
 triton.gemm    a Triton GEMM with the tile knobs autotuners search
+triton.gemm_padded  the Triton GEMM on zero-padded aligned copies of A and B (odd K or N)
 torch.sdpa     attention with the backend forced (flash, efficient, cudnn, math) or auto
 torch.conv     cuDNN convolutions (fprop, dgrad, wgrad): layout, determinism, benchmark priming
 
@@ -13,8 +14,10 @@ torch and triton are imported only when an engine is used on a GPU device.
 from .conv import TorchConv
 from .matmul import TorchBlas, TorchMatmul, TorchMatmulPadded
 from .sdpa import TorchSdpa
-from .triton_gemm import TritonGemm
+from .triton_gemm import TritonGemm, TritonGemmPadded
 
-ENGINES = (TorchMatmul(), TorchBlas(), TorchMatmulPadded(), TritonGemm(), TorchSdpa(), TorchConv())
+_TRITON = TritonGemm()
+ENGINES = (TorchMatmul(), TorchBlas(), TorchMatmulPadded(), _TRITON, TritonGemmPadded(_TRITON.compile_pool), TorchSdpa(),
+           TorchConv())
 
 __all__ = ["ENGINES"]

@@ -13,6 +13,7 @@ import functools
 from typing import Any, Callable, Iterator, Mapping
 
 from farm.device import Device
+from farm.dtypes import itemsize
 from farm.engine import Support
 from farm.knobs import Knob, KnobValue
 from farm.problem import Problem
@@ -132,3 +133,54 @@ def empty_like_desc(problem: Problem, tid: str, device: Device) -> Any:
     torch = torch_module()
     t = problem.tensor(tid)
     return torch.empty_strided(t.dims, t.strides, dtype=torch_dtype(t.dtype), device=torch.device("cuda", device.index))
+
+
+def gemm_mkn(problem: Problem) -> tuple[int, int, int]:
+    """M, K, N of a matmul problem."""
+    a, c = problem.tensor("A").dims, problem.tensor("C").dims
+    return a[-2], a[-1], c[-1]
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+class ZeroPaddedAB:
+    """A and B copied into zero-filled device buffers of larger K and N extents (Inductor's pad_mm).
+
+    The zeros in the K padding leave the product over the padded K exact, and the
+    buffers' rows start aligned, so GEMM kernels can use vector loads. The buffers
+    are allocated once, when the plan is built; every run copies A and B in.
+    """
+
+    def __init__(self, problem: Problem, device: Device, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
+        torch = torch_module()
+        where = torch.device("cuda", device.index)
+        self.a = torch.zeros(a_shape, dtype=torch_dtype(problem.tensor("A").dtype), device=where)
+        self.b = torch.zeros(b_shape, dtype=torch_dtype(problem.tensor("B").dtype), device=where)
+        torch.cuda.current_stream(where).synchronize()  # the zeros are in place before any stream uses them
+        m, k, n = gemm_mkn(problem)
+        self._a_in, self._b_in = self.a[..., :m, :k], self.b[..., :k, :n]
+
+    @staticmethod
+    def nbytes(problem: Problem, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
+        return (elements(a_shape) * itemsize(problem.tensor("A").dtype)
+                + elements(b_shape) * itemsize(problem.tensor("B").dtype))
+
+    def copy_in(self, tensors: Mapping[str, Any]) -> None:
+        self._a_in.copy_(tensors["A"])
+        self._b_in.copy_(tensors["B"])
+
+    def keep_until_done(self, plan: "TorchPlan", *more: Any) -> None:
+        """The buffers are freed only after the plan's device stream is done with them."""
+        if plan.stream is not None:
+            for buf in (self.a, self.b, *more):
+                if buf is not None:
+                    buf.record_stream(plan.stream)
+
+
+def elements(shape: tuple[int, ...]) -> int:
+    out = 1 if shape else 0
+    for v in shape:
+        out *= v
+    return out

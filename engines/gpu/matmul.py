@@ -16,7 +16,7 @@ from farm.engine import Support
 from farm.knobs import Knob, KnobValue
 from farm.problem import Problem
 
-from ._common import GpuEngine, TorchPlan, flags, torch_dtype, torch_module
+from ._common import GpuEngine, TorchPlan, ZeroPaddedAB, elements, flags, gemm_mkn, round_up, torch_dtype, torch_module
 
 
 def _matmul_fn(problem: Problem) -> Any:
@@ -130,32 +130,30 @@ class TorchMatmulPadded(_TorchMatmulBase):
         base = super().supports(problem, device)
         if not base:
             return base
-        m, k, n = _mkn(problem)
+        m, k, n = gemm_mkn(problem)
         if m % 8 == 0 and k % 8 == 0 and n % 8 == 0:
             return Support.no(f"M={m}, K={k}, N={n} are aligned already (multiples of 8)")
         return Support.yes()
 
     def estimate_workspace(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> int:
-        shapes = _padded_shapes(problem, int(knobs.get("multiple", 8)), str(knobs.get("output", "direct")) == "padded")
-        return sum(_elements(shape) * itemsize(problem.tensor(t).dtype) for t, shape in zip(("A", "B", "C"), shapes))
+        a_shape, b_shape, c_shape = _padded_shapes(problem, int(knobs.get("multiple", 8)),
+                                                   str(knobs.get("output", "direct")) == "padded")
+        return ZeroPaddedAB.nbytes(problem, a_shape, b_shape) + elements(c_shape) * itemsize(problem.tensor("C").dtype)
 
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
         torch = torch_module()
-        where = torch.device("cuda", device.index)
         padded_out = str(knobs["output"]) == "padded"
         a_shape, b_shape, c_shape = _padded_shapes(problem, int(knobs["multiple"]), padded_out)
-        a_p = torch.zeros(a_shape, dtype=torch_dtype(problem.tensor("A").dtype), device=where)
-        b_p = torch.zeros(b_shape, dtype=torch_dtype(problem.tensor("B").dtype), device=where)
-        c_p = torch.empty(c_shape, dtype=torch_dtype(problem.tensor("C").dtype), device=where) if c_shape else None
-        torch.cuda.current_stream(where).synchronize()  # the zeros are in place before any stream uses them
-        m, k, n = _mkn(problem)
-        a_in, b_in = a_p[..., :m, :k], b_p[..., :k, :n]
+        ab = ZeroPaddedAB(problem, device, a_shape, b_shape)
+        c_p = (torch.empty(c_shape, dtype=torch_dtype(problem.tensor("C").dtype), device=torch.device("cuda", device.index))
+               if c_shape else None)
+        m, k, n = gemm_mkn(problem)
+        a_p, b_p = ab.a, ab.b
         a_mm, b_mm = a_p[..., :m, :], b_p[..., :, :n]  # K padded with zeros; leading dimensions aligned
         has_bias = problem.has_tensor("bias")
 
         def fn(t: Mapping[str, Any]) -> None:
-            a_in.copy_(t["A"])
-            b_in.copy_(t["B"])
+            ab.copy_in(t)
             if c_p is not None:
                 torch.matmul(a_p, b_p, out=c_p)
                 if has_bias:
@@ -172,29 +170,14 @@ class TorchMatmulPadded(_TorchMatmulBase):
 
         settings = self._matmul_flags(problem)
         plan = TorchPlan(fn, device, context=lambda: flags(torch.backends.cuda.matmul, **settings))
-        if plan.stream is not None:
-            for buf in (a_p, b_p, c_p):
-                if buf is not None:
-                    buf.record_stream(plan.stream)  # freed only after the device stream is done with them
+        ab.keep_until_done(plan, c_p)
         return plan
-
-
-def _mkn(problem: Problem) -> tuple[int, int, int]:
-    a, c = problem.tensor("A").dims, problem.tensor("C").dims
-    return a[-2], a[-1], c[-1]
 
 
 def _padded_shapes(problem: Problem, multiple: int, padded_out: bool) -> tuple[tuple[int, ...], ...]:
     """Buffer shapes for A, B and (padded output only; else ()) C."""
-    m, k, n = _mkn(problem)
-    up = lambda v: -(-v // multiple) * multiple  # noqa: E731
+    m, k, n = gemm_mkn(problem)
     a, b = problem.tensor("A").dims, problem.tensor("B").dims
-    rows = up(m) if padded_out else m
-    return (*a[:-2], rows, up(k)), (*b[:-2], up(k), up(n)), ((*a[:-2], up(m), up(n)) if padded_out else ())
-
-
-def _elements(shape: tuple[int, ...]) -> int:
-    out = 1 if shape else 0
-    for v in shape:
-        out *= v
-    return out
+    rows = round_up(m, multiple) if padded_out else m
+    kp, np_ = round_up(k, multiple), round_up(n, multiple)
+    return (*a[:-2], rows, kp), (*b[:-2], kp, np_), ((*a[:-2], round_up(m, multiple), np_) if padded_out else ())

@@ -13,15 +13,16 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from farm.device import Device
 from farm.engine import Support
 from farm.knobs import Knob, KnobValue
-from farm.problem import Problem
+from farm.problem import Problem, contiguous_strides
 from farm.timing import gil_heavy_section
 
-from ._common import TORCH_DTYPES, GpuEngine, TorchPlan, torch_module
+from ._common import TORCH_DTYPES, GpuEngine, TorchPlan, ZeroPaddedAB, gemm_mkn, round_up, torch_module
 
 _COMPILE_LOCK = threading.Lock()
 COMPILE_PROCS_ENV = "FARM_TRITON_COMPILE_PROCS"
@@ -121,10 +122,10 @@ def _kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
+    def gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, NB,
                     stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                     stride_cb, stride_cm, stride_cn,
-                    HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, TF32: tl.constexpr, EVEN_K: tl.constexpr, CONTIG_N: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
         pid = tl.program_id(0)
         batch = tl.program_id(1)
@@ -136,15 +137,21 @@ def _kernel() -> Any:
         pid_m = first_m + ((pid % in_group) % group_m)
         pid_n = (pid % in_group) // group_m
         rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M  # wrapped rows load valid memory; masked at the store
-        rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+        rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % NB  # NB >= N: B's columns a tile may read
+        if CONTIG_N:  # BLOCK_N divides NB: each tile reads one aligned run of B's row (vector loads)
+            rn = tl.max_contiguous(tl.multiple_of(rn, BLOCK_N), BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + batch * stride_ab + rm[:, None] * stride_am + rk[None, :] * stride_ak
         b_ptrs = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + rn[None, :] * stride_bn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
-            k_left = K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                k_left = K - k * BLOCK_K
+                a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
             if TF32:
                 acc = tl.dot(a, b, acc, input_precision="tf32")
             else:
@@ -152,7 +159,7 @@ def _kernel() -> Any:
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
         if HAS_BIAS:
-            bias = tl.load(bias_ptr + rn).to(tl.float32)
+            bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
             acc += bias[None, :]
         om = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         on = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -167,6 +174,35 @@ def _strides(dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int,
     return (strides[0] if len(dims) == 3 else 0, strides[-2], strides[-1])
 
 
+@dataclass(frozen=True)
+class GemmLayout:
+    """What the kernel reads and writes: sizes, (batch, row, column) strides, and ``n_b``, the
+    columns of B a tile may read (N, or the width of a padded copy; C gets N columns)."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    a: tuple[int, int, int]
+    b: tuple[int, int, int]
+    c: tuple[int, int, int]
+    n_b: int = 0  # 0: N
+
+    @classmethod
+    def of(cls, problem: Problem) -> "GemmLayout":
+        a, b, c = problem.tensor("A"), problem.tensor("B"), problem.tensor("C")
+        return cls(a.dims[-2], c.dims[-1], a.dims[-1], a.dims[0] if len(a.dims) == 3 else 1,
+                   _strides(a.dims, a.strides), _strides(b.dims, b.strides), _strides(c.dims, c.strides))
+
+    def contig_n(self, block_n: int) -> bool:
+        """Whether a tile's B column indices may be declared one contiguous, aligned run (vector loads):
+        B's rows are unit-stride and no tile wraps around (BLOCK_N divides the columns read)."""
+        return self.b[2] == 1 and (self.n_b or self.n) % block_n == 0
+
+    def scalars(self) -> tuple[int, ...]:
+        return (self.m, self.n, self.k, self.n_b or self.n, *self.a, *self.b, *self.c)
+
+
 class TritonGemm(GpuEngine):
     """matmul (plain, batched, +bias) in Triton; fp16 / bf16, or fp32 data with tf32 compute."""
 
@@ -175,8 +211,12 @@ class TritonGemm(GpuEngine):
     priority = 50
     supports_exhaustive = True
 
-    def __init__(self) -> None:
-        self._procs = _CompilePool()
+    def __init__(self, compile_pool: _CompilePool | None = None) -> None:
+        self._procs = compile_pool or _CompilePool()
+
+    @property
+    def compile_pool(self) -> _CompilePool:
+        return self._procs
 
     knobs = (
         Knob.int("BLOCK_M", 128, choices=(16, 32, 64, 128, 256)),
@@ -204,19 +244,20 @@ class TritonGemm(GpuEngine):
                 return Support.no(f"tensor {t.id} has no unit-stride dimension among its last two")
         return Support.yes()
 
-    def _call(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> tuple[tuple[int, ...], dict[str, Any], Any]:
-        import triton
+    def layout(self, problem: Problem) -> GemmLayout:
+        """The operands the kernel sees: the problem's own tensors."""
+        return GemmLayout.of(problem)
 
-        a, b, c = problem.tensor("A"), problem.tensor("B"), problem.tensor("C")
-        m, k, n = a.dims[-2], a.dims[-1], c.dims[-1]
-        batch = a.dims[0] if len(a.dims) == 3 else 1
-        grid = (triton.cdiv(m, int(knobs["BLOCK_M"])) * triton.cdiv(n, int(knobs["BLOCK_N"])), batch, 1)
+    def _call(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> tuple[tuple[int, ...], dict[str, Any], Any]:
+        lay = self.layout(problem)
+        block_n, block_k = int(knobs["BLOCK_N"]), int(knobs["BLOCK_K"])
+        grid = (-(-lay.m // int(knobs["BLOCK_M"])) * -(-lay.n // block_n), lay.batch, 1)
         meta = {"HAS_BIAS": problem.has_tensor("bias"), "TF32": problem.compute_dtype == "tf32",
-                "BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": int(knobs["BLOCK_N"]), "BLOCK_K": int(knobs["BLOCK_K"]),
+                "EVEN_K": lay.k % block_k == 0, "CONTIG_N": lay.contig_n(block_n),
+                "BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": block_n, "BLOCK_K": block_k,
                 "GROUP_M": int(knobs["GROUP_M"]), "num_warps": int(knobs["num_warps"]),
                 "num_stages": int(knobs["num_stages"])}
-        scalars = (m, n, k, *_strides(a.dims, a.strides), *_strides(b.dims, b.strides), *_strides(c.dims, c.strides))
-        return grid, meta, scalars
+        return grid, meta, lay.scalars()
 
     def prepare(self, device: Device) -> None:
         """Start the compile pool in the background; the farm calls this when a worker gets Triton work."""
@@ -233,8 +274,9 @@ class TritonGemm(GpuEngine):
         _, meta, scalars = self._call(problem, knobs)
         spec = "".join("1" if v == 1 else "D" if v % 16 == 0 else "." for v in scalars)
         cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
-        return "|".join((self.name, triton.__version__, cache, device.properties.arch, ",".join(self._dtype_names(problem)),
-                         ",".join(f"{k}={v}" for k, v in sorted(meta.items())), spec))
+        # "triton.gemm" for both engines: the padded one launches the same kernel binary
+        return "|".join(("triton.gemm", triton.__version__, cache, device.properties.arch,
+                         ",".join(self._dtype_names(problem)), ",".join(f"{k}={v}" for k, v in sorted(meta.items())), spec))
 
     @staticmethod
     def _dtype_names(problem: Problem) -> tuple[str, ...]:
@@ -242,7 +284,8 @@ class TritonGemm(GpuEngine):
         return tuple(TORCH_DTYPES[d] for d in (problem.tensor("A").dtype, problem.tensor("B").dtype,
                                                problem.tensor("C").dtype, bias))
 
-    def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
+    def _launcher(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> Any:
+        """Compile the configuration (pool or in-process) and return ``launch(A, B, C, bias)``."""
         kernel = _kernel()
         grid, meta, scalars = self._call(problem, knobs)
         names = self._dtype_names(problem)
@@ -270,11 +313,72 @@ class TritonGemm(GpuEngine):
         if callable(init):
             with gil_heavy_section():
                 init()  # loads the binary: too much shared memory or too many registers raise here, at compile time
-        has_bias = meta["HAS_BIAS"]
         launch = kernel[grid]
 
+        def run(a: Any, b: Any, c: Any, bias: Any) -> None:
+            launch(a, b, c, bias, *scalars, **meta)
+
+        return run
+
+    def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
+        launch = self._launcher(problem, knobs)
+        has_bias = problem.has_tensor("bias")
+
         def fn(t: Mapping[str, Any]) -> None:
-            bias = t["bias"] if has_bias else t["C"]
-            launch(t["A"], t["B"], t["C"], bias, *scalars, **meta)
+            launch(t["A"], t["B"], t["C"], t["bias"] if has_bias else t["C"])
 
         return TorchPlan(fn, device)
+
+
+class TritonGemmPadded(TritonGemm):
+    """The Triton GEMM on zero-padded copies of A and B, writing C in place (Inductor's pad_mm, fused
+    with the GEMM's own masked store instead of a copy out).
+
+    Where K or N is not a multiple of 16, or A's or B's rows do not start 16-element aligned, the
+    plain kernel cannot use vector loads. This engine copies A and B into buffers with K padded to
+    a multiple of 128 (the largest BLOCK_K: no K masks) and N to a multiple of 256 (the largest
+    BLOCK_N); C is written where the problem puts it. The copies are part of every run, measured
+    with the kernel; the buffers are held by the plan (``estimate_workspace`` counts them).
+    """
+
+    name = "triton.gemm_padded"
+    priority = 55
+    PAD_K, PAD_N = 128, 256
+
+    def supports(self, problem: Problem, device: Device) -> Support:
+        base = super().supports(problem, device)
+        if not base:
+            return base
+        lay = GemmLayout.of(problem)
+        if lay.k % 16 == 0 and lay.n % 16 == 0 and lay.a[1:] == (lay.k, 1) and lay.b[1:] == (lay.n, 1):
+            return Support.no(f"K={lay.k} and N={lay.n} are multiples of 16 with row-major A and B: nothing to align")
+        return Support.yes()
+
+    def _shapes(self, problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        m, k, n = gemm_mkn(problem)
+        kp, np_ = round_up(k, self.PAD_K), round_up(n, self.PAD_N)
+        return (*problem.tensor("A").dims[:-2], m, kp), (*problem.tensor("B").dims[:-2], kp, np_)
+
+    def layout(self, problem: Problem) -> GemmLayout:
+        a_shape, b_shape = self._shapes(problem)
+        own = GemmLayout.of(problem)
+        a_strides = contiguous_strides(a_shape)
+        b_strides = contiguous_strides(b_shape)
+        return GemmLayout(own.m, own.n, a_shape[-1], own.batch, _strides(a_shape, a_strides),
+                          _strides(b_shape, b_strides), own.c, n_b=b_shape[-1])
+
+    def estimate_workspace(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> int:
+        return ZeroPaddedAB.nbytes(problem, *self._shapes(problem))
+
+    def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
+        launch = self._launcher(problem, knobs)
+        ab = ZeroPaddedAB(problem, device, *self._shapes(problem))
+        has_bias = problem.has_tensor("bias")
+
+        def fn(t: Mapping[str, Any]) -> None:
+            ab.copy_in(t)
+            launch(ab.a, ab.b, t["C"], t["bias"] if has_bias else t["C"])
+
+        plan = TorchPlan(fn, device)
+        ab.keep_until_done(plan)
+        return plan

@@ -46,6 +46,8 @@ def assert_winner_correct(dev, t, problem):
 
 TRITON = EngineSweep("triton.gemm", {"BLOCK_M": [64, 128], "BLOCK_N": [64, 128], "num_stages": [3]},
                      {"BLOCK_K": 32, "num_warps": 4})
+TRITON_PADDED = EngineSweep("triton.gemm_padded", {"BLOCK_M": [64, 128]},
+                            {"BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3})
 BLAS = EngineSweep("torch.blas", {"backend": ["cublas", "cublaslt"], "reduced_precision": [0, 1]})
 
 
@@ -55,14 +57,20 @@ BLAS = EngineSweep("torch.blas", {"backend": ["cublas", "cublaslt"], "reduced_pr
     Problem.create("matmul", {"A": [3, 128, 64], "B": [3, 64, 200]}, dtype="fp16"),
     Problem.create("matmul", {"A": [200, 300], "B": {"dims": [300, 160], "strides": [1, 300]}}, compute_dtype="tf32"),
     Problem.create("matmul", {"A": [128, 256], "B": [256, 64]}),  # strict fp32: no Triton
+    Problem.create("matmul", {"A": [300, 129], "B": [129, 200], "C": {"dims": [300, 200], "strides": [208, 1]}},
+                   dtype="bf16"),  # C with a padded row stride, written in place
 ], ids=lambda p: p.label())
 def test_matmul_engines_correct_and_ranked(dev, problem):
-    t, results = tune(dev, problem, [TRITON, BLAS])
+    t, results = tune(dev, problem, [TRITON, TRITON_PADDED, BLAS])
     by_engine = {r.engine_name for r in results}
     assert {"torch.matmul", "torch.blas"} <= by_engine
-    assert ("triton.gemm" in by_engine) == (problem.dtype != "fp32" or problem.compute_dtype == "tf32")
+    triton = problem.dtype != "fp32" or problem.compute_dtype == "tf32"
+    assert ("triton.gemm" in by_engine) == triton
     odd = any(v % 8 for v in (*problem.tensor("A").dims[-2:], problem.tensor("C").dims[-1]))
     assert ("torch.matmul_padded" in by_engine) == odd  # padded copies only where some of M, K, N is unaligned
+    k, n = problem.tensor("A").dims[-1], problem.tensor("C").dims[-1]
+    unaligned = k % 16 or n % 16 or not problem.tensor("B").is_contiguous
+    assert ("triton.gemm_padded" in by_engine) == bool(triton and unaligned)
     bad = [(r.label, r.disposition.value, r.error) for r in results if not r.succeeded]
     assert not bad, bad
     mins = [r.min_ms for r in results]
