@@ -23,6 +23,7 @@ from farm.problem import Problem, contiguous_strides
 from farm.timing import gil_heavy_section
 
 from ._common import TORCH_DTYPES, GpuEngine, TorchPlan, ZeroPaddedAB, gemm_mkn, round_up, torch_module
+from .triton_pad import PadCopy
 
 _COMPILE_LOCK = threading.Lock()
 COMPILE_PROCS_ENV = "FARM_TRITON_COMPILE_PROCS"
@@ -337,8 +338,9 @@ class TritonGemmPadded(TritonGemm):
     Where K or N is not a multiple of 16, or A's or B's rows do not start 16-element aligned, the
     plain kernel cannot use vector loads. This engine copies A and B into buffers with K padded to
     a multiple of 128 (the largest BLOCK_K: no K masks) and N to a multiple of 256 (the largest
-    BLOCK_N); C is written where the problem puts it. The copies are part of every run, measured
-    with the kernel; the buffers are held by the plan (``estimate_workspace`` counts them).
+    BLOCK_N), with a Triton copy kernel (``triton_pad``); C is written where the problem puts it.
+    The copies are part of every run, measured with the GEMM; the buffers are held by the plan
+    (``estimate_workspace`` counts them).
     """
 
     name = "triton.gemm_padded"
@@ -373,10 +375,15 @@ class TritonGemmPadded(TritonGemm):
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
         launch = self._launcher(problem, knobs)
         ab = ZeroPaddedAB(problem, device, *self._shapes(problem))
+        copy_a, copy_b = PadCopy(problem.tensor("A"), ab.a), PadCopy(problem.tensor("B"), ab.b)
+        with _COMPILE_LOCK, gil_heavy_section():
+            copy_a.compile()
+            copy_b.compile()
         has_bias = problem.has_tensor("bias")
 
         def fn(t: Mapping[str, Any]) -> None:
-            ab.copy_in(t)
+            copy_a(t["A"])
+            copy_b(t["B"])
             launch(ab.a, ab.b, t["C"], t["bias"] if has_bias else t["C"])
 
         plan = TorchPlan(fn, device)
