@@ -6,7 +6,9 @@ Times, with the suite's ``bench`` (device events, L2 flushed, median of 100):
 the default path, each step of torch.matmul_padded (copies in, aligned GEMM,
 copy out), and the Triton GEMM engines (triton.gemm on the operands as they are,
 triton.gemm_padded on aligned copies) over a few tile configurations. A
-diagnostic, not a target check: gpu_suite.py checks the targets.
+diagnostic, not a target check: gpu_suite.py checks the targets. Last, the same
+GEMM into a C whose row stride is aligned (Inductor's padded layout), where
+torch.matmul_padded's split output writes C's aligned columns with cuBLAS.
 """
 
 from __future__ import annotations
@@ -104,6 +106,25 @@ def main() -> None:
             label = f"{name} {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
             timed(label, lambda: plan.run(tensors, None, dev.stream), lambda: c)
     print(f"Triton configurations took {time.perf_counter() - t0:.1f} s", flush=True)
+
+    # C with an aligned row stride (the layout Inductor's padded a @ b returns): the split output
+    ldc = -(-n // 8) * 8
+    c_ldc = torch.empty(m, ldc, **f16)[:, :n]
+    n_main = n - n % mult
+    timed(f"mm padded A, B[:, :{n_main}] into C[:, :{n_main}] (ldc {ldc})",
+          lambda: torch.matmul(a_p[:m], b_p[:, :n_main], out=c_ldc[:, :n_main]))
+    ldc_problem = Problem.create("matmul", {"A": [m, k], "B": [k, n], "C": {"dims": [m, n], "strides": [ldc, 1]}},
+                                 dtype="fp16")
+    ldc_tensors = {"A": a, "B": b, "C": c_ldc}
+    for name, knobs in [("torch.matmul_padded", dict(multiple=mult, output="split")),
+                        ("torch.matmul_padded", dict(multiple=8, output="split")),
+                        ("torch.matmul_padded", dict(multiple=mult, output="direct")),
+                        ("torch.matmul_padded", dict(multiple=8, output="padded")),
+                        ("triton.gemm_padded", dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_warps=4, num_stages=4,
+                                                    GROUP_M=8))]:
+        engine = registry.get(name)
+        plan = engine.compile(ldc_problem, settings_to_resolved(engine, tuple(knobs.items())), dev)
+        timed(f"C ldc {ldc}: {name} {knobs}", lambda: plan.run(ldc_tensors, None, dev.stream), lambda: c_ldc)
     (args.out / "probe.json").write_text(json.dumps(rows, indent=1))
 
 

@@ -1,7 +1,7 @@
 """The GPU GEMM engines' layout rules, checked without a GPU: what the Triton kernel is told and
 which buffers the padded engines allocate."""
 
-from engines.gpu.matmul import _padded_shapes
+from engines.gpu.matmul import TorchMatmulPadded, _padded_shapes
 from engines.gpu.triton_gemm import GemmLayout, TritonGemm, TritonGemmPadded
 from farm import Problem
 
@@ -51,5 +51,26 @@ def test_padded_triton_engine_reads_aligned_copies_and_writes_c_in_place():
 
 def test_padded_torch_engine_buffer_shapes():
     p = Problem.create("matmul", {"A": [2, 4095, 511], "B": [2, 511, 4097]}, dtype="fp16")
-    assert _padded_shapes(p, 64, False) == ((2, 4095, 512), (2, 512, 4160), ())
-    assert _padded_shapes(p, 8, True) == ((2, 4096, 512), (2, 512, 4104), (2, 4096, 4104))
+    assert _padded_shapes(p, 64, "direct") == ((2, 4095, 512), (2, 512, 4160), ())
+    assert _padded_shapes(p, 8, "padded") == ((2, 4096, 512), (2, 512, 4104), (2, 4096, 4104))
+    assert _padded_shapes(p, 64, "split") == ((2, 4095, 512), (2, 512, 4096), ())  # B's aligned columns only
+
+
+def test_split_output_applies_only_where_c_can_take_aligned_columns_in_place():
+    engine, dev = TorchMatmulPadded(), None
+    split = {"multiple": 64, "output": "split"}
+    ldc = Problem.create("matmul", {"A": [4095, 511], "B": [511, 4097], "C": {"dims": [4095, 4097], "strides": [4104, 1]}},
+                         dtype="fp16")
+    assert engine.knob_support(ldc, dev, split)
+    assert engine.knob_support(ldc, dev, {**split, "output": "direct"})
+    contiguous = Problem.create("matmul", {"A": [4095, 511], "B": [511, 4097]}, dtype="fp16")
+    no = engine.knob_support(contiguous, dev, split)
+    assert not no and "[4097, 1]" in no.reason  # row stride 4097: rows are not 16-byte aligned
+    fp32 = Problem.create("matmul", {"A": [95, 51], "B": [51, 97], "C": {"dims": [95, 97], "strides": [100, 1]}})
+    assert engine.knob_support(fp32, dev, {**split, "multiple": 16})  # 4 fp32 elements are 16 bytes
+    assert not engine.knob_support(fp32, dev, {**split, "multiple": 128})  # N < multiple: no aligned part
+    aligned_n = Problem.create("matmul", {"A": [95, 51], "B": [51, 128]}, dtype="fp16")
+    assert "no aligned part and tail" in engine.knob_support(aligned_n, dev, split).reason
+    batched = Problem.create("matmul", {"A": [2, 95, 51], "B": [51, 97]}, dtype="fp16")
+    assert "2-D problems only" in engine.knob_support(batched, dev, split).reason
+    assert engine.estimate_workspace(ldc, split) == (4095 * 512 + 512 * 4096) * 2

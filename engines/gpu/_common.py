@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import threading
 from typing import Any, Callable, Iterator, Mapping
 
 from farm.device import Device
@@ -17,10 +19,18 @@ from farm.dtypes import itemsize
 from farm.engine import Support
 from farm.knobs import Knob, KnobValue
 from farm.problem import Problem
+from farm.timing import gil_heavy_section
+
+from .triton_pad import PadAB
+
+log = logging.getLogger("farm.engines.gpu")
 
 GPU_VENDORS = frozenset({"nvidia", "amd"})
 TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8",
                 "int32": "int32"}
+# One Triton compile at a time in this process: the compiler holds the GIL and its in-process
+# caches are not meant for concurrent writers.
+TRITON_COMPILE_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=1)
@@ -150,26 +160,56 @@ class ZeroPaddedAB:
 
     The zeros in the K padding leave the product over the padded K exact, and the
     buffers' rows start aligned, so GEMM kernels can use vector loads. The buffers
-    are allocated once, when the plan is built; every run copies A and B in.
+    are allocated once, when the plan is built; every run copies A and B in: with the
+    Triton pad kernel (one launch, vector stores; ``use_pad_kernel``) where Triton is
+    there, else with torch's ``copy_``. ``b_shape``'s N extent may be smaller than B's
+    for a split GEMM (only the first columns are copied).
     """
 
     def __init__(self, problem: Problem, device: Device, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
         torch = torch_module()
         where = torch.device("cuda", device.index)
+        self.problem = problem
         self.a = torch.zeros(a_shape, dtype=torch_dtype(problem.tensor("A").dtype), device=where)
         self.b = torch.zeros(b_shape, dtype=torch_dtype(problem.tensor("B").dtype), device=where)
         torch.cuda.current_stream(where).synchronize()  # the zeros are in place before any stream uses them
         m, k, n = gemm_mkn(problem)
-        self._a_in, self._b_in = self.a[..., :m, :k], self.b[..., :k, :n]
+        n_in = min(n, b_shape[-1])
+        self._a_in, self._b_in = self.a[..., :m, :k], self.b[..., :k, :n_in]
+        self._b_cols = n_in
+        self._kernel: PadAB | None = None
+        self.tail_from: int | None = None
 
     @staticmethod
     def nbytes(problem: Problem, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
         return (elements(a_shape) * itemsize(problem.tensor("A").dtype)
                 + elements(b_shape) * itemsize(problem.tensor("B").dtype))
 
+    def use_pad_kernel(self, tail_from: int | None = None) -> bool:
+        """Copy with the Triton pad kernel, compiled now; False (torch copies stay) without Triton.
+
+        With ``tail_from``, ``copy_in`` also writes C's columns from there on (a split GEMM's tail).
+        """
+        if self.a.dim() > 3 or self.b.dim() > 3:
+            return False  # the kernel takes one batch dimension; torch's copy_ takes any
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            log.debug("no Triton: padded copies use torch's copy_")
+            return False
+        kernel = PadAB(self.problem, self.a, self.b, tail_from)
+        with TRITON_COMPILE_LOCK, gil_heavy_section():
+            kernel.compile(torch_dtype(self.problem.tensor("C").dtype))
+        self._kernel, self.tail_from = kernel, tail_from
+        return True
+
     def copy_in(self, tensors: Mapping[str, Any]) -> None:
+        """A and B into the buffers (and C's tail columns, where ``use_pad_kernel`` was given one)."""
+        if self._kernel is not None:
+            self._kernel(tensors["A"], tensors["B"], tensors["C"], tensors.get("bias"))
+            return
         self._a_in.copy_(tensors["A"])
-        self._b_in.copy_(tensors["B"])
+        self._b_in.copy_(tensors["B"][..., :self._b_cols])
 
     def keep_until_done(self, plan: "TorchPlan", *more: Any) -> None:
         """The buffers are freed only after the plan's device stream is done with them."""

@@ -115,7 +115,10 @@ class TorchMatmulPadded(_TorchMatmulBase):
     its fastest kernels. A and B are copied into buffers whose K and N extents are multiples of
     ``multiple`` (zeros in the K padding leave the product exact); ``output`` says where the
     product goes: ``direct`` writes it into C as laid out by the problem, ``padded`` into an
-    aligned buffer copied to C afterwards. The copies are part of every run, so they are
+    aligned buffer copied to C afterwards, ``split`` writes C's first N - N % multiple columns
+    with the library (aligned extent, C's own aligned row stride: its fast kernels) and the
+    last few with the Triton pad kernel, which computes them from the operands while it copies
+    (a second library call without Triton). The copies are part of every run, so they are
     measured too. The buffers are held by the plan (``estimate_workspace`` counts them).
     """
 
@@ -123,8 +126,9 @@ class TorchMatmulPadded(_TorchMatmulBase):
     priority = 30
     knobs = (Knob.int("multiple", 8, choices=(8, 16, 32, 64, 128),
                       doc="pad K and N (and M for a padded output) up to a multiple of this"),
-             Knob.str("output", "direct", choices=("direct", "padded"),
-                      doc="write into C as it is, or into an aligned buffer copied to C"))
+             Knob.str("output", "direct", choices=("direct", "padded", "split"),
+                      doc="write into C as it is, into an aligned buffer copied to C, or the aligned "
+                          "columns of C in place and the rest apart"))
 
     def supports(self, problem: Problem, device: Device) -> Support:
         base = super().supports(problem, device)
@@ -135,38 +139,67 @@ class TorchMatmulPadded(_TorchMatmulBase):
             return Support.no(f"M={m}, K={k}, N={n} are aligned already (multiples of 8)")
         return Support.yes()
 
+    def knob_support(self, problem: Problem, device: Device, knobs: Mapping[str, KnobValue]) -> Support:
+        if str(knobs.get("output", "direct")) != "split":
+            return Support.yes()
+        multiple = int(knobs.get("multiple", 8))
+        _, _, n = gemm_mkn(problem)
+        c = problem.tensor("C")
+        if len(c.dims) != 2:
+            return Support.no("output=split: 2-D problems only (torch would copy a batched strided output)")
+        if n % multiple == 0 or n < multiple:
+            return Support.no(f"output=split: N={n} has no aligned part and tail at multiple={multiple}")
+        aligned = 16 // itemsize(c.dtype)
+        if c.strides[1] != 1 or c.strides[0] % aligned:
+            return Support.no(f"output=split: C's strides {list(c.strides)} are not row-major with a 16-byte "
+                              "aligned row stride, so its columns cannot be written in place by aligned kernels")
+        return Support.yes()
+
     def estimate_workspace(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> int:
         a_shape, b_shape, c_shape = _padded_shapes(problem, int(knobs.get("multiple", 8)),
-                                                   str(knobs.get("output", "direct")) == "padded")
+                                                   str(knobs.get("output", "direct")))
         return ZeroPaddedAB.nbytes(problem, a_shape, b_shape) + elements(c_shape) * itemsize(problem.tensor("C").dtype)
 
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
         torch = torch_module()
-        padded_out = str(knobs["output"]) == "padded"
-        a_shape, b_shape, c_shape = _padded_shapes(problem, int(knobs["multiple"]), padded_out)
+        output = str(knobs["output"])
+        support = self.knob_support(problem, device, knobs)
+        if not support:
+            raise ValueError(support.reason)
+        a_shape, b_shape, c_shape = _padded_shapes(problem, int(knobs["multiple"]), output)
         ab = ZeroPaddedAB(problem, device, a_shape, b_shape)
         c_p = (torch.empty(c_shape, dtype=torch_dtype(problem.tensor("C").dtype), device=torch.device("cuda", device.index))
                if c_shape else None)
         m, k, n = gemm_mkn(problem)
+        n_main = b_shape[-1] if output == "split" else n
+        tail_in_kernel = ab.use_pad_kernel(tail_from=n_main if output == "split" else None)
         a_p, b_p = ab.a, ab.b
-        a_mm, b_mm = a_p[..., :m, :], b_p[..., :, :n]  # K padded with zeros; leading dimensions aligned
+        a_mm, b_mm = a_p[..., :m, :], b_p[..., :, :n_main]  # K padded with zeros; leading dimensions aligned
         has_bias = problem.has_tensor("bias")
+
+        def gemm_into(c: Any, a: Any, b: Any, bias: Any) -> None:
+            if bias is None:
+                torch.matmul(a, b, out=c)
+            elif a.dim() == 2:
+                torch.addmm(bias, a, b, out=c)
+            else:
+                torch.add(torch.matmul(a, b), bias, out=c)
 
         def fn(t: Mapping[str, Any]) -> None:
             ab.copy_in(t)
+            bias = t["bias"].reshape(-1) if has_bias else None
             if c_p is not None:
                 torch.matmul(a_p, b_p, out=c_p)
                 if has_bias:
-                    torch.add(c_p[..., :m, :n], t["bias"].reshape(-1), out=t["C"])
+                    torch.add(c_p[..., :m, :n], bias, out=t["C"])
                 else:
                     t["C"].copy_(c_p[..., :m, :n])
-            elif has_bias:
-                if a_mm.dim() == 2:
-                    torch.addmm(t["bias"].reshape(-1), a_mm, b_mm, out=t["C"])
-                else:
-                    torch.add(torch.matmul(a_mm, b_mm), t["bias"].reshape(-1), out=t["C"])
+            elif output == "split":
+                gemm_into(t["C"][:, :n_main], a_mm, b_mm, None if bias is None else bias[:n_main])
+                if not tail_in_kernel:
+                    gemm_into(t["C"][:, n_main:], t["A"], t["B"][:, n_main:], None if bias is None else bias[n_main:])
             else:
-                torch.matmul(a_mm, b_mm, out=t["C"])
+                gemm_into(t["C"], a_mm, b_mm, bias)
 
         settings = self._matmul_flags(problem)
         plan = TorchPlan(fn, device, context=lambda: flags(torch.backends.cuda.matmul, **settings))
@@ -174,10 +207,15 @@ class TorchMatmulPadded(_TorchMatmulBase):
         return plan
 
 
-def _padded_shapes(problem: Problem, multiple: int, padded_out: bool) -> tuple[tuple[int, ...], ...]:
-    """Buffer shapes for A, B and (padded output only; else ()) C."""
+def _padded_shapes(problem: Problem, multiple: int, output: str) -> tuple[tuple[int, ...], ...]:
+    """Buffer shapes for A, B and (padded output only; else ()) C.
+
+    A split output copies only B's first N - N % multiple columns (the library's part).
+    """
     m, k, n = gemm_mkn(problem)
     a, b = problem.tensor("A").dims, problem.tensor("B").dims
+    padded_out = output == "padded"
     rows = round_up(m, multiple) if padded_out else m
-    kp, np_ = round_up(k, multiple), round_up(n, multiple)
+    kp = round_up(k, multiple)
+    np_ = n - n % multiple if output == "split" else round_up(n, multiple)
     return (*a[:-2], rows, kp), (*b[:-2], kp, np_), ((*a[:-2], round_up(m, multiple), np_) if padded_out else ())

@@ -22,10 +22,8 @@ from farm.knobs import Knob, KnobValue
 from farm.problem import Problem, contiguous_strides
 from farm.timing import gil_heavy_section
 
-from ._common import TORCH_DTYPES, GpuEngine, TorchPlan, ZeroPaddedAB, gemm_mkn, round_up, torch_module
-from .triton_pad import PadCopy
+from ._common import TORCH_DTYPES, TRITON_COMPILE_LOCK, GpuEngine, TorchPlan, ZeroPaddedAB, gemm_mkn, round_up, torch_module
 
-_COMPILE_LOCK = threading.Lock()
 COMPILE_PROCS_ENV = "FARM_TRITON_COMPILE_PROCS"
 
 
@@ -300,16 +298,16 @@ class TritonGemm(GpuEngine):
                 except Exception:
                     pass  # the in-process compile below reports the real error
                 # a cache hit now; Triton's in-process compile is not thread-safe
-                with _COMPILE_LOCK, gil_heavy_section():
+                with TRITON_COMPILE_LOCK, gil_heavy_section():
                     compiled, done = kernel.warmup(*dtypes, *scalars, grid=grid, **meta), True
-            elif _COMPILE_LOCK.acquire(timeout=0.05):  # wake up now and then: the pool may have become ready
+            elif TRITON_COMPILE_LOCK.acquire(timeout=0.05):  # wake up now and then: the pool may have become ready
                 try:
                     with gil_heavy_section():
                         t0 = time.perf_counter()
                         compiled, done = kernel.warmup(*dtypes, *scalars, grid=grid, **meta), True
                         self._procs.saw_compile(time.perf_counter() - t0)
                 finally:
-                    _COMPILE_LOCK.release()
+                    TRITON_COMPILE_LOCK.release()
         init = getattr(compiled, "_init_handles", None)
         if callable(init):
             with gil_heavy_section():
@@ -338,7 +336,7 @@ class TritonGemmPadded(TritonGemm):
     Where K or N is not a multiple of 16, or A's or B's rows do not start 16-element aligned, the
     plain kernel cannot use vector loads. This engine copies A and B into buffers with K padded to
     a multiple of 128 (the largest BLOCK_K: no K masks) and N to a multiple of 256 (the largest
-    BLOCK_N), with a Triton copy kernel (``triton_pad``); C is written where the problem puts it.
+    BLOCK_N), with one launch of a Triton copy kernel (``triton_pad``); C is written where the problem puts it.
     The copies are part of every run, measured with the GEMM; the buffers are held by the plan
     (``estimate_workspace`` counts them).
     """
@@ -375,15 +373,11 @@ class TritonGemmPadded(TritonGemm):
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
         launch = self._launcher(problem, knobs)
         ab = ZeroPaddedAB(problem, device, *self._shapes(problem))
-        copy_a, copy_b = PadCopy(problem.tensor("A"), ab.a), PadCopy(problem.tensor("B"), ab.b)
-        with _COMPILE_LOCK, gil_heavy_section():
-            copy_a.compile()
-            copy_b.compile()
+        ab.use_pad_kernel()
         has_bias = problem.has_tensor("bias")
 
         def fn(t: Mapping[str, Any]) -> None:
-            copy_a(t["A"])
-            copy_b(t["B"])
+            ab.copy_in(t)
             launch(ab.a, ab.b, t["C"], t["bias"] if has_bias else t["C"])
 
         plan = TorchPlan(fn, device)

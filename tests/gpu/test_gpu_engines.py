@@ -49,6 +49,7 @@ TRITON = EngineSweep("triton.gemm", {"BLOCK_M": [64, 128], "BLOCK_N": [64, 128],
 TRITON_PADDED = EngineSweep("triton.gemm_padded", {"BLOCK_M": [64, 128]},
                             {"BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3})
 BLAS = EngineSweep("torch.blas", {"backend": ["cublas", "cublaslt"], "reduced_precision": [0, 1]})
+PADDED = EngineSweep("torch.matmul_padded", {"output": ["direct", "padded", "split"]}, {"multiple": 16})
 
 
 @pytest.mark.parametrize("problem", [
@@ -59,9 +60,13 @@ BLAS = EngineSweep("torch.blas", {"backend": ["cublas", "cublaslt"], "reduced_pr
     Problem.create("matmul", {"A": [128, 256], "B": [256, 64]}),  # strict fp32: no Triton
     Problem.create("matmul", {"A": [300, 129], "B": [129, 200], "C": {"dims": [300, 200], "strides": [208, 1]}},
                    dtype="bf16"),  # C with a padded row stride, written in place
+    Problem.create("matmul", {"A": [333, 255], "B": [255, 201], "bias": [201],
+                              "C": {"dims": [333, 201], "strides": [208, 1]}}, dtype="fp16"),  # split, with bias
+    Problem.create("matmul", {"A": [130, 67], "B": [67, 99], "C": {"dims": [130, 99], "strides": [104, 1]}},
+                   compute_dtype="tf32"),  # split in tf32
 ], ids=lambda p: p.label())
 def test_matmul_engines_correct_and_ranked(dev, problem):
-    t, results = tune(dev, problem, [TRITON, TRITON_PADDED, BLAS])
+    t, results = tune(dev, problem, [TRITON, TRITON_PADDED, BLAS, PADDED])
     by_engine = {r.engine_name for r in results}
     assert {"torch.matmul", "torch.blas"} <= by_engine
     triton = problem.dtype != "fp32" or problem.compute_dtype == "tf32"
@@ -71,12 +76,32 @@ def test_matmul_engines_correct_and_ranked(dev, problem):
     k, n = problem.tensor("A").dims[-1], problem.tensor("C").dims[-1]
     unaligned = k % 16 or n % 16 or not problem.tensor("B").is_contiguous
     assert ("triton.gemm_padded" in by_engine) == bool(triton and unaligned)
+    split = [r for r in results if r.engine_name == "torch.matmul_padded" and ("output", "split") in r.knobs]
+    c = problem.tensor("C")
+    ldc_aligned = len(c.dims) == 2 and c.strides[1] == 1 and c.strides[0] % 8 == 0 and c.dims[1] % 16
+    assert bool(split) == bool(odd and ldc_aligned)  # split only where C takes aligned columns in place
     bad = [(r.label, r.disposition.value, r.error) for r in results if not r.succeeded]
     assert not bad, bad
     mins = [r.min_ms for r in results]
     assert mins == sorted(mins) and [r.rank for r in results] == list(range(len(results)))
     assert all(r.max_rel_error is not None for r in results)
     assert_winner_correct(dev, t, problem)
+
+
+def test_padded_copies_without_triton_fall_back_to_torch(dev, monkeypatch):
+    """Without Triton (use_pad_kernel says False) the copies are torch's and split's tail is a
+    second library call: same results."""
+    from engines.gpu._common import ZeroPaddedAB
+
+    monkeypatch.setattr(ZeroPaddedAB, "use_pad_kernel", lambda self, tail_from=None: False)
+    p = Problem.create("matmul", {"A": [333, 255], "B": [255, 201], "bias": [201],
+                                  "C": {"dims": [333, 201], "strides": [208, 1]}}, dtype="fp16")
+    only = EngineSweep("torch.matmul_padded", {"output": ["direct", "padded", "split"]}, {"multiple": 16})
+    t = Autotuner(p, dev)
+    t.add_engine_sweep([only])
+    results = t.autotune(config=AutotuneConfig(check="reference", **FAST))
+    assert len(results) == 3 and all(r.succeeded for r in results), [(r.label, r.error) for r in results]
+    assert_winner_correct(dev, t, p)
 
 
 def test_triton_out_of_resources_is_a_failed_row(dev):
