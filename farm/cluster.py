@@ -553,7 +553,7 @@ def _drive(workload: Workload, job: JobDir, run: Any, handles: list[Any], infos:
                 for w in members:
                     if w in busy:
                         continue
-                    task = sched.next_task(sig)
+                    task = sched.next_task(sig, w)
                     if task is None:
                         break
                     wp = sched.problem_of(task)

@@ -5,7 +5,8 @@ Pure Python (no Ray), so it can be tested alone. For every (signature, problem):
 * the candidates not measured yet become one task, or several of at most
   ``shard_size`` candidates when there are more;
 * devices of the signature pull tasks as they free up (finalists first, then
-  retries, then the rest in workload order);
+  retries, then the rest in workload order, except that a device passes over
+  problems of a kernel family another device is running now: see ``kernel_family``);
 * when every candidate has a row and the successful ones were measured in more
   than one session (shards, a resumed job, retries after a crash), the top
   ``finalist_k`` of every session are measured again together in one
@@ -29,6 +30,17 @@ from .plans import PlanSpec
 from .workload import WorkloadProblem
 
 MAIN, FINALIST = "main", "finalist"
+
+
+def kernel_family(problem: WorkloadProblem) -> tuple[str, ...]:
+    """Problems of one family (op, storage and compute dtypes) tend to share JIT-compiled kernels.
+
+    Two devices starting such problems at once both wait for the same compiles (one compiles,
+    the other waits on its claim), where one device alone would compile once and then hit its
+    cache; so a device first takes work of a family no other device is running.
+    """
+    p = problem.problem
+    return (p.op, *sorted({t.dtype for t in p.tensors}), p.compute_dtype)
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,7 @@ class Scheduler:
         self._queues: dict[str, collections.deque[Task]] = {}
         self._urgent: dict[str, collections.deque[Task]] = {}
         self._problems: dict[tuple[str, int], _Problem] = {}
+        self._running: dict[int, tuple[object, tuple[str, ...]]] = {}  # task id: (device, kernel family)
         self.total = 0  # candidates to measure in the main round
         self.finished = 0  # of those, with a final row
         self.remeasured = 0  # finalist measurements
@@ -129,11 +142,25 @@ class Scheduler:
         return task
 
     # -- pulling ---------------------------------------------------------------------------
-    def next_task(self, signature: str) -> Task | None:
-        for queue in (self._urgent.get(signature), self._queues.get(signature)):
-            if queue:
-                return queue.popleft()
-        return None
+    def next_task(self, signature: str, device: object = None) -> Task | None:
+        """The next task for a free ``device`` of ``signature`` (urgent ones first, in order; then the
+        first main task whose kernel family no other device is running, else the first)."""
+        urgent, queue = self._urgent.get(signature), self._queues.get(signature)
+        if urgent:
+            task = urgent.popleft()
+        elif queue:
+            elsewhere = {fam for dev, fam in self._running.values() if dev != device}
+            pick = next((i for i, t in enumerate(queue) if self._family(t) not in elsewhere), 0)
+            task = queue[pick]
+            del queue[pick]
+        else:
+            return None
+        if device is not None:
+            self._running[task.id] = (device, self._family(task))
+        return task
+
+    def _family(self, task: Task) -> tuple[str, ...]:
+        return kernel_family(self.problem_of(task))
 
     def pending_tasks(self, signature: str | None = None) -> int:
         sigs = [signature] if signature else list(self._queues)
@@ -164,6 +191,7 @@ class Scheduler:
 
     def on_task_end(self, task: Task) -> None:
         """The task finished (every candidate reported)."""
+        self._running.pop(task.id, None)
         self._problems[(task.signature, task.problem)].outstanding -= 1
         self._settle(task)
 
@@ -174,6 +202,7 @@ class Scheduler:
 
         Returns the rows to write for candidates this failure settles.
         """
+        self._running.pop(task.id, None)
         state = self._problems[(task.signature, task.problem)]
         state.outstanding -= 1
         seen = set(reported)

@@ -146,3 +146,33 @@ def test_resume_skips_measured_candidates_and_adds_a_finalist_when_sessions_diff
 def test_invalid_settings():
     with pytest.raises(ValueError):
         Scheduler(shard_size=0)
+
+
+def test_a_device_passes_over_problems_of_a_kernel_family_another_device_is_running():
+    from farm.problem import Problem
+
+    def wp(i, dtype):
+        p = Problem.create("matmul", {"A": [64, 64], "B": [64, 64]}, dtype=dtype)
+        return WorkloadProblem(i, f"p{i}", p, EngineSelection())
+
+    s = Scheduler()
+    for i, dtype in enumerate(["bf16", "bf16", "fp16", "bf16", "fp32"]):
+        s.add_problem("sig", i, wp(i, dtype), cands(2))
+    first = s.next_task("sig", "gpu0")
+    second = s.next_task("sig", "gpu1")  # p1 shares p0's kernels: gpu1 starts the fp16 problem instead
+    assert (first.problem, second.problem) == (0, 2)
+    third = s.next_task("sig", "gpu0")  # bf16 again: its own family, its cache is warm
+    assert third.problem == 1
+    s.on_task_end(second)
+    assert s.next_task("sig", "gpu1").problem == 4  # bf16 is still running on gpu0
+    s.on_task_end(first)
+    s.on_task_end(third)
+    assert s.next_task("sig", "gpu1").problem == 3  # nothing of bf16 runs elsewhere now
+
+
+def test_when_every_task_is_of_a_family_running_elsewhere_the_first_is_taken():
+    s = Scheduler(shard_size=2)
+    s.add_problem("sig", 0, WP, cands(6))  # three shards of one problem: one family
+    a, b = s.next_task("sig", "gpu0"), s.next_task("sig", "gpu1")
+    assert (a.specs[0], b.specs[0]) == (cands(6)[0].spec, cands(6)[2].spec)  # in order: nobody idles
+    assert s.next_task("sig") is not None  # without a device: plain order
