@@ -163,6 +163,11 @@ class DeviceWorkerImpl:
         self._prepare(c.engine_name for cands in out.values() if not isinstance(cands, str) for c in cands)
         return out
 
+    def prepare(self, problems: Sequence[WorkloadProblem]) -> None:
+        """Before discovery: start what the engines the workload selects want for their compiles, so a
+        compile pool's start-up overlaps discovery instead of this worker's first task."""
+        self._prepare(e.name for e in self.registry if any(wp.engines.selects(e.name) for wp in problems))
+
     def _prepare(self, engine_names: Iterable[str]) -> None:
         """Let engines the tasks will use start what their compiles want (Triton's compile pool)
         in the background: a worker tunes many problems, so it pays once. Idempotent."""
@@ -491,6 +496,8 @@ def _drive(workload: Workload, job: JobDir, run: Any, handles: list[Any], infos:
     problems = list(enumerate(workload.problems))
     dataset = ResultsDataset(job.results) if job.results.exists() else None
     skipped: dict[str, dict[str, str]] = {}
+    for h in handles:  # ordered before discovery on each actor; nothing waits for it
+        h.prepare.remote([wp for _, wp in problems])
     for sig, members in by_sig.items():
         expanded = _expand(handles, members, problems, sig)
         prior = _prior_rows(dataset, sig)

@@ -182,7 +182,7 @@ def test_device_request_parsing(tmp_path):
 
 
 def test_every_worker_prepares_the_engines_its_tasks_use():
-    """Discovery runs on one worker per signature; the others prepare (start compile pools) at their first task."""
+    """Every worker prepares (starts compile pools) before discovery, and again at each task (idempotent)."""
     from fakes import FakeEngine, registry_of
 
     from farm.autotune import AutotuneConfig
@@ -206,3 +206,11 @@ def test_every_worker_prepares_the_engines_its_tasks_use():
     task = Task(1, other.device.signature, 0, tuple(c.spec for c in cands))
     items = list(other.run(task, wl.problems[0], cands, AutotuneConfig(strategy="single_shot"), 0, 0.0))
     assert prepared == ["jit", "jit"] and items[-1].error == ""
+    prepared.clear()
+    other.prepare(wl.problems)  # what the driver asks of every worker before discovery
+    assert prepared == ["jit"]
+    narrow = parse_workload({"name": "p", "engines": {"include": ["plain"]},
+                             "problems": [{"name": "mm", "op": "matmul", "tensors": {"A": [8, 4], "B": [4, 6]}}]},
+                            registry=registry)
+    other.prepare(narrow.problems)
+    assert prepared == ["jit"]  # an engine the workload does not select is left alone
