@@ -2,7 +2,8 @@
 
 torch.matmul   PyTorch's default GEMM path (the default candidate)
 torch.blas     GEMM with the BLAS library chosen and reduced-precision knobs
-torch.matmul_padded  GEMM on zero-padded aligned copies (odd M, N or K), as Inductor's pad_mm
+torch.matmul_padded  GEMM on zero-padded aligned copies (odd M, N or K), as Inductor's pad_mm, or
+                     split: aligned columns of C by the library, the rest by the pad kernel
 triton.gemm    a Triton GEMM with the tile knobs autotuners search
 triton.gemm_padded  the Triton GEMM on zero-padded aligned copies of A and B (odd K or N)
 torch.sdpa     attention with the backend forced (flash, efficient, cudnn, math) or auto
