@@ -174,11 +174,8 @@ class ZeroPaddedAB:
         self.b = torch.zeros(b_shape, dtype=torch_dtype(problem.tensor("B").dtype), device=where)
         torch.cuda.current_stream(where).synchronize()  # the zeros are in place before any stream uses them
         m, k, n = gemm_mkn(problem)
-        n_in = min(n, b_shape[-1])
-        self._a_in, self._b_in = self.a[..., :m, :k], self.b[..., :k, :n_in]
-        self._b_cols = n_in
+        self._a_in, self._b_in = self.a[..., :m, :k], self.b[..., :k, :min(n, b_shape[-1])]
         self._kernel: PadAB | None = None
-        self.tail_from: int | None = None
 
     @staticmethod
     def nbytes(problem: Problem, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
@@ -200,7 +197,7 @@ class ZeroPaddedAB:
         kernel = PadAB(self.problem, self.a, self.b, tail_from)
         with TRITON_COMPILE_LOCK, gil_heavy_section():
             kernel.compile(torch_dtype(self.problem.tensor("C").dtype))
-        self._kernel, self.tail_from = kernel, tail_from
+        self._kernel = kernel
         return True
 
     def copy_in(self, tensors: Mapping[str, Any]) -> None:
@@ -209,7 +206,7 @@ class ZeroPaddedAB:
             self._kernel(tensors["A"], tensors["B"], tensors["C"], tensors.get("bias"))
             return
         self._a_in.copy_(tensors["A"])
-        self._b_in.copy_(tensors["B"][..., :self._b_cols])
+        self._b_in.copy_(tensors["B"][..., :self._b_in.shape[-1]])
 
     def keep_until_done(self, plan: "TorchPlan", *more: Any) -> None:
         """The buffers are freed only after the plan's device stream is done with them."""

@@ -22,7 +22,8 @@ from farm.knobs import Knob, KnobValue
 from farm.problem import Problem, contiguous_strides
 from farm.timing import gil_heavy_section
 
-from ._common import TORCH_DTYPES, TRITON_COMPILE_LOCK, GpuEngine, TorchPlan, ZeroPaddedAB, gemm_mkn, round_up, torch_module
+from ._common import (TORCH_DTYPES, TRITON_COMPILE_LOCK, GpuEngine, TorchPlan, ZeroPaddedAB, gemm_mkn, round_up,
+                      torch_module)
 
 COMPILE_PROCS_ENV = "FARM_TRITON_COMPILE_PROCS"
 
@@ -336,8 +337,8 @@ class TritonGemmPadded(TritonGemm):
     Where K or N is not a multiple of 16, or A's or B's rows do not start 16-element aligned, the
     plain kernel cannot use vector loads. This engine copies A and B into buffers with K padded to
     a multiple of 128 (the largest BLOCK_K: no K masks) and N to a multiple of 256 (the largest
-    BLOCK_N), with one launch of a Triton copy kernel (``triton_pad``); C is written where the problem puts it.
-    The copies are part of every run, measured with the GEMM; the buffers are held by the plan
+    BLOCK_N), with one launch of a Triton copy kernel (``triton_pad``); C is written where the
+    problem puts it. The copies are part of every run, measured with the GEMM; the buffers are held by the plan
     (``estimate_workspace`` counts them).
     """
 
