@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from . import __version__
 from .autotune import AutotuneConfig, AutotuneResult, Autotuner
 from .device import Device, DeviceProperties
+from .engine import EngineRegistry
 from .errors import AutotuneError, FarmError, InputError
 from .job import JobDir
 from .reduce import ReduceReport, reduce_results
@@ -121,13 +122,17 @@ class TaskEnd:
 class DeviceWorkerImpl:
     """Holds one device, its runtime handle, properties and signature; tunes tasks on it."""
 
-    def __init__(self, kind: str, slot: int, sim: SimConfig | None = None) -> None:
+    def __init__(self, kind: str, slot: int, sim: SimConfig | None = None,
+                 problems: Sequence[WorkloadProblem] = (), registry: EngineRegistry | None = None) -> None:
         logging.basicConfig(level=logging.WARNING)
         self.kind = kind
-        self.device = _open(kind, slot, sim)
         from .engine import default_engine_registry
 
-        self.registry = default_engine_registry()
+        self.registry = registry or default_engine_registry()
+        # before the device opens (torch's import, CUDA's start: seconds), so a compile pool's
+        # processes start alongside it rather than during this worker's first task
+        self.prepare(problems)
+        self.device = _open(kind, slot, sim)
         self.name = f"{kind}:{self.device.properties.index}"
 
     def info(self) -> WorkerInfo:
@@ -164,18 +169,18 @@ class DeviceWorkerImpl:
         return out
 
     def prepare(self, problems: Sequence[WorkloadProblem]) -> None:
-        """Before discovery: start what the engines the workload selects want for their compiles, so a
-        compile pool's start-up overlaps discovery instead of this worker's first task."""
+        """Start what the engines the workload selects want for their compiles (the worker does this
+        as it starts, with the workload's problems)."""
         self._prepare(e.name for e in self.registry if any(wp.engines.selects(e.name) for wp in problems))
 
     def _prepare(self, engine_names: Iterable[str]) -> None:
-        """Let engines the tasks will use start what their compiles want (Triton's compile pool)
-        in the background: a worker tunes many problems, so it pays once. Idempotent."""
+        """Let engines the tasks will use start what their compiles want on this kind of device
+        (Triton's compile pool) in the background: a worker tunes many problems, so it pays once. Idempotent."""
         for name in sorted(set(engine_names)):
             prepare = getattr(self.registry.get(name), "prepare", None)
             if callable(prepare):
                 try:
-                    prepare(self.device)
+                    prepare(self.kind)
                 except Exception as exc:  # preparing is an optimisation; compiles work without it
                     log.warning("farm: preparing %s failed: %s", name, exc)
 
@@ -366,7 +371,7 @@ def run_farm(
         started_ray = True
     handles: list[Any] = []
     try:
-        handles, infos = _start_workers(request, settings)
+        handles, infos = _start_workers(request, settings, workload.problems)
         report = _drive(workload, job, run, handles, infos, request, settings, config, progress, progress_interval_s,
                         keep_results)
     except BaseException as exc:
@@ -405,7 +410,8 @@ def _init_ray(address: str | None, request: DeviceRequest) -> None:
     ray.init(num_cpus=cpus, include_dashboard=False, **kwargs)
 
 
-def _start_workers(request: DeviceRequest, settings: FarmSettings) -> tuple[list[Any], list[WorkerInfo]]:
+def _start_workers(request: DeviceRequest, settings: FarmSettings,
+                   problems: Sequence[WorkloadProblem] = ()) -> tuple[list[Any], list[WorkerInfo]]:
     import ray
 
     actor = ray.remote(DeviceWorkerImpl)
@@ -417,7 +423,8 @@ def _start_workers(request: DeviceRequest, settings: FarmSettings) -> tuple[list
         n = int(ray.cluster_resources().get("GPU", 0))
         if n < 1:
             raise FarmFailed("--devices gpu: the cluster has no GPUs")
-        handles = [actor.options(num_gpus=1, num_cpus=1, **opts).remote("gpu", i) for i in range(n)]
+        handles = [actor.options(num_gpus=1, num_cpus=1, **opts).remote("gpu", i, None, list(problems))
+                   for i in range(n)]
     elif kind == "cpu":
         n = request.count or 1
         handles = [actor.options(num_cpus=1, **opts).remote("cpu", i) for i in range(n)]
@@ -496,8 +503,6 @@ def _drive(workload: Workload, job: JobDir, run: Any, handles: list[Any], infos:
     problems = list(enumerate(workload.problems))
     dataset = ResultsDataset(job.results) if job.results.exists() else None
     skipped: dict[str, dict[str, str]] = {}
-    for h in handles:  # ordered before discovery on each actor; nothing waits for it
-        h.prepare.remote([wp for _, wp in problems])
     for sig, members in by_sig.items():
         expanded = _expand(handles, members, problems, sig)
         prior = _prior_rows(dataset, sig)

@@ -181,10 +181,12 @@ def test_device_request_parsing(tmp_path):
         DeviceRequest.parse("sim:/nonexistent.yaml")
 
 
-def test_every_worker_prepares_the_engines_its_tasks_use():
-    """Every worker prepares (starts compile pools) before discovery, and again at each task (idempotent)."""
+def test_every_worker_prepares_the_engines_its_tasks_use(monkeypatch):
+    """Every worker prepares (starts compile pools) as it starts, before its device opens, and again
+    at each task (idempotent); engines learn the worker's device kind."""
     from fakes import FakeEngine, registry_of
 
+    import farm.cluster as cluster
     from farm.autotune import AutotuneConfig
     from farm.cluster import DeviceWorkerImpl
     from farm.scheduler import Task
@@ -192,25 +194,33 @@ def test_every_worker_prepares_the_engines_its_tasks_use():
     prepared = []
 
     class Preparing(FakeEngine):
-        def prepare(self, device):
-            prepared.append(self.name)
+        def prepare(self, device_kind):
+            prepared.append((self.name, device_kind))
 
     registry = registry_of(Preparing("jit"), FakeEngine("plain"))
     wl = parse_workload({"name": "p", "problems": [{"name": "mm", "op": "matmul", "tensors": {"A": [8, 4], "B": [4, 6]}}]},
                         registry=registry)
-    discovering, other = DeviceWorkerImpl("cpu", 0), DeviceWorkerImpl("cpu", 1)
-    for w in (discovering, other):
-        w.registry = registry
+    opened = cluster._open
+
+    def open_after_prepare(*args):
+        assert prepared == [("jit", "cpu")], "the device opened before the engines were prepared"
+        return opened(*args)
+
+    monkeypatch.setattr(cluster, "_open", open_after_prepare)
+    starting = DeviceWorkerImpl("cpu", 0, problems=wl.problems, registry=registry)
+    monkeypatch.undo()
+    assert prepared == [("jit", "cpu")] and starting.registry is registry
+    prepared.clear()
+    discovering, other = DeviceWorkerImpl("cpu", 0, registry=registry), DeviceWorkerImpl("cpu", 1, registry=registry)
+    assert prepared == []  # no workload given: nothing to prepare
     cands = discovering.expand([(0, wl.problems[0])])[0]
-    assert prepared == ["jit"]
+    assert prepared == [("jit", "cpu")]
     task = Task(1, other.device.signature, 0, tuple(c.spec for c in cands))
     items = list(other.run(task, wl.problems[0], cands, AutotuneConfig(strategy="single_shot"), 0, 0.0))
-    assert prepared == ["jit", "jit"] and items[-1].error == ""
+    assert prepared == [("jit", "cpu")] * 2 and items[-1].error == ""
     prepared.clear()
-    other.prepare(wl.problems)  # what the driver asks of every worker before discovery
-    assert prepared == ["jit"]
     narrow = parse_workload({"name": "p", "engines": {"include": ["plain"]},
                              "problems": [{"name": "mm", "op": "matmul", "tensors": {"A": [8, 4], "B": [4, 6]}}]},
                             registry=registry)
     other.prepare(narrow.problems)
-    assert prepared == ["jit"]  # an engine the workload does not select is left alone
+    assert prepared == []  # an engine the workload does not select is left alone

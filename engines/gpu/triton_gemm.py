@@ -37,21 +37,29 @@ def _warmup_in_worker(dtypes: tuple[str, ...], scalars: tuple[int, ...], grid: t
 
 
 def _ready_in_worker() -> None:
-    """Import what a compile needs, so the pool's first real compile does not pay for it."""
-    import torch  # noqa: F401
+    """Import what a compile needs and compile one tiny configuration, so the process's first real
+    compile does not pay what every process pays once: Triton's hash of its own library (hundreds of
+    MB), the kernel's source hash, the driver's start and the backend's tool checks."""
+    import torch
 
-    _kernel()
+    kernel = _kernel()
+    try:
+        kernel.warmup(*[torch.float16] * 4, 32, 32, 32, 32, 0, 32, 1, 0, 32, 1, 0, 32, 1, grid=(4, 1, 1),
+                      HAS_BIAS=False, TF32=False, EVEN_K=True, CONTIG_N=True, BLOCK_M=16, BLOCK_N=16,
+                      BLOCK_K=16, GROUP_M=1, num_warps=1, num_stages=1)
+    except Exception:  # a warm-up, not a compile anyone waits for
+        pass
 
 
 class _CompilePool:
     """Worker processes that compile Triton configurations in parallel (as Inductor's compile workers do).
 
     Triton's compiler holds the GIL for most of its work, so threads would compile one at a time.
-    Compiles go to the pool once an in-process compile turned out slow (a cold disk cache) and the
-    pool's processes have imported torch and Triton; until then they stay in-process, so a pool
-    that is still starting never delays anything. The pool starts at the first slow compile, or
-    earlier when a farm worker calls ``start`` (TritonGemm.prepare). FARM_TRITON_COMPILE_PROCS
-    sets the size (default 4; 0 compiles in-process only).
+    The pool starts when a farm GPU worker starts (TritonGemm.prepare), or elsewhere at the first
+    slow in-process compile (a cold disk cache: a warm one never needs the pool). Compiles go to
+    the pool once its processes have imported torch and Triton; until then they stay in-process,
+    so a pool that is still starting never delays anything. FARM_TRITON_COMPILE_PROCS sets the
+    size (default 4; 0 compiles in-process only).
     """
 
     COLD_S = 0.25  # an in-process compile slower than this means the disk cache is cold
@@ -62,7 +70,6 @@ class _CompilePool:
         self._broken = False
         self._starting = False
         self._ready = threading.Event()
-        self.cold = False  # an in-process compile was slow: the disk cache lacks these kernels
 
     @staticmethod
     def size() -> int:
@@ -81,7 +88,6 @@ class _CompilePool:
     def saw_compile(self, seconds: float) -> None:
         """Record an in-process compile's duration; a slow one starts the pool in the background."""
         if seconds > self.COLD_S:
-            self.cold = True
             self.start()
 
     def _start(self) -> None:
@@ -105,9 +111,8 @@ class _CompilePool:
             self._broken = True
 
     def submit(self, *args: Any) -> Any:
-        """A future compiling in a pool process, or None (compile in-process): the cache is warm as far
-        as we know, or the pool is not ready yet."""
-        if not self.cold or not self._ready.is_set() or self._broken:
+        """A future compiling in a pool process, or None (compile in-process): no pool, or not ready yet."""
+        if not self._ready.is_set() or self._broken:
             return None
         try:
             return self._pool.submit(_warmup_in_worker, *args)
@@ -259,9 +264,12 @@ class TritonGemm(GpuEngine):
                 "num_stages": int(knobs["num_stages"])}
         return grid, meta, lay.scalars()
 
-    def prepare(self, device: Device) -> None:
-        """Start the compile pool in the background; the farm calls this when a worker gets Triton work."""
-        if device.vendor in ("nvidia", "amd"):
+    def prepare(self, device_kind: str) -> None:
+        """Start the compile pool in the background: a farm GPU worker whose workload selects this
+        engine calls this as it starts (``device_kind`` is the worker's kind: gpu, cpu or sim)."""
+        import importlib.util
+
+        if device_kind == "gpu" and importlib.util.find_spec("triton") is not None:
             self._procs.start()
 
     def compile_key(self, problem: Problem, knobs: Mapping[str, KnobValue], device: Device) -> str:
