@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from . import __version__
 from .autotune import AutotuneConfig, AutotuneResult, Autotuner
 from .device import Device, DeviceProperties
-from .engine import EngineRegistry
+from .engine import EngineRegistry, default_engine_registry
 from .errors import AutotuneError, FarmError, InputError
 from .job import JobDir
 from .reduce import ReduceReport, reduce_results
@@ -126,8 +126,6 @@ class DeviceWorkerImpl:
                  problems: Sequence[WorkloadProblem] = (), registry: EngineRegistry | None = None) -> None:
         logging.basicConfig(level=logging.WARNING)
         self.kind = kind
-        from .engine import default_engine_registry
-
         self.registry = registry or default_engine_registry()
         # before the device opens (torch's import, CUDA's start: seconds), so a compile pool's
         # processes start alongside it rather than during this worker's first task
