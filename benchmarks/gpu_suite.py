@@ -78,7 +78,6 @@ def run_suite(out: Path, shapes: tuple[str, ...] = ()) -> None:
     import numpy as np
 
     from farm.autotune import Autotuner
-    from farm.reduce import choose
     from farm.tuning import plan_specs_for
 
     torch, dev, wl = _setup()
@@ -92,12 +91,8 @@ def run_suite(out: Path, shapes: tuple[str, ...] = ()) -> None:
         t0 = time.perf_counter()
         results = tuner.autotune(config=wl.autotune, seed=wl.seed)
         tune_s = time.perf_counter() - t0
-        ok = [r for r in results if r.succeeded]
-        med = np.array([r.median_ms for r in ok])
-        mad = np.array([r.mad_ms or 0.0 for r in ok])
-        order = np.array([r.candidate for r in ok])
-        w, f, _, _ = choose(med, mad, order)
-        winner, default = ok[w], min((r for r in ok if not r.knobs), key=lambda r: r.candidate)
+        ok = [r for r in results if r.succeeded]  # ranked by the farm's winner rule (farm.winner)
+        winner, default = ok[0], min((r for r in ok if not r.knobs), key=lambda r: r.candidate)
         tensors = _operands(torch, p, dev)
         plans = {}
         for r in {winner.label: winner, default.label: default}.values():

@@ -44,6 +44,7 @@ from .plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection
 from .problem import Problem
 from .reference import has_reference, reference
 from .timing import StopRule, Strategy, summarize, timed_section
+from .winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide, is_noisy, noise_sigma
 
 log = logging.getLogger("farm.autotune")
 
@@ -554,6 +555,8 @@ class _Run:
         self._prebuilt = False
         self._baseline: dict[str, Any] | None = None
         self._baseline_source = ""
+        self._best: tuple[float, float] | None = None  # (median, MAD) of the fastest candidate so far
+        self._alone = False  # one candidate only: nothing to tie with
         self._tolerance = max(dtypes.RELATIVE_TOLERANCE.get(tuner.problem.compute_dtype, 1e-2),
                               max(dtypes.RELATIVE_TOLERANCE.get(tuner.problem.tensor(o).dtype, 1e-2)
                                   for o in tuner.problem.output_ids))
@@ -584,6 +587,7 @@ class _Run:
                 todo.append(cand)
         if not todo:
             return self.results
+        self._alone = len(todo) == 1
         if self.cfg.mode is TuneMode.EXHAUSTIVE:
             for cand in todo:
                 self._prime(cand)
@@ -717,19 +721,14 @@ class _Run:
         except Exception as exc:
             self._finish(cand, Disposition.FAILED_WARMUP, error=f"{cand.engine.name}: warmup: {_err(exc)}", workspace=ws)
             return
-        samples: list[float] = []
-        converged = False
         timed, per_call, note = self._timed_call(plan, workspace, cand)
+        samples: list[float] = []
         try:
-            with timed_section():  # compile threads of this process wait: see farm.timing
-                t0 = time.perf_counter()
-                while True:
-                    if self.cfg.cold_cache:
-                        dev.runtime.flush_l2(dev.stream)
-                    samples.append(dev.timer.measure(timed(len(samples))) / per_call)
-                    stop, converged = self.rule.done(samples, (time.perf_counter() - t0) * 1e3)
-                    if stop:
-                        break
+            converged = self._sample(timed, per_call, samples)
+            if self._noisy_near_top(samples):
+                # its noise would decide ties: measure again rather than promote or demote it on noise
+                converged = self._sample(timed, per_call, samples)
+                note = "; ".join(x for x in (note, f"noisy near the top: re-measured ({len(samples)} samples)") if x)
         except Exception as exc:
             self._finish(cand, Disposition.FAILED_RUN, error=f"{cand.engine.name}: run {len(samples) + 1}: {_err(exc)}",
                          workspace=ws, warmups=warmups, samples=samples, max_err=max_err)
@@ -738,18 +737,56 @@ class _Run:
                      converged=converged, max_err=max_err, error="; ".join(x for x in (cand.note, note) if x))
         self._plans[(cand.spec.engine_id, cand.spec.knobs)] = (cand.spec, cand.engine, plan)
 
+    def _sample(self, timed: Callable[[int], Callable[[], None]], per_call: int, samples: list[float]) -> bool:
+        """Timed runs appended to ``samples`` until the stop rule (counted from this call) says stop."""
+        dev = self.t.device
+        first = len(samples)
+        with timed_section():  # compile threads of this process wait: see farm.timing
+            t0 = time.perf_counter()
+            while True:
+                if self.cfg.cold_cache:
+                    dev.runtime.flush_l2(dev.stream)
+                samples.append(dev.timer.measure(timed(len(samples))) / per_call)
+                stop, converged = self.rule.done(samples[first:], (time.perf_counter() - t0) * 1e3)
+                if stop:
+                    return converged
+
+    def _noisy_near_top(self, samples: Sequence[float]) -> bool:
+        """Noisy, and within noise of (or faster than) the best candidate measured so far."""
+        if len(samples) < 3 or self._alone:
+            return False
+        stats = summarize(samples)
+        if stats.median is None or not is_noisy(np.array([stats.median]), np.array([stats.mad]))[0]:
+            return False
+        if self._best is None:
+            return True
+        best_median, best_mad = self._best
+        sigma = noise_sigma(np.array([best_mad, stats.mad]))
+        band = NOISE_SIGMAS * float(np.sqrt((sigma ** 2).sum())) + RELATIVE_FLOOR * best_median
+        return stats.median - best_median <= band
+
     def _timed_call(self, plan: Plan, workspace: Any, cand: _Candidate) -> tuple[Callable[[int], Callable[[], None]], int, str]:
         """(sample index -> the function one measurement times, runs per measurement, a note).
 
+        A plan with ``produce`` (it can return the library's own output) is timed that way, as replay
+        without ``out=`` runs it; its ``run`` (into the given outputs) is what the warm-up checks.
         With graph_repeats, one measurement is a replay of a device graph holding that many runs
         (the device must offer ``capture_graph``); a failed capture falls back to plain runs.
         """
         dev = self.t.device
+        produce = getattr(plan, "produce", None) if workspace is None else None
+        if produce is not None:
+            # what a replay without out= runs: the library's own output, no copy into a given one
+            def call(tensors: Mapping[str, Any]) -> None:
+                produce(tensors)
+        else:
+            def call(tensors: Mapping[str, Any]) -> None:
+                plan.run(tensors, workspace, dev.stream)
         repeats = self.cfg.graph_repeats
         capture = dev.extras.get("capture_graph")
         if repeats and capture is not None:
             try:
-                replay = capture(lambda: plan.run(self.tensors, workspace, dev.stream), repeats)
+                replay = capture(lambda: call(self.tensors), repeats)
                 return (lambda i: replay), repeats, ""
             except Exception as exc:
                 note = f"graph capture failed, timed without graphs: {_err(exc)}"
@@ -763,7 +800,7 @@ class _Run:
 
         def timed(i: int) -> Callable[[], None]:
             tensors = sets[i % len(sets)]
-            return lambda: plan.run(tensors, workspace, dev.stream)
+            return lambda: call(tensors)
 
         return timed, 1, note
 
@@ -852,6 +889,9 @@ class _Run:
             started_at=cand.started_at,
         )
         self.results.append(result)
+        if disposition is Disposition.SUCCEEDED and result.median_ms is not None:
+            if self._best is None or result.median_ms < self._best[0]:
+                self._best = (result.median_ms, result.mad_ms or 0.0)
         if disposition is Disposition.SUCCEEDED:
             log.info("autotune: %s: %.4f ms min, %.4f ms avg, %d iterations%s", result.label, result.min_ms,
                      result.avg_ms, result.iterations, ", converged" if converged else "")
@@ -877,7 +917,20 @@ class _Run:
 
 
 def _default_order(results: list[AutotuneResult]) -> list[AutotuneResult]:
-    return sorted(results, key=lambda r: r.min_ms if r.min_ms is not None else float("inf"))  # stable: ties keep spec order
+    """The farm's winner rule (farm.winner): the faster median wins; the default candidate is kept within noise."""
+    if not results:
+        return []
+    med = [r.median_ms if r.median_ms is not None else (r.min_ms if r.min_ms is not None else float("inf"))
+           for r in results]
+    d = decide(med, [r.mad_ms or 0.0 for r in results], [r.candidate for r in results],
+               default=_earliest_default(results))
+    return [results[i] for i in d.ranked]
+
+
+def _earliest_default(results: Sequence[AutotuneResult]) -> list[bool]:
+    defaults = [r.candidate for r in results if not r.knobs]
+    first = min(defaults) if defaults else None
+    return [not r.knobs and r.candidate == first for r in results]
 
 
 def _rank(results: list[AutotuneResult], ranking_fn: Callable[[list[AutotuneResult]], Any] | None) -> list[AutotuneResult]:
@@ -893,6 +946,6 @@ def _rank(results: list[AutotuneResult], ranking_fn: Callable[[list[AutotuneResu
                 raise ValueError("the ranking function must only reorder the results it was given")
             ordered = candidate
         except Exception as exc:
-            log.warning("autotune: ranking function failed (%s); ranked by min time instead", _err(exc))
+            log.warning("autotune: ranking function failed (%s); ranked by the winner rule instead", _err(exc))
     ranked = [replace(r, rank=i) for i, r in enumerate(ordered)]
     return ranked + [replace(r, rank=-1) for r in failed]

@@ -113,14 +113,15 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
             console.print(results_table(outcome, f"[{done}/{total}]"))
             console.print()
 
-    report = run_local(workload, out, device, registry, on_problem=show, reduce=not args.no_reduce, top_k=args.top_k)
+    report = run_local(workload, out, device, registry, on_problem=show, reduce=not args.no_reduce, top_k=args.top_k,
+                       incumbents=args.incumbents)
     if args.json:
         _print_json(local_dict(workload, out, device, report))
     else:
-        console.print(summary_table(report.outcomes, report.wall_s, _recorded_winners(report.reduce)))
-        console.print(where_table(out, report.job_id, report.run_id, report.rows_written, report.reduce))
-    failed = [o for o in report.outcomes if o.winner is None and o.error]
-    return 1 if failed and len(failed) == len(report.outcomes) else 0
+        console.print(summary_table(report.outcomes, report.wall_s,
+                                    lambda key: report.summary.winner(device.signature, key)))
+        console.print(where_table(out, report.summary))
+    return report.summary.exit_code
 
 
 def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
@@ -130,7 +131,7 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
 
     request = DeviceRequest.parse(args.devices)
     settings = FarmSettings(shard_size=args.shard_size, finalist_k=args.finalist_k,
-                            candidate_timeout_s=args.candidate_timeout)
+                            candidate_timeout_s=args.candidate_timeout, cpu_threads=args.cpu_threads)
     address = args.address or os.environ.get("RAY_ADDRESS") or None
     console = _console()
     view = None if args.json else ProgressView(console, workload.name, interval_s=args.progress_every)
@@ -141,36 +142,17 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     try:
         report = run_farm(workload, out, devices=request, address=address, settings=settings,
                           progress=view.update if view else None, reduce=not args.no_reduce, top_k=args.top_k,
-                          keep_results=True)
+                          keep_results=True, incumbents=args.incumbents)
     finally:
         if view is not None:
             view.close()
     if args.json:
         _print_json(farm_dict(workload, out, report))
     else:
-        for table in farm_tables(workload, report, _recorded_winners(report.reduce)):
+        for table in farm_tables(workload, report):
             console.print(table)
-        console.print(where_table(out, report.job_id, report.run_id, report.rows_written, report.reduce))
-    tuned = sum(len(v) for v in report.results.values())
-    return 0 if tuned or report.total == 0 else 1
-
-
-def _recorded_winners(reduce_report: Any) -> Any:
-    """problem -> override entry, from the files a reduce step wrote."""
-    from .overrides import load_overrides
-
-    files = [load_overrides(s.write.path) for s in (reduce_report.signatures if reduce_report else []) if s.write]
-
-    def lookup(problem: Any, signature: str | None = None) -> Any:
-        for f in files:
-            if signature is not None and f.device_signature != signature:
-                continue
-            entry = f.match(problem)
-            if entry is not None:
-                return entry
-        return None
-
-    return lookup
+        console.print(where_table(out, report.summary))
+    return report.summary.exit_code
 
 
 # -- farm reduce ----------------------------------------------------------------------------
@@ -178,7 +160,8 @@ def cmd_reduce(args: argparse.Namespace) -> int:
     from .reduce import reduce_results
     from .render import reduce_dict, reduce_table
 
-    report = reduce_results(args.results, args.out, top_k=args.top_k, mode=args.mode, tunableop_csv=args.tunableop_csv)
+    report = reduce_results(args.results, args.out, top_k=args.top_k, mode=args.mode, tunableop_csv=args.tunableop_csv,
+                            incumbents=args.incumbents)
     if args.json:
         _print_json(reduce_dict(report))
     else:
@@ -318,10 +301,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--finalist-k", type=_positive_int, default=3, help="finalists per shard (default 3)")
     p.add_argument("--candidate-timeout", type=float, default=120.0,
                    help="seconds without a result before a worker counts as hung and is restarted (default 120)")
+    p.add_argument("--cpu-threads", type=_positive_int, default=None,
+                   help="BLAS threads of each CPU worker (default: what production uses: this process's count on a "
+                        "local Ray instance, the host's usable cores on a cluster); part of the CPU device signature")
     p.add_argument("--progress-every", type=float, default=10.0,
                    help="seconds between progress lines when output is not a terminal (default 10)")
     p.add_argument("--top-k", type=int, default=3, help="ranking depth kept in the override metadata (default 3)")
     p.add_argument("--no-reduce", action="store_true", help="write results only, no override files")
+    p.add_argument("--incumbents", metavar="PATH",
+                   help="override file, folder or published root: its winners are kept when a new candidate "
+                        "is faster only within noise (default: none)")
     p.add_argument("--json", action="store_true", help="print results as JSON instead of tables")
     p.add_argument("--dry-run", action="store_true", help="validate and list the candidates, measure nothing")
     p.set_defaults(func=cmd_tune)
@@ -334,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="append: replace matching entries, keep the rest (default); replace: start over; "
                         "new: refuse to touch an existing file")
     p.add_argument("--tunableop-csv", action="store_true", help="also write TunableOp-style CSV files")
+    p.add_argument("--incumbents", metavar="PATH",
+                   help="override file, folder or published root: its winners are kept when a new candidate "
+                        "is faster only within noise (default: none)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_reduce)
 

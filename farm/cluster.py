@@ -28,9 +28,9 @@ from .autotune import AutotuneConfig, AutotuneResult, Autotuner
 from .device import Device, DeviceProperties
 from .engine import EngineRegistry, default_engine_registry
 from .errors import AutotuneError, FarmError, InputError
-from .job import JobDir
-from .reduce import ReduceReport, reduce_results
-from .results import MeasurementContext, ResultsDataset, ResultWriter, candidate_key, new_id, result_row, spec_of
+from .job import JobRun, JobSummary
+from .reduce import ReduceReport
+from .results import MeasurementContext, ResultsDataset, candidate_key, new_id, spec_of
 from .scheduler import FINALIST, Candidate, PriorRow, Scheduler, Task
 from .sim import SimConfig
 from .workload import Workload, WorkloadProblem
@@ -84,6 +84,7 @@ class FarmSettings:
     max_strikes: int = 2
     stream_interval_s: float = 0.02  # a worker sends what it has at least this often
     startup_timeout_s: float = 300.0
+    cpu_threads: int | None = None  # BLAS threads of a CPU worker (None: what production uses, see run_farm)
 
 
 @dataclass(frozen=True)
@@ -123,9 +124,16 @@ class DeviceWorkerImpl:
     """Holds one device, its runtime handle, properties and signature; tunes tasks on it."""
 
     def __init__(self, kind: str, slot: int, sim: SimConfig | None = None,
-                 problems: Sequence[WorkloadProblem] = (), registry: EngineRegistry | None = None) -> None:
+                 problems: Sequence[WorkloadProblem] = (), registry: EngineRegistry | None = None,
+                 cpu_threads: int | None = None) -> None:
         logging.basicConfig(level=logging.WARNING)
         self.kind = kind
+        if kind == "cpu":
+            # Ray starts an actor with OMP_NUM_THREADS=1; production runs with the host's threads, so
+            # measure with those (the count is part of the CPU's device signature: compute_units)
+            from .runtimes.cpu import _usable_cores, set_blas_threads
+
+            set_blas_threads(cpu_threads or _usable_cores())
         self.registry = registry or default_engine_registry()
         # before the device opens (torch's import, CUDA's start: seconds), so a compile pool's
         # processes start alongside it rather than during this worker's first task
@@ -174,13 +182,7 @@ class DeviceWorkerImpl:
     def _prepare(self, engine_names: Iterable[str]) -> None:
         """Let engines the tasks will use start what their compiles want on this kind of device
         (Triton's compile pool) in the background: a worker tunes many problems, so it pays once. Idempotent."""
-        for name in sorted(set(engine_names)):
-            prepare = getattr(self.registry.get(name), "prepare", None)
-            if callable(prepare):
-                try:
-                    prepare(self.kind)
-                except Exception as exc:  # preparing is an optimisation; compiles work without it
-                    log.warning("farm: preparing %s failed: %s", name, exc)
+        self.registry.prepare(engine_names, self.kind)
 
     def run(self, task: Task, wp: WorkloadProblem, candidates: Sequence[Candidate], config: AutotuneConfig,
             seed: int, stream_interval_s: float) -> Iterator[TaskStarted | list[AutotuneResult] | TaskEnd]:
@@ -315,13 +317,17 @@ class FarmReport:
     statuses: list[WorkerStatus]
     problems_skipped: dict[str, dict[str, str]]  # signature -> problem name -> why it was not tuned
     counts: dict[str, int]
-    rows_written: int
     wall_s: float
-    reduce: ReduceReport | None
     total: int
     remeasured: int
     tuning_s: float = 0.0  # from the workers' start to the last result (busy fractions are of this)
     results: dict[tuple[str, str], list[AutotuneResult]] = field(default_factory=dict)  # (signature, problem name)
+    summary: JobSummary | None = None  # how the run ended (set once it has)
+    reduce: ReduceReport | None = None
+
+    @property
+    def rows_written(self) -> int:
+        return self.summary.rows_written if self.summary else 0
 
 
 @dataclass
@@ -350,6 +356,7 @@ def run_farm(
     top_k: int = 3,
     job_id: str | None = None,
     keep_results: bool = False,
+    incumbents: str | None = None,
 ) -> FarmReport:
     """Tune ``workload`` on every device of the cluster (or a local one) into ``out``."""
     import ray
@@ -357,37 +364,37 @@ def run_farm(
     settings = settings or FarmSettings()
     request = DeviceRequest.parse(devices) if isinstance(devices, str) else devices
     config = config or workload.autotune
-    t0 = time.perf_counter()
-    job = JobDir(Path(out))
-    record, run = job.start(workload, {"executor": "ray", "devices": request.kind, "shard_size": settings.shard_size,
-                                       "finalist_k": settings.finalist_k,
-                                       "candidate_timeout_s": settings.candidate_timeout_s,
-                                       "address": address or "local"}, job_id)
+    jr = JobRun(out, workload, {"executor": "ray", "devices": request.kind, "shard_size": settings.shard_size,
+                                "finalist_k": settings.finalist_k, "candidate_timeout_s": settings.candidate_timeout_s,
+                                "address": address or "local", "incumbents": incumbents}, job_id)
     started_ray = False
-    if not ray.is_initialized():
-        _init_ray(address, request)
-        started_ray = True
     handles: list[Any] = []
     try:
+        if not ray.is_initialized():
+            _init_ray(address, request)
+            started_ray = True
+        if settings.cpu_threads is None and address is None:
+            from .runtimes.cpu import blas_threads_in_force
+
+            # the embedded instance runs on this host: production here runs with this process's threads
+            settings = dataclasses.replace(settings, cpu_threads=blas_threads_in_force())
         handles, infos = _start_workers(request, settings, workload.problems)
-        report = _drive(workload, job, run, handles, infos, request, settings, config, progress, progress_interval_s,
+        report = _drive(workload, jr, handles, infos, request, settings, config, progress, progress_interval_s,
                         keep_results)
     except BaseException as exc:
-        job.finish(record, run, state="failed", error=f"{type(exc).__name__}: {exc}")
+        jr.fail(exc)
         raise
     finally:
         _stop_workers(handles)
         if started_ray:
             ray.shutdown()
-    if reduce and job.results.exists():
-        report.reduce = reduce_results(job.results, job.overrides, top_k=top_k)
-    report.wall_s = time.perf_counter() - t0
-    job.finish(record, run, state="finished", rows_written=report.rows_written, counts=report.counts,
-               signatures=sorted({w.signature for w in report.workers}),
-               devices=[{"name": w.name, "host": w.host, "gpu_ids": list(w.gpu_ids), "signature": w.signature,
-                         "properties": w.properties.to_dict()} for w in report.workers],
-               workers=[dataclasses.asdict(s) for s in report.statuses],
-               skipped_problems=report.problems_skipped, wall_s=report.wall_s)
+    report.summary = jr.finish(
+        reduce=reduce, top_k=top_k,
+        devices=[{"name": w.name, "host": w.host, "gpu_ids": list(w.gpu_ids), "signature": w.signature,
+                  "properties": w.properties.to_dict()} for w in report.workers],
+        workers=[dataclasses.asdict(s) for s in report.statuses], skipped_problems=report.problems_skipped)
+    report.reduce = report.summary.reduce
+    report.wall_s = report.summary.wall_s
     return report
 
 
@@ -425,7 +432,8 @@ def _start_workers(request: DeviceRequest, settings: FarmSettings,
                    for i in range(n)]
     elif kind == "cpu":
         n = request.count or 1
-        handles = [actor.options(num_cpus=1, **opts).remote("cpu", i) for i in range(n)]
+        handles = [actor.options(num_cpus=1, **opts).remote("cpu", i, None, (), None, settings.cpu_threads)
+                   for i in range(n)]
     else:
         assert request.sim is not None
         n = request.sim.device_count
@@ -487,7 +495,7 @@ def _prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, lis
     return out
 
 
-def _drive(workload: Workload, job: JobDir, run: Any, handles: list[Any], infos: list[WorkerInfo],
+def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[WorkerInfo],
            request: DeviceRequest, settings: FarmSettings, config: AutotuneConfig,
            progress: Callable[[FarmStatus], None] | None, progress_interval_s: float, keep_results: bool) -> FarmReport:
     import ray
@@ -499,22 +507,24 @@ def _drive(workload: Workload, job: JobDir, run: Any, handles: list[Any], infos:
     statuses = [WorkerStatus(i.name, i.signature, i.properties.name, i.host, "idle") for i in infos]
     sched = Scheduler(shard_size=settings.shard_size, finalist_k=settings.finalist_k, max_strikes=settings.max_strikes)
     problems = list(enumerate(workload.problems))
+    job = jr.job
     dataset = ResultsDataset(job.results) if job.results.exists() else None
     skipped: dict[str, dict[str, str]] = {}
     for sig, members in by_sig.items():
+        jr.tuning(sig)
         expanded = _expand(handles, members, problems, sig)
         prior = _prior_rows(dataset, sig)
         for index, wp in problems:
             cands = expanded[index]
             if isinstance(cands, str):
                 skipped.setdefault(sig, {})[wp.name] = cands
+                jr.skip(sig, wp.name, cands)
                 continue
             sched.add_problem(sig, index, wp, cands, prior.get(wp.problem.key, ()))
-    counts: dict[str, int] = {}
+    counts = jr.counts
     results: dict[tuple[str, str], list[AutotuneResult]] = {}
     running: dict[Any, _Running] = {}
     busy: set[int] = set()
-    writer = ResultWriter(job.results, run.run_id)
     last_progress_call = 0.0
 
     def status(phase: str = "tuning") -> FarmStatus:
@@ -524,9 +534,8 @@ def _drive(workload: Workload, job: JobDir, run: Any, handles: list[Any], infos:
 
     def write(r: _Running, rows: Sequence[AutotuneResult]) -> None:
         wp = sched.problem_of(r.task)
-        writer.append(result_row(x, wp.problem, wp.name, run, r.where) for x in rows)
+        jr.write((x, wp, r.where) for x in rows)
         for x in rows:
-            counts[x.disposition.value] = counts.get(x.disposition.value, 0) + 1
             sched.on_result(r.task, x, r.where.session_id if r.where else "")
             if keep_results:
                 results.setdefault((r.task.signature, wp.name), []).append(x)
@@ -612,7 +621,7 @@ def _drive(workload: Workload, job: JobDir, run: Any, handles: list[Any], infos:
                     continue
                 if isinstance(item, TaskEnd):
                     if r.where is not None:
-                        writer.set_ranks(r.where.session_id, item.ranks)
+                        jr.set_ranks(r.where.session_id, item.ranks)
                     if item.error:
                         log.warning("farm: task %d on %s failed: %s", r.task.id, statuses[r.worker].name, item.error)
                     unreported = {s for s in r.task.specs} - {x.spec for x in r.reported}
@@ -637,12 +646,12 @@ def _drive(workload: Workload, job: JobDir, run: Any, handles: list[Any], infos:
                 last_progress_call = now
                 progress(status())
     finally:
-        writer.close()
+        jr.writer.flush()
     if progress is not None:
         progress(status("done"))
     tuning = time.perf_counter() - t0
-    return FarmReport(run.job_id, run.run_id, infos, statuses, skipped, counts, writer.rows_written, wall_s=tuning,
-                      reduce=None, total=sched.total, remeasured=sched.remeasured, tuning_s=tuning, results=results)
+    return FarmReport(jr.run.job_id, jr.run.run_id, infos, statuses, skipped, counts, wall_s=tuning,
+                      total=sched.total, remeasured=sched.remeasured, tuning_s=tuning, results=results)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -2,17 +2,21 @@
 
     farm diff runs/before/results runs/after/results     # per signature and problem
     farm diff old/<sig>.json new/<sig>.json              # override files, by match key
+
+Both kinds compare the same thing, the reducer's decision (farm.winner): a results folder is
+decided the way ``farm tune`` decided it (with its job's incumbents), an override file holds the
+decision already. So the diff of two run folders and the diff of their override files agree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Hashable
 
 from .errors import InputError
 
-NEAR_TIE = 0.03  # winners of two result sets within 3 % of each other count as a tie
+NEAR_TIE = 0.03  # a changed winner within 3 % of the old one's time counts as a near tie
 STATUSES = ("added", "removed", "winner changed", "near tie", "same winner")
 
 
@@ -32,15 +36,25 @@ class DiffRow:
         return self.new_ms / self.old_ms if self.old_ms and self.new_ms else None
 
 
+@dataclass(frozen=True)
+class _Side:
+    """One problem's winner on one side: where it is, what it is called, what it runs, its median time."""
+
+    signature: str
+    problem: str
+    winner: str  # engine[knobs]
+    ms: float | None
+
+
 def diff_paths(a: str | Path, b: str | Path) -> list[DiffRow]:
     pa, pb = Path(a), Path(b)
     for p in (pa, pb):
         if not p.exists():
             raise InputError("not found", source=str(p))
     if pa.is_file() and pb.is_file():
-        return _diff_overrides(pa, pb)
+        return compare(_from_overrides(pa), _from_overrides(pb))
     if pa.is_dir() and pb.is_dir():
-        return _diff_results(_results_dir(pa), _results_dir(pb))
+        return compare(_from_results(_results_dir(pa)), _from_results(_results_dir(pb)))
     raise InputError("compare two override files or two results folders, not one of each", source=f"{pa} vs {pb}")
 
 
@@ -48,44 +62,38 @@ def _results_dir(p: Path) -> Path:
     return p / "results" if (p / "results").is_dir() else p  # a run folder works too
 
 
-def _diff_overrides(a: Path, b: Path) -> list[DiffRow]:
+def _from_overrides(path: Path) -> dict[Hashable, _Side]:
     from .overrides import load_overrides
-    from .publish import diff_entries
-
-    fa, fb = load_overrides(a), load_overrides(b)
-    sig = fb.device_signature or fa.device_signature or ""
-    added, changed, removed, _ = diff_entries(fa.entries, fb.entries)
-    rows = [DiffRow(sig, c.key, "added", "", c.new_engine, None, c.new_ms) for c in added]
-    rows += [DiffRow(sig, c.key, "winner changed", c.old_engine, c.new_engine, c.old_ms, c.new_ms) for c in changed]
-    rows += [DiffRow(sig, c.key, "removed", c.old_engine, "", c.old_ms, None) for c in removed]
-    old_by = {e.match_key(): e for e in fa.entries}
     from .publish import _desc, _label, _ms
 
-    for e in fb.entries:
-        o = old_by.get(e.match_key())
-        if o is not None and (o.engine_name, o.knobs) == (e.engine_name, e.knobs):
-            rows.append(DiffRow(sig, _label(e), "same winner", _desc(o), _desc(e), _ms(o), _ms(e)))
-    return rows
+    f = load_overrides(path)
+    sig = f.device_signature or ""
+    return {(sig, e.match_key()): _Side(sig, _label(e), _desc(e), _ms(e)) for e in f.entries}
 
 
-def _diff_results(a: Path, b: Path) -> list[DiffRow]:
-    from .report import build_report
+def _from_results(folder: Path) -> dict[Hashable, _Side]:
+    from .job import decide_folder
 
-    ra, rb = build_report(a), build_report(b)
-    old = {(s.signature, p.key): p for s in ra.signatures for p in s.problems}
-    new = {(s.signature, p.key): p for s in rb.signatures for p in s.problems}
+    d = decide_folder(folder)
+    return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms) for key, w in d.winners.items()}
+
+
+def compare(old: dict[Hashable, _Side], new: dict[Hashable, _Side]) -> list[DiffRow]:
+    """One row per problem on either side (the same rules for results folders and override files)."""
     rows = []
-    for key in sorted(set(old) | set(new)):
+    for key in sorted(set(old) | set(new), key=lambda k: ((old.get(k) or new.get(k)).signature,  # type: ignore[union-attr]
+                                                          (new.get(k) or old.get(k)).problem)):  # type: ignore[union-attr]
         o, n = old.get(key), new.get(key)
         if o is None:
-            rows.append(DiffRow(key[0], n.name, "added", "", n.winner, None, n.winner_ms))  # type: ignore[union-attr]
+            assert n is not None
+            rows.append(DiffRow(n.signature, n.problem, "added", "", n.winner, None, n.ms))
         elif n is None:
-            rows.append(DiffRow(key[0], o.name, "removed", o.winner, "", o.winner_ms, None))
+            rows.append(DiffRow(o.signature, o.problem, "removed", o.winner, "", o.ms, None))
         else:
             status = "same winner" if o.winner == n.winner else "winner changed"
-            if status == "winner changed" and abs(n.winner_ms / o.winner_ms - 1) <= NEAR_TIE:
+            if status == "winner changed" and o.ms and n.ms and abs(n.ms / o.ms - 1) <= NEAR_TIE:
                 status = "near tie"  # another candidate by a hair: measurement noise, not a new best kernel
-            rows.append(DiffRow(key[0], n.name, status, o.winner, n.winner, o.winner_ms, n.winner_ms))
+            rows.append(DiffRow(n.signature, n.problem, status, o.winner, n.winner, o.ms, n.ms))
     return rows
 
 

@@ -232,6 +232,17 @@ class EngineRegistry:
         """Every engine serving the op, applicable or not."""
         return [self.config_for(e, problem, device) for e in self.for_op(problem.op)]
 
+    def prepare(self, engine_names: Iterable[str], device_kind: str) -> None:
+        """Call ``prepare(device_kind)`` of the named engines that have one ("gpu", "cpu" or "sim"): a tuning
+        process lets them start what their compiles want (Triton's compile pool). Replay never calls this."""
+        for name in sorted(set(engine_names)):
+            prepare = getattr(self.get(name), "prepare", None)
+            if callable(prepare):
+                try:
+                    prepare(device_kind)
+                except Exception as exc:  # preparing is an optimisation; compiles work without it
+                    log.warning("autotune: preparing %s failed: %s", name, exc)
+
     def discover(self, problem: "Problem", device: "Device") -> list[EngineConfig]:
         """Applicable engines for the problem on the device, in static preference order."""
         return [c for c in self.explain(problem, device) if c.applicable]

@@ -16,7 +16,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from . import __version__
 from .autotune import AutotuneConfig, AutotuneResult
@@ -24,11 +24,11 @@ from .device import Device
 from .engine import EngineRegistry
 from .errors import InputError
 from .fsutil import atomic_write_text, move_aside
-from .reduce import ReduceReport, reduce_results
+from .reduce import Decisions, ReduceReport, Winner, decide_results, load_incumbents, reduce_results
 from .results import MeasurementContext, ResultsDataset, ResultWriter, RunContext, candidate_key, new_id, now_iso, \
     result_row, spec_of
 from .tuning import ProblemOutcome, tune_problem
-from .workload import Workload
+from .workload import Workload, WorkloadProblem
 
 log = logging.getLogger("farm.job")
 
@@ -104,15 +104,150 @@ class JobDir:
         self.write_job(record)
 
 
+def decide_folder(results_dir: str | Path) -> Decisions:
+    """The reducer's decisions for a results folder, with the incumbents its job used (job.json), if any.
+
+    ``farm report`` and ``farm diff`` call this, so they show what ``farm tune`` wrote.
+    """
+    data = ResultsDataset(results_dir)
+    record: Any = {}
+    job_file = JobDir(Path(results_dir).parent).job_file
+    if Path(results_dir).name == "results" and job_file.is_file():
+        try:
+            record = json.loads(job_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = {}  # no incumbents; farm tune moves a corrupt record aside when it resumes
+    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+        record = {"settings": {}}
+    return decide_results(data, incumbents=load_incumbents((record.get("settings") or {}).get("incumbents"), data))
+
+
 @dataclass
-class LocalRunReport:
-    outcomes: list[ProblemOutcome]
+class JobSummary:
+    """How a run of a job ended: what every executor reports (and ``farm tune`` prints and exits with)."""
+
     job_id: str
     run_id: str
     rows_written: int
-    reduce: ReduceReport | None
-    wall_s: float
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int]  # disposition -> rows written by this run
+    decisions: Decisions  # every winner of the folder's results (the reducer's decision)
+    reduce: ReduceReport | None  # the files written (None with reduce off)
+    no_winner: dict[str, dict[str, str]]  # signature -> problem name -> why it has no winner
+    problems: int  # (signature, problem) pairs this run was asked for
+    wall_s: float = 0.0
+
+    @property
+    def winners(self) -> int:
+        return self.problems - sum(len(v) for v in self.no_winner.values())
+
+    @property
+    def exit_code(self) -> int:
+        """0 when some problem has a winner (or there was nothing to do), 1 when none has."""
+        return 1 if self.problems and not self.winners else 0
+
+    def winner(self, signature: str, problem_key: str) -> Winner | None:
+        return self.decisions.winners.get((signature, problem_key))
+
+
+class JobRun:
+    """One run of a job in an output folder: the lifecycle both executors share.
+
+    ``JobRun(...)`` opens (or resumes) the job record and the results writer; ``write`` streams rows;
+    ``skip`` notes problems that could not be tuned; ``finish`` decides the winners (farm.winner, via the
+    reducer), writes the override files and winners tables, and closes the record; ``fail`` records a crash.
+    """
+
+    def __init__(self, out: str | Path, workload: Workload, settings: dict[str, Any], job_id: str | None = None) -> None:
+        self.t0 = time.perf_counter()
+        self.workload = workload
+        self.job = JobDir(Path(out))
+        self.record, self.run = self.job.start(workload, settings, job_id)
+        self.writer = ResultWriter(self.job.results, self.run.run_id)
+        self.counts: dict[str, int] = {}
+        self._skipped: dict[str, dict[str, str]] = {}
+        self._signatures: set[str] = set()
+
+    def done_candidates(self, signature: str) -> dict[str, set[str]]:
+        """problem key -> candidate keys this folder has rows for on ``signature`` (the resume set)."""
+        if not self.job.results.exists():
+            return {}
+        return ResultsDataset(self.job.results).done_candidates(signature)
+
+    def tuning(self, signature: str) -> None:
+        """The workload's problems are tuned on ``signature`` (each one should end with a winner)."""
+        self._signatures.add(signature)
+
+    def write(self, rows: Iterable[tuple[AutotuneResult, WorkloadProblem, MeasurementContext]]) -> None:
+        out = []
+        for result, wp, where in rows:
+            out.append(result_row(result, wp.problem, wp.name, self.run, where))
+            self.counts[result.disposition.value] = self.counts.get(result.disposition.value, 0) + 1
+        self.writer.append(out)
+
+    def set_ranks(self, session_id: str, ranks: dict[str, int]) -> None:
+        self.writer.set_ranks(session_id, ranks)
+
+    def skip(self, signature: str, problem_name: str, reason: str) -> None:
+        self._skipped.setdefault(signature, {})[problem_name] = reason
+
+    def finish(self, *, reduce: bool = True, top_k: int = 3, **fields: Any) -> JobSummary:
+        self.writer.close()
+        results = self.job.results  # the writer made it
+        data = ResultsDataset(results)
+        incumbents = load_incumbents(self.record.get("settings", {}).get("incumbents"), data)
+        decisions = decide_results(data, incumbents=incumbents, top_k=top_k)
+        report = reduce_results(results, self.job.overrides, top_k=top_k, decisions=decisions) if reduce else None
+        no_winner: dict[str, dict[str, str]] = {s: dict(v) for s, v in self._skipped.items()}
+        problems = 0
+        for sig in sorted(self._signatures):
+            for wp in self.workload.problems:
+                problems += 1
+                if (sig, wp.problem.key) in decisions.winners or wp.name in no_winner.get(sig, {}):
+                    continue
+                no_winner.setdefault(sig, {})[wp.name] = "every candidate failed" if wp.problem.key in \
+                    decisions.tuned.get(sig, set()) else "nothing was measured"
+        summary = JobSummary(self.run.job_id, self.run.run_id, self.writer.rows_written, dict(self.counts), decisions,
+                             report, no_winner, problems, time.perf_counter() - self.t0)
+        self.job.finish(self.record, self.run, state="finished", rows_written=summary.rows_written, counts=summary.counts,
+                        signatures=sorted(self._signatures), problems=problems, winners=summary.winners,
+                        no_winner=no_winner, wall_s=summary.wall_s, **fields)
+        return summary
+
+    def fail(self, exc: BaseException) -> None:
+        try:
+            self.writer.close()
+        finally:
+            self.job.finish(self.record, self.run, state="failed", error=f"{type(exc).__name__}: {exc}")
+
+
+@dataclass
+class LocalRunReport:
+    outcomes: list[ProblemOutcome]
+    summary: JobSummary
+
+    @property
+    def job_id(self) -> str:
+        return self.summary.job_id
+
+    @property
+    def run_id(self) -> str:
+        return self.summary.run_id
+
+    @property
+    def rows_written(self) -> int:
+        return self.summary.rows_written
+
+    @property
+    def reduce(self) -> ReduceReport | None:
+        return self.summary.reduce
+
+    @property
+    def wall_s(self) -> float:
+        return self.summary.wall_s
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.summary.counts
 
 
 def run_local(
@@ -125,31 +260,37 @@ def run_local(
     on_problem: Callable[[ProblemOutcome], None] | None = None,
     reduce: bool = True,
     top_k: int = 3,
+    incumbents: str | None = None,
 ) -> LocalRunReport:
-    """Tune every problem on one in-process device into ``out``; resume what is there."""
-    t0 = time.perf_counter()
-    job = JobDir(Path(out))
-    record, run = job.start(workload, {"executor": "in-process", "device": device.signature})
-    done = ResultsDataset(job.results).done_candidates(device.signature) if job.results.exists() else {}
-    counts: dict[str, int] = {}
-    outcomes: list[ProblemOutcome] = []
-    with ResultWriter(job.results, run.run_id) as writer:
+    """Tune every problem on one in-process device into ``out``; resume what is there.
+
+    ``incumbents``: an override file or published root whose winners are kept within noise.
+    """
+    jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents})
+    try:
+        # a tuning run compiles for a while: engines may start what helps (Triton's compile pool on a GPU)
+        registry.prepare((e.name for e in registry if any(wp.engines.selects(e.name) for wp in workload.problems)),
+                         "gpu" if device.vendor in ("nvidia", "amd") else device.vendor)
+        jr.tuning(device.signature)
+        done = jr.done_candidates(device.signature)
+        outcomes: list[ProblemOutcome] = []
         for wp in workload.problems:
             where = MeasurementContext(device.properties)
 
             def stream(result: AutotuneResult, _wp: Any = wp, _where: MeasurementContext = where) -> None:
-                writer.append([result_row(result, _wp.problem, _wp.name, run, _where)])
-                counts[result.disposition.value] = counts.get(result.disposition.value, 0) + 1
+                jr.write([(result, _wp, _where)])
 
             previous = [spec_of(k) for k in done.get(wp.problem.key, ())]
             outcome = tune_problem(wp, device, config or workload.autotune, registry, seed=workload.seed,
                                    done=previous, listener=stream)
-            writer.set_ranks(where.session_id, {candidate_key(r.engine_id, r.knobs): r.rank for r in outcome.results})
+            jr.set_ranks(where.session_id, {candidate_key(r.engine_id, r.knobs): r.rank for r in outcome.results})
+            if outcome.error and not outcome.results and not outcome.skipped:
+                jr.skip(device.signature, wp.name, outcome.error)
             outcomes.append(outcome)
             if on_problem is not None:
                 on_problem(outcome)
-    rows = writer.rows_written
-    report = reduce_results(job.results, job.overrides, top_k=top_k) if reduce and job.results.exists() else None
-    job.finish(record, run, state="finished", rows_written=rows, counts=counts,
-               signatures=[device.signature], device=device.properties.to_dict())
-    return LocalRunReport(outcomes, run.job_id, run.run_id, rows, report, time.perf_counter() - t0, counts)
+    except BaseException as exc:
+        jr.fail(exc)
+        raise
+    summary = jr.finish(reduce=reduce, top_k=top_k, device=device.properties.to_dict())
+    return LocalRunReport(outcomes, summary)

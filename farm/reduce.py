@@ -1,17 +1,18 @@
-"""The reducer: a results dataset in, one ranked override file per device signature out.
+"""The reducer: a results dataset in, one ranked override file and one winners table per device signature out.
 
 Per (device signature, problem), among the successful measurements (the latest
-row of each candidate; only the finalist round's rows when the problem had one):
+row of each candidate; only the finalist round's rows when the problem had one),
+the winner is decided by :mod:`farm.winner` (the one rule every surface shows):
+the faster median wins, except that the default candidate or the incumbent (the
+winner already in the override file being appended to) is kept when a faster one
+is within measurement noise, and a noisy candidate loses ties.
 
-1. Each candidate's time is the median of its samples, its noise the robust
-   sigma 1.4826 x MAD of its samples.
-2. The fastest candidate F and every candidate within noise of it form the
-   tie set: median(c) - median(F) <= 2 * sqrt(sigma_F^2 + sigma_c^2) + 0.5 % of median(F).
-3. The winner is the tie-set member that comes first in discovery order (the
-   default / heuristic-first candidate), so re-tunes do not flip between
-   equivalent engines. When that is not F, the entry says so in
-   ``autotune_metadata.selection``.
-4. The top-k (winner first, then by median) are kept in ``autotune_metadata.top_k``.
+Outputs, per signature, in the output folder:
+
+* ``<signature>.json``: the v2 override file; ``autotune_metadata.selection``
+  says which rule decided and why (one phrase), ``top_k`` the runners-up;
+* ``<signature>.winners.parquet``: one row per problem with the same decision
+  (``WINNERS_SCHEMA``), for SQL: ``SELECT * FROM 'DIR/overrides/*.winners.parquet'``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import io
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -29,87 +31,91 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from . import __version__
-from .fsutil import atomic_write_text
-from .overrides import OverrideEntry, WriteReport, autotune_metadata, write_overrides
-from .results import DATASET_SCHEMA, PARTITIONING, ResultsDataset, spec_of
+from .fsutil import atomic_write_text, fsync_dir, temp_path
+from .ids import engine_name_to_id
+from .knobs import KnobSettings, format_settings
+from .overrides import OverrideEntry, WriteReport, autotune_metadata, load_overrides, write_overrides
+from .results import DATASET_SCHEMA, KNOB_TYPE, PARTITIONING, ResultsDataset, candidate_key, knobs_to_structs, spec_of
+from .winner import Rule, decide_groups, is_noisy, noise_sigma, why
 
 log = logging.getLogger("farm.reduce")
 
-NOISE_SIGMAS = 2.0
-RELATIVE_FLOOR = 0.005
-MAD_TO_SIGMA = 1.4826
 _DICT_COLUMNS = ("problem_json", "problem_name", "engine_name", "device_json", "round", "mode", "strategy", "job_id")
 _COLUMNS = ("device_signature", "problem_key", "candidate_key", "candidate_index", "engine_name", "problem_json",
             "problem_name", "device_json", "round", "mode", "strategy", "job_id", "measured_at", "min_ms", "avg_ms",
             "stddev_ms", "median_ms", "mad_ms", "iterations", "converged", "workspace_bytes", "ran_exhaustive")
+WINNERS_SUFFIX = ".winners.parquet"
+
+
+def candidate_label(engine_name: str, knobs: KnobSettings) -> str:
+    """``engine[knob=value,...]`` (``engine[default]``): how every surface names a candidate."""
+    return f"{engine_name}[{format_settings(tuple(knobs))}]"
 
 
 @dataclass(frozen=True)
-class Choice:
-    """The reducer's decision for one problem on one signature (row indices into the reduced table)."""
+class Winner:
+    """The reducer's decision for one problem on one signature: what every surface shows."""
 
-    winner: int
-    fastest: int
-    ranked: tuple[int, ...]
-    noise_ms: float
+    signature: str
+    problem_key: str
+    problem_name: str
+    engine_name: str
+    knobs: KnobSettings
+    median_ms: float
+    min_ms: float | None
+    mad_ms: float | None
+    noisy: bool
+    rule: Rule
+    why: str  # '' when the winner is the fastest measured candidate
+    fastest: str  # label of the fastest measured candidate
+    fastest_ms: float
+    default: str | None  # label of the default candidate (None: none measured)
+    default_ms: float | None
+    candidates: int  # candidates compared
+    row: int  # index into the decided table
 
     @property
-    def preferred_over_fastest(self) -> bool:
-        return self.winner != self.fastest
+    def label(self) -> str:
+        return candidate_label(self.engine_name, self.knobs)
+
+    @property
+    def speedup_over_default(self) -> float | None:
+        return self.default_ms / self.median_ms if self.default_ms and self.median_ms else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"engine_name": self.engine_name, "knobs": dict(self.knobs), "label": self.label,
+                "median_ms": self.median_ms, "min_ms": self.min_ms, "mad_ms": self.mad_ms, "noisy": self.noisy,
+                "rule": self.rule.value, "why": self.why, "fastest": self.fastest, "fastest_ms": self.fastest_ms,
+                "default": self.default, "default_ms": self.default_ms,
+                "speedup_over_default": self.speedup_over_default, "candidates": self.candidates}
 
 
-def choose(median: np.ndarray, mad: np.ndarray, order: np.ndarray) -> tuple[int, int, np.ndarray, float]:
-    """(winner, fastest, ranking, noise) among one problem's candidates.
+@dataclass
+class Decisions:
+    """Every winner of a results dataset, with the rows they were decided from."""
 
-    ``median`` and ``mad`` come from each candidate's samples; ``order`` is
-    discovery order (lower first), which breaks ties. The reducer runs the same
-    rule for all problems at once (:func:`choose_groups`).
-    """
-    sigma = MAD_TO_SIGMA * np.nan_to_num(mad, nan=0.0)
-    by_time = np.lexsort((order, median))
-    fastest = int(by_time[0])
-    threshold = NOISE_SIGMAS * np.sqrt(sigma[fastest] ** 2 + sigma ** 2) + RELATIVE_FLOOR * median[fastest]
-    ties = np.flatnonzero(median - median[fastest] <= threshold)
-    winner = int(ties[np.argmin(order[ties])])
-    ranked = np.concatenate(([winner], by_time[by_time != winner]))
-    return winner, fastest, ranked, float(threshold[winner])
+    table: pa.Table  # latest successful rows (see load_successes)
+    winners: dict[tuple[str, str], Winner]  # (signature, problem key) -> winner
+    top: dict[tuple[str, str], list[int]]  # (signature, problem key) -> top-k rows, the winner first
+    tuned: dict[str, set[str]]  # signature -> every problem key with rows (any disposition)
+    skipped_files: list[tuple[str, str]]
+    rows: int
 
-
-def choose_groups(group: np.ndarray, median: np.ndarray, mad: np.ndarray, order: np.ndarray,
-                  top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`choose` for every group at once (rows sorted by group).
-
-    Returns per group: winner row, fastest row, noise, and (rows, ranks) of the top-k rows.
-    """
-    n = len(group)
-    sigma = MAD_TO_SIGMA * np.nan_to_num(mad, nan=0.0)
-    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
-    by_time = np.lexsort((order, median, group))  # within each group: fastest first, ties by discovery order
-    fastest = by_time[starts]
-    g = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, n]))  # group ordinal of each (sorted) row
-    f_med, f_sig = median[fastest][g], sigma[fastest][g]
-    threshold = NOISE_SIGMAS * np.sqrt(f_sig ** 2 + sigma ** 2) + RELATIVE_FLOOR * f_med
-    tie = median - f_med <= threshold
-    by_pref = np.lexsort((order, ~tie, group))  # ties first, then discovery order
-    winner = by_pref[starts]
-    is_winner = np.zeros(n, dtype=bool)
-    is_winner[winner] = True
-    ranking = np.lexsort((order, median, ~is_winner, group))  # the winner, then by time
-    pos = np.arange(n) - starts[g]
-    keep = pos < top_k
-    return winner, fastest, threshold[winner], ranking[keep], pos[keep]
-
+    def of(self, signature: str) -> list[Winner]:
+        return sorted((w for (s, _), w in self.winners.items() if s == signature), key=lambda w: w.problem_name)
 
 @dataclass
 class SignatureReport:
     signature: str
     problems: int = 0
     entries: int = 0
-    preferred_default: int = 0
+    kept_over_fastest: int = 0  # winners that are not the fastest measured candidate (rule != fastest)
     no_winner: list[str] = field(default_factory=list)
     write: WriteReport | None = None
+    winners_path: str = ""
     csv_path: str = ""
 
 
@@ -118,6 +124,7 @@ class ReduceReport:
     signatures: list[SignatureReport]
     skipped_files: list[tuple[str, str]]
     rows: int
+    decisions: Decisions | None = None
 
 
 def _strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -158,28 +165,60 @@ def _knobs_of(key: str) -> tuple[tuple[str, Any], ...]:
     return spec_of(key).knobs
 
 
-def reduce_results(results_dir: str | Path, out_dir: str | Path, *, top_k: int = 3, mode: str = "append",
-                   tunableop_csv: bool = False) -> ReduceReport:
-    """Write ``<out_dir>/<device_signature>.json`` for every signature in the results."""
-    data = ResultsDataset(results_dir)
-    out = Path(out_dir)
+def _incumbent_keys(table: pa.Table, first_rows: np.ndarray, signatures: list[str], keys: list[str],
+                    incumbents: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """(signature, problem key) -> the candidate key the incumbent override file names for that problem."""
+    from .problem import Problem
+
+    out: dict[tuple[str, str], str] = {}
+    by_key: dict[str, dict[str, OverrideEntry]] = {}
+    for sig, f in incumbents.items():
+        if f is not None:
+            by_key[sig] = {(e.metadata or {}).get("problem_key"): e for e in f.entries if e.metadata}
+    for row, sig, key in zip(first_rows.tolist(), signatures, keys):
+        f = incumbents.get(sig)
+        if f is None:
+            continue
+        entry = by_key[sig].get(key)
+        if entry is None:
+            try:
+                entry = f.match(Problem.from_canonical(json.loads(table["problem_json"][row].as_py())))
+            except Exception:  # a problem the file cannot describe has no incumbent
+                entry = None
+        if entry is not None:
+            out[(sig, key)] = candidate_key(engine_name_to_id(entry.engine_name), tuple(sorted(entry.knobs)))
+    return out
+
+
+def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, Any] | None = None,
+                   top_k: int = 3) -> Decisions:
+    """The winner of every (signature, problem) in a results dataset (no file is written).
+
+    ``incumbents`` maps a signature to its current override file (an :class:`~farm.overrides.OverrideFile`):
+    the candidate it names for a problem gets the incumbent's benefit of the doubt.
+    """
+    data = data if isinstance(data, ResultsDataset) else ResultsDataset(data)
     everything = data.table(["device_signature", "problem_key"])
     pairs = everything.group_by(["device_signature", "problem_key"]).aggregate([])
     tuned: dict[str, set[str]] = {}
     for s, p in zip(pairs["device_signature"].to_pylist(), pairs["problem_key"].to_pylist()):
         tuned.setdefault(s, set()).add(p)
+    skipped = [(f.path, f.reason) for f in data.skipped]
 
     table = load_successes(data)
-    n = table.num_rows
-    new_group = _changes(table["device_signature"]) | _changes(table["problem_key"])
-    group = np.cumsum(new_group) - 1
     median = table["median_ms"].to_numpy(zero_copy_only=False).astype(float)
     fallback = table["min_ms"].to_numpy(zero_copy_only=False).astype(float)
     median = np.where(np.isnan(median), fallback, median)
+    # a row without a usable time (NaN, negative) cannot be compared: it never wins
+    table = table.filter(pa.array(np.isfinite(median) & (median >= 0)))
+    median = median[np.isfinite(median) & (median >= 0)]
+    n = table.num_rows
+    if n == 0:
+        return Decisions(table, {}, {}, tuned, skipped, everything.num_rows)
+    group = np.cumsum(_changes(table["device_signature"]) | _changes(table["problem_key"])) - 1
     mad = table["mad_ms"].to_numpy(zero_copy_only=False).astype(float)
     order = table["candidate_index"].to_numpy(zero_copy_only=False).astype(np.int64)
-    finalist = (pc.equal(_strings(table["round"]), "finalist").to_numpy(zero_copy_only=False).astype(bool)
-                if n else np.zeros(0, dtype=bool))
+    finalist = pc.equal(_strings(table["round"]), "finalist").to_numpy(zero_copy_only=False).astype(bool)
     if finalist.any():
         # problems that had a finalist round compare only the finalists (measured together on one device)
         has_final = np.zeros(int(group[-1]) + 1, dtype=bool)
@@ -187,48 +226,129 @@ def reduce_results(results_dir: str | Path, out_dir: str | Path, *, top_k: int =
         rows = np.flatnonzero(finalist | ~has_final[group])
     else:
         rows = np.arange(n)
-    k = max(top_k, 1)
-    winner, fastest, noise, ranked_rows, ranked_pos = choose_groups(group[rows], median[rows], mad[rows], order[rows], k)
-    winner, fastest, ranked_rows = rows[winner], rows[fastest], rows[ranked_rows]
-    ranked_group = group[ranked_rows]
-    top: dict[int, list[int]] = {}
-    for grp, row in zip(ranked_group.tolist(), ranked_rows.tolist()):
-        top.setdefault(grp, []).append(row)
-    first = pa.array(winner, type=pa.int64())
-    sig_at = _strings(table["device_signature"].take(first)).to_pylist()
-    key_at = _strings(table["problem_key"].take(first)).to_pylist()
-    choices: dict[str, list[Choice]] = {}
-    won: dict[str, set[str]] = {}
-    for i, (w, f) in enumerate(zip(winner.tolist(), fastest.tolist())):
-        choice = Choice(w, f, tuple(top[group[w]]), float(noise[i]))
-        choices.setdefault(sig_at[i], []).append(choice)
-        won.setdefault(sig_at[i], set()).add(key_at[i])
+    keys = _strings(table["candidate_key"]).to_numpy(zero_copy_only=False)
+    default = np.char.endswith(keys.astype(str), ":[]")  # default knobs; the earliest one per group counts
+    sub_group = np.unique(group[rows], return_inverse=True)[1]
+    first = rows[np.r_[True, sub_group[1:] != sub_group[:-1]]]
+    sigs = _strings(table["device_signature"].take(pa.array(first))).to_pylist()
+    pkeys = _strings(table["problem_key"].take(pa.array(first))).to_pylist()
+    incumbent = np.zeros(n, dtype=bool)
+    if incumbents:
+        named = _incumbent_keys(table, first, sigs, pkeys, incumbents)
+        if named:
+            wanted = np.array([named.get((sigs[g], pkeys[g]), "") for g in sub_group], dtype=object)
+            incumbent[rows] = keys[rows] == wanted
+    d = decide_groups(sub_group, median[rows], mad[rows], order[rows], default=default[rows],
+                      incumbent=incumbent[rows], top_k=max(top_k, 1))
+    winner, fastest, dflt = rows[d.winner], rows[d.fastest], np.where(d.default >= 0, rows[np.maximum(d.default, 0)], -1)
+    counts = np.bincount(sub_group)
+    top: dict[tuple[str, str], list[int]] = {}
+    for g, row in zip(sub_group[d.ranking_rows].tolist(), rows[d.ranking_rows].tolist()):
+        top.setdefault((sigs[g], pkeys[g]), []).append(row)
+    names = _strings(table["engine_name"]).to_pylist()
+    problem_names = _strings(table["problem_name"].take(pa.array(winner))).to_pylist()
+    mins = table["min_ms"].to_numpy(zero_copy_only=False).astype(float)
+    noisy = is_noisy(median, mad)
+    sigma = noise_sigma(mad)
 
+    def label(i: int) -> str:
+        return candidate_label(names[i], _knobs_of(keys[i]))
+
+    winners: dict[tuple[str, str], Winner] = {}
+    for g, (w, f, df) in enumerate(zip(winner.tolist(), fastest.tolist(), dflt.tolist())):
+        rule = Rule(d.rule[g])
+        phrase = why(rule, winner_ms=float(median[w]), fastest_ms=float(median[f]), fastest_label=label(f),
+                     threshold_ms=float(d.threshold_ms[g]),
+                     fastest_noise=float(sigma[f] / median[f]) if median[f] else 0.0)
+        winners[(sigs[g], pkeys[g])] = Winner(
+            signature=sigs[g], problem_key=pkeys[g], problem_name=problem_names[g], engine_name=names[w],
+            knobs=_knobs_of(keys[w]), median_ms=float(median[w]), min_ms=_float(mins[w]), mad_ms=_float(mad[w]),
+            noisy=bool(noisy[w]), rule=rule, why=phrase, fastest=label(f), fastest_ms=float(median[f]),
+            default=label(df) if df >= 0 else None, default_ms=float(median[df]) if df >= 0 else None,
+            candidates=int(counts[g]), row=w)
+    return Decisions(table, winners, top, tuned, skipped, everything.num_rows)
+
+
+def reduce_results(results_dir: str | Path, out_dir: str | Path, *, top_k: int = 3, mode: str = "append",
+                   tunableop_csv: bool = False, incumbents: str | Path | None = None,
+                   decisions: Decisions | None = None) -> ReduceReport:
+    """Write ``<out_dir>/<device_signature>.json`` and ``.winners.parquet`` for every signature in the results.
+
+    ``incumbents`` (an override file, folder or published root): winners there are kept when a new
+    candidate is faster only within noise (see :func:`load_incumbents`).
+    """
+    out = Path(out_dir)
+    if decisions is None:
+        data = ResultsDataset(results_dir)
+        decisions = decide_results(data, incumbents=load_incumbents(incumbents, data), top_k=top_k)
     reports = []
-    for signature in sorted(tuned):
-        rep = SignatureReport(signature, problems=len(tuned[signature]))
-        picked = choices.get(signature, [])
-        rep.no_winner = sorted(tuned[signature] - won.get(signature, set()))
-        entries, device, job_ids = _entries(table, picked, top_k)
+    for signature in sorted(decisions.tuned):
+        rep = SignatureReport(signature, problems=len(decisions.tuned[signature]))
+        picked = decisions.of(signature)
+        rep.no_winner = sorted(decisions.tuned[signature] - {w.problem_key for w in picked})
+        entries, device, job_ids = _entries(decisions, picked, top_k)
         rep.entries = len(entries)
-        rep.preferred_default = sum(c.preferred_over_fastest for c in picked)
+        rep.kept_over_fastest = sum(w.rule is not Rule.FASTEST for w in picked)
         if entries:
             extra = {"generated_by": {"tool": "tunefarm", "version": __version__, "job_ids": job_ids}}
             rep.write = write_overrides(out / f"{signature}.json", entries,
                                         device={"signature": signature, "properties": device}, mode=mode, extra=extra)
+            rep.winners_path = str(write_winners_table(out / f"{signature}{WINNERS_SUFFIX}", decisions, picked))
             if tunableop_csv:
                 rep.csv_path = str(out / f"tunableop_results_{signature}.csv")
                 write_tunableop_csv(rep.csv_path, signature, device, entries)
         reports.append(rep)
-    return ReduceReport(reports, [(s.path, s.reason) for s in data.skipped], everything.num_rows)
+    return ReduceReport(reports, decisions.skipped_files, decisions.rows, decisions)
 
 
-def _entries(table: pa.Table, picked: Sequence[Choice], top_k: int) -> tuple[list[OverrideEntry], dict[str, Any], list[str]]:
-    """Override entries of the chosen rows, the device properties, and the job ids behind them."""
+def load_incumbents(source: str | Path | None, data: ResultsDataset) -> dict[str, Any]:
+    """signature -> the override file whose winners are the incumbents for it (exact signatures only).
+
+    ``source`` is one override file, a folder of ``<signature>.json`` files, or a published root
+    (``farm publish``'s layout, local or ``s3://``/``gs://``); None means no incumbents.
+    """
+    if not source:
+        return {}
+    from .device import DeviceProperties
+    from .errors import FarmError
+
+    source = str(source)
+    found: dict[str, Any] = {}
+    if "://" not in source and os.path.isfile(source):
+        try:
+            f = load_overrides(source)
+        except FarmError as exc:
+            log.warning("reduce: incumbents file %s unreadable (%s); no incumbents", source, exc)
+            return {}
+        return {f.device_signature: f} if f.device_signature else {}
+    if "://" not in source and not os.path.isdir(source):
+        log.warning("reduce: incumbents %s not found; no incumbents", source)
+        return {}
+    from .publish import find_published
+
+    t = data.table(["device_signature", "device_json"]) if data.files else None
+    devices = {} if t is None else dict(zip(t["device_signature"].to_pylist(), t["device_json"].to_pylist()))
+    for sig, device_json in devices.items():
+        path = os.path.join(source, f"{sig}.json")
+        if "://" in source or not os.path.isfile(path):
+            props = DeviceProperties.from_dict(json.loads(device_json))
+            hit = find_published(source, props)
+            path = hit[0] if hit is not None and not hit[1] else ""  # another signature is no incumbent
+        if path:
+            try:
+                found[sig] = load_overrides(path)
+            except FarmError as exc:
+                log.warning("reduce: incumbents file %s unreadable (%s); none for %s", path, exc, sig)
+    return found
+
+
+def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tuple[list[OverrideEntry], dict[str, Any], list[str]]:
+    """Override entries of the winners, the device properties, and the job ids behind them."""
     if not picked:
         return [], {}, []
-    winners = table.take(pa.array([c.winner for c in picked], type=pa.int64())).to_pylist()
-    ranked_idx = sorted({i for c in picked for i in c.ranked} | {c.fastest for c in picked})
+    table = decisions.table
+    winners = table.take(pa.array([w.row for w in picked], type=pa.int64())).to_pylist()
+    ranked_idx = sorted({i for w in picked for i in decisions.top[(w.signature, w.problem_key)]})
     slim = table.select(["engine_name", "candidate_key", "min_ms", "median_ms"]).take(pa.array(ranked_idx, type=pa.int64()))
     by_row = dict(zip(ranked_idx, slim.to_pylist()))
 
@@ -239,25 +359,61 @@ def _entries(table: pa.Table, picked: Sequence[Choice], top_k: int) -> tuple[lis
 
     device = json.loads(winners[0]["device_json"])
     entries = []
-    for choice, row in zip(picked, winners):
-        selection: dict[str, Any] = {"rule": "fastest", "noise_ms": choice.noise_ms}
-        if choice.preferred_over_fastest:
-            selection = {"rule": "heuristic_first_within_noise", "noise_ms": choice.noise_ms,
-                         "fastest": brief(choice.fastest),
-                         "note": "the fastest candidate was not faster than this one beyond the measured noise"}
+    for w, row in zip(picked, winners):
+        selection: dict[str, Any] = {"rule": w.rule.value, "why": w.why, "noisy": w.noisy,
+                                     "fastest": {"label": w.fastest, "median_time_ms": w.fastest_ms}}
+        if w.default is not None:
+            selection["default"] = {"label": w.default, "median_time_ms": w.default_ms}
         meta = autotune_metadata(
             rank=0, min_ms=_float(row["min_ms"]), avg_ms=_float(row["avg_ms"]), stddev_ms=_float(row["stddev_ms"]),
             workspace=int(row["workspace_bytes"] or 0), mode=row["mode"], ran_exhaustive=bool(row["ran_exhaustive"]),
             strategy=row["strategy"], iterations=int(row["iterations"]), converged=bool(row["converged"]),
             device=device.get("arch", ""), timestamp=row["measured_at"].isoformat().replace("+00:00", "Z"),
-            median_time_ms=_float(row["median_ms"]), mad_ms=_float(row["mad_ms"]), problem_key=row["problem_key"],
+            median_time_ms=w.median_ms, mad_ms=_float(row["mad_ms"]), problem_key=row["problem_key"],
             problem_name=row["problem_name"], job_id=row["job_id"], selection=selection,
-            top_k=[{"rank": r, **brief(i)} for r, i in enumerate(choice.ranked[:top_k])],
+            top_k=[{"rank": r, **brief(i)} for r, i in enumerate(decisions.top[(w.signature, w.problem_key)][:top_k])],
         )
         # rows were written from validated Problems: their canonical JSON needs no second validation
-        entries.append(OverrideEntry.from_canonical(json.loads(row["problem_json"]), row["engine_name"],
-                                                    _knobs_of(row["candidate_key"]), meta))
+        entries.append(OverrideEntry.from_canonical(json.loads(row["problem_json"]), row["engine_name"], w.knobs, meta))
     return entries, device, sorted({row["job_id"] for row in winners})
+
+
+WINNERS_SCHEMA = pa.schema([
+    ("device_signature", pa.string()), ("arch", pa.string()), ("device_name", pa.string()),
+    ("problem_key", pa.string()), ("problem_name", pa.string()), ("op", pa.string()),
+    ("engine_name", pa.string()), ("knobs", pa.list_(KNOB_TYPE)), ("candidate_key", pa.string()),
+    ("median_ms", pa.float64()), ("min_ms", pa.float64()), ("mad_ms", pa.float64()), ("noisy", pa.bool_()),
+    ("rule", pa.string()), ("why", pa.string()),
+    ("fastest", pa.string()), ("fastest_median_ms", pa.float64()),
+    ("default", pa.string()), ("default_median_ms", pa.float64()), ("speedup_over_default", pa.float64()),
+    ("candidates", pa.int32()), ("job_id", pa.string()), ("measured_at", pa.timestamp("ms", tz="UTC")),
+], metadata={b"tunefarm.table": b"winners", b"tunefarm.schema_version": b"1"})
+
+
+def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winner]) -> Path:
+    """One row per problem: the decision the override file holds (temp file, then rename)."""
+    rows = decisions.table.take(pa.array([w.row for w in picked], type=pa.int64())).select(
+        ["device_json", "problem_json", "job_id", "measured_at"]).to_pylist()
+    device = json.loads(rows[0]["device_json"]) if rows else {}
+    records = []
+    for w, r in zip(picked, rows):
+        records.append({
+            "device_signature": w.signature, "arch": device.get("arch", ""), "device_name": device.get("name", ""),
+            "problem_key": w.problem_key, "problem_name": w.problem_name, "op": json.loads(r["problem_json"])["op"],
+            "engine_name": w.engine_name, "knobs": knobs_to_structs(w.knobs),
+            "candidate_key": candidate_key(engine_name_to_id(w.engine_name), w.knobs),
+            "median_ms": w.median_ms, "min_ms": w.min_ms, "mad_ms": w.mad_ms, "noisy": w.noisy,
+            "rule": w.rule.value, "why": w.why, "fastest": w.fastest, "fastest_median_ms": w.fastest_ms,
+            "default": w.default, "default_median_ms": w.default_ms, "speedup_over_default": w.speedup_over_default,
+            "candidates": w.candidates, "job_id": r["job_id"], "measured_at": r["measured_at"],
+        })
+    table = pa.Table.from_pylist(records, schema=WINNERS_SCHEMA)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    pq.write_table(table, tmp)
+    Path(tmp).replace(path)
+    fsync_dir(path.parent)
+    return path
 
 
 def write_tunableop_csv(path: str | Path, signature: str, device: dict[str, Any], entries: Sequence[OverrideEntry]) -> None:

@@ -103,44 +103,27 @@ def results_table(outcome: ProblemOutcome, position: str = "") -> Table:
     return table
 
 
-def default_result(outcome: ProblemOutcome) -> AutotuneResult | None:
-    """The heuristic default: the earliest candidate (discovery order) with default knobs."""
-    defaults = [r for r in outcome.results if not r.knobs]
-    return min(defaults, key=lambda r: r.candidate) if defaults else None
+def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: Any = None) -> Table:
+    """One row per problem: the reducer's winner (what the override file replays) and why, when it is not the fastest.
 
-
-def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, recorded: Any = None) -> Table:
-    """One row per problem: the recorded winner (what an override file replays) when known.
-
-    ``recorded(problem)`` returns the override entry for a problem, or None.
+    ``winner_of(problem_key)`` returns the :class:`~farm.reduce.Winner` of a problem, or None.
     """
     table = Table(title=f"Summary: {len(outcomes)} problem(s) in {wall_s:.1f} s", title_justify="left")
     for col, justify in (("problem", "left"), ("op", "left"), ("candidates", "right"), ("failed", "right"),
-                         ("winner", "left"), ("min ms", "right"), ("default ms", "right"), ("speedup", "right"),
-                         ("note", "left")):
+                         ("winner", "left"), ("median ms", "right"), ("default ms", "right"), ("speedup", "right"),
+                         ("why", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for o in outcomes:
-        w, d = o.winner, default_result(o)
-        entry = recorded(o.problem.problem) if recorded is not None else None
+        w = winner_of(o.problem.problem.key) if winner_of is not None else None
         failed = sum(not r.succeeded for r in o.results)
-        note = ""
-        if entry is not None:
-            winner = f"{entry.engine_name}[{format_settings(entry.knobs)}]"
-            best = (entry.metadata or {}).get("min_time_ms")
-            selection = (entry.metadata or {}).get("selection") or {}
-            if not o.results:
-                note = "measured before"
-            elif selection.get("rule") == "heuristic_first_within_noise":
-                fast = selection.get("fastest", {})
-                note = f"kept over {fast.get('engine_name')}[{format_settings(tuple(sorted((fast.get('knobs') or {}).items())))}]: within noise"
-        elif w is not None:
-            winner, best = w.label, w.min_ms
-        else:
-            winner, best = "", None
-        speed = f"{d.min_ms / best:.2f}x" if d is not None and d.succeeded and best else "-"
+        note = w.why if w is not None else ""
+        if w is not None and not o.results:
+            note = "; ".join(x for x in ("measured before", note) if x)
+        speed = w.speedup_over_default if w is not None else None
         table.add_row(Text(o.problem.name), o.problem.problem.op, str(len(o.results) + o.skipped), str(failed),
-                      Text(winner) if winner else Text(o.error or "no winner", style="red"),
-                      fmt_ms(best), fmt_ms(d.min_ms if d and d.succeeded else None), speed, Text(note, style="dim"))
+                      Text(w.label) if w is not None else Text(o.error or "no winner", style="red"),
+                      fmt_ms(w.median_ms if w else None), fmt_ms(w.default_ms if w else None),
+                      f"{speed:.2f}x" if speed else "-", Text(note, style="dim"))
     return table
 
 
@@ -159,7 +142,7 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-def outcome_dict(o: ProblemOutcome) -> dict[str, Any]:
+def outcome_dict(o: ProblemOutcome, winner: Any = None) -> dict[str, Any]:
     results = []
     for r in o.results:
         d = to_jsonable(r)
@@ -175,7 +158,7 @@ def outcome_dict(o: ProblemOutcome) -> dict[str, Any]:
         "error": o.error,
         "wall_ms": o.wall_ms,
         "skipped": o.skipped,
-        "winner": results[0] if o.winner else None,
+        "winner": winner.as_dict() if winner is not None else None,  # the reducer's decision (farm.winner)
         "results": results,
     }
 
@@ -183,16 +166,18 @@ def outcome_dict(o: ProblemOutcome) -> dict[str, Any]:
 def reduce_table(report: Any) -> Table:
     table = Table(title="Override files", title_justify="left")
     for col, justify in (("device signature", "left"), ("problems", "right"), ("entries", "right"),
-                         ("kept heuristic-first", "right"), ("no winner", "right"), ("file", "left")):
+                         ("not the fastest", "right"), ("no winner", "right"), ("file", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for s in report.signatures:
         w = s.write
         file = "-" if w is None else f"{w.path} ({w.added} added, {w.replaced} replaced)"
         if w is not None and w.moved_aside:
             file += f"; corrupt file moved to {w.moved_aside}"
+        if s.winners_path:
+            file += f"\n{s.winners_path}"
         if s.csv_path:
             file += f"\n{s.csv_path}"
-        table.add_row(Text(s.signature), str(s.problems), str(s.entries), str(s.preferred_default),
+        table.add_row(Text(s.signature), str(s.problems), str(s.entries), str(s.kept_over_fastest),
                       str(len(s.no_winner)), Text(file))
     if report.skipped_files:
         table.caption = Text(f"{len(report.skipped_files)} unreadable results file(s) skipped", style="yellow")
@@ -205,8 +190,9 @@ def reduce_dict(report: Any) -> dict[str, Any]:
         "skipped_files": [{"path": p, "reason": r} for p, r in report.skipped_files],
         "signatures": [
             {"signature": s.signature, "problems": s.problems, "entries": s.entries,
-             "kept_heuristic_first": s.preferred_default, "no_winner": s.no_winner,
-             "file": s.write.path if s.write else None, "added": s.write.added if s.write else 0,
+             "kept_over_fastest": s.kept_over_fastest, "no_winner": s.no_winner,
+             "file": s.write.path if s.write else None, "winners_table": s.winners_path or None,
+             "added": s.write.added if s.write else 0,
              "replaced": s.write.replaced if s.write else 0, "moved_aside": s.write.moved_aside if s.write else "",
              "tunableop_csv": s.csv_path or None}
             for s in report.signatures
@@ -214,23 +200,34 @@ def reduce_dict(report: Any) -> dict[str, Any]:
     }
 
 
-def where_table(out: str, job_id: str, run_id: str, rows_written: int, reduce_report: Any) -> Table:
+def winners_query(out: str) -> str:
+    """The SQL that lists the winners of a run folder (the README's query)."""
+    return (f"SELECT problem_name, engine_name, knobs, median_ms, why "
+            f"FROM '{out}/overrides/*.winners.parquet' ORDER BY device_signature, problem_name")
+
+
+def where_table(out: str, summary: Any) -> Table:
     table = Table(title="Outputs", title_justify="left", show_header=False)
     table.add_column("what")
     table.add_column("where")
-    table.add_row("job", Text(f"{job_id} (run {run_id})"))
-    table.add_row("results", Text(f"{out}/results  ({rows_written} new rows)"))
-    if reduce_report is not None:
-        for s in reduce_report.signatures:
+    table.add_row("job", Text(f"{summary.job_id} (run {summary.run_id})"))
+    table.add_row("results", Text(f"{out}/results  ({summary.rows_written} new rows)"))
+    if summary.reduce is not None:
+        for s in summary.reduce.signatures:
             if s.write is not None:
                 table.add_row("overrides", Text(f"{s.write.path}  ({s.entries} entries)"))
-    table.add_row("query", Text(f"duckdb -c \"SELECT problem_name, engine_name, min_ms FROM "
-                                f"read_parquet('{out}/results/**/*.parquet', hive_partitioning=true) WHERE rank = 0\""))
+            if s.winners_path:
+                table.add_row("winners", Text(s.winners_path))
+        table.add_row("query", Text(f'python -c "import duckdb; duckdb.sql(\\"{winners_query(out)}\\").show()"'))
+    for sig, problems in summary.no_winner.items():
+        for name, why in problems.items():
+            table.add_row(Text("no winner", style="red"), Text(f"{name} on {sig}: {why}"))
     return table
 
 
 def farm_outcomes(workload: Any, report: Any, signature: str) -> list[ProblemOutcome]:
-    """Per-problem outcomes of one signature from a farm report (finalist rows replace earlier ones)."""
+    """Per-problem outcomes of one signature from a farm report (finalist rows replace earlier ones),
+    ranked the reducer's way: its winner first, then by median."""
     import dataclasses as dc
 
     out = []
@@ -240,18 +237,21 @@ def farm_outcomes(workload: Any, report: Any, signature: str) -> list[ProblemOut
         latest: dict[Any, AutotuneResult] = {}
         for r in rows:
             latest[r.spec] = r
-        ok = sorted((r for r in latest.values() if r.succeeded), key=lambda r: r.min_ms)
+        w = report.summary.winner(signature, wp.problem.key) if report.summary else None
+        first = (w.engine_name, tuple(w.knobs)) if w is not None else None
+        ok = sorted((r for r in latest.values() if r.succeeded),
+                    key=lambda r: ((r.engine_name, tuple(r.knobs)) != first, r.median_ms, r.candidate))
         bad = [r for r in latest.values() if not r.succeeded]
         ranked = [dc.replace(r, rank=i) for i, r in enumerate(ok)] + [dc.replace(r, rank=-1) for r in bad]
         out.append(ProblemOutcome(wp, tuple(ranked), skipped.get(wp.name, ""), 0.0))
     return out
 
 
-def farm_tables(workload: Any, report: Any, recorded: Any) -> list[Table]:
+def farm_tables(workload: Any, report: Any) -> list[Table]:
     tables = []
     for sig in sorted({w.signature for w in report.workers}):
         outcomes = farm_outcomes(workload, report, sig)
-        t = summary_table(outcomes, report.wall_s, lambda p, _s=sig: recorded(p, _s))
+        t = summary_table(outcomes, report.wall_s, lambda key, _s=sig: report.summary.winner(_s, key))
         t.title = Text(f"{sig}: {len(outcomes)} problem(s)")
         tables.append(t)
     workers = Table(title=f"Workers ({report.tuning_s:.1f} s of tuning, {report.wall_s:.1f} s in all)",
@@ -272,7 +272,8 @@ def farm_dict(workload: Any, out: str, report: Any) -> dict[str, Any]:
 
     signatures = {}
     for sig in sorted({w.signature for w in report.workers}):
-        signatures[sig] = [outcome_dict(o) for o in farm_outcomes(workload, report, sig)]
+        signatures[sig] = [outcome_dict(o, report.summary.winner(sig, o.problem.problem.key))
+                           for o in farm_outcomes(workload, report, sig)]
     return {
         "workload": {"name": workload.name, "source": workload.source, "digest": workload.digest},
         "autotune": to_jsonable(workload.autotune),
@@ -283,6 +284,7 @@ def farm_dict(workload: Any, out: str, report: Any) -> dict[str, Any]:
         "workers": [{**dc.asdict(st), "gpu_ids": list(w.gpu_ids), "pid": w.pid,
                      "properties": w.properties.to_dict()} for st, w in zip(report.statuses, report.workers)],
         "signatures": signatures,
+        "no_winner": report.summary.no_winner,
         "reduce": reduce_dict(report.reduce) if report.reduce else None,
     }
 
@@ -320,7 +322,9 @@ def local_dict(workload: Any, out: str, device: Any, report: Any) -> dict[str, A
                                                 if o.error and not o.results}},
         "workers": [{"name": f"in-process:{device.index}", "signature": device.signature, "host": device.properties.host,
                      "candidates": candidates, "properties": device.properties.to_dict()}],
-        "signatures": {device.signature: [outcome_dict(o) for o in report.outcomes]},
+        "signatures": {device.signature: [outcome_dict(o, report.summary.winner(device.signature, o.problem.problem.key))
+                                          for o in report.outcomes]},
+        "no_winner": report.summary.no_winner,
         "reduce": reduce_dict(report.reduce) if report.reduce else None,
     }
 
@@ -396,12 +400,12 @@ def report_tables(report: Any) -> list[Table]:
         per = Table(title="per problem", title_justify="left")
         for col, justify in (("problem", "left"), ("cand", "right"), ("winner", "left"), ("ms", "right"),
                              ("default", "left"), ("ms", "right"), ("speed-up", "right"), ("CoV", "right"),
-                             ("device spread", "right")):
+                             ("device spread", "right"), ("why", "left")):
             per.add_column(col, justify=justify)  # type: ignore[arg-type]
         for p in s.problems:
             per.add_row(Text(p.name), str(p.candidates), Text(p.winner), fmt_ms(p.winner_ms), Text(p.default),
                         fmt_ms(p.default_ms), f"{p.speedup:.3f}" if p.speedup else "-", f"{100 * p.cov:.1f} %",
-                        f"{p.spread:.3f}")
+                        f"{p.spread:.3f}", Text(p.why, style="dim"))
         tables.append(per)
     return tables
 

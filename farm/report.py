@@ -5,8 +5,8 @@
 Per device signature: problems, candidates measured, failures by disposition,
 tuning time, the winner's speed-up over the default engine (geomean and worst),
 the noisiest problems, and where devices of one signature disagree. The winner
-here is the candidate with the lowest median time (the median over devices of
-each device's latest measurement); the default is the earliest-discovered
+and the default are the reducer's (farm.winner: the override file's entry, with
+its reason when it is not the fastest); the default is the earliest-discovered
 candidate with default knobs, what the runtime runs with nothing tuned.
 """
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .reduce import Decisions, Winner
 from .results import ResultsDataset
 
 _COLUMNS = ["device_signature", "device_name", "host", "device_index", "problem_key", "problem_name", "problem_label",
@@ -37,6 +38,7 @@ class ProblemSummary:
     winner_ms: float
     default: str
     default_ms: float | None
+    why: str  # '' when the winner is the fastest measured candidate
     cov: float  # the winner's coefficient of variation (stddev / mean of its samples)
     device_winners: dict[str, str]  # device -> its own fastest candidate
     spread: float  # the winner's slowest device / fastest device
@@ -91,8 +93,10 @@ class Report:
 
 
 def _candidate(row: dict[str, Any]) -> str:
-    knobs = ",".join(f"{k['id']}={k['value']}" for k in row["knobs"] or [])
-    return f"{row['engine_name']}[{knobs or 'default'}]"
+    from .reduce import candidate_label
+    from .results import spec_of
+
+    return candidate_label(row["engine_name"], spec_of(row["candidate_key"]).knobs)
 
 
 def _cov(samples: list[float]) -> float:
@@ -102,18 +106,21 @@ def _cov(samples: list[float]) -> float:
     return statistics.pstdev(samples) / mean if mean > 0 else 0.0
 
 
-def build_report(results_dir: str | Path) -> Report:
+def build_report(results_dir: str | Path, decisions: Decisions | None = None) -> Report:
+    from .job import decide_folder
+
     data = ResultsDataset(results_dir)
+    decisions = decisions or decide_folder(results_dir)
     table = data.table(_COLUMNS)
     rows = table.to_pylist()
     by_sig: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_sig.setdefault(r["device_signature"], []).append(r)
-    return Report(str(results_dir), [_signature(sig, rs) for sig, rs in sorted(by_sig.items())],
+    return Report(str(results_dir), [_signature(sig, rs, decisions) for sig, rs in sorted(by_sig.items())],
                   [(s.path, s.reason) for s in data.skipped])
 
 
-def _signature(sig: str, rows: list[dict[str, Any]]) -> SignatureSummary:
+def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> SignatureSummary:
     failures: dict[str, int] = {}
     device_cov: dict[str, list[float]] = {}
     latest: dict[tuple[str, str, str], dict[str, Any]] = {}  # (problem, candidate, device) -> latest success
@@ -129,33 +136,31 @@ def _signature(sig: str, rows: list[dict[str, Any]]) -> SignatureSummary:
     for (pk, _, dev), r in latest.items():
         per_problem.setdefault(pk, []).append({**r, "_device": dev})
         device_cov.setdefault(dev, []).append(_cov(r["samples_ms"] or []))
-    problems = [_problem(rs) for rs in per_problem.values()]
+    problems = [_problem(rs, decisions.winners[(sig, pk)]) for pk, rs in per_problem.items()
+                if (sig, pk) in decisions.winners]
     problems.sort(key=lambda p: p.name)
     devices = sorted({f"{r['host']}:{r['device_index']}" for r in rows})
     return SignatureSummary(sig, rows[0]["device_name"], devices, len(rows), problems, dict(sorted(failures.items())),
                             sum(r["tuning_ms"] or 0.0 for r in rows) / 1e3, device_cov)
 
 
-def _problem(rows: list[dict[str, Any]]) -> ProblemSummary:
+def _problem(rows: list[dict[str, Any]], winner: Winner) -> ProblemSummary:
     cands: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         cands.setdefault(r["candidate_key"], []).append(r)
-    med = {ck: statistics.median(r["median_ms"] for r in rs) for ck, rs in cands.items()}
-    win_key = min(med, key=med.get)  # type: ignore[arg-type]
-    defaults = [rs[0] for rs in cands.values() if not rs[0]["knobs"]]
-    default = min(defaults, key=lambda r: r["candidate_index"]) if defaults else None
-    win_rows = cands[win_key]
+    by_label = {_candidate(rs[0]): rs for rs in cands.values()}
+    win_rows = by_label.get(winner.label, [])
     device_best: dict[str, tuple[float, str]] = {}
     for r in rows:
         if r["_device"] not in device_best or r["median_ms"] < device_best[r["_device"]][0]:
             device_best[r["_device"]] = (r["median_ms"], _candidate(r))
-    win_times = [r["median_ms"] for r in win_rows]
+    win_times = [r["median_ms"] for r in win_rows] or [winner.median_ms]
     first = rows[0]
     return ProblemSummary(
         key=first["problem_key"], name=first["problem_name"], label=first["problem_label"], candidates=len(cands),
-        winner=_candidate(win_rows[0]), winner_ms=med[win_key],
-        default=_candidate(default) if default else "-", default_ms=med[default["candidate_key"]] if default else None,
-        cov=statistics.median(_cov(r["samples_ms"] or []) for r in win_rows),
+        winner=winner.label, winner_ms=winner.median_ms, default=winner.default or "-", default_ms=winner.default_ms,
+        why=winner.why,
+        cov=statistics.median(_cov(r["samples_ms"] or []) for r in win_rows) if win_rows else 0.0,
         device_winners={d: c for d, (_, c) in device_best.items()},
         spread=max(win_times) / min(win_times) if min(win_times) > 0 else 1.0,
         samples={_candidate(rs[0]): [s for r in rs for s in (r["samples_ms"] or [r["median_ms"]])] for rs in cands.values()},
@@ -175,7 +180,7 @@ def report_dict(report: Report) -> dict[str, Any]:
             "noisiest": [{"problem": p.name, "cov": p.cov, "winner": p.winner} for p in s.noisiest()],
             "disagreements": [{"problem": p.name, "device_winners": p.device_winners} for p in s.disagreements()],
             "per_problem": [{"problem": p.name, "label": p.label, "problem_key": p.key, "candidates": p.candidates,
-                             "winner": p.winner, "winner_ms": p.winner_ms, "default": p.default,
+                             "winner": p.winner, "winner_ms": p.winner_ms, "why": p.why, "default": p.default,
                              "default_ms": p.default_ms, "speedup": p.speedup, "cov": p.cov,
                              "device_spread": p.spread} for p in s.problems],
         })
@@ -208,6 +213,13 @@ def write_html(report: Report, path: str | Path, *, max_problems: int = 24) -> l
             if fig is not None:
                 titles.append(title)
                 parts.append(f"<h3>{title}</h3>{_png(plt, fig)}")
+        parts.append("<h3>Winners (the override file's entries)</h3><table><tr><th>problem</th><th>winner</th>"
+                     "<th>median ms</th><th>default</th><th>median ms</th><th>speed-up</th><th>why</th></tr>"
+                     + "".join(f"<tr><td>{_esc(p.name)}</td><td><code>{_esc(p.winner)}</code></td>"
+                               f"<td>{p.winner_ms:.4f}</td><td><code>{_esc(p.default)}</code></td>"
+                               f"<td>{'-' if p.default_ms is None else f'{p.default_ms:.4f}'}</td>"
+                               f"<td>{'-' if p.speedup is None else f'{p.speedup:.3f}x'}</td><td>{_esc(p.why)}</td></tr>"
+                               for p in s.problems) + "</table>")
         parts.append("<h3>Candidates' time distributions (winner in orange, default in blue)</h3>")
         titles.append("Candidates' time distributions")
         for p in s.problems[:max_problems]:
@@ -273,6 +285,7 @@ def _distribution_figure(plt: Any, p: ProblemSummary) -> Any:
     if lo > 0 and hi / lo > 4:  # a slow fallback would squash the interesting candidates into one pixel
         ax.set_xscale("log")
     ax.set_xlabel("time per run (ms)")
-    ax.set_title(f"{p.name}: {p.label}" + (f"  (winner {p.speedup:.2f}x the default)" if p.speedup else ""), fontsize=9)
+    ax.set_title(f"{p.name}: {p.label}" + (f"  (winner {p.speedup:.2f}x the default)" if p.speedup else "")
+                 + (f"\n{p.why}" if p.why else ""), fontsize=9)
     ax.tick_params(axis="y", labelsize=7)
     return fig

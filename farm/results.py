@@ -90,8 +90,8 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("succeeded", pa.bool_(), ""),
     ("disposition", pa.string(), "succeeded, failed_compile, wrong_result, ..."),
     ("error", pa.string(), "failure reason (or a note on a success)"),
-    ("rank", pa.int32(), "rank within its session (0 = fastest), -1 when not succeeded; null when the row was "
-                         "written before its session finished (the reducer ranks from the samples)"),
+    ("rank", pa.int32(), "rank within its session by the winner rule, -1 when not succeeded; null when the row was "
+                         "written before its session finished; not the published winner (see the winners table)"),
     ("min_ms", pa.float64(), ""),
     ("avg_ms", pa.float64(), ""),
     ("stddev_ms", pa.float64(), "population standard deviation"),

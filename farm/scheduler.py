@@ -9,8 +9,8 @@ Pure Python (no Ray), so it can be tested alone. For every (signature, problem):
   problems of a kernel family another device is running now: see ``kernel_family``);
 * when every candidate has a row and the successful ones were measured in more
   than one session (shards, a resumed job, retries after a crash), the top
-  ``finalist_k`` of every session are measured again together in one
-  ``finalist`` task, so the ranking compares numbers from one device;
+  ``finalist_k`` of every session and the default candidate are measured again
+  together in one ``finalist`` task, so the ranking compares numbers from one device;
 * a task that loses its worker (crash) or stops reporting (hang) is split: its
   unreported candidates are retried one per task ("careful" mode), so the next
   failure names its candidate exactly. A candidate that kills a careful task's
@@ -265,6 +265,9 @@ class Scheduler:
         finalists: list[PlanSpec] = []
         for rows in sessions.values():
             finalists += [spec for _, _, spec in sorted(rows)[:self.finalist_k]]
+        defaults = [s for s in state.successes if not s.knobs]
+        if defaults:  # the default is compared in the final round too: it gets the benefit of the doubt there
+            finalists.append(min(defaults, key=lambda s: state.candidates[s].index))
         order = sorted(set(finalists), key=lambda s: state.candidates[s].index)
         state.finalist = "queued"
         self._push(signature, index, tuple(order), round=FINALIST, urgent=True)

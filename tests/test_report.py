@@ -13,14 +13,19 @@ P1, P2 = matmul_problem(8, 8, 8), matmul_problem(16, 16, 16)
 GPU0, GPU1 = fake_props(index=0), fake_props(index=1)
 
 
+LATER = "2026-11-30T01:00:00.000Z"
+
+
 def results(root, p1_tuned_ms=1.0, p2_winner="tuned.fast"):
+    # GPU 1 measured p1 first; GPU 0's later rows are the latest of each candidate (the reducer's numbers)
     write_results(root, {
         GPU0: [
-            (P1, "p1", [fake_result(P1, "lib.default", (2.0, 2.0, 2.0), candidate=0),
-                        fake_result(P1, "tuned.fast", (p1_tuned_ms,) * 3, knobs=(("tile", 64),), candidate=1),
+            (P1, "p1", [fake_result(P1, "lib.default", (2.0, 2.0, 2.0), candidate=0, started_at=LATER),
+                        fake_result(P1, "tuned.fast", (p1_tuned_ms,) * 3, knobs=(("tile", 64),), candidate=1,
+                                    started_at=LATER),
                         fake_result(P1, "tuned.broken", candidate=2, disposition=Disposition.FAILED_COMPILE)]),
             (P2, "p2", [fake_result(P2, "lib.default", (4.0, 4.0, 4.0), candidate=0),
-                        fake_result(P2, p2_winner, (1.0, 3.0, 1.0, 3.0), knobs=(("tile", 32),), candidate=1)]),
+                        fake_result(P2, p2_winner, (1.0, 1.2, 1.0, 1.2), knobs=(("tile", 32),), candidate=1)]),
         ],
         GPU1: [
             (P1, "p1", [fake_result(P1, "lib.default", (1.5, 1.5, 1.5), candidate=0),
@@ -37,12 +42,12 @@ def test_report_summarises_failures_speedups_noise_and_disagreement(tmp_path, ca
     assert sig["signature"] == GPU0.signature and sig["problems"] == 2
     assert sig["failures"] == {"failed_compile": 1}
     per = {p["problem"]: p for p in sig["per_problem"]}
-    # p1: default median over devices = 1.75, tuned = 1.5 -> 1.1667x; p2: 4.0 / 2.0 = 2x
-    assert per["p1"]["winner"] == "tuned.fast[tile=64]" and per["p1"]["speedup"] == pytest.approx(1.75 / 1.5)
-    assert per["p2"]["speedup"] == pytest.approx(2.0)
-    assert sig["speedup_geomean"] == pytest.approx((1.75 / 1.5 * 2.0) ** 0.5)
+    # the reducer's numbers (each candidate's latest measurement): p1 2.0 / 1.0; p2 4.0 / median 1.1
+    assert per["p1"]["winner"] == "tuned.fast[tile=64]" and per["p1"]["speedup"] == pytest.approx(2.0)
+    assert per["p2"]["speedup"] == pytest.approx(4.0 / 1.1) and per["p2"]["why"] == ""
+    assert sig["speedup_geomean"] == pytest.approx((2.0 * 4.0 / 1.1) ** 0.5)
     assert sig["speedup_worst_problem"] == "p1"
-    assert sig["noisiest"][0]["problem"] == "p2" and sig["noisiest"][0]["cov"] == pytest.approx(0.5)
+    assert sig["noisiest"][0]["problem"] == "p2" and sig["noisiest"][0]["cov"] == pytest.approx(0.1 / 1.1)
     # GPU 0 finds tuned.fast fastest for p1, GPU 1 the default: a disagreement within one signature
     [dis] = sig["disagreements"]
     assert dis["problem"] == "p1" and set(dis["device_winners"].values()) == {"tuned.fast[tile=64]", "lib.default[default]"}
@@ -76,7 +81,7 @@ def test_diff_of_two_result_sets(tmp_path, capsys):
     b = results(tmp_path / "b", p1_tuned_ms=0.5, p2_winner="other.kernel")
     assert main(["diff", str(a), str(b), "--json"]) == 0
     rows = {r["problem"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
-    assert rows["p1"]["status"] == "same winner" and rows["p1"]["ratio"] == pytest.approx(1.0 / 1.5)
+    assert rows["p1"]["status"] == "same winner" and rows["p1"]["ratio"] == pytest.approx(0.5 / 1.0)
     assert rows["p2"]["status"] == "near tie"  # same time, another engine
     assert rows["p2"]["new_winner"] == "other.kernel[tile=32]"
 

@@ -176,3 +176,13 @@ def test_when_every_task_is_of_a_family_running_elsewhere_the_first_is_taken():
     a, b = s.next_task("sig", "gpu0"), s.next_task("sig", "gpu1")
     assert (a.specs[0], b.specs[0]) == (cands(6)[0].spec, cands(6)[2].spec)  # in order: nobody idles
     assert s.next_task("sig") is not None  # without a device: plain order
+
+
+def test_the_default_candidate_joins_the_finalist_round_even_when_outside_its_shards_top_k():
+    s = Scheduler(shard_size=4, finalist_k=1)
+    default = Candidate(PlanSpec(engine_name_to_id("lib"), ()), "lib", 0)  # default knobs, discovered first
+    c = [default] + cands(7)[1:]
+    s.add_problem("sig", 0, WP, c)
+    # the default is the slowest of its shard: without the rule it would not be re-measured
+    drain(s, "sig", median=lambda x: 2.0 if x is default else 1.0 + x.index / 100)
+    assert s.done and s.remeasured == 3  # the best of each of the 2 shards, and the default

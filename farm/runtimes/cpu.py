@@ -123,6 +123,26 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def blas_threads_in_force() -> int:
+    """The threads numpy's BLAS runs with in this process (the usable cores when it cannot tell)."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return _usable_cores()
+    counts = [int(e.get("num_threads") or 0) for e in threadpool_info() if e.get("user_api") == "blas"]
+    return max(counts) if counts and max(counts) > 0 else _usable_cores()
+
+
+def set_blas_threads(threads: int) -> None:
+    """Run BLAS and OpenMP with ``threads`` threads in this process from now on (a farm CPU worker does this
+    before it opens its device, so it measures with the threads production uses)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=int(threads))
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(int(threads))  # libraries loaded later start with the same count
+
+
 def blas_info() -> dict[str, str]:
     """The BLAS numpy uses: library, version, kernel architecture (via threadpoolctl)."""
     try:
@@ -160,7 +180,7 @@ def _cpu_properties(index: int) -> DeviceProperties:
         vendor="cpu",
         name=name,
         arch=arch,
-        compute_units=_usable_cores(),
+        compute_units=blas_threads_in_force(),  # the cores the kernels use: threads change which one wins
         total_memory=_total_memory(),
         l2_bytes=_cache_bytes(2),
         clock_mhz=mhz,
