@@ -775,7 +775,7 @@ class _Run:
         """
         dev = self.t.device
         produce = getattr(plan, "produce", None) if workspace is None else None
-        if produce is not None:
+        if produce is not None and all(self.t.problem.tensor(o).is_contiguous for o in self.t.problem.output_ids):
             # what a replay without out= runs: the library's own output, no copy into a given one
             def call(tensors: Mapping[str, Any]) -> None:
                 produce(tensors)

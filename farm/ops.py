@@ -21,12 +21,14 @@ The TunableOp-style switches apply to every device's runtime:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from .arrays import NUMPY_DTYPES
 from .device import Device, cpu_device, gpu_device
 from .dtypes import canonical_dtype
 from .errors import InputError
@@ -43,6 +45,7 @@ class _Cached:
     out_id: str
     out_dims: tuple[int, ...]
     out_dtype: str
+    produce: Callable[[Mapping[str, Any]], Any] | None  # returns the library's own output (no out= given)
 
 
 class RuntimeRegistry:
@@ -168,8 +171,6 @@ class _Numpy(_Framework):
         return t.shape, tuple(s // item for s in t.strides), canonical_dtype(t.dtype.name)
 
     def empty(self, like: Any, dims: tuple[int, ...], dtype: str) -> np.ndarray:
-        from .arrays import NUMPY_DTYPES
-
         return np.empty(dims, dtype=NUMPY_DTYPES[dtype])
 
 
@@ -192,21 +193,22 @@ class _Torch(_Framework):
 _NUMPY = _Numpy()
 
 
-def _placement(t: Any) -> tuple[str, int, _Framework, Callable[[Any], Any]]:
-    """(runtime kind, device index, framework, how results go back to the caller's type)."""
+def _placement(t: Any) -> tuple[str, int, _Framework, Callable[[Any], Any] | None]:
+    """(runtime kind, device index, framework, how results go back to the caller's type: None = as they are)."""
     if isinstance(t, np.ndarray):
-        return "cpu", 0, _NUMPY, _identity
+        return "cpu", 0, _NUMPY, None
     torch = _torch_if_tensor(t)
     if torch is None:
         raise InputError("expected a numpy array or a torch tensor", field="tensor", value=type(t).__name__)
     if t.device.type == "cpu":
         return "cpu", 0, _NUMPY, torch.from_numpy
     kind = "hip" if getattr(torch.version, "hip", None) else "cuda"
-    return kind, t.device.index or 0, _Torch(torch), _identity
+    return kind, t.device.index or 0, _torch_framework(torch), None
 
 
-def _identity(x: Any) -> Any:
-    return x
+@functools.lru_cache(maxsize=1)
+def _torch_framework(torch: Any) -> "_Torch":
+    return _Torch(torch)
 
 
 def _torch_if_tensor(t: Any) -> Any:
@@ -221,21 +223,30 @@ def _torch_if_tensor(t: Any) -> Any:
 def _run(op: str, tensors: Mapping[str, Any], criteria: tuple[tuple[str, int], ...], compute_dtype: str | None,
          out: Any) -> Any:
     first = next(iter(tensors.values()))
-    kind, index, fw, back = _placement(first)
-    if back is not _identity:
-        tensors = {k: v.numpy() for k, v in tensors.items()}
-        out = out.numpy() if out is not None else None
-    key = (op, kind, index, criteria, compute_dtype, *(fw.key(v) for v in tensors.values()), *tensors)
+    if type(first) is np.ndarray:  # the common CPU case, without the general checks below
+        kind, index, fw, back = "cpu", 0, _NUMPY, None
+        layout = [(t.shape, t.strides, t.dtype) for t in tensors.values()]
+    else:
+        kind, index, fw, back = _placement(first)
+        if back is not None:
+            tensors = {k: v.numpy() for k, v in tensors.items()}
+            out = out.numpy() if out is not None else None
+        layout = [fw.key(v) for v in tensors.values()]
+    # the op's signature fixes the tensor names and their order (a bias adds one)
+    key = (op, kind, index, criteria, compute_dtype, *layout)
     cached = RUNTIMES.cache.get(key)
     if cached is None:
         described = {k: fw.describe(v) for k, v in tensors.items()}
         cached = _bind(op, kind, index, described, criteria, compute_dtype, key)
     if out is None:
-        out = fw.empty(first if back is _identity else None, cached.out_dims, cached.out_dtype)
+        if cached.produce is not None:
+            result = cached.produce(tensors)
+            return result if back is None else back(result)
+        out = fw.empty(first if back is None else None, cached.out_dims, cached.out_dtype)
     elif fw.describe(out)[0] != cached.out_dims:
         raise InputError(f"out must have shape {list(cached.out_dims)}", field="out", value=list(fw.describe(out)[0]))
     cached.bound.run({**tensors, cached.out_id: out})
-    return back(out)
+    return out if back is None else back(out)
 
 
 def _bind(op: str, kind: str, index: int, described: Mapping[str, tuple], criteria: tuple[tuple[str, int], ...],
@@ -246,7 +257,7 @@ def _bind(op: str, kind: str, index: int, described: Mapping[str, tuple], criter
     bound = rt.bind(problem.key, problem)
     out_id = problem.output_ids[0]
     desc = problem.tensor(out_id)
-    cached = _Cached(bound, out_id, desc.dims, desc.dtype)
+    cached = _Cached(bound, out_id, desc.dims, desc.dtype, bound.produce)
     RUNTIMES.cache[key] = cached
     return cached
 

@@ -126,6 +126,10 @@ class Bound:
     workspace: Any
     source: str  # "recorded", "tuned", the answering policy's name
 
+    def __post_init__(self) -> None:
+        # plans that can hand back the library's own output (no copy into a given one), when they need no workspace
+        self.produce = getattr(self.plan, "produce", None) if self.workspace is None else None
+
     def run(self, tensors: Mapping[str, Any], stream: Any = None) -> None:
         self.plan.run(tensors, self.workspace, stream)
 

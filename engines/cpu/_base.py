@@ -57,11 +57,21 @@ class CpuEngine:
 
 @dataclass
 class FunctionPlan:
-    """A plan that calls ``fn(tensors, workspace)``, inside ``context`` (e.g. a BLAS thread limit)."""
+    """A plan that calls ``fn(tensors, workspace)``, inside ``context`` (e.g. a BLAS thread limit).
+
+    ``produce(inputs)``, given only for a plan with no context and no workspace, returns the
+    library's own output (replay without ``out=`` calls it: the numpy call itself).
+    """
 
     fn: Callable[[Mapping[str, Any], Any], None]
     workspace_size: int = 0
     context: Callable[[], ContextManager[Any]] | None = None
+    produce: Callable[[Mapping[str, Any]], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.produce is None or self.context is not None or self.workspace_size:
+            self.produce = None  # type: ignore[assignment]
+            del self.produce  # no attribute: callers look it up with getattr
 
     def run(self, tensors: Mapping[str, Any], workspace: Any, stream: Any) -> None:
         if self.context is None:
@@ -98,17 +108,18 @@ def _blas_controller() -> Any:
     return ThreadpoolController().select(user_api="blas")
 
 
-def blas_threads(threads: int) -> Callable[[], ContextManager[Any]]:
-    """A context factory limiting BLAS to ``threads`` (0 = the library's current setting).
+def blas_threads(threads: int) -> Callable[[], ContextManager[Any]] | None:
+    """A context factory limiting BLAS to ``threads``, or None for 0 (the threads in force: production's).
 
-    Every plan pays the same small cost for entering it, so thread-count
-    variants compare fairly.
+    The default plan runs as production calls numpy, with no context at all; a thread-count
+    variant pays for its limit on every call, as it would in production.
     """
+    if threads <= 0:
+        return None
     controller = _blas_controller()
     if controller is None or not controller.lib_controllers:
-        return contextlib.nullcontext
-    limit = threads if threads > 0 else max(c.num_threads for c in controller.lib_controllers)
-    return functools.partial(controller.limit, limits=limit)
+        return None
+    return functools.partial(controller.limit, limits=threads)
 
 
 THREADS_KNOB = Knob.int("threads", 0, min=0, max=256, doc="BLAS threads (0 = library default)")

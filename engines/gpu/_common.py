@@ -100,29 +100,68 @@ class TorchPlan:
     """Runs ``fn(tensors)`` on the device stream, inside ``context()`` when given (flags, backend choice).
 
     A device without a stream (the replay runtime's) runs on the caller's current torch stream.
+    ``produce(inputs)``, where an engine gives it, returns the library's own output instead of
+    writing into a given one (replay without ``out=`` hands it back: no extra copy). A context
+    with a ``needed()`` method (:class:`Flags`) is entered only when it would change something,
+    so a plan with default knobs costs a few flag reads per call, not a context switch.
     """
 
     def __init__(self, fn: Callable[[Mapping[str, Any]], None], device: Device, workspace_size: int = 0,
-                 context: Callable[[], Any] | None = None) -> None:
+                 context: Callable[[], Any] | None = None,
+                 produce: Callable[[Mapping[str, Any]], Any] | None = None) -> None:
         self.fn = fn
         self.workspace_size = workspace_size
         self.context = context
+        self._needed = getattr(context, "needed", None)
         self.stream = device_stream(device)
         self._torch = torch_module()
+        if produce is not None:
+            self.produce = self._producer(produce)
 
     def run(self, tensors: Mapping[str, Any], workspace: Any, stream: Any) -> None:
         if self.stream is None:
-            self._call(tensors)
+            self._call(self.fn, tensors)
             return
         with self._torch.cuda.stream(self.stream):
-            self._call(tensors)
+            self._call(self.fn, tensors)
 
-    def _call(self, tensors: Mapping[str, Any]) -> None:
-        if self.context is None:
-            self.fn(tensors)
-        else:
-            with self.context():
-                self.fn(tensors)
+    def _producer(self, produce: Callable[[Mapping[str, Any]], Any]) -> Callable[[Mapping[str, Any]], Any]:
+        if self.stream is None and self.context is None:
+            return produce  # the replay path: the library call itself
+
+        def call(tensors: Mapping[str, Any]) -> Any:
+            if self.stream is None:
+                return self._call(produce, tensors)
+            with self._torch.cuda.stream(self.stream):
+                return self._call(produce, tensors)
+
+        return call
+
+    def _call(self, fn: Callable[[Mapping[str, Any]], Any], tensors: Mapping[str, Any]) -> Any:
+        if self.context is None or (self._needed is not None and not self._needed()):
+            return fn(tensors)
+        with self.context():
+            return fn(tensors)
+
+
+class Flags:
+    """A context factory setting attributes of a torch flags object for a call; ``needed()`` says
+    whether any differs from the value in force (TorchPlan skips the context when none does)."""
+
+    def __init__(self, obj: Any, **values: Any) -> None:
+        self.obj = obj
+        self.values = values
+        self._items = tuple(values.items())
+
+    def needed(self) -> bool:
+        obj = self.obj
+        for k, v in self._items:
+            if getattr(obj, k) != v:
+                return True
+        return False
+
+    def __call__(self) -> Any:
+        return flags(self.obj, **self.values)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from farm.engine import Support
 from farm.knobs import Knob, KnobValue
 from farm.problem import Problem
 
-from ._common import GpuEngine, TorchPlan, ZeroPaddedAB, elements, flags, gemm_mkn, round_up, torch_dtype, torch_module
+from ._common import Flags, GpuEngine, TorchPlan, ZeroPaddedAB, elements, flags, gemm_mkn, round_up, torch_dtype, torch_module
 
 
 def _matmul_fn(problem: Problem) -> Any:
@@ -74,7 +74,12 @@ class TorchMatmul(_TorchMatmulBase):
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
         torch = torch_module()
         settings = self._matmul_flags(problem)
-        return TorchPlan(_matmul_fn(problem), device, context=lambda: flags(torch.backends.cuda.matmul, **settings))
+        produce = None
+        if not problem.has_tensor("bias"):
+            def produce(t: Mapping[str, Any]) -> Any:  # the caller's own a @ b
+                return torch.matmul(t["A"], t["B"])
+        return TorchPlan(_matmul_fn(problem), device, context=Flags(torch.backends.cuda.matmul, **settings),
+                         produce=produce)
 
 
 class TorchBlas(_TorchMatmulBase):
@@ -202,7 +207,7 @@ class TorchMatmulPadded(_TorchMatmulBase):
                 gemm_into(t["C"], a_mm, b_mm, bias)
 
         settings = self._matmul_flags(problem)
-        plan = TorchPlan(fn, device, context=lambda: flags(torch.backends.cuda.matmul, **settings))
+        plan = TorchPlan(fn, device, context=Flags(torch.backends.cuda.matmul, **settings))
         ab.keep_until_done(plan, c_p)
         return plan
 

@@ -9,7 +9,6 @@ top-left aligned (``is_causal``); Hq != Hkv runs as grouped-query attention.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Mapping
 
 from farm.device import Device
@@ -81,8 +80,11 @@ class TorchSdpa(GpuEngine):
         gqa = problem.tensor("Q").dims[1] != problem.tensor("K").dims[1]
         extra = {"enable_gqa": True} if gqa else {}
 
+        def produce(t: Mapping[str, Any]) -> Any:
+            return sdpa(t["Q"], t["K"], t["V"], is_causal=causal, **extra)
+
         def fn(t: Mapping[str, Any]) -> None:
-            t["O"].copy_(sdpa(t["Q"], t["K"], t["V"], is_causal=causal, **extra))
+            t["O"].copy_(produce(t))
 
         context = None
         if backend != "auto":
@@ -92,5 +94,4 @@ class TorchSdpa(GpuEngine):
 
             def context() -> Any:
                 return sdpa_kernel(chosen)
-        return TorchPlan(fn, device, self.estimate_workspace(problem, knobs),
-                         context=context if context is not None else contextlib.nullcontext)
+        return TorchPlan(fn, device, self.estimate_workspace(problem, knobs), context=context, produce=produce)

@@ -51,15 +51,20 @@ def _ready_in_worker() -> None:
         pass
 
 
+POOL_OPT_IN_ENV = "FARM_TRITON_COMPILE_POOL"
+
+
 class _CompilePool:
     """Worker processes that compile Triton configurations in parallel (as Inductor's compile workers do).
 
     Triton's compiler holds the GIL for most of its work, so threads would compile one at a time.
-    The pool starts when a farm GPU worker starts (TritonGemm.prepare), or elsewhere at the first
-    slow in-process compile (a cold disk cache: a warm one never needs the pool). Compiles go to
-    the pool once its processes have imported torch and Triton; until then they stay in-process,
-    so a pool that is still starting never delays anything. FARM_TRITON_COMPILE_PROCS sets the
-    size (default 4; 0 compiles in-process only).
+    The pool starts only where tuning asks for it: a farm GPU worker as it starts, ``farm tune
+    --in-process`` on a GPU (both through TritonGemm.prepare), or a process that sets
+    FARM_TRITON_COMPILE_POOL=1, at its first slow (cold-cache) compile. A replay process (farm.ops)
+    never gets processes it did not ask for: it compiles in-process. Compiles go to the pool once
+    its processes have imported torch and Triton; until then they stay in-process, so a pool that
+    is still starting never delays anything. FARM_TRITON_COMPILE_PROCS sets the size (default 4;
+    0 compiles in-process only).
     """
 
     COLD_S = 0.25  # an in-process compile slower than this means the disk cache is cold
@@ -86,8 +91,10 @@ class _CompilePool:
         threading.Thread(target=self._start, daemon=True, name="triton-compile-pool").start()
 
     def saw_compile(self, seconds: float) -> None:
-        """Record an in-process compile's duration; a slow one starts the pool in the background."""
-        if seconds > self.COLD_S:
+        """Record an in-process compile's duration; a slow one starts the pool where the process opted in."""
+        import os
+
+        if seconds > self.COLD_S and os.environ.get(POOL_OPT_IN_ENV, "").strip() in ("1", "true", "yes", "on"):
             self.start()
 
     def _start(self) -> None:

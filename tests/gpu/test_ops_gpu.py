@@ -62,3 +62,85 @@ def test_tune_records_then_a_new_runtime_replays_without_measuring(tmp_path):
     assert ops.runtime("cuda", 0).measurements == 0
     assert (replayed["engine"], replayed["knobs"], replayed["source"]) == (tuned["engine"], tuned["knobs"], "recorded")
     assert torch.allclose(c.float(), (a @ a).float(), rtol=3e-2, atol=3e-1)
+
+
+def test_replay_hands_back_the_librarys_own_output(monkeypatch):
+    """No copy into a buffer of ours: the tensor the library call returned is the tensor the caller gets."""
+    F = torch.nn.functional
+    seen = []
+
+    def spying(fn):
+        def call(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            seen.append(out)
+            return out
+        return call
+
+    monkeypatch.setattr(F, "conv2d", spying(F.conv2d))
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spying(F.scaled_dot_product_attention))
+    monkeypatch.setattr(torch, "matmul", spying(torch.matmul))
+    ops.reset()
+    x = torch.randn(2, 8, 16, 16, device="cuda", dtype=torch.float16)
+    w = torch.randn(16, 8, 3, 3, device="cuda", dtype=torch.float16)
+    for _ in range(2):
+        y = ops.conv2d(x, w, padding=1)
+    assert y is seen[-1]
+    q = torch.randn(1, 4, 64, 64, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        o = ops.sdpa(q, q, q, causal=True)
+    assert o is seen[-1]
+    a = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        c = ops.matmul(a, a.t())
+    assert c is seen[-1]
+
+
+def test_default_knob_plans_enter_no_flag_context():
+    from engines.gpu.conv import TorchConv
+    from engines.gpu.matmul import TorchMatmul
+    from farm.device import gpu_device
+    from farm.problem import Problem
+
+    dev = gpu_device("cuda", 0)
+    conv = Problem.create("conv_fprop", {"X": [2, 8, 16, 16], "W": [16, 8, 3, 3]}, dtype="fp16",
+                          criteria={"pad_h": 1, "pad_w": 1})
+    plan = TorchConv().compile(conv, {"layout": "nchw", "deterministic": 0}, dev)
+    assert not plan.context.needed()  # torch's defaults already hold: no per-call context
+    mm = Problem.create("matmul", {"A": [64, 32], "B": [32, 16]}, dtype="bf16")
+    assert not TorchMatmul().compile(mm, {}, dev).context.needed()
+    tf32 = Problem.create("matmul", {"A": [64, 32], "B": [32, 16]}, dtype="fp32", compute_dtype="tf32")
+    assert TorchMatmul().compile(tf32, {}, dev).context.needed()  # TF32 is off by default: it must be switched on
+
+
+def test_replaying_a_triton_winner_on_a_cold_cache_starts_no_process(tmp_path, repo_root):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from farm.device import gpu_device
+    from farm.overrides import OverrideEntry, write_overrides
+    from farm.problem import Problem
+
+    pytest.importorskip("triton")
+    dev = gpu_device("cuda", 0)
+    p = Problem.create("matmul", {"A": [512, 256], "B": [256, 384]}, dtype="fp16")
+    knobs = (("BLOCK_K", 32), ("BLOCK_M", 64), ("BLOCK_N", 64), ("num_stages", 3), ("num_warps", 4))
+    path = tmp_path / "ovr.json"
+    write_overrides(path, [OverrideEntry.for_problem(p, "triton.gemm", knobs, {"rank": 0})],
+                    device={"signature": dev.signature, "properties": dev.properties.to_dict()}, mode="replace")
+    script = (
+        "import os, torch, farm.ops as ops\n"
+        "a = torch.randn(512, 256, device='cuda', dtype=torch.float16); b = torch.randn(256, 384, device='cuda', dtype=torch.float16)\n"
+        "c = ops.matmul(a, b); torch.cuda.synchronize()\n"
+        "me = str(os.getpid())\n"
+        "kids = [d for d in os.listdir('/proc') if d.isdigit() and open(f'/proc/{d}/stat').read().rsplit(')', 1)[1].split()[1] == me]\n"
+        "ch = ops.choices()[0]\n"
+        "print(ch['engine'], len(kids))\n"
+        "assert ch['engine'] == 'triton.gemm' and not kids, (ch, kids)\n"
+        "assert (c.float() - (a.float() @ b.float())).abs().max() < 0.5\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(PYTHONPATH=repo_root, FARM_HEUR_CONFIG_PATH=str(path), TRITON_CACHE_DIR=str(tmp_path / "cold"))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(path.read_text())["engine_overrides"][0]["engine_name"] == "triton.gemm"
