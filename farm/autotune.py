@@ -768,15 +768,17 @@ class _Run:
     def _timed_call(self, plan: Plan, workspace: Any, cand: _Candidate) -> tuple[Callable[[int], Callable[[], None]], int, str]:
         """(sample index -> the function one measurement times, runs per measurement, a note).
 
-        A plan with ``produce`` (it can return the library's own output) is timed that way, as replay
-        without ``out=`` runs it; its ``run`` (into the given outputs) is what the warm-up checks.
+        A plan whose ``run`` copies the library's output into the given one (``copies_output``) is timed
+        through ``produce``, as replay without ``out=`` runs it; ``run`` is what the warm-up checks.
         With graph_repeats, one measurement is a replay of a device graph holding that many runs
         (the device must offer ``capture_graph``); a failed capture falls back to plain runs.
         """
         dev = self.t.device
-        produce = getattr(plan, "produce", None) if workspace is None else None
+        produce = getattr(plan, "produce", None) if workspace is None and getattr(plan, "copies_output", False) else None
         if produce is not None and all(self.t.problem.tensor(o).is_contiguous for o in self.t.problem.output_ids):
-            # what a replay without out= runs: the library's own output, no copy into a given one
+            # run() would copy the library's output into ours; a replay without out= hands it back instead.
+            # (Plans that write in place are timed as they are: allocating in timed runs contends with
+            # compile threads for the allocator and adds noise production does not have.)
             def call(tensors: Mapping[str, Any]) -> None:
                 produce(tensors)
         else:

@@ -101,15 +101,18 @@ class TorchPlan:
 
     A device without a stream (the replay runtime's) runs on the caller's current torch stream.
     ``produce(inputs)``, where an engine gives it, returns the library's own output instead of
-    writing into a given one (replay without ``out=`` hands it back: no extra copy). A context
+    writing into a given one (replay without ``out=`` hands it back: no extra copy). With
+    ``copies_output`` (``fn`` copies that output into the given one) the tuner times ``produce``,
+    what replay runs; otherwise ``fn`` writes in place (``out=``) and is timed. A context
     with a ``needed()`` method (:class:`Flags`) is entered only when it would change something,
     so a plan with default knobs costs a few flag reads per call, not a context switch.
     """
 
     def __init__(self, fn: Callable[[Mapping[str, Any]], None], device: Device, workspace_size: int = 0,
                  context: Callable[[], Any] | None = None,
-                 produce: Callable[[Mapping[str, Any]], Any] | None = None) -> None:
+                 produce: Callable[[Mapping[str, Any]], Any] | None = None, copies_output: bool = False) -> None:
         self.fn = fn
+        self.copies_output = copies_output and produce is not None
         self.workspace_size = workspace_size
         self.context = context
         self._needed = getattr(context, "needed", None)

@@ -70,4 +70,5 @@ class TorchConv(GpuEngine):
             def fn(t: Mapping[str, Any]) -> None:
                 t["dW"].copy_(torch.nn.grad.conv2d_weight(fmt_(t["X"]), w_size, fmt_(t["dY"]), stride, pad, dil, groups))
 
-        return TorchPlan(fn, device, context=Flags(torch.backends.cudnn, **settings), produce=produce)
+        return TorchPlan(fn, device, context=Flags(torch.backends.cudnn, **settings), produce=produce,
+                         copies_output=True)

@@ -100,10 +100,20 @@ class TorchBlas(_TorchMatmulBase):
         backend = str(knobs["backend"])
 
         class _Context:
+            """The BLAS library and flags for one call; entered only when something differs (``needed``)."""
+
+            matmul_flags = Flags(torch.backends.cuda.matmul, **settings)
+
+            @classmethod
+            def needed(cls) -> bool:
+                # the library in force prints as e.g. "_BlasBackend.Cublaslt"
+                current = str(torch.backends.cuda.preferred_blas_library()).rsplit(".", 1)[-1].lower()
+                return current != backend or cls.matmul_flags.needed()
+
             def __enter__(self) -> None:
                 self.prev = torch.backends.cuda.preferred_blas_library()
                 torch.backends.cuda.preferred_blas_library(backend)
-                self.flags = flags(torch.backends.cuda.matmul, **settings)
+                self.flags = self.matmul_flags()
                 self.flags.__enter__()
 
             def __exit__(self, *exc: Any) -> None:

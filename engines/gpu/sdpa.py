@@ -94,4 +94,5 @@ class TorchSdpa(GpuEngine):
 
             def context() -> Any:
                 return sdpa_kernel(chosen)
-        return TorchPlan(fn, device, self.estimate_workspace(problem, knobs), context=context, produce=produce)
+        return TorchPlan(fn, device, self.estimate_workspace(problem, knobs), context=context, produce=produce,
+                         copies_output=True)

@@ -110,6 +110,12 @@ def test_default_knob_plans_enter_no_flag_context():
     assert not TorchMatmul().compile(mm, {}, dev).context.needed()
     tf32 = Problem.create("matmul", {"A": [64, 32], "B": [32, 16]}, dtype="fp32", compute_dtype="tf32")
     assert TorchMatmul().compile(tf32, {}, dev).context.needed()  # TF32 is off by default: it must be switched on
+    from engines.gpu.matmul import TorchBlas
+
+    in_force = str(torch.backends.cuda.preferred_blas_library()).rsplit(".", 1)[-1].lower()
+    other = "cublaslt" if in_force == "cublas" else "cublas"
+    assert not TorchBlas().compile(mm, {"backend": in_force, "reduced_precision": 1}, dev).context.needed()
+    assert TorchBlas().compile(mm, {"backend": other, "reduced_precision": 1}, dev).context.needed()
 
 
 def test_replaying_a_triton_winner_on_a_cold_cache_starts_no_process(tmp_path, repo_root):
