@@ -19,6 +19,6 @@ python3 -m farm report "$WORK/run/results" --json > "$OUT/report.json"
 step replay 240 python3 benchmarks/replay_overhead.py gpu --workload examples/h200-replay.yaml \
      --published "$WORK/published" --results "$WORK/run/results" --rounds "${ROUNDS:-5}" --json "$OUT/replay.json"
 step cpu-replay 60 python3 benchmarks/replay_overhead.py cpu
-cp "$WORK"/run/overrides/*.json "$OUT/" 2>/dev/null
+tar -C "$WORK" -czf "$OUT/run.tgz" run/results run/overrides run/job.json published 2>/dev/null
 } > "$OUT/session.log" 2>&1
 tail -c 9000 "$OUT/session.log"
