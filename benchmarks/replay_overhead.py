@@ -14,7 +14,8 @@ gpu: every matmul, sdpa_fwd and conv_fprop problem of the workload, replayed thr
      the eager call (a @ b, F.scaled_dot_product_attention, F.conv2d). Reports direct/replay (1.0 is
      parity; replay/direct time is its inverse), the replayed engine, whether it equals the published
      entry and (with --results) the winner `farm report` names, and for tuned problems the replayed
-     speed-up over eager beside the speed-up the farm measured over its default. Targets: replay time
+     speed-up over eager beside the speed-up the farm measured over its default, and the host time
+     one call takes to issue (a call whose host time nears its device time is host-bound). Targets: replay time
      within 1 % of eager (direct/replay >= 0.99) where the winner is the default engine; for tuned
      problems the replayed speed-up within 2 % of the measured one.
 """
@@ -125,6 +126,21 @@ def _gpu_problem_calls(problem: Any) -> tuple[Callable[[], Any], Callable[[], An
             lambda: ops.conv2d(x, w, stride=stride, padding=pad, dilation=dil, groups=groups))
 
 
+def _host_us(fn: Callable[[], Any], calls: int = 20, rounds: int = 5) -> float:
+    """Host time to issue one call (no synchronisation inside the loop): the CPU side of its cost."""
+    import torch
+
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def run_gpu(workload_path: str, published: str, results: str | None, rounds: int) -> list[dict[str, Any]]:
     os.environ["FARM_HEUR_CONFIG_PATH"] = published
     import torch
@@ -165,6 +181,7 @@ def run_gpu(workload_path: str, published: str, results: str | None, rounds: int
             return lambda: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
         t = _alternate({"direct": bench(direct), "replay": bench(replay)}, rounds)
+        host = {k: _host_us(fn) for k, fn in (("direct", direct), ("replay", replay))}
         meta = (entry.metadata or {}) if entry else {}
         sel = meta.get("selection") or {}
         default = (sel.get("default") or {}).get("label")
@@ -173,6 +190,7 @@ def run_gpu(workload_path: str, published: str, results: str | None, rounds: int
         measured_speedup = measured / meta["median_time_ms"] if measured and meta.get("median_time_ms") else None
         rows.append({
             "problem": wp.name, "op": p.op, "direct_ms": t["direct"], "replay_ms": t["replay"],
+            "direct_host_us": host["direct"], "replay_host_us": host["replay"],
             "direct_over_replay": t["direct"] / t["replay"], "replayed": replayed, "published": published_label,
             "report_winner": w.label if w else None, "source": choice["source"], "tuned": tuned,
             "replay_speedup": t["direct"] / t["replay"] if tuned else None,
@@ -183,15 +201,16 @@ def run_gpu(workload_path: str, published: str, results: str | None, rounds: int
 
 def print_gpu(rows: list[dict[str, Any]]) -> None:
     print("| problem | replayed engine | = published | = report | eager ms | replay ms | eager/replay "
-          "| tuned: replay speed-up | farm measured | ratio |")
-    print("| --- | --- | :---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| host us eager / replay | tuned: replay speed-up | farm measured | ratio |")
+    print("| --- | --- | :---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         same_pub = "yes" if r["replayed"] == r["published"] else "NO"
         same_rep = "-" if r["report_winner"] is None else ("yes" if r["replayed"] == r["report_winner"] else "NO")
         tuned = (f"{r['replay_speedup']:.3f}x | {r['measured_speedup']:.3f}x | "
                  f"{r['replay_speedup'] / r['measured_speedup']:.3f}") if r["tuned"] and r["measured_speedup"] else "- | - | -"
         print(f"| {r['problem']} | {r['replayed']} | {same_pub} | {same_rep} | {r['direct_ms']:.4f} | "
-              f"{r['replay_ms']:.4f} | {r['direct_over_replay']:.3f} | {tuned} |")
+              f"{r['replay_ms']:.4f} | {r['direct_over_replay']:.3f} | "
+              f"{r['direct_host_us']:.1f} / {r['replay_host_us']:.1f} | {tuned} |")
     default_rows = [r for r in rows if not r["tuned"]]
     if default_rows:
         worst = min(default_rows, key=lambda r: r["direct_over_replay"])
