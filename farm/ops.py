@@ -46,6 +46,8 @@ class _Cached:
     out_dims: tuple[int, ...]
     out_dtype: str
     produce: Callable[[Mapping[str, Any]], Any] | None  # returns the library's own output (no out= given)
+    framework: "_Framework"
+    back: Callable[[Any], Any] | None  # results back to the caller's type (torch CPU tensors); None: as they are
 
 
 class RuntimeRegistry:
@@ -154,15 +156,11 @@ def reset() -> None:
 class _Framework:
     """How one tensor library describes and allocates tensors."""
 
-    def key(self, t: Any) -> tuple[Any, ...]: ...  # cheap: what the cached choice depends on
     def describe(self, t: Any) -> tuple[tuple[int, ...], tuple[int, ...], str]: ...
     def empty(self, like: Any, dims: tuple[int, ...], dtype: str) -> Any: ...
 
 
 class _Numpy(_Framework):
-    def key(self, t: np.ndarray) -> tuple[Any, ...]:
-        return t.shape, t.strides, t.dtype
-
     def describe(self, t: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...], str]:
         item = t.dtype.itemsize
         if any(s % item or s < 0 for s in t.strides):
@@ -177,9 +175,6 @@ class _Numpy(_Framework):
 class _Torch(_Framework):
     def __init__(self, torch: Any) -> None:
         self.torch = torch
-
-    def key(self, t: Any) -> tuple[Any, ...]:
-        return t.shape, t.stride(), t.dtype
 
     def describe(self, t: Any) -> tuple[tuple[int, ...], tuple[int, ...], str]:
         return tuple(t.shape), tuple(t.stride()), canonical_dtype(str(t.dtype))
@@ -220,44 +215,54 @@ def _torch_if_tensor(t: Any) -> Any:
     return torch if isinstance(t, torch.Tensor) else None
 
 
-def _run(op: str, tensors: Mapping[str, Any], criteria: tuple[tuple[str, int], ...], compute_dtype: str | None,
-         out: Any) -> Any:
-    first = next(iter(tensors.values()))
-    if type(first) is np.ndarray:  # the common CPU case, without the general checks below
-        kind, index, fw, back = "cpu", 0, _NUMPY, None
-        layout = [(t.shape, t.strides, t.dtype) for t in tensors.values()]
-    else:
-        kind, index, fw, back = _placement(first)
-        if back is not None:
-            tensors = {k: v.numpy() for k, v in tensors.items()}
-            out = out.numpy() if out is not None else None
-        layout = [fw.key(v) for v in tensors.values()]
-    # the op's signature fixes the tensor names and their order (a bias adds one)
-    key = (op, kind, index, criteria, compute_dtype, *layout)
+def _layout(t: Any) -> tuple[Any, ...]:
+    """What a cached choice depends on, read as cheaply as the tensor library allows."""
+    if type(t) is np.ndarray:
+        return t.shape, t.strides, t.dtype
+    try:
+        return t.shape, t.stride(), t.dtype, t.device  # a torch tensor (its device names the runtime and index)
+    except (AttributeError, TypeError):
+        if isinstance(t, np.ndarray):
+            return t.shape, t.strides, t.dtype
+        raise InputError("expected a numpy array or a torch tensor", field="tensor", value=type(t).__name__) from None
+
+
+def _run(op: str, tensors: Mapping[str, Any], params: Any, criteria: Callable[[], tuple[tuple[str, int], ...]],
+         compute_dtype: str | None, out: Any) -> Any:
+    """The per-call path: one dictionary lookup on the tensors' layouts and the op's raw arguments
+    (``params``), then the library call. ``criteria()`` is evaluated only when a new shape is bound."""
+    key = (op, params, compute_dtype, *[_layout(t) for t in tensors.values()])
     cached = RUNTIMES.cache.get(key)
     if cached is None:
-        described = {k: fw.describe(v) for k, v in tensors.items()}
-        cached = _bind(op, kind, index, described, criteria, compute_dtype, key)
+        cached = _bind(op, tensors, criteria(), compute_dtype, key)
+    if cached.back is not None:  # torch tensors on the CPU run as numpy arrays (shared memory)
+        tensors = {k: v.numpy() for k, v in tensors.items()}
+        out = out.numpy() if out is not None else None
     if out is None:
         if cached.produce is not None:
             result = cached.produce(tensors)
-            return result if back is None else back(result)
-        out = fw.empty(first if back is None else None, cached.out_dims, cached.out_dtype)
-    elif fw.describe(out)[0] != cached.out_dims:
-        raise InputError(f"out must have shape {list(cached.out_dims)}", field="out", value=list(fw.describe(out)[0]))
+            return result if cached.back is None else cached.back(result)
+        out = cached.framework.empty(next(iter(tensors.values())), cached.out_dims, cached.out_dtype)
+    elif cached.framework.describe(out)[0] != cached.out_dims:
+        raise InputError(f"out must have shape {list(cached.out_dims)}", field="out",
+                         value=list(cached.framework.describe(out)[0]))
     cached.bound.run({**tensors, cached.out_id: out})
-    return out if back is None else back(out)
+    return out if cached.back is None else cached.back(out)
 
 
-def _bind(op: str, kind: str, index: int, described: Mapping[str, tuple], criteria: tuple[tuple[str, int], ...],
-          compute_dtype: str | None, key: tuple[Any, ...]) -> _Cached:
+def _bind(op: str, tensors: Mapping[str, Any], criteria: tuple[tuple[str, int], ...], compute_dtype: str | None,
+          key: tuple[Any, ...]) -> _Cached:
+    kind, index, fw, back = _placement(next(iter(tensors.values())))
+    if back is not None:
+        tensors = {k: v.numpy() for k, v in tensors.items()}
+    described = {k: fw.describe(v) for k, v in tensors.items()}
     problem = Problem.create(op, {k: {"dims": d, "strides": s, "dtype": t} for k, (d, s, t) in described.items()},
                              criteria=dict(criteria), compute_dtype=compute_dtype)
     rt = RUNTIMES.get(kind, index)
     bound = rt.bind(problem.key, problem)
     out_id = problem.output_ids[0]
     desc = problem.tensor(out_id)
-    cached = _Cached(bound, out_id, desc.dims, desc.dtype, bound.produce)
+    cached = _Cached(bound, out_id, desc.dims, desc.dtype, bound.produce, fw, back)
     RUNTIMES.cache[key] = cached
     return cached
 
@@ -276,20 +281,32 @@ def _pair(value: int | tuple[int, int], name: str) -> tuple[int, int]:
 def matmul(a: Any, b: Any, bias: Any = None, *, out: Any = None, compute_dtype: str | None = None) -> Any:
     """``a @ b (+ bias)``; batched when ``a`` has more than two dims. ``compute_dtype="tf32"`` allows TF32."""
     tensors = {"A": a, "B": b} if bias is None else {"A": a, "B": b, "bias": bias}
-    return _run("matmul", tensors, (), compute_dtype, out)
+    return _run("matmul", tensors, (), _no_criteria, compute_dtype, out)
+
+
+def _no_criteria() -> tuple[tuple[str, int], ...]:
+    return ()
 
 
 def sdpa(q: Any, k: Any, v: Any, *, causal: bool = False, out: Any = None) -> Any:
     """softmax(q k^T / sqrt(d)) v on [batch, heads, seq, dim] tensors (grouped-query when k/v have fewer heads)."""
-    return _run("sdpa_fwd", {"Q": q, "K": k, "V": v}, (("causal", int(bool(causal))),), None, out)
+    return _run("sdpa_fwd", {"Q": q, "K": k, "V": v}, bool(causal), lambda: (("causal", int(bool(causal))),), None, out)
 
 
 def conv2d(x: Any, w: Any, *, stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
            dilation: int | tuple[int, int] = 1, groups: int = 1, out: Any = None) -> Any:
     """2-D convolution, NCHW input, KCRS filter (no bias)."""
-    sh, sw = _pair(stride, "stride")
-    ph, pw = _pair(padding, "padding")
-    dh, dw = _pair(dilation, "dilation")
-    criteria = (("dilation_h", dh), ("dilation_w", dw), ("groups", int(groups)), ("pad_h", ph), ("pad_w", pw),
+    params = (stride, padding, dilation, groups)
+    try:
+        hash(params)
+    except TypeError:  # lists: made hashable (and checked) the slow way
+        params = (_pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation"), groups)
+
+    def criteria() -> tuple[tuple[str, int], ...]:
+        sh, sw = _pair(stride, "stride")
+        ph, pw = _pair(padding, "padding")
+        dh, dw = _pair(dilation, "dilation")
+        return (("dilation_h", dh), ("dilation_w", dw), ("groups", int(groups)), ("pad_h", ph), ("pad_w", pw),
                 ("stride_h", sh), ("stride_w", sw))
-    return _run("conv_fprop", {"X": x, "W": w}, criteria, None, out)
+
+    return _run("conv_fprop", {"X": x, "W": w}, params, criteria, None, out)

@@ -578,3 +578,41 @@ def test_a_noisy_candidate_near_the_top_is_measured_again_and_does_not_win_on_no
     # b's median is lower, but it is noisy and within noise of the stable default: the default stays first
     assert by["b"].median_ms < by["a"].median_ms
     assert [r.engine_name for r in results][:2] == ["a", "b"]
+
+
+def test_host_time_per_call_counts_where_the_device_runs_asynchronously():
+    """A plan that spends 3 ms of host time per call loses to a slower-on-device one that does not,
+    on a device with a stream (the event timer's lead hides host time from the samples)."""
+    from fakes import ScriptedTimer
+
+    light, heavy = FakeEngine("light"), FakeEngine("heavy", host_s=0.003)
+    times = {"light": 1.0, "heavy": 0.5}
+    current = {}
+    t = tuner_with(light, heavy, timer=ScriptedTimer(lambda: times[current["name"]]))
+    t.device.stream = object()  # asynchronous: host time is measured apart
+    t.device.synchronize = lambda: None
+    for e in (light, heavy):
+        orig = e.compile
+
+        def compile(problem, knobs, device, _orig=orig, _name=e.name):
+            plan = _orig(problem, knobs, device)
+            run = plan.run
+
+            def tracked(tensors, ws, stream, _run=run):
+                current["name"] = _name
+                return _run(tensors, ws, stream)
+
+            plan.run = tracked
+            return plan
+
+        e.compile = compile
+    t.add_all_engines()
+    results = t.autotune(config=AutotuneConfig(strategy="fixed_average", timed_iterations=3, check="off"))
+    by = {r.engine_name: r for r in results}
+    assert by["heavy"].median_ms == 0.5 and by["heavy"].host_ms >= 3.0 and by["heavy"].time_ms >= 3.0
+    assert by["light"].host_ms < 1.0 and by["light"].time_ms == 1.0
+    assert results[0].engine_name == "light"
+    # on a synchronous device (no stream) the samples are the whole cost: no host time is taken
+    t2 = tuner_with(FakeEngine("x"), FakeEngine("y"))
+    t2.add_all_engines()
+    assert all(r.host_ms is None for r in t2.autotune(config=AutotuneConfig(strategy="single_shot")))
