@@ -186,8 +186,8 @@ def run_gpu(workload_path: str, published: str, results: str | None, rounds: int
         sel = meta.get("selection") or {}
         default = (sel.get("default") or {}).get("label")
         tuned = entry is not None and default is not None and published_label != default
-        measured = (sel.get("default") or {}).get("time_ms")
-        measured_speedup = measured / sel["time_ms"] if measured and sel.get("time_ms") else None
+        measured = (sel.get("default") or {}).get("median_time_ms")
+        measured_speedup = measured / meta["median_time_ms"] if measured and meta.get("median_time_ms") else None
         rows.append({
             "problem": wp.name, "op": p.op, "direct_ms": t["direct"], "replay_ms": t["replay"],
             "direct_host_us": host["direct"], "replay_host_us": host["replay"],

@@ -207,14 +207,6 @@ class AutotuneResult:
     compile_ms: float | None = None
     tuning_ms: float = 0.0
     started_at: str = ""
-    host_ms: float | None = None  # host time to issue one call (asynchronous devices): see _Run._host_time
-
-    @property
-    def time_ms(self) -> float | None:
-        """What one call costs production in a steady loop: the device's median time, or the host's when slower."""
-        if self.median_ms is None:
-            return self.min_ms
-        return max(self.median_ms, self.host_ms) if self.host_ms is not None else self.median_ms
 
     @property
     def succeeded(self) -> bool:
@@ -565,7 +557,6 @@ class _Run:
         self._baseline_source = ""
         self._best: tuple[float, float] | None = None  # (median, MAD) of the fastest candidate so far
         self._alone = False  # one candidate only: nothing to tie with
-        self._plain_call: Callable[[], None] | None = None  # the current candidate's call, as replay issues it
         self._tolerance = max(dtypes.RELATIVE_TOLERANCE.get(tuner.problem.compute_dtype, 1e-2),
                               max(dtypes.RELATIVE_TOLERANCE.get(tuner.problem.tensor(o).dtype, 1e-2)
                                   for o in tuner.problem.output_ids))
@@ -732,21 +723,18 @@ class _Run:
             return
         timed, per_call, note = self._timed_call(plan, workspace, cand)
         samples: list[float] = []
-        host_ms = None
         try:
             converged = self._sample(timed, per_call, samples)
             if self._noisy_near_top(samples):
                 # its noise would decide ties: measure again rather than promote or demote it on noise
                 converged = self._sample(timed, per_call, samples)
                 note = "; ".join(x for x in (note, f"noisy near the top: re-measured ({len(samples)} samples)") if x)
-            host_ms = self._host_time(timed)
         except Exception as exc:
             self._finish(cand, Disposition.FAILED_RUN, error=f"{cand.engine.name}: run {len(samples) + 1}: {_err(exc)}",
                          workspace=ws, warmups=warmups, samples=samples, max_err=max_err)
             return
         self._finish(cand, Disposition.SUCCEEDED, workspace=ws, warmups=warmups, samples=samples,
-                     converged=converged, max_err=max_err, error="; ".join(x for x in (cand.note, note) if x),
-                     host_ms=host_ms)
+                     converged=converged, max_err=max_err, error="; ".join(x for x in (cand.note, note) if x))
         self._plans[(cand.spec.engine_id, cand.spec.knobs)] = (cand.spec, cand.engine, plan)
 
     def _sample(self, timed: Callable[[int], Callable[[], None]], per_call: int, samples: list[float]) -> bool:
@@ -762,27 +750,6 @@ class _Run:
                 stop, converged = self.rule.done(samples[first:], (time.perf_counter() - t0) * 1e3)
                 if stop:
                     return converged
-
-    def _host_time(self, timed: Callable[[int], Callable[[], None]]) -> float | None:
-        """Host time to issue one call, for devices that run asynchronously (a stream: GPUs), else None.
-
-        Calls are issued back to back without waiting for the device, as a production loop issues them
-        (the event timer's lead hides this cost): where it exceeds the device time, the host is what a
-        caller waits for. Plain runs, never a graph replay (a replay issues no graph).
-        """
-        dev = self.t.device
-        if dev.stream is None or self._plain_call is None:
-            return None
-        call, reps = self._plain_call, []
-        with timed_section():
-            for _ in range(3):
-                dev.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(5):
-                    call()
-                reps.append((time.perf_counter() - t0) / 5 * 1e3)
-            dev.synchronize()
-        return float(np.median(reps))
 
     def _noisy_near_top(self, samples: Sequence[float]) -> bool:
         """Noisy, and within noise of (or faster than) the best candidate measured so far."""
@@ -817,7 +784,6 @@ class _Run:
         else:
             def call(tensors: Mapping[str, Any]) -> None:
                 plan.run(tensors, workspace, dev.stream)
-        self._plain_call = lambda: call(self.tensors)
         repeats = self.cfg.graph_repeats
         capture = dev.extras.get("capture_graph")
         if repeats and capture is not None:
@@ -891,7 +857,7 @@ class _Run:
     # -- bookkeeping -----------------------------------------------------------------
     def _finish(self, cand: _Candidate, disposition: Disposition, *, error: str = "", workspace: int | None = None,
                 warmups: int = 0, samples: Sequence[float] = (), converged: bool = False,
-                max_err: float | None = None, host_ms: float | None = None) -> None:
+                max_err: float | None = None) -> None:
         stats = summarize(samples)
         engine = cand.engine
         spent = cand.spent_ms + (cand.compile_ms or 0.0) + ((time.perf_counter() - cand.started) * 1e3 if cand.started else 0.0)
@@ -923,12 +889,11 @@ class _Run:
             compile_ms=cand.compile_ms,
             tuning_ms=spent,
             started_at=cand.started_at,
-            host_ms=host_ms,
         )
         self.results.append(result)
-        if disposition is Disposition.SUCCEEDED and result.time_ms is not None:
-            if self._best is None or result.time_ms < self._best[0]:
-                self._best = (result.time_ms, result.mad_ms or 0.0)
+        if disposition is Disposition.SUCCEEDED and result.median_ms is not None:
+            if self._best is None or result.median_ms < self._best[0]:
+                self._best = (result.median_ms, result.mad_ms or 0.0)
         if disposition is Disposition.SUCCEEDED:
             log.info("autotune: %s: %.4f ms min, %.4f ms avg, %d iterations%s", result.label, result.min_ms,
                      result.avg_ms, result.iterations, ", converged" if converged else "")
@@ -957,7 +922,8 @@ def _default_order(results: list[AutotuneResult]) -> list[AutotuneResult]:
     """The farm's winner rule (farm.winner): the faster median wins; the default candidate is kept within noise."""
     if not results:
         return []
-    med = [r.time_ms if r.time_ms is not None else float("inf") for r in results]
+    med = [r.median_ms if r.median_ms is not None else (r.min_ms if r.min_ms is not None else float("inf"))
+           for r in results]
     d = decide(med, [r.mad_ms or 0.0 for r in results], [r.candidate for r in results],
                default=_earliest_default(results))
     return [results[i] for i in d.ranked]

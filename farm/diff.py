@@ -75,7 +75,7 @@ def _from_results(folder: Path) -> dict[Hashable, _Side]:
     from .job import decide_folder
 
     d = decide_folder(folder)
-    return {key: _Side(w.signature, w.problem_name, w.label, w.time_ms) for key, w in d.winners.items()}
+    return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms) for key, w in d.winners.items()}
 
 
 def compare(old: dict[Hashable, _Side], new: dict[Hashable, _Side]) -> list[DiffRow]:

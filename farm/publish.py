@@ -155,11 +155,8 @@ def _desc(e: OverrideEntry) -> str:
 
 
 def _ms(e: OverrideEntry) -> float | None:
-    """The time the winner rule compared (selection.time_ms), else the median, else the minimum."""
     meta = e.metadata or {}
-    v = (meta.get("selection") or {}).get("time_ms") if isinstance(meta.get("selection"), dict) else None
-    if not isinstance(v, (int, float)):
-        v = meta.get("median_time_ms", meta.get("min_time_ms"))
+    v = meta.get("median_time_ms", meta.get("min_time_ms"))
     return float(v) if isinstance(v, (int, float)) else None
 
 

@@ -46,7 +46,7 @@ log = logging.getLogger("farm.reduce")
 _DICT_COLUMNS = ("problem_json", "problem_name", "engine_name", "device_json", "round", "mode", "strategy", "job_id")
 _COLUMNS = ("device_signature", "problem_key", "candidate_key", "candidate_index", "engine_name", "problem_json",
             "problem_name", "device_json", "round", "mode", "strategy", "job_id", "measured_at", "min_ms", "avg_ms",
-            "stddev_ms", "median_ms", "mad_ms", "host_ms", "iterations", "converged", "workspace_bytes", "ran_exhaustive")
+            "stddev_ms", "median_ms", "mad_ms", "iterations", "converged", "workspace_bytes", "ran_exhaustive")
 WINNERS_SUFFIX = ".winners.parquet"
 
 
@@ -64,18 +64,16 @@ class Winner:
     problem_name: str
     engine_name: str
     knobs: KnobSettings
-    time_ms: float  # what the rule compares: the device median, or the host time per call when larger
-    median_ms: float | None  # the device's median
-    host_ms: float | None  # host time to issue one call (GPUs)
+    median_ms: float
     min_ms: float | None
     mad_ms: float | None
     noisy: bool
     rule: Rule
     why: str  # '' when the winner is the fastest measured candidate
     fastest: str  # label of the fastest measured candidate
-    fastest_ms: float  # its time (as time_ms)
+    fastest_ms: float
     default: str | None  # label of the default candidate (None: none measured)
-    default_ms: float | None  # its time (as time_ms)
+    default_ms: float | None
     candidates: int  # candidates compared
     row: int  # index into the decided table
 
@@ -85,12 +83,11 @@ class Winner:
 
     @property
     def speedup_over_default(self) -> float | None:
-        return self.default_ms / self.time_ms if self.default_ms and self.time_ms else None
+        return self.default_ms / self.median_ms if self.default_ms and self.median_ms else None
 
     def as_dict(self) -> dict[str, Any]:
         return {"engine_name": self.engine_name, "knobs": dict(self.knobs), "label": self.label,
-                "time_ms": self.time_ms, "median_ms": self.median_ms, "host_ms": self.host_ms, "min_ms": self.min_ms,
-                "mad_ms": self.mad_ms, "noisy": self.noisy,
+                "median_ms": self.median_ms, "min_ms": self.min_ms, "mad_ms": self.mad_ms, "noisy": self.noisy,
                 "rule": self.rule.value, "why": self.why, "fastest": self.fastest, "fastest_ms": self.fastest_ms,
                 "default": self.default, "default_ms": self.default_ms,
                 "speedup_over_default": self.speedup_over_default, "candidates": self.candidates}
@@ -212,13 +209,9 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     median = table["median_ms"].to_numpy(zero_copy_only=False).astype(float)
     fallback = table["min_ms"].to_numpy(zero_copy_only=False).astype(float)
     median = np.where(np.isnan(median), fallback, median)
-    # the cost production pays per call: the device's median, or the host's issue time when that is larger
-    host = table["host_ms"].to_numpy(zero_copy_only=False).astype(float)
-    median = np.fmax(median, np.where(host >= 0, host, np.nan))
     # a row without a usable time (NaN, negative) cannot be compared: it never wins
-    usable = np.isfinite(median) & (median >= 0)
-    table = table.filter(pa.array(usable))
-    median = median[usable]
+    table = table.filter(pa.array(np.isfinite(median) & (median >= 0)))
+    median = median[np.isfinite(median) & (median >= 0)]
     n = table.num_rows
     if n == 0:
         return Decisions(table, {}, {}, tuned, skipped, everything.num_rows)
@@ -255,8 +248,6 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     names = _strings(table["engine_name"]).to_pylist()
     problem_names = _strings(table["problem_name"].take(pa.array(winner))).to_pylist()
     mins = table["min_ms"].to_numpy(zero_copy_only=False).astype(float)
-    device_median = table["median_ms"].to_numpy(zero_copy_only=False).astype(float)
-    host = table["host_ms"].to_numpy(zero_copy_only=False).astype(float)
     noisy = is_noisy(median, mad)
     sigma = noise_sigma(mad)
 
@@ -271,8 +262,7 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
                      fastest_noise=float(sigma[f] / median[f]) if median[f] else 0.0)
         winners[(sigs[g], pkeys[g])] = Winner(
             signature=sigs[g], problem_key=pkeys[g], problem_name=problem_names[g], engine_name=names[w],
-            knobs=_knobs_of(keys[w]), time_ms=float(median[w]), median_ms=_float(device_median[w]),
-            host_ms=_float(host[w]), min_ms=_float(mins[w]), mad_ms=_float(mad[w]),
+            knobs=_knobs_of(keys[w]), median_ms=float(median[w]), min_ms=_float(mins[w]), mad_ms=_float(mad[w]),
             noisy=bool(noisy[w]), rule=rule, why=phrase, fastest=label(f), fastest_ms=float(median[f]),
             default=label(df) if df >= 0 else None, default_ms=float(median[df]) if df >= 0 else None,
             candidates=int(counts[g]), row=w)
@@ -359,27 +349,21 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
     table = decisions.table
     winners = table.take(pa.array([w.row for w in picked], type=pa.int64())).to_pylist()
     ranked_idx = sorted({i for w in picked for i in decisions.top[(w.signature, w.problem_key)]})
-    slim = table.select(["engine_name", "candidate_key", "min_ms", "median_ms", "host_ms"]).take(
-        pa.array(ranked_idx, type=pa.int64()))
+    slim = table.select(["engine_name", "candidate_key", "min_ms", "median_ms"]).take(pa.array(ranked_idx, type=pa.int64()))
     by_row = dict(zip(ranked_idx, slim.to_pylist()))
 
     def brief(i: int) -> dict[str, Any]:
         r = by_row[i]
-        out = {"engine_name": r["engine_name"], "knobs": dict(_knobs_of(r["candidate_key"])),
-               "median_time_ms": _float(r["median_ms"]), "min_time_ms": _float(r["min_ms"])}
-        if r["host_ms"] is not None:
-            out["host_time_ms"] = _float(r["host_ms"])
-        return out
+        return {"engine_name": r["engine_name"], "knobs": dict(_knobs_of(r["candidate_key"])),
+                "median_time_ms": _float(r["median_ms"]), "min_time_ms": _float(r["min_ms"])}
 
     device = json.loads(winners[0]["device_json"])
     entries = []
     for w, row in zip(picked, winners):
-        selection: dict[str, Any] = {"rule": w.rule.value, "why": w.why, "noisy": w.noisy, "time_ms": w.time_ms,
-                                     "fastest": {"label": w.fastest, "time_ms": w.fastest_ms}}
-        if w.host_ms is not None:
-            selection["host_time_ms"] = w.host_ms
+        selection: dict[str, Any] = {"rule": w.rule.value, "why": w.why, "noisy": w.noisy,
+                                     "fastest": {"label": w.fastest, "median_time_ms": w.fastest_ms}}
         if w.default is not None:
-            selection["default"] = {"label": w.default, "time_ms": w.default_ms}
+            selection["default"] = {"label": w.default, "median_time_ms": w.default_ms}
         meta = autotune_metadata(
             rank=0, min_ms=_float(row["min_ms"]), avg_ms=_float(row["avg_ms"]), stddev_ms=_float(row["stddev_ms"]),
             workspace=int(row["workspace_bytes"] or 0), mode=row["mode"], ran_exhaustive=bool(row["ran_exhaustive"]),
@@ -398,10 +382,10 @@ WINNERS_SCHEMA = pa.schema([
     ("device_signature", pa.string()), ("arch", pa.string()), ("device_name", pa.string()),
     ("problem_key", pa.string()), ("problem_name", pa.string()), ("op", pa.string()),
     ("engine_name", pa.string()), ("knobs", pa.list_(KNOB_TYPE)), ("candidate_key", pa.string()),
-    ("time_ms", pa.float64()), ("median_ms", pa.float64()), ("host_ms", pa.float64()), ("min_ms", pa.float64()),
-    ("mad_ms", pa.float64()), ("noisy", pa.bool_()), ("rule", pa.string()), ("why", pa.string()),
-    ("fastest", pa.string()), ("fastest_ms", pa.float64()),
-    ("default", pa.string()), ("default_ms", pa.float64()), ("speedup_over_default", pa.float64()),
+    ("median_ms", pa.float64()), ("min_ms", pa.float64()), ("mad_ms", pa.float64()), ("noisy", pa.bool_()),
+    ("rule", pa.string()), ("why", pa.string()),
+    ("fastest", pa.string()), ("fastest_median_ms", pa.float64()),
+    ("default", pa.string()), ("default_median_ms", pa.float64()), ("speedup_over_default", pa.float64()),
     ("candidates", pa.int32()), ("job_id", pa.string()), ("measured_at", pa.timestamp("ms", tz="UTC")),
 ], metadata={b"tunefarm.table": b"winners", b"tunefarm.schema_version": b"1"})
 
@@ -418,10 +402,9 @@ def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winne
             "problem_key": w.problem_key, "problem_name": w.problem_name, "op": json.loads(r["problem_json"])["op"],
             "engine_name": w.engine_name, "knobs": knobs_to_structs(w.knobs),
             "candidate_key": candidate_key(engine_name_to_id(w.engine_name), w.knobs),
-            "time_ms": w.time_ms, "median_ms": w.median_ms, "host_ms": w.host_ms, "min_ms": w.min_ms,
-            "mad_ms": w.mad_ms, "noisy": w.noisy, "rule": w.rule.value, "why": w.why, "fastest": w.fastest,
-            "fastest_ms": w.fastest_ms, "default": w.default, "default_ms": w.default_ms,
-            "speedup_over_default": w.speedup_over_default,
+            "median_ms": w.median_ms, "min_ms": w.min_ms, "mad_ms": w.mad_ms, "noisy": w.noisy,
+            "rule": w.rule.value, "why": w.why, "fastest": w.fastest, "fastest_median_ms": w.fastest_ms,
+            "default": w.default, "default_median_ms": w.default_ms, "speedup_over_default": w.speedup_over_default,
             "candidates": w.candidates, "job_id": r["job_id"], "measured_at": r["measured_at"],
         })
     table = pa.Table.from_pylist(records, schema=WINNERS_SCHEMA)
@@ -452,8 +435,7 @@ def write_tunableop_csv(path: str | Path, signature: str, device: dict[str, Any]
         params = "_".join(f"{t.tensor_id}{'x'.join(map(str, t.dims))}" for t in e.tensors)
         crit = "_".join(f"{k}{v}" for k, v in e.criteria if v)
         kernel = e.engine_name + ("[" + ";".join(f"{k}={v}" for k, v in e.knobs) + "]" if e.knobs else "")
-        meta = e.metadata or {}
-        time_ms = (meta.get("selection") or {}).get("time_ms") or meta.get("median_time_ms") or meta.get("min_time_ms")
+        time_ms = (e.metadata or {}).get("median_time_ms") or (e.metadata or {}).get("min_time_ms")
         w.writerow([f"{e.op}_{dtype}", params + (f"_{crit}" if crit else ""), kernel, f"{time_ms:.6f}" if time_ms else ""])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, buf.getvalue())

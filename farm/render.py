@@ -110,7 +110,7 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
     """
     table = Table(title=f"Summary: {len(outcomes)} problem(s) in {wall_s:.1f} s", title_justify="left")
     for col, justify in (("problem", "left"), ("op", "left"), ("candidates", "right"), ("failed", "right"),
-                         ("winner", "left"), ("ms", "right"), ("default ms", "right"), ("speedup", "right"),
+                         ("winner", "left"), ("median ms", "right"), ("default ms", "right"), ("speedup", "right"),
                          ("why", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for o in outcomes:
@@ -122,7 +122,7 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
         speed = w.speedup_over_default if w is not None else None
         table.add_row(Text(o.problem.name), o.problem.problem.op, str(len(o.results) + o.skipped), str(failed),
                       Text(w.label) if w is not None else Text(o.error or "no winner", style="red"),
-                      fmt_ms(w.time_ms if w else None), fmt_ms(w.default_ms if w else None),
+                      fmt_ms(w.median_ms if w else None), fmt_ms(w.default_ms if w else None),
                       f"{speed:.2f}x" if speed else "-", Text(note, style="dim"))
     return table
 
@@ -202,7 +202,7 @@ def reduce_dict(report: Any) -> dict[str, Any]:
 
 def winners_query(out: str) -> str:
     """The SQL that lists the winners of a run folder (the README's query)."""
-    return (f"SELECT problem_name, engine_name, knobs, time_ms, why "
+    return (f"SELECT problem_name, engine_name, knobs, median_ms, why "
             f"FROM '{out}/overrides/*.winners.parquet' ORDER BY device_signature, problem_name")
 
 
@@ -240,7 +240,7 @@ def farm_outcomes(workload: Any, report: Any, signature: str) -> list[ProblemOut
         w = report.summary.winner(signature, wp.problem.key) if report.summary else None
         first = (w.engine_name, tuple(w.knobs)) if w is not None else None
         ok = sorted((r for r in latest.values() if r.succeeded),
-                    key=lambda r: ((r.engine_name, tuple(r.knobs)) != first, r.time_ms, r.candidate))
+                    key=lambda r: ((r.engine_name, tuple(r.knobs)) != first, r.median_ms, r.candidate))
         bad = [r for r in latest.values() if not r.succeeded]
         ranked = [dc.replace(r, rank=i) for i, r in enumerate(ok)] + [dc.replace(r, rank=-1) for r in bad]
         out.append(ProblemOutcome(wp, tuple(ranked), skipped.get(wp.name, ""), 0.0))

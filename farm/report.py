@@ -154,11 +154,11 @@ def _problem(rows: list[dict[str, Any]], winner: Winner) -> ProblemSummary:
     for r in rows:
         if r["_device"] not in device_best or r["median_ms"] < device_best[r["_device"]][0]:
             device_best[r["_device"]] = (r["median_ms"], _candidate(r))
-    win_times = [r["median_ms"] for r in win_rows] or [winner.time_ms]
+    win_times = [r["median_ms"] for r in win_rows] or [winner.median_ms]
     first = rows[0]
     return ProblemSummary(
         key=first["problem_key"], name=first["problem_name"], label=first["problem_label"], candidates=len(cands),
-        winner=winner.label, winner_ms=winner.time_ms, default=winner.default or "-", default_ms=winner.default_ms,
+        winner=winner.label, winner_ms=winner.median_ms, default=winner.default or "-", default_ms=winner.default_ms,
         why=winner.why,
         cov=statistics.median(_cov(r["samples_ms"] or []) for r in win_rows) if win_rows else 0.0,
         device_winners={d: c for d, (_, c) in device_best.items()},

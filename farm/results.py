@@ -108,8 +108,6 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("max_rel_error", pa.float64(), "numerical check: relative error vs the reference"),
     ("compile_ms", pa.float64(), "time to compile this candidate's plan (a failed compile too)"),
     ("tuning_ms", pa.float64(), "wall time spent on this candidate: priming, compile and measurement"),
-    ("host_ms", pa.float64(), "host time to issue one call, back to back (GPUs; null on the CPU): the winner rule "
-                              "counts the larger of this and median_ms"),
 )
 FILE_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in COLUMNS],
                         metadata={b"tunefarm.schema_version": str(SCHEMA_VERSION).encode()})
@@ -242,7 +240,6 @@ def result_row(result: AutotuneResult, problem: Problem, problem_name: str, run:
         "max_rel_error": result.max_rel_error,
         "compile_ms": result.compile_ms,
         "tuning_ms": result.tuning_ms,
-        "host_ms": result.host_ms,
         "device_signature": dev.signature,
         "op": problem.op,
     }

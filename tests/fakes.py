@@ -58,10 +58,6 @@ class FakePlan:
     def run(self, tensors: Mapping[str, Any], workspace: Any, stream: Any) -> None:
         e = self.engine
         e.calls.run += 1
-        if e.host_s:
-            import time
-
-            time.sleep(e.host_s)
         if self.knobs.get("global.benchmarking"):
             e.primed_runs += 1
             if e.fail_at == "prime":
@@ -88,9 +84,8 @@ class FakeEngine:
 
     def __init__(self, name: str, *, knobs: tuple[Knob, ...] = (), exhaustive: bool = False,
                  fail_at: str = "", wrong: bool = False, estimate: int = 0, actual: int | None = None,
-                 priority: int = 100, applicable: bool = True, host_s: float = 0.0) -> None:
+                 priority: int = 100, applicable: bool = True) -> None:
         self.name = name
-        self.host_s = host_s  # host time every run spends (a launch-heavy plan)
         self.knobs = knobs
         self.supports_exhaustive = exhaustive
         self.fail_at = fail_at
@@ -151,8 +146,7 @@ def fake_props(name: str = "Fake GPU", arch: str = "sm_90", units: int = 132, in
 
 
 def fake_result(problem: Problem, engine: str, samples=(1.0, 1.0, 1.0), *, knobs=(), candidate: int = 0,
-                disposition=None, strategy: str = "run_until_stable", started_at: str = "2026-11-30T00:00:00.000Z",
-                host_ms: float | None = None):
+                disposition=None, strategy: str = "run_until_stable", started_at: str = "2026-11-30T00:00:00.000Z"):
     """An AutotuneResult with the given samples (statistics computed from them)."""
     from farm.autotune import AutotuneResult, Disposition, TuneMode
     from farm.ids import engine_name_to_id
@@ -166,7 +160,7 @@ def fake_result(problem: Problem, engine: str, samples=(1.0, 1.0, 1.0), *, knobs
         disposition=disposition, mode=TuneMode.STANDARD, strategy=Strategy(strategy), candidate=candidate,
         error="" if ok else "boom", min_ms=st.min, avg_ms=st.mean, stddev_ms=st.stddev, median_ms=st.median,
         mad_ms=st.mad, samples=tuple(samples) if ok else (), iterations=len(samples) if ok else 0,
-        converged=ok, workspace_size=0, estimated_workspace=0, started_at=started_at, host_ms=host_ms,
+        converged=ok, workspace_size=0, estimated_workspace=0, started_at=started_at,
     )
 
 
