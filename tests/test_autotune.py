@@ -82,34 +82,7 @@ def test_workspace_overrun_after_compile_is_logged_when_the_estimate_fit(caplog)
 def test_default_ranking_is_the_farm_winner_rule():
     # a is the default (first discovered, default knobs); b is 0.2 % faster (within the 0.5 % floor);
     # c has the lowest minimum but the slowest median: the median decides, not the minimum
-    times = {"a": [1.0, 1.0, 1.0], "b": [0.998, 0.998, 0.998], "c": [3.0, 0.5, 3.0]}
-    engines = [FakeEngine(n) for n in times]
-    seqs = {n: iter(v * 10) for n, v in times.items()}
-    current = {}
-
-    class PerEngineTimer:
-        def measure(self, fn):
-            fn()
-            return next(seqs[current["name"]])
-
-    t = tuner_with(*engines, timer=PerEngineTimer())
-    t.add_all_engines()
-    # route the timer to the engine whose plan runs: wrap each fake's compile
-    for e in engines:
-        orig = e.compile
-
-        def compile(problem, knobs, device, _orig=orig, _name=e.name):
-            plan = _orig(problem, knobs, device)
-            run = plan.run
-
-            def tracked(tensors, ws, stream, _run=run):
-                current["name"] = _name
-                return _run(tensors, ws, stream)
-
-            plan.run = tracked
-            return plan
-
-        e.compile = compile
+    t = _per_engine_tuner({"a": [1.0, 1.0, 1.0], "b": [0.998, 0.998, 0.998], "c": [3.0, 0.5, 3.0]})
     results = t.autotune(config=AutotuneConfig(strategy="fixed_average", timed_iterations=3))
     assert [r.engine_name for r in results] == ["a", "b", "c"]
     assert [r.rank for r in results] == [0, 1, 2]
