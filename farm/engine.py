@@ -265,6 +265,25 @@ def _check_engine(engine: Any) -> None:
         raise TypeError(f"{engine!r} is not an engine: missing {', '.join(missing)}")
 
 
+def file_knobs(engine: Engine, knobs: Iterable[tuple[str, Any]], *, source: str) -> KnobSettings:
+    """Knob settings read from a file (override entry, replay results), validated exactly like a workload's.
+
+    Raises InputError naming the source, engine, knob and value; the benchmarking knob is never
+    taken from a file (the tuner alone sets it).
+    """
+    from .errors import InputError
+    from .knobs import normalize_settings
+
+    items = list(knobs)
+    if any(name == BENCHMARKING_KNOB for name, _ in items):
+        raise InputError(f"{BENCHMARKING_KNOB} is set by the tuner, not by a file",
+                         field=f"engine {engine.name} knob {BENCHMARKING_KNOB}", source=source)
+    try:
+        return normalize_settings(user_knobs(engine), items, engine=engine.name)
+    except InputError as exc:
+        raise exc.within(source=source) from None
+
+
 def settings_to_resolved(engine: Engine, settings: KnobSettings, *, benchmarking: bool = False) -> dict[str, KnobValue]:
     """Full knob values for compile: defaults + settings (+ the benchmarking knob when priming)."""
     values = resolve(engine_knobs(engine), settings)

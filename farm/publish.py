@@ -210,6 +210,15 @@ def validate_for_publish(f: OverrideFile, name: str) -> DeviceProperties:
                          f"({props.signature})", source=name)
     if Path(name).suffix == ".json" and Path(name).stem not in (props.signature,) and "://" not in name:
         raise InputError(f"the file name does not match its device signature {props.signature}", source=name)
+    from .engine import default_engine_registry, file_knobs
+
+    registry = default_engine_registry()
+    for i, e in enumerate(f.entries):
+        if e.engine_name in registry:  # engines we do not have (hipDNN's own) are published as they are
+            try:
+                file_knobs(registry.get(e.engine_name), e.knobs, source=name)
+            except InputError as exc:
+                raise exc.within(prefix=f"engine_overrides[{i}]") from None
     return props
 
 

@@ -36,8 +36,8 @@ import yaml
 
 from .autotune import AutotuneConfig, Autotuner
 from .device import Device
-from .engine import EngineRegistry, default_engine_registry, settings_to_resolved
-from .errors import AutotuneError, FarmError
+from .engine import EngineRegistry, default_engine_registry, file_knobs, settings_to_resolved
+from .errors import AutotuneError, FarmError, InputError
 from .fsutil import atomic_write_text, move_aside
 from .knobs import KnobSettings, format_settings
 from .overrides import OverrideEntry, OverrideFile, autotune_metadata, load_overrides, merge_entries, write_overrides
@@ -149,6 +149,7 @@ class TunableRuntime:
         self._results_loaded = False
         self._selector: Selector | None = None
         self._untuned: set[str] = set()
+        self._warned: set[Any] = set()
         self.measurements = 0  # autotune() calls made (0 when everything replays)
         self._insert_ordinal = True  # the device ordinal goes into the results file name
 
@@ -207,6 +208,11 @@ class TunableRuntime:
     def untuned_filename(self) -> str:
         p = Path(self.get_filename())
         return str(p.with_name(p.stem.replace("results", "untuned") + ".yaml"))
+
+    def _warn_once(self, key: Any, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
 
     def _say(self, message: str, *args: Any) -> None:
         (log.warning if self.settings.verbose else log.info)("autotune: " + message, *args)
@@ -287,7 +293,8 @@ class TunableRuntime:
             self._ensure_results()
             entry = self._results.match(problem) if self._results else None
             if entry is not None:
-                bound = self._compile(problem, entry.engine_name, entry.knobs, "recorded")
+                bound = self._compile(problem, entry.engine_name, entry.knobs, "recorded",
+                                      origin=self._results.source if self._results else "")
                 if bound is not None:
                     self._say("replay %s: %s[%s]", problem.label(), entry.engine_name, format_settings(entry.knobs))
                     return bound
@@ -310,9 +317,21 @@ class TunableRuntime:
                 return bound
         raise FarmError(f"no engine chosen for {problem.label()} compiles here")
 
-    def _compile(self, problem: Problem, engine_name: str, knobs: KnobSettings, source: str) -> Bound | None:
+    def _compile(self, problem: Problem, engine_name: str, knobs: KnobSettings, source: str,
+                 origin: str = "") -> Bound | None:
+        """Compile the chosen engine; ``origin`` names where its knobs were read (a file), for errors."""
         try:
             engine = self.registry.get(engine_name)
+        except FarmError as exc:
+            log.info("autotune: %s for %s: %s", engine_name, problem.label(), exc)
+            return None
+        try:
+            # knobs come from files (recorded winners, override files): validated like a workload's, never run raw
+            knobs = file_knobs(engine, tuple(knobs), source=origin or source)
+        except InputError as exc:
+            self._warn_once(("knobs", origin or source, engine_name, str(exc)), "autotune: %s: not used", exc)
+            return None
+        try:
             if not engine.applicable(problem, self.exec_device):
                 return None
             plan = engine.compile(problem, settings_to_resolved(engine, tuple(knobs)), self.exec_device)

@@ -60,6 +60,19 @@ class _Session:
             self._said.add((message, key))
             log.info("autotune: Config " + message, *args)
 
+    def _valid_knobs(self, entry: Any, source: str) -> Any:
+        """The entry's knobs validated like a workload's, or None: declined, with one warning per entry."""
+        from farm.engine import default_engine_registry, file_knobs
+
+        try:
+            return file_knobs(default_engine_registry().get(entry.engine_name), entry.knobs, source=source)
+        except FarmError as exc:
+            key = ("knobs", source, str(exc))
+            if key not in self._said:
+                self._said.add(key)
+                log.warning("autotune: Config declines %s: %s", entry.engine_name, exc)
+            return None
+
     def _resolve(self, root: str) -> str | None:
         """The file for this device under a published root; looked up again only when index.json changes
         (on an object store, s3:// or gs://, at most every REMOTE_REFRESH_S seconds)."""
@@ -132,8 +145,11 @@ class _Session:
             self._once((f.source, entry.engine_name), "declines: %s names %s, which is not a candidate here",
                        f.source, entry.engine_name)
             return None
+        knobs = self._valid_knobs(entry, f.source)
+        if knobs is None:
+            return None
         order = (eid,) + tuple(c for c in candidates if c != eid)
-        return Choice(order, {eid: entry.knobs})
+        return Choice(order, {eid: knobs})
 
 
 class ConfigPolicy:

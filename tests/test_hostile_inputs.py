@@ -1,0 +1,93 @@
+"""Hostile and broken inputs: never a silent wrong answer, never outside the root, never a traceback.
+
+Each case builds a bad input of one format and checks what the farm does with it: the value is validated
+exactly like a workload's, the error names the file, field and value, and nothing is run or written where
+it should not be.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import farm.ops as ops
+from farm.device import cpu_device
+from farm.overrides import OverrideEntry, write_overrides
+from farm.problem import Problem
+
+PROBLEM = Problem.create("matmul", {"A": [48, 40], "B": [40, 24]}, dtype="fp32")
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch):
+    for name in ("FARM_HEUR_CONFIG_PATH", "HIPDNN_HEUR_CONFIG_PATH", "FARM_HEUR_POLICY_ORDER", "FARM_TUNABLE_ENABLED",
+                 "FARM_TUNABLE_TUNING", "FARM_TUNABLE_FILENAME"):
+        monkeypatch.delenv(name, raising=False)
+    ops.reset()
+    yield
+    ops.reset()
+
+
+def _override_file(path, knobs, engine="cpu.matmul.blocked"):
+    dev = cpu_device()
+    write_overrides(path, [OverrideEntry.for_problem(PROBLEM, engine, knobs, {"rank": 0})],
+                    device={"signature": dev.signature, "properties": dev.properties.to_dict()}, mode="replace")
+    return path
+
+
+def _operands():
+    rng = np.random.default_rng(3)
+    return rng.random((48, 40), dtype=np.float32), rng.random((40, 24), dtype=np.float32)
+
+
+@pytest.mark.parametrize("knobs", [(("block_k", -1),), (("block_k", 0),), (("block_k", 100),),
+                                   (("tile", 7),), (("global.benchmarking", 1),), (("block_k", "64"),)])
+def test_an_override_knob_outside_the_engines_declared_values_is_never_run(tmp_path, monkeypatch, caplog, knobs):
+    """block_k: -1 made farm.ops.matmul return zeros; block_k: 0 raised out of the production call."""
+    path = _override_file(tmp_path / "ovr.json", knobs)
+    monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", str(path))
+    a, b = _operands()
+    with caplog.at_level(logging.WARNING):
+        c = ops.matmul(a, b)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5)
+    [choice] = ops.choices()
+    assert choice["source"] == "SelectionHeuristic::StaticOrdering"  # Config declined; the next policy answered
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any(str(path) in m and knobs[0][0] in m for m in warned), warned
+
+
+def test_a_recorded_winner_with_a_bad_knob_is_not_replayed(tmp_path, monkeypatch, caplog):
+    dev = cpu_device()
+    results = tmp_path / "farm_tunable_results0.json"
+    _override_file(results, (("block_k", -1),))
+    monkeypatch.setenv("FARM_TUNABLE_ENABLED", "1")
+    monkeypatch.setenv("FARM_TUNABLE_TUNING", "0")
+    monkeypatch.setenv("FARM_TUNABLE_FILENAME", str(tmp_path / "farm_tunable_results.json"))
+    a, b = _operands()
+    with caplog.at_level(logging.WARNING):
+        c = ops.matmul(a, b)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5)
+    assert ops.choices()[0]["source"] != "recorded"
+    assert any("block_k" in r.getMessage() and str(results) in r.getMessage() for r in caplog.records)
+    assert dev.signature  # the file was for this device: only the knob was wrong
+
+
+def test_farm_publish_refuses_a_file_with_a_bad_knob(tmp_path, repo_root):
+    folder = tmp_path / "overrides"
+    folder.mkdir()
+    dev = cpu_device()
+    _override_file(folder / f"{dev.signature}.json", (("block_k", -1),))
+    data = json.loads((folder / f"{dev.signature}.json").read_text())
+    data["engine_overrides"][0]["autotune_metadata"].update({"median_time_ms": 1.0, "mode": "standard"})
+    (folder / f"{dev.signature}.json").write_text(json.dumps(data))
+    env = dict(os.environ, PYTHONPATH=repo_root)
+    proc = subprocess.run([sys.executable, "-m", "farm", "publish", str(folder), "--to", str(tmp_path / "root")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    line = proc.stderr.strip()
+    assert "block_k" in line and "-1" in line and f"{dev.signature}.json" in line, line
+    assert not (tmp_path / "root" / "index.json").exists()
