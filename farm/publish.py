@@ -44,7 +44,8 @@ NOISE_FLOOR = 0.03  # relative; below this a slower re-measurement is noise
 
 def _arch_dir(arch: str) -> str:
     """A folder name for an arch: ``sm_90``, ``gfx942`` (target features dropped), ``x86_64-skylakex``."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", arch.split(":")[0]) or "unknown"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", arch.split(":")[0]) or "unknown"
+    return "_" + name if name.startswith(".") else name  # never "." or "..": a folder inside the root
 
 
 def _now() -> str:
@@ -65,8 +66,23 @@ class Store:
             Path(root).mkdir(parents=True, exist_ok=True)
             self.fs, self.path, self.local = pafs.LocalFileSystem(), str(Path(root).resolve()), True
 
-    def join(self, *parts: str) -> str:
-        return posixpath.join(self.path, *parts)
+    def join(self, rel: str) -> str:
+        """The full path of ``rel``, which must stay inside the root (paths come from index.json too)."""
+        if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel or rel.startswith("/") \
+                or re.match(r"^[A-Za-z]+:", rel):
+            raise InputError("the path is not a relative path inside the published root", field="path",
+                             value=rel, source=self.uri)
+        norm = posixpath.normpath(rel)
+        if norm == ".." or norm.startswith("../"):
+            raise InputError("the path leaves the published root", field="path", value=rel, source=self.uri)
+        target = posixpath.join(self.path, norm)
+        if self.local:  # a symbolic link inside the root must not lead out of it either
+            root = os.path.realpath(self.path)
+            real = os.path.realpath(target)
+            if real != root and not real.startswith(root + os.sep):
+                raise InputError("the path leads out of the published root", field="path", value=rel,
+                                 source=self.uri)
+        return target
 
     def read(self, rel: str) -> str | None:
         import pyarrow as pa
@@ -306,10 +322,14 @@ def find_published(root: str, props: DeviceProperties) -> tuple[str, str] | None
     except InputError:
         index = {}
     exact = index.get(props.signature)
-    rel = exact["path"] if exact else f"{_arch_dir(props.arch)}/{props.signature}.json"
+    rel = f"{_arch_dir(props.arch)}/{props.signature}.json"
+    if isinstance(exact, dict) and exact.get("path") != rel:
+        log.warning("publish: %s/%s: entry %s names path %r, not %r; using the layout's path", root, INDEX,
+                    props.signature, exact.get("path"), rel)
     if store.read(rel) is not None:
         return _local(store, rel), ""
-    same_arch = [e for e in index.values() if e.get("arch") == props.arch]
+    same_arch = [e for e in index.values() if isinstance(e, dict) and e.get("arch") == props.arch
+                 and _indexed_path_ok(store, e)]
     if not same_arch:
         return None
     best = same_arch[0]
@@ -324,6 +344,20 @@ def find_published(root: str, props: DeviceProperties) -> tuple[str, str] | None
             f"(differs in: {', '.join(differs) or 'the hash only'})")
     log.warning("publish: %s", note)
     return _local(store, best["path"]), note
+
+
+def _indexed_path_ok(store: Store, entry: dict[str, Any]) -> bool:
+    """An index entry may be followed only where its path is the layout's for its own arch and signature."""
+    sig, arch, path = entry.get("signature"), entry.get("arch"), entry.get("path")
+    if not isinstance(sig, str) or not isinstance(arch, str) or path != f"{_arch_dir(arch)}/{sig}.json":
+        log.warning("publish: %s/%s: entry %r with path %r is not the layout's; ignored", store.uri, INDEX, sig, path)
+        return False
+    try:
+        store.join(path)
+    except InputError as exc:
+        log.warning("publish: %s", exc)
+        return False
+    return True
 
 
 def _local(store: Store, rel: str) -> str:

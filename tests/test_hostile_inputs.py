@@ -91,3 +91,42 @@ def test_farm_publish_refuses_a_file_with_a_bad_knob(tmp_path, repo_root):
     line = proc.stderr.strip()
     assert "block_k" in line and "-1" in line and f"{dev.signature}.json" in line, line
     assert not (tmp_path / "root" / "index.json").exists()
+
+
+# -- paths from files never leave their root --------------------------------------------------------
+@pytest.mark.parametrize("bad_path", ["../outside.json", "/etc/passwd", "sub/../../outside.json", "x86/../../x.json",
+                                      "C:/x.json", "a\\\\..\\\\b.json"])
+def test_a_published_index_cannot_point_the_config_policy_outside_its_root(tmp_path, monkeypatch, caplog, bad_path):
+    """index.json's `path` was followed as given: `../x.json`, absolute paths and /etc/passwd were applied."""
+    from farm.publish import publish
+
+    dev = cpu_device()
+    good = tmp_path / "good"
+    good.mkdir()
+    _override_file(good / f"{dev.signature}.json", (("block_k", 64),))
+    data = json.loads((good / f"{dev.signature}.json").read_text())
+    data["engine_overrides"][0]["autotune_metadata"].update({"median_time_ms": 1.0, "mode": "standard"})
+    (good / f"{dev.signature}.json").write_text(json.dumps(data))
+    root = tmp_path / "root"
+    publish(good, str(root))
+    # an attacker's file outside the root, naming another engine, and an index that points at it
+    _override_file(tmp_path / "outside.json", (), engine="cpu.matmul.einsum")
+    published = next(root.rglob(f"{dev.signature}.json"))
+    published.unlink()
+    index = json.loads((root / "index.json").read_text())
+    index["files"][dev.signature]["path"] = bad_path
+    (root / "index.json").write_text(json.dumps(index))
+    monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", str(root))
+    a, b = _operands()
+    with caplog.at_level(logging.WARNING):
+        c = ops.matmul(a, b)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5)
+    [choice] = ops.choices()
+    assert choice["engine"] != "cpu.matmul.einsum" and choice["source"] == "SelectionHeuristic::StaticOrdering"
+
+
+def test_an_arch_named_dot_dot_publishes_inside_the_root(tmp_path):
+    from farm.publish import _arch_dir
+
+    assert _arch_dir("..") == "_.." and _arch_dir(".") == "_." and _arch_dir("../../etc") == "_.._.._etc"
+    assert _arch_dir("sm_90") == "sm_90" and _arch_dir("gfx942:sramecc+:xnack-") == "gfx942"
