@@ -38,7 +38,9 @@ from .fsutil import atomic_write_text, fsync_dir, temp_path
 from .ids import engine_name_to_id
 from .knobs import KnobSettings, format_settings
 from .overrides import OverrideEntry, WriteReport, autotune_metadata, load_overrides, write_overrides
-from .results import DATASET_SCHEMA, KNOB_TYPE, PARTITIONING, ResultsDataset, candidate_key, knobs_to_structs, spec_of
+from .errors import InputError
+from .results import DATASET_SCHEMA, KNOB_TYPE, PARTITIONING, ResultsDataset, candidate_key, knobs_to_structs, \
+    safe_signature, spec_of
 from .winner import Rule, decide_groups, is_noisy, noise_sigma, why
 
 log = logging.getLogger("farm.reduce")
@@ -254,8 +256,15 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     def label(i: int) -> str:
         return candidate_label(names[i], _knobs_of(keys[i]))
 
+    row_sigs = [_signature_in(d) for d in _strings(table["device_json"].take(pa.array(winner))).to_pylist()]
     winners: dict[tuple[str, str], Winner] = {}
     for g, (w, f, df) in enumerate(zip(winner.tolist(), fastest.tolist(), dflt.tolist())):
+        if row_sigs[g] != sigs[g]:
+            # the folder's name and the rows disagree: trust neither with an override file
+            log.warning("reduce: rows under device_signature=%s are for device %r; problem %s skipped",
+                        sigs[g], row_sigs[g], pkeys[g])
+            tuned.get(sigs[g], set()).discard(pkeys[g])
+            continue
         rule = Rule(d.rule[g])
         phrase = why(rule, winner_ms=float(median[w]), fastest_ms=float(median[f]), fastest_label=label(f),
                      threshold_ms=float(d.threshold_ms[g]),
@@ -267,6 +276,14 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
             default=label(df) if df >= 0 else None, default_ms=float(median[df]) if df >= 0 else None,
             candidates=int(counts[g]), row=w)
     return Decisions(table, winners, top, tuned, skipped, everything.num_rows)
+
+
+def _signature_in(device_json: str) -> str:
+    try:
+        value = json.loads(device_json).get("signature")
+    except (ValueError, AttributeError):
+        return ""
+    return value if isinstance(value, str) else ""
 
 
 def reduce_results(results_dir: str | Path, out_dir: str | Path, *, top_k: int = 3, mode: str = "append",
@@ -282,7 +299,10 @@ def reduce_results(results_dir: str | Path, out_dir: str | Path, *, top_k: int =
         data = ResultsDataset(results_dir)
         decisions = decide_results(data, incumbents=load_incumbents(incumbents, data), top_k=top_k)
     reports = []
-    for signature in sorted(decisions.tuned):
+    for signature in sorted(s for s, keys in decisions.tuned.items() if keys):
+        if not safe_signature(signature):  # the rows' own signature (see decide_results): never a path
+            raise InputError("not a device signature; refusing to write a file named after it",
+                             field="device_signature", value=signature, source=str(results_dir))
         rep = SignatureReport(signature, problems=len(decisions.tuned[signature]))
         picked = decisions.of(signature)
         rep.no_winner = sorted(decisions.tuned[signature] - {w.problem_key for w in picked})

@@ -17,11 +17,13 @@ import functools
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 from typing import Any, Iterable, Mapping, Sequence
 
 import pyarrow as pa
@@ -346,7 +348,7 @@ class ResultsDataset:
             rel = path.relative_to(self.root)
             if any(part.startswith((".", "_")) for part in rel.parts):
                 continue  # temp files of writers in progress
-            reason = _check_file(path)
+            reason = _check_layout(rel) or _check_file(path)
             if reason:
                 log.warning("results: skipping %s: %s", path, reason)
                 self.skipped.append(SkippedFile(str(path), reason))
@@ -372,6 +374,28 @@ class ResultsDataset:
         for pk, ck in zip(t.column("problem_key").to_pylist(), t.column("candidate_key").to_pylist()):
             done.setdefault(pk, set()).add(ck)
         return done
+
+
+SIGNATURE_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,199}$")
+OP_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+def safe_signature(signature: str) -> bool:
+    """A device signature usable as a file name: what device_signature() makes (no path separators, no '..')."""
+    return bool(SIGNATURE_RE.match(signature)) and ".." not in signature
+
+
+def _check_layout(rel: Path) -> str:
+    """'' when a file sits at device_signature=<signature>/op=<op>/, else why it is not a results file here."""
+    parts = rel.parts
+    if len(parts) != 3 or not parts[0].startswith("device_signature=") or not parts[1].startswith("op="):
+        return "not in a device_signature=<signature>/op=<op>/ folder"
+    sig = unquote(parts[0].split("=", 1)[1])
+    if not safe_signature(sig):
+        return f"the folder names no device signature ({sig!r})"
+    if not OP_RE.match(unquote(parts[1].split("=", 1)[1])):
+        return f"the folder names no op ({parts[1]!r})"
+    return ""
 
 
 def _check_file(path: Path) -> str:

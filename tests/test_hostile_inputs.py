@@ -130,3 +130,44 @@ def test_an_arch_named_dot_dot_publishes_inside_the_root(tmp_path):
 
     assert _arch_dir("..") == "_.." and _arch_dir(".") == "_." and _arch_dir("../../etc") == "_.._.._etc"
     assert _arch_dir("sm_90") == "sm_90" and _arch_dir("gfx942:sramecc+:xnack-") == "gfx942"
+
+
+# -- farm reduce writes only inside --out, under the rows' own signature ------------------------------
+def test_a_partition_folder_named_like_a_path_is_skipped_and_nothing_is_written_outside(tmp_path):
+    """device_signature=..%2F..%2Fpwned made farm reduce write ../../pwned.json outside --out."""
+    import shutil
+
+    from farm.reduce import reduce_results
+    from tests.fakes import fake_props, fake_result, matmul_problem, write_results
+
+    p = matmul_problem()
+    gpu = fake_props()
+    write_results(tmp_path / "results", {gpu: [(p, "p", [fake_result(p, "e", (1.0, 1.0, 1.0))])]})
+    good = next((tmp_path / "results").glob("device_signature=*"))
+    bad = tmp_path / "results" / "device_signature=..%2F..%2Fpwned"
+    shutil.copytree(good, bad)
+    out = tmp_path / "deep" / "er" / "out"
+    report = reduce_results(tmp_path / "results", out)
+    assert [s.signature for s in report.signatures] == [gpu.signature]
+    assert any("device_signature=..%2F..%2Fpwned" in path for path, _ in report.skipped_files)
+    assert not list(tmp_path.rglob("pwned*"))
+    assert sorted(f.name for f in out.iterdir() if not f.name.startswith(".")) == \
+        [f"{gpu.signature}.json", f"{gpu.signature}.winners.parquet"]
+
+
+def test_rows_whose_own_device_disagrees_with_their_folder_get_no_override(tmp_path, caplog):
+    import shutil
+
+    from farm.reduce import reduce_results
+    from tests.fakes import fake_props, fake_result, matmul_problem, write_results
+
+    p = matmul_problem()
+    a, b = fake_props(), fake_props("Other GPU", arch="gfx942")
+    write_results(tmp_path / "results", {a: [(p, "p", [fake_result(p, "e", (1.0, 1.0, 1.0))])]})
+    src = next((tmp_path / "results").glob("device_signature=*"))
+    shutil.copytree(src, tmp_path / "results" / f"device_signature={b.signature}")  # a's rows under b's name
+    with caplog.at_level(logging.WARNING):
+        report = reduce_results(tmp_path / "results", tmp_path / "out")
+    assert [s.signature for s in report.signatures] == [a.signature]
+    assert not (tmp_path / "out" / f"{b.signature}.json").exists()
+    assert any("are for device" in r.getMessage() for r in caplog.records)
