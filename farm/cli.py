@@ -6,23 +6,38 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
 
 from . import __version__
-from .errors import FarmError
+from .errors import FarmError, InputError
 
 log = logging.getLogger("farm.cli")
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class _SafeConsole(Console):
+    """A console that prints the text of names and messages with their control characters made visible:
+    a name from a file (workload, results, override file) cannot move the cursor or retitle the terminal."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            seg if seg.control else Segment(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", seg.text), seg.style)
+            for seg in buffer)
 
 
 def _console(stderr: bool = False) -> Console:
     probe = Console(stderr=stderr)
     # piped output (logs, CI) gets wide tables rather than 80-column wrapping
-    return Console(stderr=stderr, highlight=False, width=None if probe.is_terminal else 200)
+    return _SafeConsole(stderr=stderr, highlight=False, width=None if probe.is_terminal else 200)
 
 
 def _print_json(data: Any) -> None:
@@ -71,12 +86,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     registry = default_engine_registry()
     workload = load_workload(args.workload, registry)  # every input error surfaces here, before any device time
-    out = args.out or f"runs/{workload.name}"
+    out = args.out or f"runs/{_folder_name(workload.name)}"
     if args.dry_run:
         return _dry_run(workload, _local_device(args.devices), registry, args.json)
     if args.in_process:
         return _tune_in_process(args, workload, out, registry)
     return _tune_on_ray(args, workload, out)
+
+
+def _folder_name(name: str) -> str:
+    """A workload's name as one folder under runs/: no separators, no '..', no control characters."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "workload"
+    return safe[:100]
 
 
 def _local_device(spec: str) -> Any:
@@ -198,6 +219,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from .publish import publish
     from .render import publish_dict, publish_tables
 
+    if not args.to.strip():
+        raise InputError("the publishing root must not be empty", field="--to", value=args.to)
     reports = publish(args.overrides, args.to, force=args.force, replace=args.replace, dry_run=args.dry_run)
     if args.json:
         _print_json(publish_dict(reports))
@@ -375,10 +398,18 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+class _SafeFormatter(logging.Formatter):
+    """Log lines with control characters made visible (names in them come from files)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+                         for line in super().format(record).split("\n"))
+
+
 def _setup_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("farm")
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -171,3 +171,30 @@ def test_rows_whose_own_device_disagrees_with_their_folder_get_no_override(tmp_p
     assert [s.signature for s in report.signatures] == [a.signature]
     assert not (tmp_path / "out" / f"{b.signature}.json").exists()
     assert any("are for device" in r.getMessage() for r in caplog.records)
+
+
+# -- names and paths from the command line and workloads ----------------------------------------------
+def _farm(repo_root, *args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=repo_root)
+    return subprocess.run([sys.executable, "-m", "farm", *map(str, args)], cwd=cwd or repo_root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_workload_named_like_a_path_writes_under_runs(tmp_path, repo_root):
+    # YAML's double-quoted escapes: \e is ESC, \a is BEL (raw control characters are not valid YAML)
+    (tmp_path / "w.yaml").write_text(
+        'name: "../../escape\\e]0;pwned\\a"\nproblems:\n'
+        '  - {name: "mm\\e[2J", op: matmul, dtype: fp32, tensors: {A: [8, 4], B: [4, 8]}}\n')
+    proc = _farm(repo_root, "tune", tmp_path / "w.yaml", "--in-process", cwd=tmp_path / ".")
+    assert proc.returncode == 0, proc.stderr
+    written = [p.relative_to(tmp_path) for p in tmp_path.rglob("job.json")]
+    assert len(written) == 1 and written[0].parts[0] == "runs" and len(written[0].parts) == 3, written
+    assert "\x1b" not in proc.stdout + proc.stderr  # the names are shown, their escape sequences are not run
+    assert "\\x1b" in proc.stdout
+
+
+def test_publish_to_an_empty_root_is_a_one_line_error(tmp_path, repo_root):
+    (tmp_path / "o").mkdir()
+    proc = _farm(repo_root, "publish", tmp_path / "o", "--to", "")
+    assert proc.returncode == 2 and "--to" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
