@@ -190,7 +190,11 @@ def cmd_reduce(args: argparse.Namespace) -> int:
         for path, reason in report.skipped_files:
             _console(stderr=True).print(f"[yellow]skipped[/] {escape(path)}: {escape(reason)}")
         console.print(reduce_table(report))
-    return 0 if any(s.entries for s in report.signatures) else 1
+    if not any(s.entries for s in report.signatures):
+        _console(stderr=True).print(f"nothing to reduce: no successful measurement in {escape(str(args.results))} "
+                                    f"({report.rows} rows read)")
+        return 1
+    return 0
 
 
 # -- farm policies --------------------------------------------------------------------------
@@ -322,14 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=_positive_int, default=128,
                    help="split problems with more candidates across devices, then re-measure finalists (default 128)")
     p.add_argument("--finalist-k", type=_positive_int, default=3, help="finalists per shard (default 3)")
-    p.add_argument("--candidate-timeout", type=float, default=120.0,
+    p.add_argument("--candidate-timeout", type=_positive_seconds, default=120.0,
                    help="seconds without a result before a worker counts as hung and is restarted (default 120)")
     p.add_argument("--cpu-threads", type=_positive_int, default=None,
                    help="BLAS threads of each CPU worker (default: what production uses: this process's count on a "
                         "local Ray instance, the host's usable cores on a cluster); part of the CPU device signature")
-    p.add_argument("--progress-every", type=float, default=10.0,
+    p.add_argument("--progress-every", type=_positive_seconds, default=10.0,
                    help="seconds between progress lines when output is not a terminal (default 10)")
-    p.add_argument("--top-k", type=int, default=3, help="ranking depth kept in the override metadata (default 3)")
+    p.add_argument("--top-k", type=_positive_int, default=3, help="ranking depth kept in the override metadata (default 3)")
     p.add_argument("--no-reduce", action="store_true", help="write results only, no override files")
     p.add_argument("--incumbents", metavar="PATH",
                    help="override file, folder or published root: its winners are kept when a new candidate "
@@ -341,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reduce", help="turn a results dataset into one override file per device signature")
     p.add_argument("results", help="results folder (e.g. runs/x/results)")
     p.add_argument("--out", required=True, help="folder for <device_signature>.json files")
-    p.add_argument("--top-k", type=int, default=3, help="ranking depth kept in the metadata (default 3)")
+    p.add_argument("--top-k", type=_positive_int, default=3, help="ranking depth kept in the metadata (default 3)")
     p.add_argument("--mode", choices=("append", "replace", "new"), default="append",
                    help="append: replace matching entries, keep the rest (default); replace: start over; "
                         "new: refuse to touch an existing file")
@@ -378,6 +382,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_diff)
     return parser
+
+
+def _positive_seconds(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive, finite number of seconds, got {text!r}")
+    return value
 
 
 def _positive_int(text: str) -> int:

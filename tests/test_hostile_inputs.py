@@ -198,3 +198,43 @@ def test_publish_to_an_empty_root_is_a_one_line_error(tmp_path, repo_root):
     proc = _farm(repo_root, "publish", tmp_path / "o", "--to", "")
     assert proc.returncode == 2 and "--to" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+# -- jobs where nothing succeeds finish, say so, and exit 1 ------------------------------------------
+@pytest.mark.parametrize("executor", [["--in-process"], ["--devices", "cpu:1"]])
+def test_a_job_where_no_candidate_can_run_finishes_with_exit_code_1(tmp_path, repo_root, executor):
+    """An int8 matmul on the CPU (no engine applies) ended in IndexError and a job.json saying 'running'."""
+    (tmp_path / "w.yaml").write_text("name: int8\nproblems:\n"
+                                     "  - {name: mm8, op: matmul, dtype: int8, tensors: {A: [8, 4], B: [4, 8]}}\n")
+    proc = _farm(repo_root, "tune", tmp_path / "w.yaml", "--out", tmp_path / "o", *executor)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "no winner" in proc.stdout and "mm8" in proc.stdout
+    run = json.loads((tmp_path / "o" / "job.json").read_text())["runs"][-1]
+    assert run["state"] == "finished" and run["winners"] == 0 and "mm8" in next(iter(run["no_winner"].values()))
+    # and reducing that folder (or an empty one) says there was nothing to reduce
+    for folder in (tmp_path / "o" / "results", tmp_path):
+        red = _farm(repo_root, "reduce", folder, "--out", tmp_path / "r")
+        assert red.returncode == 1 and "nothing to reduce" in red.stderr and "Traceback" not in red.stderr
+
+
+@pytest.mark.parametrize("flag,value", [("--candidate-timeout", "-1"), ("--candidate-timeout", "nan"),
+                                        ("--candidate-timeout", "inf"), ("--progress-every", "0"),
+                                        ("--top-k", "0"), ("--top-k", "-2")])
+def test_cli_numbers_out_of_range_are_one_line_errors(repo_root, flag, value):
+    proc = _farm(repo_root, "tune", "examples/cpu-quick.yaml", "--dry-run", f"{flag}={value}")
+    assert proc.returncode == 2 and flag in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_nan_or_negative_times_never_win_a_reduce(tmp_path):
+    from farm.reduce import reduce_results
+    from tests.fakes import fake_props, fake_result, matmul_problem, write_results
+
+    p, gpu = matmul_problem(), fake_props()
+    write_results(tmp_path / "results", {gpu: [(p, "p", [
+        fake_result(p, "honest", (1.0, 1.0, 1.0), candidate=0),
+        fake_result(p, "negative", (-5.0, -5.0, -5.0), candidate=1),
+        fake_result(p, "nan", (float("nan"),) * 3, candidate=2)])]})
+    reduce_results(tmp_path / "results", tmp_path / "out")
+    from farm.overrides import load_overrides
+
+    assert load_overrides(tmp_path / "out" / f"{gpu.signature}.json").match(p).engine_name == "honest"
