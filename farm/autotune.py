@@ -149,6 +149,7 @@ class AutotuneConfig:
         need(self.compile_workers >= 0, "compile_workers", "must be >= 0")
         need(self.rotating_buffers >= 0, "rotating_buffers", "must be >= 0")
         need(self.graph_repeats >= 0, "graph_repeats", "must be >= 0")
+        need(isinstance(self.cold_cache, bool), "cold_cache", "must be true or false")
         if self.strategy is Strategy.RUN_UNTIL_STABLE:
             need(self.window >= 2, "window", "must be >= 2")
             need(self.max_iterations >= self.window, "max_iterations", f"must be >= window ({self.window})")

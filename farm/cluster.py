@@ -218,7 +218,14 @@ class DeviceWorkerImpl:
         batch: list[AutotuneResult] = []
         last = time.perf_counter()
         while True:
-            item = items.get()
+            try:
+                item = items.get(timeout=stream_interval_s)
+            except queue.Empty:
+                # nothing new: send what is measured now, so a candidate that hangs next costs only itself
+                if batch:
+                    yield batch
+                    batch, last = [], time.perf_counter()
+                continue
             if isinstance(item, TaskEnd):
                 if batch:
                     yield batch

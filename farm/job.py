@@ -104,6 +104,22 @@ class JobDir:
         self.write_job(record)
 
 
+def _lock_job_folder(job: JobDir) -> Any:
+    """One run at a time writes into a job folder: a second one gets a clear error, not doubled measurements."""
+    from filelock import FileLock, Timeout
+
+    if job.root.exists() and not job.root.is_dir():
+        raise InputError("--out must be a folder", source=str(job.root))
+    job.root.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(job.root / ".job.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise InputError("another farm tune is running into this folder; wait for it to finish or use another --out",
+                         source=str(job.root)) from None
+    return lock
+
+
 def decide_folder(results_dir: str | Path) -> Decisions:
     """The reducer's decisions for a results folder, with the incumbents its job used (job.json), if any.
 
@@ -161,8 +177,14 @@ class JobRun:
         self.t0 = time.perf_counter()
         self.workload = workload
         self.job = JobDir(Path(out))
-        self.record, self.run = self.job.start(workload, settings, job_id)
-        self.writer = ResultWriter(self.job.results, self.run.run_id)
+        self._lock = _lock_job_folder(self.job)
+        try:
+            self.record, self.run = self.job.start(workload, settings, job_id)
+        except BaseException:
+            self._lock.release()
+            raise
+        # rows reach disk within about a second of being measured, however long the next candidate takes
+        self.writer = ResultWriter(self.job.results, self.run.run_id, flush_seconds=1.0, background=True)
         self.counts: dict[str, int] = {}
         self._skipped: dict[str, dict[str, str]] = {}
         self._signatures: set[str] = set()
@@ -211,6 +233,7 @@ class JobRun:
         self.job.finish(self.record, self.run, state="finished", rows_written=summary.rows_written, counts=summary.counts,
                         signatures=sorted(self._signatures), problems=problems, winners=summary.winners,
                         no_winner=no_winner, wall_s=summary.wall_s, **fields)
+        self._lock.release()
         return summary
 
     def fail(self, exc: BaseException) -> None:
@@ -218,6 +241,7 @@ class JobRun:
             self.writer.close()
         finally:
             self.job.finish(self.record, self.run, state="failed", error=f"{type(exc).__name__}: {exc}")
+            self._lock.release()
 
 
 @dataclass

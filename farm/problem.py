@@ -27,6 +27,9 @@ def contiguous_strides(dims: Sequence[int]) -> tuple[int, ...]:
     return tuple(strides)
 
 
+INT64_MAX = (1 << 63) - 1
+
+
 def _int_list(value: Any, *, field_path: str, minimum: int) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         raise InputError("expected a non-empty list of integers", field=field_path, value=value)
@@ -35,6 +38,8 @@ def _int_list(value: Any, *, field_path: str, minimum: int) -> tuple[int, ...]:
         if isinstance(item, bool) or not isinstance(item, int) or item < minimum:
             kind = "positive integers" if minimum > 0 else "integers >= 0"
             raise InputError(f"expected a list of {kind}", field=field_path, value=list(value))
+        if item > INT64_MAX:  # Parquet, FlatBuffers and every library take 64-bit sizes
+            raise InputError(f"{item} does not fit in 64 bits", field=field_path, value=list(value))
         out.append(int(item))
     return tuple(out)
 
@@ -270,6 +275,8 @@ def _criteria(spec: OpSpec, given: Mapping[str, int]) -> dict[str, int]:
             value = int(value)
         if not isinstance(value, int):
             raise InputError("criteria are integer-coded", field=f"criteria.{name}", value=value)
+        if not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise InputError("does not fit in 64 bits", field=f"criteria.{name}", value=value)
         crit[name] = int(value)
     return crit
 

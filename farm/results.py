@@ -252,10 +252,13 @@ class ResultWriter:
 
     Rows are buffered per partition and flushed when ``flush_rows`` rows are
     waiting or ``flush_seconds`` have passed since the last flush, and on
-    :meth:`flush` / :meth:`close`.
+    :meth:`flush` / :meth:`close`. With ``background`` a thread also flushes rows
+    that have waited ``flush_seconds`` when no new row arrives (a long candidate
+    must not keep earlier ones in memory, where a killed process loses them).
     """
 
-    def __init__(self, root: str | Path, run_id: str, *, flush_rows: int = 256, flush_seconds: float = 2.0) -> None:
+    def __init__(self, root: str | Path, run_id: str, *, flush_rows: int = 256, flush_seconds: float = 2.0,
+                 background: bool = False) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id
@@ -268,6 +271,20 @@ class ResultWriter:
         self._lock = threading.Lock()
         self.rows_written = 0
         self.files_written: list[Path] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._flush_when_due, name="farm-results-flush", daemon=True)
+            self._thread.start()
+
+    def _flush_when_due(self) -> None:
+        while not self._stop.wait(min(self.flush_seconds, 0.5)):
+            with self._lock:
+                if self._pending and time.monotonic() - self._last_flush >= self.flush_seconds:
+                    try:
+                        self._flush_locked()
+                    except OSError as exc:  # the next append or close() reports it
+                        log.warning("results: background flush failed: %s", exc)
 
     def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
         with self._lock:
@@ -297,6 +314,9 @@ class ResultWriter:
             self._flush_locked()
 
     def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
         self.flush()
 
     def __enter__(self) -> "ResultWriter":

@@ -122,6 +122,7 @@ def load_workload(path: str | Path, registry: EngineRegistry | None = None) -> W
         raise InputError(f"cannot read the workload file: {exc.strerror}", source=source) from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _no_duplicate_keys(node, source)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -133,6 +134,24 @@ def load_workload(path: str | Path, registry: EngineRegistry | None = None) -> W
     except InputError as exc:
         line = _locate(node, exc.field)
         raise exc.within(source=f"{source}:{line}" if line else source) from None
+
+
+def _no_duplicate_keys(node: Any, source: str) -> None:
+    """A key given twice in one mapping is an error (YAML would keep the last one silently)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key, value in n.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in seen:
+                        raise InputError(f"key given twice (first on line {seen[key.value]})", field=key.value,
+                                         source=f"{source}:{key.start_mark.line + 1}")
+                    seen[key.value] = key.start_mark.line + 1
+                stack.append(value)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
 
 
 def parse_workload(data: Any, *, source: str = "<workload>", registry: EngineRegistry, text: str = "") -> Workload:

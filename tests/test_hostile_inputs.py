@@ -238,3 +238,59 @@ def test_nan_or_negative_times_never_win_a_reduce(tmp_path):
     from farm.overrides import load_overrides
 
     assert load_overrides(tmp_path / "out" / f"{gpu.signature}.json").match(p).engine_name == "honest"
+
+
+# -- workloads: one-line errors before any device time ----------------------------------------------
+@pytest.mark.parametrize("text,field", [
+    ("name: w\nname: v\nproblems: []\n", "name"),  # YAML keeps the last silently
+    ("name: w\nautotune: {cold_cache: 'no'}\nproblems:\n  - {name: a, op: matmul, tensors: {A: [2, 2], B: [2, 2]}}\n",
+     "cold_cache"),
+    ("name: w\nproblems:\n  - {name: a, op: matmul, tensors: {A: [2, 9223372036854775808], B: [9223372036854775808, 2]}}\n",
+     "dims"),
+    ("name: w\nproblems:\n  - {name: a, op: conv_fprop, criteria: {pad_h: 99999999999999999999},\n"
+     "     tensors: {X: [1, 1, 4, 4], W: [1, 1, 3, 3]}}\n", "pad_h"),
+])
+def test_bad_workloads_are_one_line_errors(tmp_path, repo_root, text, field):
+    (tmp_path / "w.yaml").write_text(text)
+    proc = _farm(repo_root, "tune", tmp_path / "w.yaml", "--dry-run")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and field in err and "w.yaml" in err, err
+
+
+# -- measurements reach disk; one writer per job folder ----------------------------------------------
+def test_rows_reach_disk_within_a_second_without_another_row_arriving(tmp_path):
+    """The driver's writer flushed only on the next append: a long candidate kept the earlier rows in memory,
+    and a kill -9 of the driver lost them."""
+    import time
+
+    from farm.results import MeasurementContext, ResultWriter, RunContext, result_row
+    from tests.fakes import fake_props, fake_result, matmul_problem
+
+    p, gpu = matmul_problem(), fake_props()
+    run = RunContext(job_id="j")
+    w = ResultWriter(tmp_path, run.run_id, flush_rows=1000, flush_seconds=0.3, background=True)
+    try:
+        w.append([result_row(fake_result(p, "e"), p, "p", run, MeasurementContext(gpu))])
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not list(tmp_path.rglob("part-*.parquet")):
+            time.sleep(0.05)
+        assert len(list(tmp_path.rglob("part-*.parquet"))) == 1 and w.rows_written == 1
+    finally:
+        w.close()
+    assert w.rows_written == 1  # close() wrote nothing twice
+
+
+def test_a_second_farm_tune_into_the_same_folder_is_refused(tmp_path, repo_root):
+    """Two farm tune processes into one --out measured everything twice and lost one run's 'finished'."""
+    from filelock import FileLock
+
+    (tmp_path / "w.yaml").write_text("name: w\nproblems:\n  - {name: a, op: matmul, tensors: {A: [4, 4], B: [4, 4]}}\n")
+    out = tmp_path / "o"
+    out.mkdir()
+    with FileLock(str(out / ".job.lock")):  # what a running farm tune holds
+        proc = _farm(repo_root, "tune", tmp_path / "w.yaml", "--out", out, "--in-process")
+    assert proc.returncode == 2 and "another farm tune is running into this folder" in proc.stderr
+    assert not (out / "job.json").exists()
+    proc = _farm(repo_root, "tune", tmp_path / "w.yaml", "--out", out, "--in-process")  # free again
+    assert proc.returncode == 0, proc.stderr
