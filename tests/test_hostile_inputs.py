@@ -44,17 +44,23 @@ def _operands():
     return rng.random((48, 40), dtype=np.float32), rng.random((40, 24), dtype=np.float32)
 
 
-@pytest.mark.parametrize("knobs", [(("block_k", -1),), (("block_k", 0),), (("block_k", 100),),
-                                   (("tile", 7),), (("global.benchmarking", 1),), (("block_k", "64"),)])
-def test_an_override_knob_outside_the_engines_declared_values_is_never_run(tmp_path, monkeypatch, caplog, knobs):
-    """block_k: -1 made farm.ops.matmul return zeros; block_k: 0 raised out of the production call."""
-    path = _override_file(tmp_path / "ovr.json", knobs)
-    monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", str(path))
+def _replay_with_config(monkeypatch, caplog, config_path):
+    """farm.ops.matmul with FARM_HEUR_CONFIG_PATH set: checks the answer, returns the choice made."""
+    monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", str(config_path))
     a, b = _operands()
     with caplog.at_level(logging.WARNING):
         c = ops.matmul(a, b)
     np.testing.assert_allclose(c, a @ b, rtol=1e-5)
     [choice] = ops.choices()
+    return choice
+
+
+@pytest.mark.parametrize("knobs", [(("block_k", -1),), (("block_k", 0),), (("block_k", 100),),
+                                   (("tile", 7),), (("global.benchmarking", 1),), (("block_k", "64"),)])
+def test_an_override_knob_outside_the_engines_declared_values_is_never_run(tmp_path, monkeypatch, caplog, knobs):
+    """block_k: -1 made farm.ops.matmul return zeros; block_k: 0 raised out of the production call."""
+    path = _override_file(tmp_path / "ovr.json", knobs)
+    choice = _replay_with_config(monkeypatch, caplog, path)
     assert choice["source"] == "SelectionHeuristic::StaticOrdering"  # Config declined; the next policy answered
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any(str(path) in m and knobs[0][0] in m for m in warned), warned
@@ -116,12 +122,7 @@ def test_a_published_index_cannot_point_the_config_policy_outside_its_root(tmp_p
     index = json.loads((root / "index.json").read_text())
     index["files"][dev.signature]["path"] = bad_path
     (root / "index.json").write_text(json.dumps(index))
-    monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", str(root))
-    a, b = _operands()
-    with caplog.at_level(logging.WARNING):
-        c = ops.matmul(a, b)
-    np.testing.assert_allclose(c, a @ b, rtol=1e-5)
-    [choice] = ops.choices()
+    choice = _replay_with_config(monkeypatch, caplog, root)
     assert choice["engine"] != "cpu.matmul.einsum" and choice["source"] == "SelectionHeuristic::StaticOrdering"
 
 
