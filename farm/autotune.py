@@ -39,7 +39,7 @@ from .compile_claims import CompileQueue
 from .device import Device, cpu_device
 from .engine import Engine, EngineConfig, EngineRegistry, Plan, default_engine_registry, settings_to_resolved
 from .errors import AutotuneError, InputError, UsageError
-from .knobs import KnobSettings, KnobValue, format_settings
+from .knobs import KnobSettings, KnobValue, candidate_label
 from .plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection
 from .problem import Problem
 from .reference import has_reference, reference
@@ -219,7 +219,7 @@ class AutotuneResult:
 
     @property
     def label(self) -> str:
-        return f"{self.engine_name}[{format_settings(self.knobs)}]"
+        return candidate_label(self.engine_name, self.knobs)
 
 
 @dataclass
@@ -359,7 +359,7 @@ class Autotuner:
 
     def plan_name_at_index(self, index: int) -> str:
         spec, engine, _ = self._at(index)
-        return f"{engine.name}[{format_settings(spec.knobs)}]"
+        return candidate_label(engine.name, spec.knobs)
 
     def execute_plan_at_index(self, index: int, tensors: Mapping[str, Any]) -> None:
         _, _, plan = self._at(index)

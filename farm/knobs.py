@@ -164,3 +164,8 @@ def knob_type_of(value: KnobValue) -> KnobType:
 def format_settings(settings: KnobSettings) -> str:
     """``tile=64,threads=2`` (``default`` when empty)."""
     return ",".join(f"{k}={v}" for k, v in settings) if settings else "default"
+
+
+def candidate_label(engine_name: str, knobs: KnobSettings) -> str:
+    """``engine[knob=value,...]`` (``engine[default]``): how every surface names a candidate."""
+    return f"{engine_name}[{format_settings(tuple(knobs))}]"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from .engine import Engine, EngineConfig, EngineRegistry, Support, engine_id, settings_to_resolved, user_knobs
 from .errors import InputError, UnknownNameError, UsageError
 from .ids import engine_name_to_id
-from .knobs import BENCHMARKING_KNOB, KnobSettings, KnobValue, format_settings, normalize_settings
+from .knobs import BENCHMARKING_KNOB, KnobSettings, KnobValue, candidate_label, normalize_settings
 
 if TYPE_CHECKING:
     from .device import Device
@@ -44,7 +44,7 @@ class PlanSpec:
         name = str(self.engine_id)
         if registry is not None and self.engine_id in registry:
             name = registry.get(self.engine_id).name
-        return f"{name}[{format_settings(self.knobs)}]"
+        return candidate_label(name, self.knobs)
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,9 @@ def _label(e: OverrideEntry) -> str:
 
 
 def _desc(e: OverrideEntry) -> str:
-    return f"{e.engine_name}[{','.join(f'{k}={v}' for k, v in e.knobs) or 'default'}]"
+    from .knobs import candidate_label
+
+    return candidate_label(e.engine_name, e.knobs)
 
 
 def _ms(e: OverrideEntry) -> float | None:

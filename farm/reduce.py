@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from . import __version__
 from .fsutil import atomic_write_text, fsync_dir, temp_path
 from .ids import engine_name_to_id
-from .knobs import KnobSettings, format_settings
+from .knobs import KnobSettings, candidate_label
 from .overrides import OverrideEntry, WriteReport, autotune_metadata, load_overrides, write_overrides
 from .errors import InputError
 from .results import DATASET_SCHEMA, KNOB_TYPE, PARTITIONING, ResultsDataset, candidate_key, knobs_to_structs, \
@@ -50,11 +50,6 @@ _COLUMNS = ("device_signature", "problem_key", "candidate_key", "candidate_index
             "problem_name", "device_json", "round", "mode", "strategy", "job_id", "measured_at", "min_ms", "avg_ms",
             "stddev_ms", "median_ms", "mad_ms", "iterations", "converged", "workspace_bytes", "ran_exhaustive")
 WINNERS_SUFFIX = ".winners.parquet"
-
-
-def candidate_label(engine_name: str, knobs: KnobSettings) -> str:
-    """``engine[knob=value,...]`` (``engine[default]``): how every surface names a candidate."""
-    return f"{engine_name}[{format_settings(tuple(knobs))}]"
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ class Report:
 
 
 def _candidate(row: dict[str, Any]) -> str:
-    from .reduce import candidate_label
+    from .knobs import candidate_label
     from .results import spec_of
 
     return candidate_label(row["engine_name"], spec_of(row["candidate_key"]).knobs)
