@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from . import __version__
 from .autotune import AutotuneConfig, AutotuneResult, Autotuner
 from .device import Device, DeviceProperties
 from .engine import EngineRegistry, default_engine_registry
@@ -494,11 +493,11 @@ def _prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, lis
         return {}
     import pyarrow.dataset as ds
 
-    t = dataset.table(["problem_key", "candidate_key", "round", "session_id", "succeeded", "median_ms"],
+    t = dataset.table(["problem_key", "candidate_key", "round", "session_id", "succeeded", "median_ms", "mad_ms"],
                       filter=ds.field("device_signature") == signature)
     out: dict[str, list[PriorRow]] = {}
-    for pk, ck, rnd, sess, ok, med in zip(*(t.column(c).to_pylist() for c in t.column_names)):
-        out.setdefault(pk, []).append(PriorRow(spec_of(ck), rnd, sess, bool(ok), med))
+    for pk, ck, rnd, sess, ok, med, mad in zip(*(t.column(c).to_pylist() for c in t.column_names)):
+        out.setdefault(pk, []).append(PriorRow(spec_of(ck), rnd, sess, bool(ok), med, mad))
     return out
 
 

@@ -45,9 +45,10 @@ from .winner import Rule, decide_groups, is_noisy, noise_sigma, why
 
 log = logging.getLogger("farm.reduce")
 
-_DICT_COLUMNS = ("problem_json", "problem_name", "engine_name", "device_json", "round", "mode", "strategy", "job_id")
+_DICT_COLUMNS = ("problem_json", "problem_name", "engine_name", "device_json", "round", "mode", "strategy", "job_id",
+                 "session_id")
 _COLUMNS = ("device_signature", "problem_key", "candidate_key", "candidate_index", "engine_name", "problem_json",
-            "problem_name", "device_json", "round", "mode", "strategy", "job_id", "measured_at", "min_ms", "avg_ms",
+            "problem_name", "device_json", "round", "session_id", "mode", "strategy", "job_id", "measured_at", "min_ms", "avg_ms",
             "stddev_ms", "median_ms", "mad_ms", "iterations", "converged", "workspace_bytes", "ran_exhaustive")
 WINNERS_SUFFIX = ".winners.parquet"
 
@@ -217,10 +218,12 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     order = table["candidate_index"].to_numpy(zero_copy_only=False).astype(np.int64)
     finalist = pc.equal(_strings(table["round"]), "finalist").to_numpy(zero_copy_only=False).astype(bool)
     if finalist.any():
-        # problems that had a finalist round compare only the finalists (measured together on one device)
-        has_final = np.zeros(int(group[-1]) + 1, dtype=bool)
-        has_final[group[finalist]] = True
-        rows = np.flatnonzero(finalist | ~has_final[group])
+        # problems that had a finalist round compare only the finalists (measured together on one device),
+        # of their latest round: an earlier one may have been cut short, or have missed later candidates
+        final_rows = np.flatnonzero(finalist)
+        keep = ~_in_groups(group, finalist)
+        keep[final_rows[_latest_session(table, group, final_rows)]] = True
+        rows = np.flatnonzero(keep)
     else:
         rows = np.arange(n)
     keys = _strings(table["candidate_key"]).to_numpy(zero_copy_only=False)
@@ -271,6 +274,25 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
             default=label(df) if df >= 0 else None, default_ms=float(median[df]) if df >= 0 else None,
             candidates=int(counts[g]), row=w)
     return Decisions(table, winners, top, tuned, skipped, everything.num_rows)
+
+
+def _in_groups(group: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """Per row: some row of its group has ``flag``."""
+    has = np.zeros(int(group.max()) + 1 if len(group) else 0, dtype=bool)
+    has[group[flag]] = True
+    return has[group]
+
+
+def _latest_session(table: pa.Table, group: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """For ``rows``: the row belongs to its group's most recently measured session among ``rows``."""
+    sessions = _strings(table["session_id"].take(pa.array(rows))).to_numpy(zero_copy_only=False).astype(str)
+    when = pc.cast(table["measured_at"].take(pa.array(rows)), pa.int64()).to_numpy(zero_copy_only=False)
+    g = group[rows]
+    last: dict[int, tuple[int, str]] = {}
+    for gi, t, s in zip(g.tolist(), when.tolist(), sessions.tolist()):
+        if gi not in last or (t, s) > last[gi]:
+            last[gi] = (t, s)
+    return np.array([s == last[gi][1] for gi, s in zip(g.tolist(), sessions.tolist())], dtype=bool)
 
 
 def _signature_in(device_json: str) -> str:

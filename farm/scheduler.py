@@ -9,8 +9,9 @@ Pure Python (no Ray), so it can be tested alone. For every (signature, problem):
   problems of a kernel family another device is running now: see ``kernel_family``);
 * when every candidate has a row and the successful ones were measured in more
   than one session (shards, a resumed job, retries after a crash), the top
-  ``finalist_k`` of every session and the default candidate are measured again
-  together in one ``finalist`` task, so the ranking compares numbers from one device;
+  ``finalist_k`` of every session, its fastest stable candidate and the default
+  are measured again together in one ``finalist`` task, so the ranking compares
+  numbers from one device (a resumed job runs a round again that was cut short);
 * a task that loses its worker (crash) or stops reporting (hang) is split: its
   unreported candidates are retried one per task ("careful" mode), so the next
   failure names its candidate exactly. A candidate that kills a careful task's
@@ -27,6 +28,7 @@ from typing import Iterable, Sequence
 
 from .autotune import AutotuneConfig, AutotuneResult, Disposition
 from .plans import PlanSpec
+from .winner import is_noisy
 from .workload import WorkloadProblem
 
 MAIN, FINALIST = "main", "finalist"
@@ -77,6 +79,7 @@ class PriorRow:
     session: str
     succeeded: bool
     median_ms: float | None
+    mad_ms: float | None = None
 
 
 @dataclass
@@ -85,7 +88,7 @@ class _Problem:
     candidates: dict[PlanSpec, Candidate]
     pending: set[PlanSpec]  # main round: no row yet
     outstanding: int = 0  # tasks queued or running
-    successes: dict[PlanSpec, tuple[str, float]] = field(default_factory=dict)  # main-round: session, median
+    successes: dict[PlanSpec, tuple[str, float, float]] = field(default_factory=dict)  # main: session, median, MAD
     finalist: str = "none"  # none | queued | done
     strikes: collections.Counter = field(default_factory=collections.Counter)
 
@@ -114,17 +117,20 @@ class Scheduler:
         self._urgent.setdefault(signature, collections.deque())
         by_spec = {c.spec: c for c in candidates}
         state = _Problem(wp, by_spec, set(by_spec))
-        finalist_rows = False
+        final_rounds: dict[str, set[PlanSpec]] = {}  # session -> finalists it measured
         for row in prior:
             if row.spec not in by_spec:
                 continue  # measured under another workload
             if row.round == FINALIST:
-                finalist_rows = True
+                final_rounds.setdefault(row.session, set()).add(row.spec)
                 continue
             state.pending.discard(row.spec)
             if row.succeeded and row.median_ms is not None:
-                state.successes[row.spec] = (row.session, row.median_ms)
-        if finalist_rows:
+                state.successes[row.spec] = (row.session, row.median_ms, row.mad_ms or 0.0)
+        wanted = set(self._finalists(state) or ())
+        if not state.pending and any(wanted <= done for done in final_rounds.values()):
+            # a complete finalist round of these main-round rows exists; a partial one (a driver
+            # killed during the round) or one from before more candidates were measured is run again
             state.finalist = "done"
         self._problems[(signature, index)] = state
         todo = [c.spec for c in sorted(candidates, key=lambda c: c.index) if c.spec in state.pending]
@@ -187,7 +193,7 @@ class Scheduler:
             state.pending.discard(result.spec)
             self.finished += 1
         if result.succeeded and result.median_ms is not None:
-            state.successes[result.spec] = (session, result.median_ms)
+            state.successes[result.spec] = (session, result.median_ms, result.mad_ms or 0.0)
 
     def on_task_end(self, task: Task) -> None:
         """The task finished (every candidate reported)."""
@@ -253,21 +259,35 @@ class Scheduler:
             supports_exhaustive=cand.supports_exhaustive, estimated_workspace=cand.estimated_workspace,
         )
 
+    def _finalists(self, state: _Problem) -> tuple[PlanSpec, ...] | None:
+        """What a finalist round measures again, in discovery order; None when one session measured everything.
+
+        Per session its ``finalist_k`` fastest and its fastest stable candidate, and the default: every
+        candidate the winner rule (farm.winner) could pick, so the round decides as one session would.
+        """
+        sessions: dict[str, list[tuple[float, int, PlanSpec]]] = {}
+        for spec, (session, median, _) in state.successes.items():
+            sessions.setdefault(session, []).append((median, state.candidates[spec].index, spec))
+        if len(sessions) < 2:
+            return None  # measured together already
+        finalists: list[PlanSpec] = []
+        for rows in sessions.values():
+            rows.sort()
+            finalists += [spec for _, _, spec in rows[:self.finalist_k]]
+            stable = next((spec for median, _, spec in rows if not is_noisy(median, state.successes[spec][2])), None)
+            if stable is not None:
+                finalists.append(stable)
+        defaults = [s for s in state.successes if not s.knobs]
+        if defaults:  # the default is compared in the final round too: it gets the benefit of the doubt there
+            finalists.append(min(defaults, key=lambda s: state.candidates[s].index))
+        return tuple(sorted(set(finalists), key=lambda s: state.candidates[s].index))
+
     def _maybe_finalist(self, signature: str, index: int) -> None:
         state = self._problems[(signature, index)]
         if state.pending or state.outstanding or state.finalist != "none":
             return
-        sessions: dict[str, list[tuple[float, int, PlanSpec]]] = {}
-        for spec, (session, median) in state.successes.items():
-            sessions.setdefault(session, []).append((median, state.candidates[spec].index, spec))
-        if len(sessions) < 2:
-            return  # measured together already
-        finalists: list[PlanSpec] = []
-        for rows in sessions.values():
-            finalists += [spec for _, _, spec in sorted(rows)[:self.finalist_k]]
-        defaults = [s for s in state.successes if not s.knobs]
-        if defaults:  # the default is compared in the final round too: it gets the benefit of the doubt there
-            finalists.append(min(defaults, key=lambda s: state.candidates[s].index))
-        order = sorted(set(finalists), key=lambda s: state.candidates[s].index)
+        order = self._finalists(state)
+        if order is None:
+            return
         state.finalist = "queued"
-        self._push(signature, index, tuple(order), round=FINALIST, urgent=True)
+        self._push(signature, index, order, round=FINALIST, urgent=True)

@@ -3,13 +3,11 @@
 import collections
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
-import yaml
 
 from farm.cluster import DeviceRequest, FarmSettings, run_farm
 from farm.engine import default_engine_registry
@@ -113,45 +111,6 @@ def test_crash_and_hang_leave_a_complete_job_with_the_right_failed_rows(tmp_path
     assert sum(st.restarts for st in report.statuses) >= 3
     for p in wl.problems:  # the job completed: every problem has a winner
         assert load_overrides(next((out / "overrides").glob("*.json"))).match(p.problem) is not None
-
-
-def test_resume_after_a_killed_driver_measures_only_what_is_missing(tmp_path, repo_root):
-    wl = workload_dict(4)
-    (tmp_path / "w.yaml").write_text(yaml.safe_dump(wl))
-    (tmp_path / "sim.yaml").write_text(yaml.safe_dump({"devices": [{"name": "Sim A", "count": 2}], "sleep": 2.0}))
-    env = dict(os.environ, PYTHONPATH=repo_root)
-    cmd = [sys.executable, "-m", "farm", "tune", str(tmp_path / "w.yaml"), "--devices", f"sim:{tmp_path / 'sim.yaml'}",
-           "--shard-size", "1000", "--json"]
-    out = tmp_path / "killed"
-    proc = subprocess.Popen(cmd + ["--out", str(out)], env=env, cwd=repo_root, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not list((out / "results").rglob("part-*.parquet")):
-        time.sleep(0.2)
-    time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
-    proc.wait()
-    before = rows(out)
-    assert before, "the driver was killed before it wrote anything"
-    assert not (out / "overrides").exists()
-    resumed = subprocess.run(cmd + ["--out", str(out)], env=env, cwd=repo_root, capture_output=True, text=True,
-                             timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    after = rows(out)
-    main = collections.Counter((r["problem_name"], r["candidate_key"]) for r in after if r["round"] == "main")
-    assert max(main.values()) == 1  # nothing measured twice in the main round
-    total = 4 * 101 + 7 + 1
-    assert len(main) == total
-    assert json.loads(resumed.stdout)["candidates"] == total - len({(r["problem_name"], r["candidate_key"]) for r in before})
-    job = json.loads((out / "job.json").read_text())
-    assert [r["state"] for r in job["runs"]] == ["running", "finished"]  # the killed run never finished
-    # the same winners as a run that was never interrupted
-    clean = subprocess.run(cmd + ["--out", str(tmp_path / "clean")], env=env, cwd=repo_root, capture_output=True,
-                           text=True, timeout=300)
-    assert clean.returncode == 0, clean.stderr[-2000:]
-    a = load_overrides(next((out / "overrides").glob("*.json")))
-    b = load_overrides(next((tmp_path / "clean" / "overrides").glob("*.json")))
-    assert [(e.op, e.engine_name, e.knobs) for e in a.entries] == [(e.op, e.engine_name, e.knobs) for e in b.entries]
 
 
 def test_invalid_workload_is_rejected_before_any_device_time(tmp_path, repo_root):

@@ -81,6 +81,22 @@ def test_latest_measurement_per_candidate_and_finalist_round(tmp_path):
     assert entry.engine_name == "c"  # b's newer main-round row is not comparable with the finalists
 
 
+def test_only_the_latest_finalist_round_counts(tmp_path):
+    """A round cut short (a killed driver) is run again on resume; the reducer compares the new round only."""
+    root = tmp_path / "results"
+    write_results(root, {GPU_A: [(P1, "p1", [fake_result(P1, n, (t, t, t), candidate=i, started_at="2026-11-30T00:00:00Z")
+                                            for i, (n, t) in enumerate([("a", 1.0), ("b", 0.8), ("c", 0.9)])])]})
+    # the first round measured only c (0.1: a fluke of that round) before its driver died
+    write_results(root, {GPU_A: [(P1, "p1", [fake_result(P1, "c", (0.1, 0.1, 0.1), candidate=2,
+                                                           started_at="2026-11-30T01:00:00Z")])]}, round="finalist")
+    write_results(root, {GPU_A: [(P1, "p1", [
+        fake_result(P1, n, (t, t, t), candidate=i, started_at="2026-11-30T02:00:00Z")
+        for i, (n, t) in ((0, ("a", 1.0)), (1, ("b", 0.8)))])]}, round="finalist")
+    reduce_results(root, tmp_path / "out")
+    entry = load_overrides(tmp_path / "out" / f"{GPU_A.signature}.json").match(P1)
+    assert entry.engine_name == "b" and [t["engine_name"] for t in entry.metadata["top_k"]] == ["b", "a"]
+
+
 def test_reduce_is_idempotent_in_append_mode(tmp_path):
     synthetic(tmp_path / "results")
     reduce_results(tmp_path / "results", tmp_path / "out")

@@ -143,6 +143,33 @@ def test_resume_skips_measured_candidates_and_adds_a_finalist_when_sessions_diff
     assert s3.total == 2
 
 
+def test_a_finalist_round_cut_short_runs_again_on_resume():
+    c = cands(6)
+    main = [PriorRow(x.spec, MAIN, "s1" if x.index < 3 else "s2", True, 1.0 + x.index / 10, 0.0) for x in c]
+    # the driver died after the round's first finalist reached disk
+    s = Scheduler(finalist_k=1)
+    s.add_problem("sig", 0, WP, c, main + [PriorRow(c[0].spec, FINALIST, "f1", True, 1.0, 0.0)])
+    again = s.next_task("sig")
+    assert again.round == FINALIST and set(again.specs) == {c[0].spec, c[3].spec} and s.total == 0
+    # a complete round: nothing to do
+    s2 = Scheduler(finalist_k=1)
+    s2.add_problem("sig", 0, WP, c, main + [PriorRow(x.spec, FINALIST, "f2", True, 1.0, 0.0) for x in (c[0], c[3])])
+    assert s2.next_task("sig") is None and s2.done
+
+
+def test_each_sessions_fastest_stable_candidate_is_a_finalist():
+    """The winner rule prefers a stable candidate within noise of a noisy fastest one: it must be in the round."""
+    c = cands(6)
+    noisy = {1: 0.2, 4: 0.2}  # MAD: far above 5 % of the median
+    main = [PriorRow(x.spec, MAIN, "s1" if x.index < 3 else "s2", True, 1.0 + x.index / 100, noisy.get(x.index, 0.0))
+            for x in c[1:]] + [PriorRow(c[0].spec, MAIN, "s1", True, 2.0, 0.0)]
+    s = Scheduler(finalist_k=1)
+    s.add_problem("sig", 0, WP, c, main)
+    final = s.next_task("sig")
+    # s1: fastest c1 (noisy), then its fastest stable c2; s2: fastest c3 (stable); c0 (slow) is not one
+    assert final.round == FINALIST and final.specs == (c[1].spec, c[2].spec, c[3].spec)
+
+
 def test_invalid_settings():
     with pytest.raises(ValueError):
         Scheduler(shard_size=0)

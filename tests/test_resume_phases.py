@@ -1,0 +1,84 @@
+"""A driver killed at every phase of a job, then resumed, writes the override files of an uninterrupted run.
+
+Simulated devices give deterministic times, so "the same winners" is exact. Two signatures with one
+device each and shards of 40 candidates: every matmul is measured in several sessions, so it has a
+finalist round, and the reduce writes two files (a kill can land between them).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from farm.overrides import load_overrides
+from farm.results import ResultsDataset
+
+pytest.importorskip("ray", reason="the farm needs ray[default]")
+
+WORKLOAD = {
+    "name": "resume",
+    "autotune": {"strategy": "fixed_average", "timed_iterations": 3},
+    "engines": {"sweep": {"sim.gemm": {"block": [16, 32, 64, 128, 256], "stages": [1, 2, 3, 4, 5],
+                                       "split_k": [1, 2, 4, 8]}}},
+    "problems": [{"name": f"mm{i}", "op": "matmul", "tensors": {"A": [128 * (i + 1), 512], "B": [512, 256]}}
+                 for i in range(2)]
+                + [{"name": "norm", "op": "rmsnorm", "tensors": {"X": [64, 4096], "scale": [4096]}}],
+}
+SIM = {"devices": [{"name": "Sim A", "count": 1}, {"name": "Sim B", "count": 1, "speed": 2.0}], "noise": 0.005}
+PHASES = ("start", "mid-run", "finalist", "reduce")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, repo_root):
+    d = tmp_path_factory.mktemp("resume")
+    (d / "w.yaml").write_text(yaml.safe_dump(WORKLOAD))
+    (d / "sim.yaml").write_text(yaml.safe_dump(SIM))
+    env = dict(os.environ, PYTHONPATH=repo_root)
+    args = ["tune", str(d / "w.yaml"), "--devices", f"sim:{d / 'sim.yaml'}", "--shard-size", "40", "--json"]
+
+    def run(out, phase=None):
+        head = [sys.executable, os.path.join(repo_root, "tests", "kill_driver.py"), phase] if phase else \
+            [sys.executable, "-m", "farm"]
+        return subprocess.run(head + args + ["--out", str(out)], env=env, cwd=repo_root, capture_output=True,
+                              text=True, timeout=300, start_new_session=True)
+
+    clean = run(d / "clean")
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    return d, run
+
+
+def entries(out):
+    files = sorted((out / "overrides").glob("*.json"))
+    return {f.name: [(e.op, e.engine_name, e.knobs, json.dumps([t.dims for t in e.tensors])) for e in load_overrides(f).entries]
+            for f in files}
+
+
+def main_rows(out):
+    t = ResultsDataset(out / "results").table(["device_signature", "problem_name", "candidate_key", "round"])
+    return [r for r in t.to_pylist() if r["round"] == "main"]
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_driver_killed_then_resumed_writes_the_uninterrupted_winners(job, phase):
+    d, run = job
+    out = d / phase
+    killed = run(out, phase)
+    assert killed.returncode == -9, f"the driver was not killed at {phase}: {killed.stderr[-2000:]}"
+    record = json.loads((out / "job.json").read_text())
+    assert record["runs"][-1]["state"] == "running"  # killed: nobody recorded an end
+    if phase == "reduce":
+        assert len(list((out / "overrides").glob("*.json"))) == 1  # killed between the two files
+    before = {(r["device_signature"], r["problem_name"], r["candidate_key"]) for r in main_rows(out)}
+    assert (phase == "start") == (not before)
+    resumed = run(out)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # only what was missing is measured (finalist rounds aside)
+    assert json.loads(resumed.stdout)["candidates"] == len(main_rows(d / "clean")) - len(before)
+    assert entries(out) == entries(d / "clean") and entries(out)
+    keys = [(r["device_signature"], r["problem_name"], r["candidate_key"]) for r in main_rows(out)]
+    assert len(keys) == len(set(keys)) == len(main_rows(d / "clean"))  # every candidate once in the main round
+    record = json.loads((out / "job.json").read_text())
+    assert [r["state"] for r in record["runs"]] == ["running", "finished"]
