@@ -39,7 +39,7 @@ from .ids import engine_name_to_id
 from .knobs import KnobSettings, candidate_label
 from .overrides import OverrideEntry, WriteReport, autotune_metadata, load_overrides, write_overrides
 from .errors import InputError
-from .results import DATASET_SCHEMA, KNOB_TYPE, PARTITIONING, ResultsDataset, candidate_key, knobs_to_structs, \
+from .results import KNOB_TYPE, ResultsDataset, candidate_key, knobs_to_structs, \
     safe_signature, spec_of
 from .winner import Rule, decide_groups, is_noisy, noise_sigma, why
 
@@ -141,14 +141,7 @@ def _changes(col: pa.ChunkedArray) -> np.ndarray:
 
 def load_successes(data: ResultsDataset) -> pa.Table:
     """Successful rows, latest per (signature, problem, candidate), sorted by signature and problem."""
-    schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in _DICT_COLUMNS else f
-                        for f in DATASET_SCHEMA])
-    fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=set(_DICT_COLUMNS)))
-    if not data.files:
-        return schema.empty_table().select(list(_COLUMNS))
-    dataset = ds.dataset(data.files, schema=schema, format=fmt, partitioning=PARTITIONING,
-                         partition_base_dir=str(data.root))
-    t = dataset.to_table(columns=list(_COLUMNS), filter=ds.field("succeeded") == True)  # noqa: E712
+    t = data.table(list(_COLUMNS), filter=ds.field("succeeded") == True, dictionary=_DICT_COLUMNS)  # noqa: E712
     t = t.sort_by([("device_signature", "ascending"), ("problem_key", "ascending"),
                    ("candidate_key", "ascending"), ("measured_at", "descending")])
     first = _changes(t["device_signature"]) | _changes(t["problem_key"]) | _changes(t["candidate_key"])
@@ -201,9 +194,8 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     tuned: dict[str, set[str]] = {}
     for s, p in zip(pairs["device_signature"].to_pylist(), pairs["problem_key"].to_pylist()):
         tuned.setdefault(s, set()).add(p)
-    skipped = [(f.path, f.reason) for f in data.skipped]
-
     table = load_successes(data)
+    skipped = [(f.path, f.reason) for f in data.skipped]
     median = table["median_ms"].to_numpy(zero_copy_only=False).astype(float)
     fallback = table["min_ms"].to_numpy(zero_copy_only=False).astype(float)
     median = np.where(np.isnan(median), fallback, median)

@@ -116,8 +116,8 @@ def build_report(results_dir: str | Path, decisions: Decisions | None = None) ->
     by_sig: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_sig.setdefault(r["device_signature"], []).append(r)
-    return Report(str(results_dir), [_signature(sig, rs, decisions) for sig, rs in sorted(by_sig.items())],
-                  [(s.path, s.reason) for s in data.skipped])
+    skipped = list(dict.fromkeys([*decisions.skipped_files, *((s.path, s.reason) for s in data.skipped)]))
+    return Report(str(results_dir), [_signature(sig, rs, decisions) for sig, rs in sorted(by_sig.items())], skipped)
 
 
 def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> SignatureSummary:
