@@ -27,7 +27,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 from filelock import FileLock
 
@@ -106,6 +106,16 @@ class Store:
         else:
             with self.fs.open_output_stream(target) as fh:  # one PUT: readers see the old object or the new one
                 fh.write(text.encode("utf-8"))
+
+    def restore(self, rel: str, text: str | None) -> None:
+        """Put ``rel`` back as it was: ``text``, or absent when it was None."""
+        if text is not None:
+            self.write(rel, text)
+            return
+        try:
+            self.fs.delete_file(self.join(rel))
+        except FileNotFoundError:
+            pass
 
     def lock(self) -> Any:
         if self.local:
@@ -242,7 +252,12 @@ def validate_for_publish(f: OverrideFile, name: str) -> DeviceProperties:
 
 def publish(overrides_dir: str | Path, root: str, *, force: bool = False, replace: bool = False,
             dry_run: bool = False) -> list[PublishedFile]:
-    """Publish every ``<signature>.json`` of ``overrides_dir`` under ``root``."""
+    """Publish every ``<signature>.json`` of ``overrides_dir`` under ``root``: all of them, or none.
+
+    Every file is read, validated and merged before anything is written; one that is invalid (an
+    error) or refused (a regression, a foreign file in its place) means nothing is published. A write
+    that fails half-way is rolled back (the files written are restored) before the error is raised.
+    """
     src = Path(overrides_dir)
     if not src.is_dir():
         raise InputError("overrides folder not found", source=str(src))
@@ -250,52 +265,97 @@ def publish(overrides_dir: str | Path, root: str, *, force: bool = False, replac
     if not files:
         raise InputError("no override files (*.json) to publish", source=str(src))
     store = Store(root)
-    reports = []
     with store.lock():
         index = _read_index(store)
-        for path in files:
-            text = path.read_text(encoding="utf-8")
-            new = parse_overrides(text, source=str(path))
-            props = validate_for_publish(new, str(path))
-            rel = f"{_arch_dir(props.arch)}/{props.signature}.json"
-            rep = PublishedFile(props.signature, f"{root.rstrip('/')}/{rel}")
-            old_text = store.read(rel)
-            old = parse_overrides(old_text, source=f"{root}/{rel}") if old_text is not None else None
-            if old is not None and old.device_signature != props.signature:
-                rep.refused = f"{root}/{rel} holds device {old.device_signature}, not {props.signature}"
-                reports.append(rep)
-                continue
-            old_entries = old.entries if old else []
-            merged = list(new.entries) if replace else merge_entries(old_entries, new.entries)[0]
-            rep.added, rep.changed, rep.removed, rep.unchanged = diff_entries(old_entries, merged)
-            rep.regressions = _regressions(old_entries, new.entries)
-            if rep.regressions and not force:
-                rep.refused = (f"{len(rep.regressions)} winner(s) would be replaced by one measured slower beyond noise "
-                               "(use --force to publish anyway)")
-                reports.append(rep)
-                continue
-            jobs = sorted(set(((old.extra if old else {}).get("generated_by") or {}).get("job_ids", []))
-                          | set((new.extra.get("generated_by") or {}).get("job_ids", [])))
-            extra = {**(old.extra if old else {}), **new.extra}
-            extra["generated_by"] = {**(extra.get("generated_by") or {}), "job_ids": jobs}
-            doc = OverrideFile(2, merged, new.device, extra, rel)
-            body = render(doc)
-            if not dry_run:
-                store.write(rel, body)
-                rep.written = True
-            prev = index["files"].get(props.signature, {})
-            index["files"][props.signature] = {
-                "path": rel, "signature": props.signature, "arch": props.arch, "device_name": props.name,
-                "vendor": props.vendor, "driver_version": props.driver_version,
-                "runtime_version": props.runtime_version, "libraries": dict(props.libraries),
-                "entries": len(merged), "sha256": hashlib.sha256(body.encode()).hexdigest(),
-                "created": prev.get("created") or _now(), "updated": _now(), "job_ids": jobs,
-            }
-            reports.append(rep)
-        if not dry_run and any(r.written for r in reports):
-            index["updated"] = _now()
-            store.write(INDEX, json.dumps(index, indent=2, sort_keys=True) + "\n")  # last: it names written files
+        plans = [_plan(store, root, path, index, force=force, replace=replace) for path in files]
+        reports = [p.report for p in plans]
+        refused = [r for r in reports if r.refused]
+        if refused:
+            for r in reports:
+                if not r.refused:
+                    r.refused = (f"not published: {', '.join(x.signature for x in refused)} refused, and a publish "
+                                 "is all or nothing")
+            return reports
+        if dry_run:
+            return reports
+        _write_all(store, plans, index)
     return reports
+
+
+@dataclass
+class _Plan:
+    """One file of a publish, ready to write: the new text, the old one (to roll back to) and the index record."""
+
+    rel: str
+    body: str
+    old_text: str | None
+    record: dict[str, Any]
+    report: PublishedFile
+
+
+def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: bool, replace: bool) -> _Plan:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", source=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read the file ({exc.strerror or exc})", source=str(path)) from None
+    new = parse_overrides(text, source=str(path))
+    props = validate_for_publish(new, str(path))
+    rel = f"{_arch_dir(props.arch)}/{props.signature}.json"
+    rep = PublishedFile(props.signature, f"{root.rstrip('/')}/{rel}")
+    old_text = store.read(rel)
+    old = parse_overrides(old_text, source=f"{root}/{rel}") if old_text is not None else None
+    if old is not None and old.device_signature != props.signature:
+        rep.refused = f"{root}/{rel} holds device {old.device_signature}, not {props.signature}"
+        return _Plan(rel, "", old_text, {}, rep)
+    old_entries = old.entries if old else []
+    merged = list(new.entries) if replace else merge_entries(old_entries, new.entries)[0]
+    rep.added, rep.changed, rep.removed, rep.unchanged = diff_entries(old_entries, merged)
+    rep.regressions = _regressions(old_entries, new.entries)
+    if rep.regressions and not force:
+        rep.refused = (f"{len(rep.regressions)} winner(s) would be replaced by one measured slower beyond noise "
+                       "(use --force to publish anyway)")
+        return _Plan(rel, "", old_text, {}, rep)
+    jobs = sorted(set(((old.extra if old else {}).get("generated_by") or {}).get("job_ids", []))
+                  | set((new.extra.get("generated_by") or {}).get("job_ids", [])))
+    extra = {**(old.extra if old else {}), **new.extra}
+    extra["generated_by"] = {**(extra.get("generated_by") or {}), "job_ids": jobs}
+    body = render(OverrideFile(2, merged, new.device, extra, rel))
+    prev = index["files"].get(props.signature, {})
+    record = {
+        "path": rel, "signature": props.signature, "arch": props.arch, "device_name": props.name,
+        "vendor": props.vendor, "driver_version": props.driver_version,
+        "runtime_version": props.runtime_version, "libraries": dict(props.libraries),
+        "entries": len(merged), "sha256": hashlib.sha256(body.encode()).hexdigest(),
+        "created": (prev.get("created") if isinstance(prev, dict) else None) or _now(), "updated": _now(),
+        "job_ids": jobs,
+    }
+    return _Plan(rel, body, old_text, record, rep)
+
+
+def _write_all(store: Store, plans: list[_Plan], index: dict[str, Any]) -> None:
+    """Write every planned file, then the index; on a failure put back what was there and raise."""
+    old_index = store.read(INDEX)
+    done: list[_Plan] = []
+    try:
+        for plan in plans:
+            store.write(plan.rel, plan.body)
+            done.append(plan)
+            index["files"][plan.report.signature] = plan.record
+        index["updated"] = _now()
+        store.write(INDEX, json.dumps(index, indent=2, sort_keys=True) + "\n")  # last: it names written files
+    except Exception as exc:
+        problems = []
+        for rel, text in [(INDEX, old_index)] + [(p.rel, p.old_text) for p in reversed(done)]:
+            try:
+                store.restore(rel, text)
+            except Exception as again:  # noqa: BLE001 - report every file that could not be put back
+                problems.append(f"{store.uri}/{rel}: {again}")
+        rolled = "rolled back: nothing published" if not problems else "could not roll back " + "; ".join(problems)
+        raise FarmError(f"publishing to {store.uri} failed ({type(exc).__name__}: {exc}); {rolled}") from None
+    for plan in plans:
+        plan.report.written = True
 
 
 def _read_index(store: Store) -> dict[str, Any]:

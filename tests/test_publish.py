@@ -186,3 +186,70 @@ def test_publish_to_an_s3_compatible_store_and_read_back(s3_server, tmp_path, mo
     s = ConfigPolicy().session(encode_device_properties(props))
     ids = [engine_name_to_id(n) for n in ("cpu.matmul.blas", "cpu.matmul.einsum")]
     assert s.order(ids, encode_problem(P1)).order[0] == ids[1]
+
+
+def _two_devices(tmp_path, second_ms=1.0):
+    a, b = fake_props(), fake_props(name="Other GPU")
+    src = tmp_path / "src"
+    overrides(src, a, [entry(P1, "torch.matmul", 1.0, "p1")])
+    overrides(src, b, [entry(P1, "torch.matmul", second_ms, "p1")])
+    return src, a, b
+
+
+def _snapshot(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and
+            not p.name.startswith(".")}
+
+
+def test_a_publish_where_one_file_is_refused_publishes_none(tmp_path, capsys):
+    root = tmp_path / "root"
+    src, a, b = _two_devices(tmp_path)
+    publish(src, str(root))
+    before = _snapshot(root)
+    # the second device's winner got slower beyond noise: refused, so the first device's new file waits too
+    overrides(src, a, [entry(P1, "triton.gemm", 0.5, "p1"), entry(P2, "triton.gemm", 0.5, "p2")])
+    overrides(src, b, [entry(P1, "triton.gemm", 9.0, "p1")])
+    capsys.readouterr()
+    assert main(["publish", str(src), "--to", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert "all or nothing" in err and "slower" in err
+    assert _snapshot(root) == before
+
+
+def test_a_publish_with_an_invalid_file_writes_nothing(tmp_path, capsys):
+    root = tmp_path / "root"
+    src, a, b = _two_devices(tmp_path)
+    (src / f"{b.signature}.json").write_bytes(b"\xff\xfe{\x00")  # UTF-16 garbage
+    assert main(["publish", str(src), "--to", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert f"{b.signature}.json" in err and "UTF-8" in err and "Traceback" not in err
+    assert not (root / "index.json").exists() and not list(root.rglob("*.json"))
+
+
+def test_a_write_that_fails_half_way_is_rolled_back(tmp_path, monkeypatch, capsys):
+    from farm import publish as publishing
+
+    root = tmp_path / "root"
+    src, a, b = _two_devices(tmp_path)
+    overrides(src, a, [entry(P1, "torch.matmul", 1.0, "p1")])
+    (src / f"{b.signature}.json").unlink()
+    publish(src, str(root))  # a is published; b is not yet
+    before = _snapshot(root)
+    src2, _, _ = _two_devices(tmp_path / "next")
+    overrides(src2, a, [entry(P1, "torch.matmul", 1.0, "p1"), entry(P2, "triton.gemm", 0.5, "p2")])
+    real_write = publishing.Store.write
+    writes = []
+
+    def failing(self, rel, text):
+        writes.append(rel)
+        if len(writes) == 2:  # a was written; b's write fails (a full disk, a lost connection)
+            raise OSError(28, "No space left on device")
+        return real_write(self, rel, text)
+
+    monkeypatch.setattr(publishing.Store, "write", failing)
+    assert main(["publish", str(src2), "--to", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "No space left" in err and "rolled back: nothing published" in err and "Traceback" not in err
+    monkeypatch.setattr(publishing.Store, "write", real_write)
+    assert _snapshot(root) == before  # a's old file is back, b's never appeared, the index is as it was
+    assert find_published(str(root), b)[1]  # no file of b's own: only a's, of the same arch
