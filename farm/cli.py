@@ -439,7 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except FarmError as exc:
-        _console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
+        # one line, however narrow the terminal: scripts grep it, people read it whole
+        _console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False,
+                                    soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         _console(stderr=True).print("interrupted")

@@ -21,6 +21,15 @@ class FarmError(Exception):
     """Base class of every error tunefarm raises on purpose."""
 
 
+def _brief(value: Any) -> str:
+    """A value as the user wrote it, cut short when long (a hostile file can hold a megabyte in one field)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer too long to print
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    return text if len(text) <= 200 else f"{text[:120]}... ({len(text)} characters)"
+
+
 class InputError(FarmError, ValueError):
     """Bad input. The message names where (source and field path) and the value."""
 
@@ -43,7 +52,7 @@ class InputError(FarmError, ValueError):
         where = ": ".join(part for part in (self.source, self.field) if part)
         text = f"{where}: {self.reason}" if where else self.reason
         if self.has_value:
-            text += f" (got {self.value!r})"
+            text += f" (got {_brief(self.value)})"
         return text
 
     def within(self, *, source: str = "", prefix: str = "") -> "InputError":

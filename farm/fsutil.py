@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 from pathlib import Path
+
+MAX_TEXT_BYTES = 256 * 2**20  # no override, results or workload file comes near this
 
 
 def fsync_dir(path: Path) -> None:
@@ -49,3 +52,31 @@ def move_aside(path: str | Path, label: str = "corrupt") -> Path:
         n += 1
     os.replace(path, target)
     return target
+
+
+def read_text_file(path: str | Path, what: str = "file", max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """The UTF-8 text of a regular file, or an InputError naming it (missing, a FIFO or device, too large,
+    not UTF-8). A FIFO is never opened: reading one would block."""
+    from .errors import InputError
+
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"{what} not found", source=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read the {what}: {exc.strerror or exc}", source=str(path)) from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
+        raise InputError(f"cannot read the {what}: it is {kind}", source=str(path))
+    if st.st_size > max_bytes:
+        raise InputError(f"the {what} is too large ({st.st_size} bytes; at most {max_bytes})", source=str(path))
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read the {what}: {exc.strerror or exc}", source=str(path)) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        hint = " (it looks like UTF-16: save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise InputError(f"not UTF-8 text: byte {exc.start} is 0x{data[exc.start]:02x}{hint}", source=str(path)) from None

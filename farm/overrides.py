@@ -35,11 +35,11 @@ from typing import Any, Iterable, Mapping, Sequence
 from filelock import FileLock
 
 from .errors import InputError
-from .fsutil import atomic_write_text, move_aside
+from .fsutil import atomic_write_text, move_aside, read_text_file
 from .ids import engine_name_to_id
 from .knobs import KnobSettings, KnobType, knob_type_of
 from .operations import OPS
-from .problem import Problem
+from .problem import INT64_MAX, Problem
 
 log = logging.getLogger("farm.overrides")
 
@@ -292,25 +292,29 @@ class OverrideFile:
 # -- reading -------------------------------------------------------------------------------
 def load_overrides(path: str | Path) -> OverrideFile:
     """Parse an override file; a malformed one raises InputError naming the file and JSON path."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("override file not found", source=str(path)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read the override file: {exc.strerror}", source=str(path)) from None
-    return parse_overrides(text, source=str(path))
+    return parse_overrides(read_text_file(path, "override file"), source=str(path))
 
 
 def parse_overrides(text: str, *, source: str = "<overrides>") -> OverrideFile:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", source=source) from None
+    data = load_json(text, source)
     try:
         return _parse_document(data, source)
     except InputError as exc:
         raise exc.within(source=source) from None
+
+
+def load_json(text: str, source: str) -> Any:
+    """json.loads with an InputError for what a hostile file can hold: bad syntax, nesting too deep,
+    integers too long to convert."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", source=source) from None
+    except RecursionError:
+        raise InputError("not valid JSON here: nested too deeply", source=source) from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        reason = "an integer of more than 4300 digits" if "digits" in str(exc) else str(exc).splitlines()[0]
+        raise InputError(f"not valid JSON here: {reason}", source=source) from None
 
 
 def _need(cond: bool, message: str, path: str, value: Any) -> None:
@@ -322,8 +326,8 @@ def _int_list(value: Any, path: str, *, allow_wildcard: bool) -> tuple[int, ...]
     _need(isinstance(value, list), "expected a list of integers", path, value)
     out = []
     for i, v in enumerate(value):
-        ok = isinstance(v, int) and not isinstance(v, bool) and (v >= 0 or (allow_wildcard and v == -1))
-        _need(ok, "expected a non-negative integer or -1 (any)", f"{path}[{i}]", v)
+        ok = isinstance(v, int) and not isinstance(v, bool) and (0 <= v <= INT64_MAX or (allow_wildcard and v == -1))
+        _need(ok, "expected a non-negative 64-bit integer or -1 (any)", f"{path}[{i}]", v)
         out.append(v)
     return tuple(out)
 
@@ -355,7 +359,8 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
     criteria = obj.get("criteria", {}) or {}
     _need(isinstance(criteria, dict), "criteria must be an object", f"{path}.criteria", criteria)
     for k, v in criteria.items():
-        _need(isinstance(v, int) and not isinstance(v, bool), "criteria values are integers", f"{path}.criteria.{k}", v)
+        _need(isinstance(v, int) and not isinstance(v, bool) and -INT64_MAX - 1 <= v <= INT64_MAX,
+              "criteria values are 64-bit integers", f"{path}.criteria.{k}", v)
     tensors_raw = obj.get("tensors")
     _need(isinstance(tensors_raw, list) and tensors_raw, "expected a non-empty list of tensors", f"{path}.tensors", tensors_raw)
     tensors = []

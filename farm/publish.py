@@ -33,6 +33,7 @@ from filelock import FileLock
 
 from .device import DeviceProperties
 from .errors import FarmError, InputError
+from .fsutil import read_text_file
 from .overrides import OverrideEntry, OverrideFile, merge_entries, parse_overrides, render
 
 log = logging.getLogger("farm.publish")
@@ -294,13 +295,7 @@ class _Plan:
 
 
 def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: bool, replace: bool) -> _Plan:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", source=str(path)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read the file ({exc.strerror or exc})", source=str(path)) from None
-    new = parse_overrides(text, source=str(path))
+    new = parse_overrides(read_text_file(path, "override file"), source=str(path))
     props = validate_for_publish(new, str(path))
     rel = f"{_arch_dir(props.arch)}/{props.signature}.json"
     rep = PublishedFile(props.signature, f"{root.rstrip('/')}/{rel}")

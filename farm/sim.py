@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -79,34 +79,47 @@ class SimConfig:
         if not isinstance(data, Mapping):
             raise bad("expected a mapping with devices", "", data)
         groups = []
+        if not isinstance(data.get("devices") or [], list):
+            raise bad("expected a list of {name, count, speed}", "devices", data.get("devices"))
         for i, g in enumerate(data.get("devices") or [{"name": "Sim GPU", "count": 1}]):
             if not isinstance(g, Mapping) or not isinstance(g.get("name"), str):
                 raise bad("expected {name, count, speed}", f"devices[{i}]", g)
             count, speed = g.get("count", 1), g.get("speed", 1.0)
-            if not isinstance(count, int) or count < 1:
-                raise bad("must be an integer >= 1", f"devices[{i}].count", count)
-            if not isinstance(speed, (int, float)) or speed <= 0:
-                raise bad("must be > 0", f"devices[{i}].speed", speed)
-            groups.append(SimGroup(g["name"], count, float(speed), int(g.get("compute_units", 100))))
+            if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 4096:
+                raise bad("must be an integer from 1 to 4096", f"devices[{i}].count", count)
+            if not isinstance(speed, (int, float)) or isinstance(speed, bool) or not 0 < speed < float("inf"):
+                raise bad("must be a finite number > 0", f"devices[{i}].speed", speed)
+            units = g.get("compute_units", 100)
+            if not isinstance(units, int) or isinstance(units, bool) or not 1 <= units <= 1_000_000:
+                raise bad("must be an integer from 1 to 1000000", f"devices[{i}].compute_units", units)
+            groups.append(SimGroup(g["name"], count, float(speed), units))
+        if not isinstance(data.get("faults") or [], list):
+            raise bad("expected a list of faults", "faults", data.get("faults"))
         faults = []
         for i, f in enumerate(data.get("faults") or []):
-            if not isinstance(f, Mapping) or f.get("kind") not in ("crash", "hang") or not isinstance(f.get("engine"), str):
-                raise bad("expected {kind: crash|hang, engine, knobs, problem}", f"faults[{i}]", f)
+            if not isinstance(f, Mapping) or f.get("kind") not in ("crash", "hang") or not isinstance(f.get("engine"), str) \
+                    or not isinstance(f.get("knobs") or {}, Mapping) or not isinstance(f.get("problem", ""), str):
+                raise bad("expected {kind: crash|hang, engine, knobs: {...}, problem: KEY}", f"faults[{i}]", f)
             faults.append(SimFault(f["kind"], f["engine"], tuple(sorted((f.get("knobs") or {}).items())), f.get("problem", "")))
         noise, sleep = data.get("noise", 0.02), data.get("sleep", 0.0)
         for name, v in (("noise", noise), ("sleep", sleep)):
-            if not isinstance(v, (int, float)) or v < 0:
-                raise bad("must be a number >= 0", name, v)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
+                raise bad("must be a finite number >= 0", name, v)
         return SimConfig(tuple(groups), float(noise), float(sleep), tuple(faults), source)
 
     @staticmethod
     def load(path: str | Path) -> "SimConfig":
+        from .fsutil import read_text_file
+
+        text = read_text_file(path, "simulation config")
         try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputError("simulation config not found", source=str(path)) from None
+            data = yaml.safe_load(text)
+        except RecursionError:
+            raise InputError("not valid here: nested too deeply", source=str(path)) from None
         except yaml.YAMLError as exc:
-            raise InputError(f"not valid YAML: {exc}", source=str(path)) from None
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+            raise InputError(f"not valid YAML: {getattr(exc, 'problem', None) or exc}", source=where) from None
         return SimConfig.parse(data, str(path))
 
 

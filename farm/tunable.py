@@ -38,7 +38,7 @@ from .autotune import AutotuneConfig, Autotuner
 from .device import Device
 from .engine import EngineRegistry, default_engine_registry, file_knobs, settings_to_resolved
 from .errors import AutotuneError, FarmError, InputError
-from .fsutil import atomic_write_text, move_aside
+from .fsutil import atomic_write_text, move_aside, read_text_file
 from .knobs import KnobSettings, format_settings
 from .overrides import OverrideEntry, OverrideFile, autotune_metadata, load_overrides, merge_entries, write_overrides
 from .problem import Problem
@@ -229,7 +229,11 @@ class TunableRuntime:
             try:
                 f = load_overrides(path)
             except FarmError as exc:
-                log.warning("autotune: results file %s unreadable (%s); ignored", path, exc)
+                if os.path.isfile(path):  # kept for a person to look at; a later write_file would replace it
+                    moved = move_aside(Path(path))
+                    log.warning("autotune: results file %s unreadable (%s); moved aside to %s", path, exc, moved)
+                else:
+                    log.warning("autotune: results file %s unreadable (%s); ignored", path, exc)
                 return False
             mismatch = self._mismatch(f)
             if mismatch:
@@ -381,13 +385,20 @@ class TunableRuntime:
         self._untuned.add(problem.key)
         path = self.untuned_filename()
         doc: dict[str, Any] = {"name": "untuned", "problems": []}
-        if os.path.exists(path):
+        if os.path.lexists(path):
+            if not os.path.isfile(path):
+                log.warning("autotune: untuned file %s is not a regular file; %s not recorded", path, problem.label())
+                return
             try:
-                loaded = yaml.safe_load(Path(path).read_text()) or {}
-                if isinstance(loaded, dict) and isinstance(loaded.get("problems"), list):
-                    doc = loaded
-            except yaml.YAMLError:
-                move_aside(Path(path))
+                loaded = yaml.safe_load(read_text_file(path, "untuned file"))
+                if not (isinstance(loaded, dict) and isinstance(loaded.get("problems"), list)
+                        and all(isinstance(p, dict) for p in loaded["problems"])):
+                    raise ValueError("not a workload with a problems list")
+                doc = loaded
+            except (InputError, yaml.YAMLError, ValueError, RecursionError) as exc:
+                moved = move_aside(Path(path))  # never overwritten: someone may want what was there
+                log.warning("autotune: untuned file %s unreadable (%s); moved aside to %s",
+                            path, str(exc).splitlines()[0], moved)
         names = {p.get("name") for p in doc["problems"] if isinstance(p, dict)}
         name = f"{problem.op}-{problem.key}"
         if name in names:

@@ -31,6 +31,7 @@ import yaml
 from .autotune import AutotuneConfig
 from .engine import EngineRegistry, user_knobs
 from .errors import InputError, UnknownNameError
+from .fsutil import read_text_file
 from .knobs import BENCHMARKING_KNOB, KnobValue
 from .plans import EngineSweep, cartesian_product
 from .problem import Problem
@@ -114,16 +115,13 @@ def load_workload(path: str | Path, registry: EngineRegistry | None = None) -> W
     registry = registry or default_engine_registry()
     path = Path(path)
     source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("workload file not found", source=source) from None
-    except OSError as exc:
-        raise InputError(f"cannot read the workload file: {exc.strerror}", source=source) from None
+    text = read_text_file(path, "workload file")
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        _no_duplicate_keys(node, source)
+        _check_nodes(node, source)
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise InputError(f"nested too deeply (a workload needs at most {MAX_DEPTH} levels)", source=source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
@@ -136,11 +134,44 @@ def load_workload(path: str | Path, registry: EngineRegistry | None = None) -> W
         raise exc.within(source=f"{source}:{line}" if line else source) from None
 
 
+MAX_DEPTH = 64  # a workload is a handful of levels deep
+MAX_NODES = 1_000_000  # values after YAML aliases are expanded: far beyond any real workload
+
+
+def _check_nodes(node: Any, source: str) -> None:
+    """Refuse a key given twice in one mapping (YAML would keep the last one silently), nesting deeper than
+    MAX_DEPTH, and aliases that expand to more than MAX_NODES values (an "alias bomb")."""
+    _no_duplicate_keys(node, source)
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Any, int, bool]] = [(node, 1, False)]
+    while stack:
+        n, depth, children_done = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InputError(f"nested too deeply (a workload needs at most {MAX_DEPTH} levels)",
+                             source=f"{source}:{n.start_mark.line + 1}")
+        if id(n) in sizes:
+            continue
+        kids = [x for kv in n.value for x in kv] if isinstance(n, yaml.MappingNode) else \
+            list(n.value) if isinstance(n, yaml.SequenceNode) else []
+        if not children_done and any(id(k) not in sizes for k in kids):
+            stack.append((n, depth, True))
+            stack.extend((k, depth + 1, False) for k in kids if id(k) not in sizes)
+            continue
+        sizes[id(n)] = 1 + sum(sizes.get(id(k), 1) for k in kids)
+        if sizes[id(n)] > MAX_NODES:
+            raise InputError(f"expands to more than {MAX_NODES} values (YAML aliases repeating aliases?)",
+                             source=f"{source}:{n.start_mark.line + 1}")
+
+
 def _no_duplicate_keys(node: Any, source: str) -> None:
     """A key given twice in one mapping is an error (YAML would keep the last one silently)."""
     stack = [node]
+    seen_nodes: set[int] = set()
     while stack:
         n = stack.pop()
+        if id(n) in seen_nodes:
+            continue  # an alias of a node checked already
+        seen_nodes.add(id(n))
         if isinstance(n, yaml.MappingNode):
             seen: dict[Any, int] = {}
             for key, value in n.value:

@@ -55,10 +55,10 @@ class _Session:
         self._from_root = False  # the file came from a published root (same-arch fallbacks allowed)
         self._said: set[tuple[str, Any]] = set()
 
-    def _once(self, key: Any, message: str, *args: Any) -> None:
+    def _once(self, key: Any, message: str, *args: Any, level: int = logging.INFO) -> None:
         if (message, key) not in self._said:
             self._said.add((message, key))
-            log.info("autotune: Config " + message, *args)
+            log.log(level, "autotune: Config " + message, *args)
 
     def _valid_knobs(self, entry: Any, source: str) -> Any:
         """The entry's knobs validated like a workload's, or None: declined, with one warning per entry."""
@@ -92,7 +92,7 @@ class _Session:
         found = find_published(root, self.props)
         target = None
         if found is None:
-            self._once(root, "declines: %s holds no file for %s", root, self.props.signature)
+            self._once(root, "declines: %s holds no file for %s", root, self.props.signature, level=logging.WARNING)
         else:
             target, note = found
             if note:
@@ -108,7 +108,7 @@ class _Session:
         try:
             st = os.stat(target)
         except OSError:
-            self._once(target, "declines: %s does not exist", target)
+            self._once(target, "declines: %s does not exist", target, level=logging.WARNING)
             self._file, self._stamp = None, None
             return None
         stamp = (target, st.st_size, st.st_mtime_ns, st.st_ino)
@@ -118,7 +118,7 @@ class _Session:
                 self._file = load_overrides(target)
             except FarmError as exc:
                 self._file = None
-                self._once(stamp, "declines: %s", exc)
+                self._once(stamp, "declines: %s", exc, level=logging.WARNING)  # every tuned winner is lost
         return self._file
 
     def order(self, candidates: Sequence[int], problem: bytes) -> Choice | None:
@@ -130,7 +130,8 @@ class _Session:
             return None
         sig = f.device_signature
         if sig and sig != self.signature and not self._from_root:
-            self._once((f.source, sig), "declines: %s is for device %s, this is %s", f.source, sig, self.signature)
+            self._once((f.source, sig), "declines: %s is for device %s, this is %s", f.source, sig, self.signature,
+                       level=logging.WARNING)
             return None
         try:
             p = _problem(problem)
