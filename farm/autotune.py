@@ -263,6 +263,8 @@ class Autotuner:
         self._workspace: Any = None
         self._workspace_size = 0
         self.results: list[AutotuneResult] = []
+        # plan spec -> time.monotonic() its compile or measurement began: what a hang watch looks at
+        self.in_flight: dict[PlanSpec, float] = {}
 
     # -- discovery and plan specs (delegated to the collection) ----------------------
     def engine_configs(self) -> list[EngineConfig]:
@@ -494,11 +496,14 @@ class Autotuner:
             cand.error = f"{engine.name} does not apply: {support.reason}"
             return None
         t0 = time.perf_counter()
+        self.in_flight[cand.spec] = time.monotonic()
         try:
             plan = engine.compile(self.problem, settings_to_resolved(engine, cand.spec.knobs, benchmarking=benchmarking), self.device)
         except Exception as exc:  # any compile failure is that candidate's, not the tuner's
             cand.error = f"{engine.name}: compile: {_err(exc)}"
             plan = None
+        finally:
+            self.in_flight.pop(cand.spec, None)
         if not benchmarking:
             cand.plan = plan
             cand.compile_ms = (time.perf_counter() - t0) * 1e3
@@ -675,6 +680,7 @@ class _Run:
         # the candidate's own time starts here (its compile is counted apart): with compiles
         # pipelined, the time since the batch began would include other candidates' work
         cand.started, cand.started_at = time.perf_counter(), _now_iso()
+        self.t.in_flight[cand.spec] = time.monotonic()
         plan = cand.plan
         if plan is None:
             self._finish(cand, Disposition.FAILED_COMPILE, error=cand.error)
@@ -859,6 +865,7 @@ class _Run:
     def _finish(self, cand: _Candidate, disposition: Disposition, *, error: str = "", workspace: int | None = None,
                 warmups: int = 0, samples: Sequence[float] = (), converged: bool = False,
                 max_err: float | None = None) -> None:
+        self.t.in_flight.pop(cand.spec, None)
         stats = summarize(samples)
         engine = cand.engine
         spent = cand.spent_ms + (cand.compile_ms or 0.0) + ((time.perf_counter() - cand.started) * 1e3 if cand.started else 0.0)

@@ -8,7 +8,6 @@ import logging
 import os
 import re
 import sys
-import time
 from typing import Any, Iterable, Sequence
 
 from rich.console import Console
@@ -94,6 +93,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return _tune_on_ray(args, workload, out)
 
 
+def _check_fits(workload: Any, props: Any) -> None:
+    """A problem whose tensors cannot fit in the device's memory is a workload error, before any device time."""
+    from .tuning import memory_shortfall
+
+    for i, wp in enumerate(workload.problems):
+        too_big = memory_shortfall(wp.problem, props)
+        if too_big:
+            raise InputError(f"{wp.name}: {too_big}", field=f"problems[{i}].tensors", source=workload.source)
+
+
 def _folder_name(name: str) -> str:
     """A workload's name as one folder under runs/: no separators, no '..', no control characters."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "workload"
@@ -120,6 +129,7 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
     from .render import local_dict, results_table, summary_table, where_table
 
     device = _local_device(args.devices)
+    _check_fits(workload, device.properties)
     console = _console()
     total = len(workload.problems)
     if not args.json:
@@ -135,7 +145,8 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
             console.print()
 
     report = run_local(workload, out, device, registry, on_problem=show, reduce=not args.no_reduce, top_k=args.top_k,
-                       incumbents=args.incumbents)
+                       incumbents=args.incumbents, candidate_timeout_s=args.candidate_timeout,
+                       on_hang=lambda message: _restart(args, message))
     if args.json:
         _print_json(local_dict(workload, out, device, report))
     else:
@@ -145,12 +156,32 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
     return report.summary.exit_code
 
 
+MAX_RESTARTS = 50
+
+
+def _restart(args: argparse.Namespace, message: str) -> None:
+    """A candidate hung in this process: start the same command again; it resumes after that candidate."""
+    restarts = int(os.environ.get("FARM_IN_PROCESS_RESTARTS", "0") or 0) + 1
+    err = _console(stderr=True)
+    if restarts > MAX_RESTARTS:
+        err.print(f"[bold red]error:[/] {escape(message)}; {MAX_RESTARTS} restarts already, giving up "
+                  "(run the same command to go on)", soft_wrap=True)
+        os._exit(3)
+    err.print(f"[yellow]{escape(message)}[/]; restarting to go on ({restarts})", soft_wrap=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.environ["FARM_IN_PROCESS_RESTARTS"] = str(restarts)
+    os.execv(sys.executable, [sys.executable, "-m", "farm", *args.argv])
+
+
 def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     from .cluster import DeviceRequest, FarmSettings, run_farm
     from .progress import ProgressView
     from .render import farm_dict, farm_tables, where_table
 
     request = DeviceRequest.parse(args.devices)
+    if request.kind == "cpu" and not (args.address or os.environ.get("RAY_ADDRESS")):
+        _check_fits(workload, _local_device("cpu").properties)  # the workers run on this host
     settings = FarmSettings(shard_size=args.shard_size, finalist_k=args.finalist_k,
                             candidate_timeout_s=args.candidate_timeout, cpu_threads=args.cpu_threads)
     address = args.address or os.environ.get("RAY_ADDRESS") or None
@@ -435,6 +466,7 @@ def _setup_logging(verbosity: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for a restart (farm tune --in-process)
     _setup_logging(args.verbose)
     try:
         return int(args.func(args) or 0)
@@ -442,6 +474,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # one line, however narrow the terminal: scripts grep it, people read it whole
         _console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False,
                                     soft_wrap=True)
+        return 2
+    except OSError as exc:
+        # a path the user gave that cannot be made, read or written (a file where a folder should be, a
+        # read-only mount, a full disk): name it in one line; nothing written before is touched
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f) or "a file"
+        _console(stderr=True).print(f"[bold red]error:[/] {escape(where)}: {escape(exc.strerror or str(exc))}",
+                                    markup=True, highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         _console(stderr=True).print("interrupted")

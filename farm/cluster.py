@@ -404,10 +404,29 @@ def run_farm(
     return report
 
 
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail within ``timeout_s`` when nothing listens at a ``host:port`` or ``ray://host:port`` address
+    (Ray itself retries for minutes). ``auto`` and addresses without a port are left to Ray."""
+    host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        raise FarmFailed(f"cannot reach a Ray cluster at {address}: {reason} (within {timeout_s:.0f} s); "
+                         "is `ray start --head` running there, and is the port open?") from None
+
+
 def _init_ray(address: str | None, request: DeviceRequest) -> None:
     import ray
 
     if address:
+        _reachable(address)
         # a cluster (or a Ray job's own): its runtime environment (the job's working_dir) carries the code
         ray.init(address=address, logging_level=logging.ERROR)
         return

@@ -28,6 +28,7 @@ from .reduce import Decisions, ReduceReport, Winner, decide_results, load_incumb
 from .results import MeasurementContext, ResultsDataset, ResultWriter, RunContext, candidate_key, new_id, now_iso, \
     result_row, spec_of
 from .tuning import ProblemOutcome, tune_problem
+from .watchdog import HangWatch
 from .workload import Workload, WorkloadProblem
 
 log = logging.getLogger("farm.job")
@@ -285,12 +286,33 @@ def run_local(
     reduce: bool = True,
     top_k: int = 3,
     incumbents: str | None = None,
+    candidate_timeout_s: float | None = None,
+    on_hang: Callable[[str], None] | None = None,
 ) -> LocalRunReport:
     """Tune every problem on one in-process device into ``out``; resume what is there.
 
     ``incumbents``: an override file or published root whose winners are kept within noise.
+    ``candidate_timeout_s``: a candidate compiling or measured for longer gets a ``timed_out`` row
+    (written at once, with every row before it), then ``on_hang(message)`` is called from the watch's
+    thread: the process cannot take the candidate back, so the caller ends or restarts it, and a
+    resume goes on after the candidate.
     """
-    jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents})
+    jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents,
+                                "candidate_timeout_s": candidate_timeout_s})
+    current: dict[str, Any] = {}
+    watch = None
+    if candidate_timeout_s:
+        def hung(tuner: Any, spec: Any, seconds: float) -> None:
+            row = _timed_out_row(tuner, spec, seconds, config or workload.autotune)
+            jr.write([(row, current["wp"], current["where"])])
+            jr.writer.flush()
+            message = (f"{current['wp'].name}: {row.engine_name} {dict(spec.knobs)} hung for {seconds:.0f} s "
+                       f"(candidate timeout {candidate_timeout_s:g} s); recorded as timed_out")
+            jr.job.finish(jr.record, jr.run, state="failed", error=message, rows_written=jr.writer.rows_written)
+            if on_hang is not None:
+                on_hang(message)
+
+        watch = HangWatch(candidate_timeout_s, hung)
     try:
         # a tuning run compiles for a while: engines may start what helps (Triton's compile pool on a GPU)
         registry.prepare((e.name for e in registry if any(wp.engines.selects(e.name) for wp in workload.problems)),
@@ -305,8 +327,9 @@ def run_local(
                 jr.write([(result, _wp, _where)])
 
             previous = [spec_of(k) for k in done.get(wp.problem.key, ())]
+            current.update(wp=wp, where=where)
             outcome = tune_problem(wp, device, config or workload.autotune, registry, seed=workload.seed,
-                                   done=previous, listener=stream)
+                                   done=previous, listener=stream, watch=watch)
             jr.set_ranks(where.session_id, {candidate_key(r.engine_id, r.knobs): r.rank for r in outcome.results})
             if outcome.error and not outcome.results and not outcome.skipped:
                 jr.skip(device.signature, wp.name, outcome.error)
@@ -316,5 +339,21 @@ def run_local(
     except BaseException as exc:
         jr.fail(exc)
         raise
+    finally:
+        if watch is not None:
+            watch.close()
     summary = jr.finish(reduce=reduce, top_k=top_k, device=device.properties.to_dict())
     return LocalRunReport(outcomes, summary)
+
+
+def _timed_out_row(tuner: Any, spec: Any, seconds: float, config: AutotuneConfig) -> AutotuneResult:
+    from .autotune import Disposition
+
+    engine = tuner.registry.get(spec.engine_id)
+    specs = list(tuner.specs)
+    return AutotuneResult(
+        problem_key=tuner.problem.key, engine_id=spec.engine_id, engine_name=engine.name if engine else "?",
+        knobs=spec.knobs, disposition=Disposition.TIMED_OUT, mode=config.mode, strategy=config.strategy,
+        candidate=specs.index(spec) if spec in specs else -1,
+        error=f"no result within the candidate timeout ({seconds:.0f} s in-process); the run was restarted",
+        started_at=now_iso())

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .autotune import AutotuneConfig, AutotuneResult, Autotuner
-from .device import Device
+from .device import Device, DeviceProperties
 from .engine import EngineRegistry
 from .errors import AutotuneError, FarmError
 from .plans import PlanSpec
+from .problem import Problem
+from .watchdog import HangWatch
 from .workload import Workload, WorkloadProblem
 
 log = logging.getLogger("farm.tune")
@@ -36,12 +38,25 @@ class ProblemOutcome:
         return self.results[0] if self.results and self.results[0].succeeded else None
 
 
+def memory_shortfall(problem: Problem, props: DeviceProperties) -> str:
+    """'' when the problem's tensors fit in the device's memory, else why not (nothing is allocated to find out)."""
+    need = sum(t.nbytes for t in problem.tensors)
+    if props.vendor == "sim" or not props.total_memory or need <= props.total_memory:
+        return ""
+    return (f"its tensors need {need / 2**30:.1f} GiB; {props.name} has {props.total_memory / 2**30:.1f} GiB "
+            "of memory")
+
+
 def plan_specs_for(wp: WorkloadProblem, tuner: Autotuner) -> list[PlanSpec]:
     """Add the workload's candidates for this problem to ``tuner``; returns them in order.
 
     Engines that do not apply on the tuner's device are left out (discovery
-    happens where the device is); sweeps of such engines are skipped.
+    happens where the device is); sweeps of such engines are skipped. A problem
+    that cannot fit in the device's memory raises FarmError (before any allocation).
     """
+    too_big = memory_shortfall(wp.problem, tuner.device.properties)
+    if too_big:
+        raise FarmError(f"{wp.name}: {too_big}")
     sel = wp.engines
     configs = [c for c in tuner.engine_configs() if sel.selects(c.engine_name)]
     applicable = {c.engine_name for c in configs}
@@ -68,13 +83,17 @@ def tune_problem(
     seed: int = 0,
     done: Iterable[PlanSpec] = (),
     listener: Callable[[AutotuneResult], None] | None = None,
+    watch: HangWatch | None = None,
 ) -> ProblemOutcome:
     """Tune one workload problem on ``device``; never raises for a candidate's or problem's failure.
 
-    ``done`` lists plan specs measured before (resume); they are not measured again.
+    ``done`` lists plan specs measured before (resume); they are not measured again. ``watch``
+    looks for a candidate that hangs.
     """
     t0 = time.perf_counter()
     tuner = Autotuner(wp.problem, device, registry=registry)
+    if watch is not None:
+        watch.watch(tuner)
     try:
         specs = plan_specs_for(wp, tuner)
         if not specs:

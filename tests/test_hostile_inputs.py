@@ -295,3 +295,69 @@ def test_a_second_farm_tune_into_the_same_folder_is_refused(tmp_path, repo_root)
     assert not (out / "job.json").exists()
     proc = _farm(repo_root, "tune", tmp_path / "w.yaml", "--out", out, "--in-process")  # free again
     assert proc.returncode == 0, proc.stderr
+
+
+# -- CLI targets and executors: bounded, one line -----------------------------------------------------
+def test_in_process_honours_the_candidate_timeout(tmp_path, repo_root):
+    """A hanging candidate in-process gets a timed_out row; the run restarts itself and finishes the rest."""
+    (tmp_path / "sim.yaml").write_text("devices: [{name: Sim H, count: 1}]\n"
+                                       "faults: [{kind: hang, engine: sim.gemm, knobs: {block: 32}}]\n")
+    (tmp_path / "w.yaml").write_text("name: hang\nautotune: {strategy: fixed_average, timed_iterations: 3}\n"
+                                     "engines: {sweep: {sim.gemm: {block: [16, 32, 128]}}}\n"
+                                     "problems: [{name: mm, op: matmul, tensors: {A: [128, 512], B: [512, 256]}}]\n")
+    proc = _farm(repo_root, "tune", tmp_path / "w.yaml", "--in-process", "--devices", f"sim:{tmp_path / 'sim.yaml'}",
+                 "--candidate-timeout", "1.5", "--out", tmp_path / "o", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "hung for" in proc.stderr and "restarting" in proc.stderr and "Traceback" not in proc.stderr
+    from farm.results import ResultsDataset
+
+    rows = ResultsDataset(tmp_path / "o" / "results").table(["candidate_key", "disposition"]).to_pylist()
+    assert sorted(r["disposition"] for r in rows).count("timed_out") == 1
+    assert [r for r in rows if r["disposition"] == "timed_out"][0]["candidate_key"].endswith('[["block",32]]')
+    assert len({r["candidate_key"] for r in rows}) == len(rows) == 5  # everything once, the rest measured
+    runs = json.loads((tmp_path / "o" / "job.json").read_text())["runs"]
+    assert [r["state"] for r in runs] == ["failed", "finished"] and "hung" in runs[0]["error"]
+
+
+def test_an_address_where_no_cluster_listens_fails_within_seconds(tmp_path, repo_root):
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    t0 = time.time()
+    proc = _farm(repo_root, "tune", "examples/cpu-quick.yaml", "--address", f"127.0.0.1:{port}", "--out", tmp_path / "o")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in proc.stderr
+    assert time.time() - t0 < 30
+
+
+def test_unwritable_targets_are_one_line_errors(tmp_path, repo_root, capsys):
+    from farm.cli import main as farm_main
+
+    (tmp_path / "a-file").write_text("x")
+    blocked = tmp_path / "a-file" / "sub"  # a file where a folder should be (root ignores permissions)
+    wl = tmp_path / "w.yaml"
+    wl.write_text("name: w\nautotune: {strategy: single_shot}\nengines: {include: [cpu.matmul.blas]}\n"
+                  "problems: [{name: mm, op: matmul, tensors: {A: [8, 8], B: [8, 8]}, dtype: fp32}]\n")
+    assert farm_main(["tune", str(wl), "--in-process", "--out", str(blocked)]) == 2
+    assert farm_main(["tune", str(wl), "--in-process", "--out", str(tmp_path / "ok")]) == 0
+    capsys.readouterr()
+    for argv in (["report", str(tmp_path / "ok" / "results"), "--html", str(blocked / "r.html")],
+                 ["reduce", str(tmp_path / "ok" / "results"), "--out", str(blocked)],
+                 ["publish", str(tmp_path / "ok" / "overrides"), "--to", str(blocked)]):
+        assert farm_main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "a-file" in err and "Traceback" not in err, (argv, err)
+
+
+def test_a_problem_larger_than_the_devices_memory_is_an_error_before_any_device_time(tmp_path, repo_root):
+    (tmp_path / "w.yaml").write_text("name: big\nproblems:\n"
+                                     "  - {name: huge, op: matmul, tensors: {A: [400000, 400000], B: [400000, 8]}}\n")
+    for executor in (["--in-process"], ["--devices", "cpu"]):
+        proc = _farm(repo_root, "tune", tmp_path / "w.yaml", *executor, "--out", tmp_path / "o")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        line = proc.stderr.strip()
+        assert "problems[0].tensors" in line and "huge" in line and "GiB" in line and "w.yaml" in line, line
+        assert not (tmp_path / "o").exists()
