@@ -28,11 +28,14 @@ def contiguous_strides(dims: Sequence[int]) -> tuple[int, ...]:
 
 
 INT64_MAX = (1 << 63) - 1
+MAX_RANK = 16  # cuDNN and MIOpen stop at 8 dims; more is a hostile or broken input, not a tensor
 
 
 def _int_list(value: Any, *, field_path: str, minimum: int) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         raise InputError("expected a non-empty list of integers", field=field_path, value=value)
+    if len(value) > MAX_RANK:
+        raise InputError(f"{len(value)} dims; a tensor has at most {MAX_RANK}", field=field_path, value=list(value))
     out = []
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int) or item < minimum:

@@ -33,6 +33,7 @@ class String:
 @dataclass(frozen=True)
 class Vector:
     element: Union[Scalar, String, "Table"]
+    max_len: int = 64
 
 
 @dataclass(frozen=True)
@@ -48,17 +49,22 @@ LIBRARY = Table("Library", (("name", STR), ("version", STR)))
 DEVICE_PROPERTIES = Table("DeviceProperties", (
     ("vendor", STR), ("name", STR), ("arch", STR), ("compute_units", I32), ("total_memory", U64),
     ("l2_bytes", U64), ("clock_mhz", I32), ("warp_size", I32), ("driver_version", STR), ("runtime_version", STR),
-    ("libraries", Vector(LIBRARY)), ("index", I32), ("uuid", STR), ("host", STR), ("pci_bus", STR),
+    ("libraries", Vector(LIBRARY, 256)), ("index", I32), ("uuid", STR), ("host", STR), ("pci_bus", STR),
     ("signature", STR),
 ))
-TENSOR = Table("Tensor", (("id", STR), ("dims", Vector(I64)), ("strides", Vector(I64)), ("dtype", STR)))
+TENSOR = Table("Tensor", (("id", STR), ("dims", Vector(I64, 16)), ("strides", Vector(I64, 16)), ("dtype", STR)))
 CRITERION = Table("Criterion", (("name", STR), ("value", I64)))
 PROBLEM = Table("Problem", (
-    ("op", STR), ("tensors", Vector(TENSOR)), ("criteria", Vector(CRITERION)), ("compute_dtype", STR), ("key", STR),
+    ("op", STR), ("tensors", Vector(TENSOR, 16)), ("criteria", Vector(CRITERION, 64)), ("compute_dtype", STR),
+    ("key", STR),
 ))
 
+# bounds on the work a buffer can ask for: far above any real problem or device, so a hostile
+# payload is rejected in well under a millisecond per kilobyte
+MAX_BUFFER_BYTES = 64 * 1024
 MAX_DEPTH = 16
-MAX_TABLES = 100_000
+MAX_TABLES = 4096
+MAX_STRING_BYTES = 4096
 
 
 class _Verifier:
@@ -98,6 +104,8 @@ class _Verifier:
 
     def string(self, pos: int, what: str) -> None:
         length = self.u32(pos, f"{what} length")
+        if length > MAX_STRING_BYTES:
+            raise self.fail(f"{what} at offset {pos} is {length} bytes long (at most {MAX_STRING_BYTES})")
         end = pos + 4 + length
         if end >= self.n:
             raise self.fail(f"{what} of {length} bytes at offset {pos} runs past the end")
@@ -110,6 +118,8 @@ class _Verifier:
 
     def vector(self, pos: int, vec: Vector, what: str, depth: int) -> None:
         count = self.u32(pos, f"{what} length")
+        if count > vec.max_len:
+            raise self.fail(f"{what} has {count} elements (at most {vec.max_len})")
         elem = vec.element
         size = elem.size if isinstance(elem, Scalar) else 4
         if pos + 4 + count * size > self.n:
@@ -165,6 +175,8 @@ def verify_buffer(buf: bytes, root: Table, identifier: bytes, what: str) -> None
         raise FlatBufferError(f"malformed {what} buffer: expected bytes, got {type(buf).__name__}")
     buf = bytes(buf)
     v = _Verifier(buf, what)
+    if len(buf) > MAX_BUFFER_BYTES:
+        raise v.fail(f"larger than {MAX_BUFFER_BYTES} bytes")
     if len(buf) < 8:
         raise v.fail("shorter than a root offset and a file identifier")
     if buf[4:8] != identifier:
