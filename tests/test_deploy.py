@@ -59,7 +59,7 @@ def _same(given, back, where):
 
 RAYJOB_SPEC = {"entrypoint", "shutdownAfterJobFinishes", "ttlSecondsAfterFinished", "activeDeadlineSeconds",
                "submitterPodTemplate", "rayClusterSpec", "runtimeEnvYAML", "submissionMode", "backoffLimit"}
-CLUSTER_SPEC = {"rayVersion", "headGroupSpec", "workerGroupSpecs", "enableInTreeAutoscaling"}
+CLUSTER_SPEC = {"rayVersion", "headGroupSpec", "workerGroupSpecs", "enableInTreeAutoscaling", "authOptions"}
 HEAD_SPEC = {"serviceType", "rayStartParams", "template"}
 WORKER_SPEC = {"groupName", "replicas", "minReplicas", "maxReplicas", "rayStartParams", "template"}
 
@@ -87,10 +87,13 @@ def test_rayjob_fields_and_pod_templates_pass_the_schema():
 
 def test_plain_kubernetes_objects_pass_the_schema():
     pytest.importorskip("kubernetes", reason="the kubernetes client is in the dev extra")
+    checked = []
     for path in MANIFESTS:
         for d in docs(path):
-            if d["apiVersion"] == "v1":
+            if d["apiVersion"] in ("v1", "networking.k8s.io/v1"):
                 _strict(f"V1{d['kind']}", d, f"{path.name}:{d['kind']}")
+                checked.append(d["kind"])
+    assert "NetworkPolicy" in checked and "PersistentVolumeClaim" in checked
 
 
 def test_gpu_worker_groups_for_both_vendors_with_sized_requests():
@@ -106,12 +109,38 @@ def test_gpu_worker_groups_for_both_vendors_with_sized_requests():
     assert set(by_vendor) == {"nvidia.com/gpu", "amd.com/gpu"}
 
 
-def test_dashboard_is_not_exposed():
-    head = _rayjob()["spec"]["rayClusterSpec"]["headGroupSpec"]
-    assert head["serviceType"] == "ClusterIP"
-    assert head["rayStartParams"]["dashboard-host"] == "127.0.0.1"
-    cluster = docs(DEPLOY / "vm" / "cluster.yaml")[0]
-    assert all("--dashboard-host=0.0.0.0" not in c for c in cluster["head_start_ray_commands"])
+def _templates(job):
+    cluster = job["spec"]["rayClusterSpec"]
+    return ([("submitter", job["spec"]["submitterPodTemplate"]), ("head", cluster["headGroupSpec"]["template"])]
+            + [(g["groupName"], g["template"]) for g in cluster["workerGroupSpecs"]])
+
+
+def test_the_submitter_can_reach_the_dashboard_and_nothing_else_can():
+    """KubeRay's submitter (and the operator) call the dashboard through the head Service: it must listen on the
+    pod's address. The Service stays ClusterIP, token auth is on, and a NetworkPolicy admits only the job's pods
+    to any port of the head, and the operator to the dashboard port."""
+    job = _rayjob()
+    cluster = job["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]
+    assert head["serviceType"] == "ClusterIP" and head["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+    assert cluster["authOptions"] == {"mode": "token"}
+    assert tuple(int(x) for x in cluster["rayVersion"].split(".")[:2]) >= (2, 52)  # Ray's token auth
+    assert job["spec"].get("submissionMode", "K8sJobMode") == "K8sJobMode"  # a submitter pod, through the Service
+    label = {"app.kubernetes.io/name": "tunefarm"}
+    for name, template in _templates(job):  # the policy's selector matches every pod of the job
+        assert label.items() <= template["metadata"]["labels"].items(), name
+    [policy] = docs(DEPLOY / "kuberay" / "network-policy.yaml")
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"] == label and spec["policyTypes"] == ["Ingress"]
+    peers = [(r["from"], r.get("ports")) for r in spec["ingress"]]
+    assert ([{"podSelector": {"matchLabels": label}}], None) in peers
+    others = [(f, p) for f, p in peers if f != [{"podSelector": {"matchLabels": label}}]]
+    assert all(p == [{"protocol": "TCP", "port": 8265}] for _, p in others), others  # the operator: dashboard only
+    for path in MANIFESTS:
+        for d in docs(path):
+            assert d.get("spec", {}).get("type") not in ("LoadBalancer", "NodePort"), path
+    cluster_vm = docs(DEPLOY / "vm" / "cluster.yaml")[0]
+    assert all("--dashboard-host=0.0.0.0" not in c for c in cluster_vm["head_start_ray_commands"])
 
 
 def test_entrypoints_name_modules_and_files_that_exist(repo_root):
