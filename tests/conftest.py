@@ -32,3 +32,16 @@ def registry():
     from farm.engine import default_engine_registry
 
     return default_engine_registry()
+
+
+@pytest.fixture
+def replay_env(monkeypatch):
+    """No replay or selection settings from the environment, and farm.ops caches empty before and after."""
+    import farm.ops as ops
+
+    for name in ("FARM_HEUR_CONFIG_PATH", "HIPDNN_HEUR_CONFIG_PATH", "FARM_HEUR_POLICY_ORDER", "FARM_TUNABLE_ENABLED",
+                 "FARM_TUNABLE_TUNING", "FARM_TUNABLE_FILENAME"):
+        monkeypatch.delenv(name, raising=False)
+    ops.reset()
+    yield monkeypatch
+    ops.reset()

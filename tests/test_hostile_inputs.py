@@ -23,13 +23,8 @@ PROBLEM = Problem.create("matmul", {"A": [48, 40], "B": [40, 24]}, dtype="fp32")
 
 
 @pytest.fixture(autouse=True)
-def clean(monkeypatch):
-    for name in ("FARM_HEUR_CONFIG_PATH", "HIPDNN_HEUR_CONFIG_PATH", "FARM_HEUR_POLICY_ORDER", "FARM_TUNABLE_ENABLED",
-                 "FARM_TUNABLE_TUNING", "FARM_TUNABLE_FILENAME"):
-        monkeypatch.delenv(name, raising=False)
-    ops.reset()
+def clean(replay_env):
     yield
-    ops.reset()
 
 
 def _override_file(path, knobs, engine="cpu.matmul.blocked"):

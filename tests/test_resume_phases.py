@@ -2,13 +2,18 @@
 
 Simulated devices give deterministic times, so "the same winners" is exact. Two signatures with one
 device each and shards of 40 candidates: every matmul is measured in several sessions, so it has a
-finalist round, and the reduce writes two files (a kill can land between them).
+finalist round, and the reduce writes two files (a kill can land between them). The drivers connect to
+one Ray cluster (`ray start --head`, token auth on) that outlives them, as on a real head node: a
+killed driver takes its workers with it, never the cluster.
 """
 
 import json
 import os
+import secrets
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -31,13 +36,37 @@ SIM = {"devices": [{"name": "Sim A", "count": 1}, {"name": "Sim B", "count": 1, 
 PHASES = ("start", "mid-run", "finalist", "reduce")
 
 
+RAY = Path(sys.executable).with_name("ray")
+
+
 @pytest.fixture(scope="module")
-def job(tmp_path_factory, repo_root):
+def cluster(repo_root):
+    if not RAY.exists():
+        pytest.skip(f"the ray command is not beside {sys.executable}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=repo_root, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    temp = f"/tmp/rayr{os.getpid()}"  # Ray's socket paths must stay short
+    start = subprocess.run([str(RAY), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                            "--num-cpus=2", f"--temp-dir={temp}", "--include-dashboard=false",
+                            "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=180)
+    assert start.returncode == 0, start.stdout + start.stderr
+    try:
+        yield env, f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([str(RAY), "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, repo_root, cluster):
+    env, address = cluster
     d = tmp_path_factory.mktemp("resume")
     (d / "w.yaml").write_text(yaml.safe_dump(WORKLOAD))
     (d / "sim.yaml").write_text(yaml.safe_dump(SIM))
-    env = dict(os.environ, PYTHONPATH=repo_root)
-    args = ["tune", str(d / "w.yaml"), "--devices", f"sim:{d / 'sim.yaml'}", "--shard-size", "40", "--json"]
+    args = ["tune", str(d / "w.yaml"), "--devices", f"sim:{d / 'sim.yaml'}", "--shard-size", "40", "--json",
+            "--address", address]
 
     def run(out, phase=None):
         head = [sys.executable, os.path.join(repo_root, "tests", "kill_driver.py"), phase] if phase else \
