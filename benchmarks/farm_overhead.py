@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from farm.cluster import DeviceRequest, FarmSettings, run_farm  # noqa: E402
-from farm.engine import default_engine_registry  # noqa: E402
-from farm.results import ResultsDataset  # noqa: E402
-from farm.sim import SimConfig  # noqa: E402
-from farm.workload import parse_workload  # noqa: E402
+from farm.fleet.cluster import DeviceRequest, FarmSettings, run_farm  # noqa: E402
+from farm.model.engine import default_engine_registry  # noqa: E402
+from farm.store.results import ResultsDataset  # noqa: E402
+from farm.devices.sim import SimConfig  # noqa: E402
+from farm.model.workload import parse_workload  # noqa: E402
 
 
 def workload(problems: int):

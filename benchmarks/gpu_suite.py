@@ -34,8 +34,8 @@ TRITON_SHAPES = ("gemm-4k", "odd-fp16")
 def _setup():
     import torch
 
-    from farm.device import gpu_device
-    from farm.workload import load_workload
+    from farm.devices.device import gpu_device
+    from farm.model.workload import load_workload
 
     return torch, gpu_device("cuda", 0), load_workload(WORKLOAD)
 
@@ -64,7 +64,7 @@ def tflops(flops: float, ms: float) -> float:
 
 
 def _operands(torch, problem, dev):
-    from farm.arrays import make_tensors
+    from farm.devices.arrays import make_tensors
 
     return make_tensors(problem, dev.arrays, seed=1)
 
@@ -77,8 +77,8 @@ def _selected(wl, shapes: tuple[str, ...]):
 def run_suite(out: Path, shapes: tuple[str, ...] = ()) -> None:
     import numpy as np
 
-    from farm.autotune import Autotuner
-    from farm.tuning import plan_specs_for
+    from farm.tuner.autotuner import Autotuner
+    from farm.tuner.problem_tuning import plan_specs_for
 
     torch, dev, wl = _setup()
     rows = []
@@ -91,13 +91,13 @@ def run_suite(out: Path, shapes: tuple[str, ...] = ()) -> None:
         t0 = time.perf_counter()
         results = tuner.autotune(config=wl.autotune, seed=wl.seed)
         tune_s = time.perf_counter() - t0
-        ok = [r for r in results if r.succeeded]  # ranked by the farm's winner rule (farm.winner)
+        ok = [r for r in results if r.succeeded]  # ranked by the farm's winner rule (farm.tuner.winner)
         winner, default = ok[0], min((r for r in ok if not r.knobs), key=lambda r: r.candidate)
         tensors = _operands(torch, p, dev)
         plans = {}
         for r in {winner.label: winner, default.label: default}.values():
             eng = tuner.registry.get(r.engine_id)
-            from farm.engine import settings_to_resolved
+            from farm.model.engine import settings_to_resolved
 
             plans[r.label] = eng.compile(p, settings_to_resolved(eng, r.knobs), dev)
         ws = {k: dev.runtime.malloc(v.workspace_size) if v.workspace_size else None for k, v in plans.items()}
@@ -170,7 +170,7 @@ def run_inductor(out: Path, shapes: tuple[str, ...] = (), into_c: bool = False) 
     import torch._dynamo
     from torch._inductor import config as inductor_config
 
-    from farm.engine import default_engine_registry, settings_to_resolved
+    from farm.model.engine import default_engine_registry, settings_to_resolved
 
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.automatic_dynamic_shapes = False
@@ -233,8 +233,8 @@ def run_triton(out: Path, contender: str, tag: str) -> None:
     torch, dev, wl = _setup()
     import triton
 
-    from farm.autotune import Autotuner
-    from farm.plans import EngineVariant
+    from farm.tuner.autotuner import Autotuner
+    from farm.model.plans import EngineVariant
 
     configs = _configs(wl)
     rows = []

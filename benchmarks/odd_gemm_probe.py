@@ -37,7 +37,7 @@ def main() -> None:
 
     import torch
 
-    from farm.device import gpu_device
+    from farm.devices.device import gpu_device
 
     dev = gpu_device("cuda", 0)
     m, k, n, mult = args.m, args.k, args.n, args.multiple
@@ -85,8 +85,8 @@ def main() -> None:
 
     timed("whole matmul_padded, output=padded", padded_engine, lambda: c)
 
-    from farm.engine import default_engine_registry, settings_to_resolved
-    from farm.problem import Problem
+    from farm.model.engine import default_engine_registry, settings_to_resolved
+    from farm.model.problem import Problem
 
     registry = default_engine_registry()
     problem = Problem.create("matmul", {"A": [m, k], "B": [k, n]}, dtype="fp16")

@@ -28,10 +28,10 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from farm.device import DeviceProperties  # noqa: E402
-from farm.ids import engine_name_to_id  # noqa: E402
-from farm.problem import Problem  # noqa: E402
-from farm.results import FILE_SCHEMA, KNOB_TYPE, NAMED_INT, NAMED_STR, TENSOR_TYPE, candidate_key  # noqa: E402
+from farm.devices.device import DeviceProperties  # noqa: E402
+from farm.model.ids import engine_name_to_id  # noqa: E402
+from farm.model.problem import Problem  # noqa: E402
+from farm.store.results import FILE_SCHEMA, KNOB_TYPE, NAMED_INT, NAMED_STR, TENSOR_TYPE, candidate_key  # noqa: E402
 
 ENGINES = ["blas", "cublaslt", "triton.gemm", "einsum", "blocked"]
 
@@ -147,7 +147,7 @@ def main() -> None:
     probs = problems(args.problems)
     rows = sum(write_signature(work / "results", d, probs, cands, 40, rng) for d in devices(args.signatures))
     gen_s = time.perf_counter() - t0
-    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from farm.reduce import reduce_results; "
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from farm.store.reduce import reduce_results; "
             "t = time.perf_counter(); r = reduce_results(sys.argv[2], sys.argv[3]); "
             "print(time.perf_counter() - t, sum(s.entries for s in r.signatures))")
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

@@ -36,7 +36,7 @@ OPS = ("matmul", "sdpa_fwd", "conv_fprop")
 
 def _tensors(problem, device: str):
     """Random inputs for ``problem``: numpy on the CPU, torch tensors on the GPU."""
-    from farm.arrays import NumpyArrays, input_data
+    from farm.devices.arrays import NumpyArrays, input_data
 
     if device == "cpu":
         arrays = NumpyArrays()
@@ -61,7 +61,7 @@ def _call(ops, problem, t):
 
 def phase(args: argparse.Namespace) -> None:
     import farm.ops as ops
-    from farm.workload import load_workload
+    from farm.model.workload import load_workload
 
     sync = (lambda: None)
     if args.device != "cpu":

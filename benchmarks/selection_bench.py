@@ -29,8 +29,8 @@ TARGET_US = 20.0
 
 
 def _files(n: int, tmp: Path, device) -> tuple[Path, Path]:
-    from farm.overrides import OverrideEntry, TensorRule, write_overrides
-    from farm.problem import Problem
+    from farm.store.overrides import OverrideEntry, TensorRule, write_overrides
+    from farm.model.problem import Problem
 
     dev = {"signature": device.signature, "properties": device.properties.to_dict()}
     exact, wild = [], []
@@ -66,10 +66,10 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20_000)
     args = ap.parse_args()
 
-    from farm.device import cpu_device
-    from farm.engine import default_engine_registry
-    from farm.problem import Problem
-    from farm.selection import Selector
+    from farm.devices.device import cpu_device
+    from farm.model.engine import default_engine_registry
+    from farm.model.problem import Problem
+    from farm.replay.selection import Selector
 
     device = cpu_device()
     tmp = Path(tempfile.mkdtemp(prefix="selection-bench-"))

@@ -1,4 +1,4 @@
-"""Simulated engines for simulated devices (farm.sim): a cost model, noise, and injected faults.
+"""Simulated engines for simulated devices (farm.devices.sim): a cost model, noise, and injected faults.
 
 They apply only to devices of vendor "sim", compute nothing, and advance the
 device's virtual clock by the modelled time of each run.
@@ -13,11 +13,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from farm.device import Device
-from farm.engine import Support
-from farm.knobs import Knob, KnobValue
-from farm.problem import Problem
-from farm.sim import unit_hash
+from farm.devices.device import Device
+from farm.model.engine import Support
+from farm.model.knobs import Knob, KnobValue
+from farm.model.problem import Problem
+from farm.devices.sim import unit_hash
 
 PEAK_FLOPS = 100e12  # a speed-1 simulated device
 PEAK_BYTES = 2e12

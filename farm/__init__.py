@@ -6,7 +6,7 @@ The public API is what ``__all__`` lists (pinned by tests/test_public_api.py), p
 
 __version__ = "0.1.0"
 
-from .autotune import (
+from farm.tuner.autotuner import (
     AutotuneConfig,
     AutotuneResult,
     Autotuner,
@@ -15,18 +15,18 @@ from .autotune import (
     ResultCheck,
     TuneMode,
 )
-from .device import Device, DeviceProperties, cpu_device
-from .engine import Engine, EngineConfig, EngineRegistry, Plan, Support, default_engine_registry
-from .errors import AutotuneError, FarmError, InputError, UnknownNameError, UsageError
-from .ids import engine_name_to_id, policy_name_to_id
-from .knobs import Knob, KnobType
-from .operations import OpCategory, core_op
-from .plans import EngineSweep, EngineVariant, PlanSpec
-from .problem import Problem, TensorDesc
-from .selection import POLICY_API_VERSION, Choice, NoSelection, PolicyRegistry, Selector
-from .timing import Strategy
-from .tunable import TunableRuntime, TunableSettings
-from .workload import Workload, load_workload
+from farm.devices.device import Device, DeviceProperties, cpu_device
+from farm.model.engine import Engine, EngineConfig, EngineRegistry, Plan, Support, default_engine_registry
+from farm.errors import AutotuneError, FarmError, InputError, UnknownNameError, UsageError
+from farm.model.ids import engine_name_to_id, policy_name_to_id
+from farm.model.knobs import Knob, KnobType
+from farm.model.op_catalog import OpCategory, core_op
+from farm.model.plans import EngineSweep, EngineVariant, PlanSpec
+from farm.model.problem import Problem, TensorDesc
+from farm.replay.selection import POLICY_API_VERSION, Choice, NoSelection, PolicyRegistry, Selector
+from farm.devices.timing import Strategy
+from farm.replay.tunable_runtime import TunableRuntime, TunableSettings
+from farm.model.workload import Workload, load_workload
 
 __all__ = [
     "AutotuneConfig",

@@ -57,7 +57,7 @@ def move_aside(path: str | Path, label: str = "corrupt") -> Path:
 def read_text_file(path: str | Path, what: str = "file", max_bytes: int = MAX_TEXT_BYTES) -> str:
     """The UTF-8 text of a regular file, or an InputError naming it (missing, a FIFO or device, too large,
     not UTF-8). A FIFO is never opened: reading one would block."""
-    from .errors import InputError
+    from farm.errors import InputError
 
     path = Path(path)
     try:

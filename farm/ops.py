@@ -28,12 +28,12 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .arrays import NUMPY_DTYPES
-from .device import Device, cpu_device, gpu_device
-from .dtypes import canonical_dtype
-from .errors import InputError
-from .problem import Problem
-from .tunable import Bound, TunableRuntime, TunableSettings
+from farm.devices.arrays import NUMPY_DTYPES
+from farm.devices.device import Device, cpu_device, gpu_device
+from farm.model.dtypes import canonical_dtype
+from farm.errors import InputError
+from farm.model.problem import Problem
+from farm.replay.tunable_runtime import Bound, TunableRuntime, TunableSettings
 
 __all__ = ["matmul", "sdpa", "conv2d", "enable", "tuning_enable", "record_untuned_enable", "set_verbose",
            "set_filename", "runtime", "choices", "reset"]

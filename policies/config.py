@@ -19,10 +19,10 @@ import time
 from typing import Any, Sequence
 
 from farm.errors import FarmError
-from farm.fb import FlatBufferError, decode_device_properties, decode_problem
-from farm.ids import engine_name_to_id, policy_name_to_id
-from farm.overrides import OverrideFile, load_overrides
-from farm.selection import CONFIG, POLICY_API_VERSION, Choice
+from farm.devices.fb import FlatBufferError, decode_device_properties, decode_problem
+from farm.model.ids import engine_name_to_id, policy_name_to_id
+from farm.store.overrides import OverrideFile, load_overrides
+from farm.replay.selection import CONFIG, POLICY_API_VERSION, Choice
 
 log = logging.getLogger("farm.policies.config")
 PATH_ENVS = ("FARM_HEUR_CONFIG_PATH", "HIPDNN_HEUR_CONFIG_PATH")
@@ -62,7 +62,7 @@ class _Session:
 
     def _valid_knobs(self, entry: Any, source: str) -> Any:
         """The entry's knobs validated like a workload's, or None: declined, with one warning per entry."""
-        from farm.engine import default_engine_registry, file_knobs
+        from farm.model.engine import default_engine_registry, file_knobs
 
         try:
             return file_knobs(default_engine_registry().get(entry.engine_name), entry.knobs, source=source)
@@ -87,7 +87,7 @@ class _Session:
                 stamp = (root, None)
         if self._root is not None and self._root[0] == stamp:
             return self._root[1]
-        from farm.publish import find_published
+        from farm.store.publish import find_published
 
         found = find_published(root, self.props)
         target = None

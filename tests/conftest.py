@@ -22,14 +22,14 @@ def repo_root() -> str:
 
 @pytest.fixture(scope="session")
 def cpu():
-    from farm.device import cpu_device
+    from farm.devices.device import cpu_device
 
     return cpu_device()
 
 
 @pytest.fixture(scope="session")
 def registry():
-    from farm.engine import default_engine_registry
+    from farm.model.engine import default_engine_registry
 
     return default_engine_registry()
 

@@ -8,12 +8,12 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from farm.arrays import NumpyArrays
-from farm.device import Device
-from farm.engine import EngineRegistry, Support
-from farm.knobs import Knob, KnobValue
-from farm.problem import Problem
-from farm.runtimes.cpu import CpuRuntime
+from farm.devices.arrays import NumpyArrays
+from farm.devices.device import Device
+from farm.model.engine import EngineRegistry, Support
+from farm.model.knobs import Knob, KnobValue
+from farm.model.problem import Problem
+from farm.devices.runtimes.cpu import CpuRuntime
 
 
 class ScriptedTimer:
@@ -31,7 +31,7 @@ class ScriptedTimer:
 
 def fake_device(timer: Any = None) -> Device:
     runtime = CpuRuntime()
-    from farm.timing import HostTimer
+    from farm.devices.timing import HostTimer
 
     return Device(runtime, 0, runtime.properties(0), NumpyArrays(), timer or HostTimer())
 
@@ -131,14 +131,14 @@ EXTRA = Knob.int("extra", 0, min=0, max=1 << 40, doc="extra workspace bytes (tes
 
 
 def tensors_for(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
-    from farm.arrays import make_tensors
+    from farm.devices.arrays import make_tensors
 
     return make_tensors(problem, NumpyArrays(), seed)
 
 
 # -- synthetic results -----------------------------------------------------------------------
 def fake_props(name: str = "Fake GPU", arch: str = "sm_90", units: int = 132, index: int = 0, driver: str = "580.1"):
-    from farm.device import DeviceProperties
+    from farm.devices.device import DeviceProperties
 
     return DeviceProperties(vendor="nvidia", name=name, arch=arch, compute_units=units, total_memory=141 * 2**30,
                             l2_bytes=60 * 2**20, clock_mhz=1980, warp_size=32, driver_version=driver,
@@ -148,9 +148,9 @@ def fake_props(name: str = "Fake GPU", arch: str = "sm_90", units: int = 132, in
 def fake_result(problem: Problem, engine: str, samples=(1.0, 1.0, 1.0), *, knobs=(), candidate: int = 0,
                 disposition=None, strategy: str = "run_until_stable", started_at: str = "2026-11-30T00:00:00.000Z"):
     """An AutotuneResult with the given samples (statistics computed from them)."""
-    from farm.autotune import AutotuneResult, Disposition, TuneMode
-    from farm.ids import engine_name_to_id
-    from farm.timing import Strategy, summarize
+    from farm.tuner.autotuner import AutotuneResult, Disposition, TuneMode
+    from farm.model.ids import engine_name_to_id
+    from farm.devices.timing import Strategy, summarize
 
     disposition = disposition or Disposition.SUCCEEDED
     ok = disposition is Disposition.SUCCEEDED
@@ -166,7 +166,7 @@ def fake_result(problem: Problem, engine: str, samples=(1.0, 1.0, 1.0), *, knobs
 
 def write_results(root, rows_by_device, *, job_id="job1", round="main", flush_rows=1000):
     """Write rows: rows_by_device = {DeviceProperties: [(problem, name, [AutotuneResult...]), ...]}."""
-    from farm.results import MeasurementContext, ResultWriter, RunContext, result_row
+    from farm.store.results import MeasurementContext, ResultWriter, RunContext, result_row
 
     run = RunContext(job_id=job_id, workload_name="synthetic")
     with ResultWriter(root, run.run_id, flush_rows=flush_rows) as w:

@@ -26,12 +26,12 @@ def die() -> None:
 
 def main() -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import farm.job
-    import farm.reduce
+    import farm.fleet.job
+    import farm.store.reduce
     from farm.cli import main as farm_main
 
     phase, argv = sys.argv[1], sys.argv[2:]
-    original_write, original_table = farm.job.JobRun.write, farm.reduce.write_winners_table
+    original_write, original_table = farm.fleet.job.JobRun.write, farm.store.reduce.write_winners_table
     seen = {"main": 0, "finalist": 0}
 
     def write(self, rows):
@@ -54,8 +54,8 @@ def main() -> int:
 
     if phase not in ("start", "mid-run", "finalist", "reduce"):
         raise SystemExit(f"unknown phase {phase!r}")
-    farm.job.JobRun.write = write
-    farm.reduce.write_winners_table = winners_table
+    farm.fleet.job.JobRun.write = write
+    farm.store.reduce.write_winners_table = winners_table
     return farm_main(argv)
 
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from fakes import EXTRA, TILE, FakeEngine, ScriptedTimer, fake_device, matmul_problem, registry_of, tensors_for
-from farm.autotune import (AutotuneConfig, Autotuner, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode)
-from farm.engine import engine_id
+from farm.tuner.autotuner import (AutotuneConfig, Autotuner, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode)
+from farm.model.engine import engine_id
 from farm.errors import AutotuneError, InputError, UsageError
-from farm.knobs import BENCHMARKING_KNOB
-from farm.timing import Strategy
+from farm.model.knobs import BENCHMARKING_KNOB
+from farm.devices.timing import Strategy
 
 FAST = AutotuneConfig(strategy="fixed_average", timed_iterations=3, warmup_iterations=1)
 
@@ -74,7 +74,7 @@ def test_workspace_overrun_after_compile_is_logged_when_the_estimate_fit(caplog)
     big = FakeEngine("big", estimate=10, actual=10_000)
     t = tuner_with(big, FakeEngine("ok"))
     t.add_all_engines()
-    with caplog.at_level(logging.WARNING, logger="farm.autotune"):
+    with caplog.at_level(logging.WARNING, logger="farm.tuner.autotuner"):
         t.autotune(config=AutotuneConfig(strategy="single_shot", workspace_limit=100))
     assert any("after compile (estimate 10 B)" in r.message for r in caplog.records)
 
@@ -116,7 +116,7 @@ def test_ranking_function_that_misbehaves_falls_back_to_min_time(bad_fn, caplog)
     timer = ScriptedTimer([5.0, 5.0, 1.0, 1.0])  # candidates run in discovery (name) order: a_slow, b_fast
     t = tuner_with(FakeEngine("a_slow"), FakeEngine("b_fast"), timer=timer)
     t.add_all_engines()
-    with caplog.at_level(logging.WARNING, logger="farm.autotune"):
+    with caplog.at_level(logging.WARNING, logger="farm.tuner.autotuner"):
         results = t.autotune(config=AutotuneConfig(strategy="fixed_average", timed_iterations=2, ranking_fn=bad_fn))
     assert [r.engine_name for r in results] == ["b_fast", "a_slow"]
     assert any("ranking function failed" in r.message for r in caplog.records)
@@ -416,7 +416,7 @@ def test_graph_timing_divides_by_the_runs_in_the_graph_and_falls_back_without_ca
 
 
 def test_first_candidate_comparison_can_stay_on_the_device():
-    from farm.arrays import NumpyArrays, relative_error
+    from farm.devices.arrays import NumpyArrays, relative_error
 
     calls = {"device": 0}
 
@@ -439,7 +439,7 @@ def test_first_candidate_comparison_can_stay_on_the_device():
 
 def test_torch_arrays_compare_on_the_device():
     torch = pytest.importorskip("torch", reason="torch is not installed (it is optional)")
-    from farm.arrays import TorchArrays
+    from farm.devices.arrays import TorchArrays
 
     a = TorchArrays()
     x = torch.ones(10)
@@ -451,7 +451,7 @@ def test_torch_arrays_compare_on_the_device():
 def test_timed_loops_and_gil_heavy_compiles_take_turns():
     import time
 
-    from farm.timing import gil_heavy_section
+    from farm.devices.timing import gil_heavy_section
 
     spans = {"heavy": [], "timed": []}
 

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from farm.cli import main as farm_main
-from farm.overrides import load_overrides
-from farm.problem import Problem
-from farm.results import FILE_SCHEMA, SCHEMA_VERSION
+from farm.store.overrides import load_overrides
+from farm.model.problem import Problem
+from farm.store.results import FILE_SCHEMA, SCHEMA_VERSION
 
 WORKLOAD = """\
 name: broken

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from farm.autotune import AutotuneConfig, Autotuner
-from farm.compile_claims import CLAIMS_DIR_ENV, CompileQueue
+from farm.tuner.autotuner import AutotuneConfig, Autotuner
+from farm.tuner.compile_claims import CLAIMS_DIR_ENV, CompileQueue
 
 from fakes import TILE, FakeEngine, fake_device, matmul_problem, registry_of
 
@@ -96,7 +96,7 @@ def test_a_claim_never_released_is_compiled_anyway_after_the_wait(tmp_path, capl
     q = CompileQueue(["b"], lambda item: "kernel-b", directory=tmp_path, wait_s=0.2)
     held = q._lock("kernel-b")
     held.acquire(timeout=0)
-    with caplog.at_level("WARNING", logger="farm.compile_claims"):
+    with caplog.at_level("WARNING", logger="farm.tuner.compile_claims"):
         item, claim = q.take()
     assert item == "b" and "still held" in caplog.text
     claim.release()

@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from farm.device import cpu_device
-from farm.fb import encode_device_properties, encode_problem
-from farm.ids import engine_name_to_id
-from farm.overrides import OverrideEntry, OverrideFile, TensorRule, write_overrides
-from farm.problem import Problem
+from farm.devices.device import cpu_device
+from farm.devices.fb import encode_device_properties, encode_problem
+from farm.model.ids import engine_name_to_id
+from farm.store.overrides import OverrideEntry, OverrideFile, TensorRule, write_overrides
+from farm.model.problem import Problem
 from policies.config import ConfigPolicy
 from tests.fakes import fake_props, matmul_problem
 
@@ -101,7 +101,7 @@ def test_declines_for_another_device_signature(session, monkeypatch, tmp_path, c
 
 
 def test_a_declining_config_falls_through_to_static_ordering(device, monkeypatch, tmp_path):
-    from farm.selection import Selector
+    from farm.replay.selection import Selector
 
     monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", str(tmp_path / "missing.json"))
     sel = Selector(device.properties).select(matmul_problem(), (BLOCKED, EINSUM, BLAS))
@@ -150,7 +150,7 @@ def test_stride_rules_tell_layouts_apart(session, device, monkeypatch, tmp_path)
 
 
 def test_criteria_must_match(device, monkeypatch, tmp_path):
-    from farm.engine import default_engine_registry
+    from farm.model.engine import default_engine_registry
 
     def conv(pad):
         return Problem.create("conv_fprop", {"X": [1, 3, 8, 8], "W": [4, 3, 3, 3]}, criteria={"pad_h": pad, "pad_w": pad})
@@ -201,7 +201,7 @@ def test_unchanged_file_is_not_read_again(session, device, monkeypatch, tmp_path
 
 
 def test_a_published_root_is_a_valid_config_path(session, device, monkeypatch, tmp_path):
-    from farm.publish import publish
+    from farm.store.publish import publish
 
     p = matmul_problem()
     src = tmp_path / "overrides"
@@ -220,7 +220,7 @@ def test_a_published_root_is_a_valid_config_path(session, device, monkeypatch, t
 def test_a_published_root_falls_back_to_the_same_arch_with_a_note(device, monkeypatch, tmp_path, caplog):
     import dataclasses
 
-    from farm.publish import publish
+    from farm.store.publish import publish
 
     other = dataclasses.replace(device.properties, driver_version="999.1", name=device.properties.name)
     assert other.signature != device.signature and other.arch == device.properties.arch

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from farm import dtypes
-from farm.arrays import host_inputs, make_tensors, relative_error
-from farm.engine import default_engine_registry, engine_knobs, settings_to_resolved, user_knobs
-from farm.problem import Problem
-from farm.reference import reference
+from farm.model import dtypes
+from farm.devices.arrays import host_inputs, make_tensors, relative_error
+from farm.model.engine import default_engine_registry, engine_knobs, settings_to_resolved, user_knobs
+from farm.model.problem import Problem
+from farm.tuner.reference import reference
 
 PROBLEMS = {
     "matmul": [

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from fakes import fake_props
-from farm.device import DeviceProperties, cpu_device, open_device, probe
+from farm.devices.device import DeviceProperties, cpu_device, open_device, probe
 from farm.errors import InputError
 
 

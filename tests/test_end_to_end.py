@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from farm.winner import decide
+from farm.tuner.winner import decide
 
 from farm import AutotuneConfig, Autotuner, EngineSweep, Problem, TuneMode
-from farm.arrays import make_tensors, relative_error
-from farm.autotune import Disposition
-from farm.reference import reference
+from farm.devices.arrays import make_tensors, relative_error
+from farm.tuner.autotuner import Disposition
+from farm.tuner.reference import reference
 
 PROBLEMS = [
     Problem.create("matmul", {"A": [96, 128], "B": [128, 80], "bias": [80]}),
@@ -53,8 +53,8 @@ def test_discover_add_autotune_execute(problem, mode, cpu):
 
 
 def test_tuning_workload_problems_in_process(repo_root, cpu, registry):
-    from farm.tuning import tune_workload
-    from farm.workload import load_workload
+    from farm.tuner.problem_tuning import tune_workload
+    from farm.model.workload import load_workload
 
     wl = load_workload(f"{repo_root}/examples/cpu-quick.yaml", registry)
     outcomes = tune_workload(wl, cpu, registry)
@@ -67,8 +67,8 @@ def test_tuning_workload_problems_in_process(repo_root, cpu, registry):
 
 
 def test_problem_with_no_applicable_engine_is_reported_not_raised(cpu, registry):
-    from farm.tuning import tune_problem
-    from farm.workload import EngineSelection, WorkloadProblem
+    from farm.tuner.problem_tuning import tune_problem
+    from farm.model.workload import EngineSelection, WorkloadProblem
 
     p = Problem.create("batchnorm_inference", {"X": [2, 3, 4, 4], "scale": [3], "bias": [3], "mean": [3], "var": [3]})
     outcome = tune_problem(WorkloadProblem(0, "bn", p, EngineSelection()), cpu, AutotuneConfig(), registry)
@@ -79,8 +79,8 @@ def test_problem_with_no_applicable_engine_is_reported_not_raised(cpu, registry)
 
 
 def test_resume_skips_done_specs(cpu, registry):
-    from farm.tuning import tune_problem
-    from farm.workload import EngineSelection, WorkloadProblem
+    from farm.tuner.problem_tuning import tune_problem
+    from farm.model.workload import EngineSelection, WorkloadProblem
 
     wp = WorkloadProblem(0, "mm", PROBLEMS[0], EngineSelection())
     cfg = AutotuneConfig(strategy="single_shot")

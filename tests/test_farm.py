@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from farm.cluster import DeviceRequest, FarmSettings, run_farm
-from farm.engine import default_engine_registry
-from farm.overrides import load_overrides
-from farm.results import ResultsDataset
-from farm.sim import SimConfig
-from farm.workload import parse_workload
+from farm.fleet.cluster import DeviceRequest, FarmSettings, run_farm
+from farm.model.engine import default_engine_registry
+from farm.store.overrides import load_overrides
+from farm.store.results import ResultsDataset
+from farm.devices.sim import SimConfig
+from farm.model.workload import parse_workload
 
 ray = pytest.importorskip("ray", reason="the farm needs ray[default]")
 
@@ -37,7 +37,7 @@ def workload_dict(n_mm=5, sweep=SWEEP):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from farm.cluster import _init_ray
+    from farm.fleet.cluster import _init_ray
 
     if not ray.is_initialized():
         _init_ray(None, DeviceRequest("sim"))
@@ -145,10 +145,10 @@ def test_every_worker_prepares_the_engines_its_tasks_use(monkeypatch):
     at each task (idempotent); engines learn the worker's device kind."""
     from fakes import FakeEngine, registry_of
 
-    import farm.cluster as cluster
-    from farm.autotune import AutotuneConfig
-    from farm.cluster import DeviceWorkerImpl
-    from farm.scheduler import Task
+    import farm.fleet.cluster as cluster
+    from farm.tuner.autotuner import AutotuneConfig
+    from farm.fleet.cluster import DeviceWorkerImpl
+    from farm.fleet.scheduler import Task
 
     prepared = []
 

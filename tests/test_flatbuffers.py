@@ -11,11 +11,11 @@ import flatbuffers
 import pytest
 
 from fakes import fake_props
-from farm.device import cpu_device
-from farm.fb import (FlatBufferError, decode_device_properties, decode_problem, encode_device_properties,
+from farm.devices.device import cpu_device
+from farm.devices.fb import (FlatBufferError, decode_device_properties, decode_problem, encode_device_properties,
                      encode_problem)
-from farm.fb import verify as fbv
-from farm.problem import Problem
+from farm.devices.fb import verify as fbv
+from farm.model.problem import Problem
 
 PROBLEMS = [
     Problem.create("matmul", {"A": [4096, 4096], "B": {"dims": [4096, 11008], "strides": [1, 4096]}}, dtype="bf16"),
@@ -23,7 +23,7 @@ PROBLEMS = [
     Problem.create("sdpa_fwd", {"Q": [1, 32, 1, 128], "K": [1, 8, 4096, 128], "V": [1, 8, 4096, 128]}, criteria={"causal": 0}),
     Problem.create("rmsnorm", {"X": [2, 3, 4096], "scale": [4096]}, dtype="fp16"),
 ]
-FB_DIR = Path(__file__).resolve().parents[1] / "farm" / "fb"
+FB_DIR = Path(__file__).resolve().parents[1] / "farm" / "devices" / "fb"
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.op)
@@ -58,8 +58,8 @@ def test_wrong_identifier_and_derived_fields_are_checked():
 
 
 def test_a_valid_buffer_holding_an_invalid_problem_is_rejected():
-    from farm.fb.generated import Problem as P
-    from farm.fb.generated import Tensor as T
+    from farm.devices.fb.generated import Problem as P
+    from farm.devices.fb.generated import Tensor as T
 
     b = flatbuffers.Builder(64)
     tid = b.CreateString("A")
@@ -144,9 +144,9 @@ def test_verifier_layout_matches_the_schemas():
 @pytest.mark.skipif(shutil.which("flatc") is None,
                     reason="flatc not installed (Debian: flatbuffers-compiler); CI installs it")
 def test_committed_generated_code_matches_the_schemas(repo_root):
-    proc = subprocess.run([sys.executable, "-m", "farm.fb.generate", "--check"], cwd=repo_root, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "farm.devices.fb.generate", "--check"], cwd=repo_root, capture_output=True,
                           text=True, timeout=120)
-    assert proc.returncode == 0, f"regenerate with `python -m farm.fb.generate`:\n{proc.stderr}"
+    assert proc.returncode == 0, f"regenerate with `python -m farm.devices.fb.generate`:\n{proc.stderr}"
 
 
 def test_hostile_buffers_are_rejected_in_milliseconds():
@@ -155,8 +155,8 @@ def test_hostile_buffers_are_rejected_in_milliseconds():
 
     import flatbuffers
 
-    from farm.fb import PROBLEM_IDENTIFIER, _Problem, _strings, _Tensor, _vector_of_tables, decode_problem
-    from farm.fb.verify import FlatBufferError
+    from farm.devices.fb import PROBLEM_IDENTIFIER, _Problem, _strings, _Tensor, _vector_of_tables, decode_problem
+    from farm.devices.fb.verify import FlatBufferError
 
     def problem_buffer(rank=2, tensors=2, op="pointwise", name_len=1):
         b = flatbuffers.Builder(1024)

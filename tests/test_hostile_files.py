@@ -16,9 +16,9 @@ import pytest
 
 import farm.ops as ops
 from farm.cli import main as farm_main
-from farm.device import cpu_device
-from farm.problem import Problem
-from farm.tunable import TunableRuntime, TunableSettings
+from farm.devices.device import cpu_device
+from farm.model.problem import Problem
+from farm.replay.tunable_runtime import TunableRuntime, TunableSettings
 
 PROBLEM = Problem.create("matmul", {"A": [24, 20], "B": [20, 12]}, dtype="fp32")
 
@@ -86,7 +86,7 @@ def test_a_hostile_replay_results_file_is_declined_and_a_regular_one_moved_aside
     before = BAD_JSON.get(kind)
     settings = TunableSettings(enabled=True, tuning=False, filename=str(tmp_path / "results.json"))
     rt = TunableRuntime(cpu_device(), settings=settings)
-    with caplog.at_level(logging.WARNING, logger="farm.tunable"):
+    with caplog.at_level(logging.WARNING, logger="farm.replay.tunable_runtime"):
         bound = rt.bind(PROBLEM.key, PROBLEM)
     assert bound.source != "recorded" and "results file" in caplog.text
     if before is not None:  # kept for a person to look at, never overwritten

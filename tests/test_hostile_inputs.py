@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import farm.ops as ops
-from farm.device import cpu_device
-from farm.overrides import OverrideEntry, write_overrides
-from farm.problem import Problem
+from farm.devices.device import cpu_device
+from farm.store.overrides import OverrideEntry, write_overrides
+from farm.model.problem import Problem
 
 PROBLEM = Problem.create("matmul", {"A": [48, 40], "B": [40, 24]}, dtype="fp32")
 
@@ -99,7 +99,7 @@ def test_farm_publish_refuses_a_file_with_a_bad_knob(tmp_path, repo_root):
                                       "C:/x.json", "a\\\\..\\\\b.json"])
 def test_a_published_index_cannot_point_the_config_policy_outside_its_root(tmp_path, monkeypatch, caplog, bad_path):
     """index.json's `path` was followed as given: `../x.json`, absolute paths and /etc/passwd were applied."""
-    from farm.publish import publish
+    from farm.store.publish import publish
 
     dev = cpu_device()
     good = tmp_path / "good"
@@ -122,7 +122,7 @@ def test_a_published_index_cannot_point_the_config_policy_outside_its_root(tmp_p
 
 
 def test_an_arch_named_dot_dot_publishes_inside_the_root(tmp_path):
-    from farm.publish import _arch_dir
+    from farm.store.publish import _arch_dir
 
     assert _arch_dir("..") == "_.." and _arch_dir(".") == "_." and _arch_dir("../../etc") == "_.._.._etc"
     assert _arch_dir("sm_90") == "sm_90" and _arch_dir("gfx942:sramecc+:xnack-") == "gfx942"
@@ -133,7 +133,7 @@ def test_a_partition_folder_named_like_a_path_is_skipped_and_nothing_is_written_
     """device_signature=..%2F..%2Fpwned made farm reduce write ../../pwned.json outside --out."""
     import shutil
 
-    from farm.reduce import reduce_results
+    from farm.store.reduce import reduce_results
     from tests.fakes import fake_props, fake_result, matmul_problem, write_results
 
     p = matmul_problem()
@@ -154,7 +154,7 @@ def test_a_partition_folder_named_like_a_path_is_skipped_and_nothing_is_written_
 def test_rows_whose_own_device_disagrees_with_their_folder_get_no_override(tmp_path, caplog):
     import shutil
 
-    from farm.reduce import reduce_results
+    from farm.store.reduce import reduce_results
     from tests.fakes import fake_props, fake_result, matmul_problem, write_results
 
     p = matmul_problem()
@@ -222,7 +222,7 @@ def test_cli_numbers_out_of_range_are_one_line_errors(repo_root, flag, value):
 
 
 def test_nan_or_negative_times_never_win_a_reduce(tmp_path):
-    from farm.reduce import reduce_results
+    from farm.store.reduce import reduce_results
     from tests.fakes import fake_props, fake_result, matmul_problem, write_results
 
     p, gpu = matmul_problem(), fake_props()
@@ -231,7 +231,7 @@ def test_nan_or_negative_times_never_win_a_reduce(tmp_path):
         fake_result(p, "negative", (-5.0, -5.0, -5.0), candidate=1),
         fake_result(p, "nan", (float("nan"),) * 3, candidate=2)])]})
     reduce_results(tmp_path / "results", tmp_path / "out")
-    from farm.overrides import load_overrides
+    from farm.store.overrides import load_overrides
 
     assert load_overrides(tmp_path / "out" / f"{gpu.signature}.json").match(p).engine_name == "honest"
 
@@ -260,7 +260,7 @@ def test_rows_reach_disk_within_a_second_without_another_row_arriving(tmp_path):
     and a kill -9 of the driver lost them."""
     import time
 
-    from farm.results import MeasurementContext, ResultWriter, RunContext, result_row
+    from farm.store.results import MeasurementContext, ResultWriter, RunContext, result_row
     from tests.fakes import fake_props, fake_result, matmul_problem
 
     p, gpu = matmul_problem(), fake_props()
@@ -304,7 +304,7 @@ def test_in_process_honours_the_candidate_timeout(tmp_path, repo_root):
                  "--candidate-timeout", "1.5", "--out", tmp_path / "o", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "hung for" in proc.stderr and "restarting" in proc.stderr and "Traceback" not in proc.stderr
-    from farm.results import ResultsDataset
+    from farm.store.results import ResultsDataset
 
     rows = ResultsDataset(tmp_path / "o" / "results").table(["candidate_key", "disposition"]).to_pylist()
     assert sorted(r["disposition"] for r in rows).count("timed_out") == 1

@@ -1,6 +1,6 @@
 import pytest
 
-from farm.ids import engine_name_to_id, fnv1a_64, policy_name_to_id, to_int64
+from farm.model.ids import engine_name_to_id, fnv1a_64, policy_name_to_id, to_int64
 
 
 # Reference vectors of the FNV-1a 64-bit hash (Fowler/Noll/Vo test suite).

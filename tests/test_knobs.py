@@ -3,7 +3,7 @@ import math
 import pytest
 
 from farm.errors import InputError
-from farm.knobs import Knob, KnobType, format_settings, knob_type_of, normalize_settings, resolve
+from farm.model.knobs import Knob, KnobType, format_settings, knob_type_of, normalize_settings, resolve
 
 TILE = Knob.int("tile", 64, choices=(32, 64, 128))
 SPLIT = Knob.int("split_k", 1, min=1, max=16)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from farm.overrides import load_overrides
-from farm.reduce import candidate_label
-from farm.render import winners_query
+from farm.store.overrides import load_overrides
+from farm.store.reduce import candidate_label
+from farm.cli.render import winners_query
 
 WORKLOAD = """
 name: one-winner
@@ -108,7 +108,7 @@ def test_diff_of_result_folders_and_of_override_files_agree(runs, repo_root):
 def test_ray_workers_measure_with_the_threads_production_uses(runs):
     """Ray starts actors with OMP_NUM_THREADS=1; the farm's CPU worker runs with this host's threads, the
     same as the in-process run and farm.ops, and records them in the signature (compute_units)."""
-    from farm.runtimes.cpu import blas_threads_in_force
+    from farm.devices.runtimes.cpu import blas_threads_in_force
 
     (_, local), (ray_folder, ray) = runs["local"], runs["ray"]
     assert local["workers"][0]["properties"]["compute_units"] == blas_threads_in_force()
@@ -122,8 +122,8 @@ def test_a_cpu_worker_runs_with_the_threads_it_is_given_or_the_hosts_cores(repo_
     """What DeviceWorkerImpl does first in a Ray actor (which starts with OMP_NUM_THREADS=1), in a subprocess."""
     script = (
         "import os\n"
-        "from farm.cluster import DeviceWorkerImpl\n"
-        "from farm.runtimes.cpu import _usable_cores, blas_threads_in_force\n"
+        "from farm.fleet.cluster import DeviceWorkerImpl\n"
+        "from farm.devices.runtimes.cpu import _usable_cores, blas_threads_in_force\n"
         "w = DeviceWorkerImpl('cpu', 0, cpu_threads=int(os.environ['WANT']) or None)\n"
         "print(blas_threads_in_force(), w.device.properties.compute_units, _usable_cores())\n")
     for want in ("1", "0"):

@@ -3,10 +3,10 @@ import logging
 import pytest
 
 from fakes import EXTRA, MODE, SPLIT, TILE, FakeEngine, fake_device, matmul_problem, registry_of
-from farm.engine import engine_id
+from farm.model.engine import engine_id
 from farm.errors import InputError
-from farm.knobs import BENCHMARKING_KNOB
-from farm.plans import (EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection, SWEEP_ERROR_LIMIT,
+from farm.model.knobs import BENCHMARKING_KNOB
+from farm.model.plans import (EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection, SWEEP_ERROR_LIMIT,
                         cartesian_product)
 
 
@@ -68,7 +68,7 @@ def test_engine_that_does_not_serve_the_op_is_refused():
 
 def test_batch_calls_skip_invalid_entries_with_a_warning(setup, caplog):
     col, *_ = setup
-    with caplog.at_level(logging.WARNING, logger="farm.plans"):
+    with caplog.at_level(logging.WARNING, logger="farm.model.plans"):
         n = col.add_engine_variants([
             EngineVariant("fake.a", {"tile": 32}),
             EngineVariant("ghost", {}),
@@ -78,7 +78,7 @@ def test_batch_calls_skip_invalid_entries_with_a_warning(setup, caplog):
     assert n == 2
     assert len([r for r in caplog.records if "skipped" in r.message]) == 2
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="farm.plans"):
+    with caplog.at_level(logging.WARNING, logger="farm.model.plans"):
         n = col.add_engine_sweep([EngineSweep("fake.a", {"split_k": [1, 2, 99]}), EngineSweep("ghost", {"x": [1]})])
     assert n == 2  # split_k=1 (the default-knob spec) and split_k=2; 99 is out of range
     assert any("ghost" in r.message for r in caplog.records)
@@ -87,7 +87,7 @@ def test_batch_calls_skip_invalid_entries_with_a_warning(setup, caplog):
 
 def test_benchmarking_knob_is_stripped_with_a_warning(setup, caplog):
     col, *_ = setup
-    with caplog.at_level(logging.WARNING, logger="farm.plans"):
+    with caplog.at_level(logging.WARNING, logger="farm.model.plans"):
         spec = col.add_engine("fake.a", {BENCHMARKING_KNOB: 1, "tile": 32})
     assert spec.knobs == (("tile", 32),)
     assert any(BENCHMARKING_KNOB in r.message and "stripped" in r.message for r in caplog.records)
@@ -117,7 +117,7 @@ def test_sweep_merges_fixed_settings_and_warns_above_1000(setup, caplog):
     n = col.add_engine_sweep([EngineSweep("fake.a", {"tile": [32, 128], "split_k": [2, 4]}, {"mode": "exact"})])
     assert n == 4
     assert all(dict(s.knobs)["mode"] == "exact" for s in col.specs)
-    with caplog.at_level(logging.WARNING, logger="farm.plans"):
+    with caplog.at_level(logging.WARNING, logger="farm.model.plans"):
         n = col.add_engine_sweep([EngineSweep("fake.a", {"extra": list(range(1100))})])
     assert n == 1100
     assert any("1100 plan specs" in r.message for r in caplog.records)
@@ -156,7 +156,7 @@ def test_estimated_max_workspace_over_all_candidates(setup):
 def test_batch_additions_skip_engines_that_do_not_apply(caplog):
     ok, nope = FakeEngine("fake.ok", knobs=(TILE,)), FakeEngine("fake.nope", knobs=(TILE,), applicable=False)
     col = PlanSpecCollection(matmul_problem(), fake_device(), registry_of(ok, nope))
-    with caplog.at_level(logging.WARNING, logger="farm.plans"):
+    with caplog.at_level(logging.WARNING, logger="farm.model.plans"):
         n = col.add_engine_sweep([EngineSweep("fake.nope", {"tile": [32, 128]}), EngineSweep("fake.ok", {"tile": [32]})])
     assert n == 1 and col.dropped == [("fake.nope[*]", "fake says no")]
     assert sum("does not apply" in r.message for r in caplog.records) == 1  # once per engine

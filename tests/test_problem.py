@@ -3,8 +3,8 @@ import json
 import pytest
 
 from farm.errors import InputError
-from farm.operations import CATEGORY_PRIORITY, OPS, OpCategory, core_op, op_spec
-from farm.problem import Problem, TensorDesc, contiguous_strides
+from farm.model.op_catalog import CATEGORY_PRIORITY, OPS, OpCategory, core_op, op_spec
+from farm.model.problem import Problem, TensorDesc, contiguous_strides
 
 
 def mm(**kw):

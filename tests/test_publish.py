@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from farm.cli import main
-from farm.device import cpu_device
+from farm.devices.device import cpu_device
 from farm.errors import InputError
-from farm.overrides import OverrideEntry, load_overrides, write_overrides
-from farm.publish import find_published, publish
+from farm.store.overrides import OverrideEntry, load_overrides, write_overrides
+from farm.store.publish import find_published, publish
 from tests.fakes import fake_props, matmul_problem
 
 
@@ -178,8 +178,8 @@ def test_publish_to_an_s3_compatible_store_and_read_back(s3_server, tmp_path, mo
     path, note = find_published(root, props)
     assert note == "" and load_overrides(path).entries[0].engine_name == "cpu.matmul.einsum"
     # the Config policy can point at the bucket directly
-    from farm.fb import encode_device_properties, encode_problem
-    from farm.ids import engine_name_to_id
+    from farm.devices.fb import encode_device_properties, encode_problem
+    from farm.model.ids import engine_name_to_id
     from policies.config import ConfigPolicy
 
     monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", root)
@@ -227,7 +227,7 @@ def test_a_publish_with_an_invalid_file_writes_nothing(tmp_path, capsys):
 
 
 def test_a_write_that_fails_half_way_is_rolled_back(tmp_path, monkeypatch, capsys):
-    from farm import publish as publishing
+    from farm.store import publish as publishing
 
     root = tmp_path / "root"
     src, a, b = _two_devices(tmp_path)

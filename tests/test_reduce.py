@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from fakes import fake_props, fake_result, matmul_problem, write_results
-from farm.autotune import Disposition
-from farm.overrides import load_overrides
-from farm.reduce import reduce_results
+from farm.tuner.autotuner import Disposition
+from farm.store.overrides import load_overrides
+from farm.store.reduce import reduce_results
 
 P1, P2, P3 = matmul_problem(8), matmul_problem(16), matmul_problem(32)
 GPU_A = fake_props("Fake GPU", units=132)

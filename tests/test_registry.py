@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from fakes import FakeEngine
-from farm.engine import EngineRegistry, engine_id
+from farm.model.engine import EngineRegistry, engine_id
 from farm.errors import UnknownNameError
 
 
@@ -21,8 +21,8 @@ def make_plugin(root, dist, module, body, group="farm.engines", value=None):
 
 
 PLUGIN = """
-from farm.engine import Support
-from farm.knobs import Knob
+from farm.model.engine import Support
+from farm.model.knobs import Knob
 
 class Tiled:
     name = "acme.matmul.tiled"
@@ -60,7 +60,7 @@ def test_broken_and_clashing_plugins_are_skipped_with_a_reason(tmp_path, monkeyp
     clash = PLUGIN.replace("acme.matmul.tiled", "cpu.matmul.blas").replace("class Tiled", "class Impostor").replace("[Tiled()]", "[Impostor()]")
     make_plugin(tmp_path, "clash_plug", "clash_plug", clash)
     monkeypatch.syspath_prepend(str(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="farm.engine"):
+    with caplog.at_level(logging.WARNING, logger="farm.model.engine"):
         reg = EngineRegistry.default()
     messages = " ".join(r.message for r in caplog.records)
     assert "broken_plug" in messages and "ModuleNotFoundError" in messages

@@ -10,8 +10,8 @@ import numpy as np
 import farm.ops as ops
 from engines.cpu._base import FunctionPlan, blas_threads
 from engines.cpu.matmul import BlasMatmul
-from farm.device import cpu_device
-from farm.problem import Problem
+from farm.devices.device import cpu_device
+from farm.model.problem import Problem
 
 
 def test_default_cpu_plan_hands_back_numpys_own_output_and_enters_no_context():

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from farm.autotune import Disposition
+from farm.tuner.autotuner import Disposition
 from farm.cli import main
 from tests.fakes import fake_props, fake_result, matmul_problem, write_results
 
@@ -87,7 +87,7 @@ def test_diff_of_two_result_sets(tmp_path, capsys):
 
 
 def test_diff_of_two_override_files(tmp_path, capsys):
-    from farm.overrides import OverrideEntry, write_overrides
+    from farm.store.overrides import OverrideEntry, write_overrides
 
     dev = {"signature": GPU0.signature, "properties": GPU0.to_dict()}
 

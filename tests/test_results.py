@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from fakes import fake_props, fake_result, matmul_problem, write_results
-from farm.autotune import Disposition
-from farm.results import (COLUMNS, FILE_SCHEMA, SCHEMA_VERSION, MeasurementContext, ResultsDataset, ResultWriter,
+from farm.tuner.autotuner import Disposition
+from farm.store.results import (COLUMNS, FILE_SCHEMA, SCHEMA_VERSION, MeasurementContext, ResultsDataset, ResultWriter,
                           RunContext, candidate_key, knobs_from_structs, knobs_to_structs, result_row, schema_markdown,
                           spec_of)
 
@@ -43,7 +43,7 @@ def test_schema_has_every_column_the_issue_names_and_docs_match(repo_root):
     assert "device_signature" not in names and "op" not in names  # partition columns live in the paths
     assert FILE_SCHEMA.metadata[b"tunefarm.schema_version"] == str(SCHEMA_VERSION).encode()
     with open(f"{repo_root}/docs/results.md") as fh:
-        assert schema_markdown() in fh.read(), "docs/results.md is out of date: paste farm.results.schema_markdown()"
+        assert schema_markdown() in fh.read(), "docs/results.md is out of date: paste farm.store.results.schema_markdown()"
 
 
 def test_rows_round_trip_with_pyarrow(tmp_path):
@@ -135,7 +135,7 @@ def test_a_killed_writer_leaves_only_complete_files(tmp_path, repo_root):
         import sys
         sys.path[:0] = [{repo_root!r}, {repo_root + '/tests'!r}]
         from fakes import fake_props, fake_result, matmul_problem
-        from farm.results import MeasurementContext, ResultWriter, RunContext, result_row
+        from farm.store.results import MeasurementContext, ResultWriter, RunContext, result_row
         p = matmul_problem()
         run, where = RunContext(job_id="j"), MeasurementContext(fake_props())
         w = ResultWriter({str(tmp_path)!r}, run.run_id, flush_rows=50, flush_seconds=3600)

@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from farm.runtimes import NoDeviceError, RuntimeCallError, RuntimeUnavailable, runtime_for
-from farm.runtimes.cpu import CpuRuntime
-from farm.runtimes.cuda import CudaBindings
-from farm.runtimes.gpu import GpuRuntime
-from farm.runtimes.hip import HipBindings
-from farm.timing import EventTimer
+from farm.devices.runtimes import NoDeviceError, RuntimeCallError, RuntimeUnavailable, runtime_for
+from farm.devices.runtimes.cpu import CpuRuntime
+from farm.devices.runtimes.cuda import CudaBindings
+from farm.devices.runtimes.gpu import GpuRuntime
+from farm.devices.runtimes.hip import HipBindings
+from farm.devices.timing import EventTimer
 
 
 def test_cpu_runtime_contract():
@@ -232,7 +232,7 @@ def test_real_hip_python_load_and_no_device_paths(tmp_path, repo_root):
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "libamdhip64.so").write_text("not an ELF file")
     code = textwrap.dedent("""
-        from farm.runtimes import runtime_for, RuntimeUnavailable
+        from farm.devices.runtimes import runtime_for, RuntimeUnavailable
         try:
             runtime_for("hip").device_count()
         except RuntimeUnavailable as exc:

@@ -3,11 +3,11 @@
 import pytest
 
 from fakes import fake_result, matmul_problem
-from farm.autotune import AutotuneConfig, Disposition
-from farm.ids import engine_name_to_id
-from farm.plans import PlanSpec
-from farm.scheduler import FINALIST, MAIN, Candidate, PriorRow, Scheduler
-from farm.workload import EngineSelection, WorkloadProblem
+from farm.tuner.autotuner import AutotuneConfig, Disposition
+from farm.model.ids import engine_name_to_id
+from farm.model.plans import PlanSpec
+from farm.fleet.scheduler import FINALIST, MAIN, Candidate, PriorRow, Scheduler
+from farm.model.workload import EngineSelection, WorkloadProblem
 
 CFG = AutotuneConfig()
 P = matmul_problem()
@@ -176,7 +176,7 @@ def test_invalid_settings():
 
 
 def test_a_device_passes_over_problems_of_a_kernel_family_another_device_is_running():
-    from farm.problem import Problem
+    from farm.model.problem import Problem
 
     def wp(i, dtype):
         p = Problem.create("matmul", {"A": [64, 64], "B": [64, 64]}, dtype=dtype)

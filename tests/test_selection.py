@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from farm.device import cpu_device
-from farm.ids import policy_name_to_id
-from farm.selection import (
+from farm.devices.device import cpu_device
+from farm.model.ids import policy_name_to_id
+from farm.replay.selection import (
     CONFIG,
     DEFAULT_ORDER,
     ORDER_ENV,
@@ -116,7 +116,7 @@ def test_a_token_is_an_id_only_when_it_parses_whole(monkeypatch):
 def test_unknown_names_and_ids_are_skipped_with_a_log_line(monkeypatch, caplog):
     reg = registry_with()
     monkeypatch.setenv(ORDER_ENV, f"Nope::Missing,42,{STATIC_ORDERING}")
-    with caplog.at_level(logging.WARNING, logger="farm.selection"):
+    with caplog.at_level(logging.WARNING, logger="farm.replay.selection"):
         order = resolve_order(reg)
     assert [p.name for p in order] == [STATIC_ORDERING]
     assert "Nope::Missing" in caplog.text and "'42'" in caplog.text
@@ -142,7 +142,7 @@ def test_sessions_are_per_device_and_made_once():
 
 
 def test_the_problem_arrives_as_flatbuffer_bytes():
-    from farm.fb import decode_problem
+    from farm.devices.fb import decode_problem
 
     got = []
     p = Scripted("Test::Peek", lambda c, pb: got.append(pb) or list(c))
@@ -181,7 +181,7 @@ def test_a_raising_policy_counts_as_declining():
 def test_output_that_is_not_a_permutation_or_subset_is_rejected(bad, caplog):
     liar = Scripted("Test::Liar", lambda c, p: bad)
     honest = Scripted("Test::Honest", lambda c, p: list(c))
-    with caplog.at_level(logging.ERROR, logger="farm.selection"):
+    with caplog.at_level(logging.ERROR, logger="farm.replay.selection"):
         out = selector(registry_with(liar, honest), order=[liar.name, honest.name]).select(matmul_problem(), CANDIDATES)
     assert out.policy == "Test::Honest" and out.order == CANDIDATES
     assert "Test::Liar" in caplog.text and "output rejected" in caplog.text
@@ -204,7 +204,7 @@ def test_choice_carries_knobs():
 
 
 def test_static_ordering_ranks_known_engines_by_priority_and_keeps_unknown_ones_after():
-    from farm.engine import default_engine_registry, engine_id
+    from farm.model.engine import default_engine_registry, engine_id
 
     reg = default_engine_registry()
     ids = {e.name: engine_id(e) for e in reg}
@@ -225,7 +225,7 @@ def make_plugin(tmp_path, dist, body, entry_points):
 
 
 PLUGIN = """
-from farm.ids import policy_name_to_id
+from farm.model.ids import policy_name_to_id
 
 class P:
     def __init__(self, name, id=None, api=(1, 0)):
@@ -254,7 +254,7 @@ def test_plugins_load_and_bad_ones_are_rejected_with_reasons(tmp_path, monkeypat
     })
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("farmplug", None)
-    with caplog.at_level(logging.WARNING, logger="farm.selection"):
+    with caplog.at_level(logging.WARNING, logger="farm.replay.selection"):
         reg = PolicyRegistry.default()
     loaded = {i.name: i.origin for i in reg.info()}
     assert loaded["Plugin::Reverse"].startswith("plugin good (farmplug:GOOD)")

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import farm.ops as ops
-from farm.device import cpu_device
-from farm.overrides import OverrideEntry, load_overrides, write_overrides
-from farm.tunable import TunableRuntime, TunableSettings, with_ordinal
-from farm.workload import load_workload
+from farm.devices.device import cpu_device
+from farm.store.overrides import OverrideEntry, load_overrides, write_overrides
+from farm.replay.tunable_runtime import TunableRuntime, TunableSettings, with_ordinal
+from farm.model.workload import load_workload
 from tests.fakes import fake_props, matmul_problem
 
 ENVS = ("FARM_TUNABLE_ENABLED", "FARM_TUNABLE_TUNING", "FARM_TUNABLE_RECORD_UNTUNED", "FARM_TUNABLE_VERBOSE",
@@ -38,7 +38,7 @@ def test_settings_come_from_the_environment_and_bad_values_are_warned_and_ignore
     env = {"FARM_TUNABLE_ENABLED": "1", "FARM_TUNABLE_TUNING": "off", "FARM_TUNABLE_RECORD_UNTUNED": "yes",
            "FARM_TUNABLE_MAX_TUNING_DURATION_MS": "-5", "FARM_TUNABLE_MAX_TUNING_SAMPLES": "many",
            "FARM_TUNABLE_VERBOSE": "perhaps", "FARM_TUNABLE_FILENAME": "out/r.json"}
-    with caplog.at_level(logging.WARNING, logger="farm.tunable"):
+    with caplog.at_level(logging.WARNING, logger="farm.replay.tunable_runtime"):
         s = TunableSettings.from_env(env)
     assert (s.enabled, s.tuning, s.record_untuned, s.filename) == (True, False, True, "out/r.json")
     default = TunableSettings()
@@ -108,7 +108,7 @@ def test_a_recorded_winner_that_no_longer_compiles_is_retuned_and_the_file_heals
     p = matmul_problem(16, 16, 16)
     _record(tmp_path, p, "cpu.matmul.removed_in_this_build")
     rt = TunableRuntime(cpu_device(), settings=quick(tmp_path, verbose=True))
-    with caplog.at_level(logging.INFO, logger="farm.tunable"):
+    with caplog.at_level(logging.INFO, logger="farm.replay.tunable_runtime"):
         b = rt.bind(p.key, p)
     assert b.source == "tuned" and rt.measurements == 1
     assert "no longer compiles" in caplog.text
@@ -128,7 +128,7 @@ def test_a_file_for_another_device_is_set_aside_with_a_warning(tmp_path, caplog)
     p = matmul_problem()
     _record(tmp_path, p, "cpu.matmul.einsum", device=fake_props())
     rt = TunableRuntime(cpu_device(), settings=quick(tmp_path, tuning=False))
-    with caplog.at_level(logging.WARNING, logger="farm.tunable"):
+    with caplog.at_level(logging.WARNING, logger="farm.replay.tunable_runtime"):
         b = rt.bind(p.key, p)
     assert b.source != "recorded"
     assert "moved aside" in caplog.text

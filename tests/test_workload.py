@@ -4,10 +4,10 @@ import textwrap
 
 import pytest
 
-from farm.autotune import TuneMode
+from farm.tuner.autotuner import TuneMode
 from farm.errors import InputError
-from farm.timing import Strategy
-from farm.workload import load_workload, parse_size
+from farm.devices.timing import Strategy
+from farm.model.workload import load_workload, parse_size
 
 GOOD = """\
 name: t

@@ -9,10 +9,10 @@ from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 import numpy as np
 
-from farm.device import Device
-from farm.engine import Support
-from farm.knobs import Knob, KnobValue
-from farm.problem import Problem
+from farm.devices.device import Device
+from farm.model.engine import Support
+from farm.model.knobs import Knob, KnobValue
+from farm.model.problem import Problem
 
 NUMPY = {"fp64": np.float64, "fp32": np.float32, "fp16": np.float16}
 HOST_VENDORS = frozenset({"cpu"})

@@ -6,10 +6,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from farm.device import Device
-from farm.engine import Support
-from farm.knobs import Knob, KnobValue
-from farm.problem import Problem
+from farm.devices.device import Device
+from farm.model.engine import Support
+from farm.model.knobs import Knob, KnobValue
+from farm.model.problem import Problem
 
 from ._base import THREADS_KNOB, CpuEngine, FunctionPlan, blas_threads, chunks, compute_dtype, nbytes, workspace_view
 

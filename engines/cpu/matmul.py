@@ -6,9 +6,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from farm.device import Device
-from farm.knobs import Knob, KnobValue
-from farm.problem import Problem
+from farm.devices.device import Device
+from farm.model.knobs import Knob, KnobValue
+from farm.model.problem import Problem
 
 from ._base import THREADS_KNOB, CpuEngine, FunctionPlan, blas_threads, compute_dtype, nbytes, workspace_view
 

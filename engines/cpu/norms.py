@@ -6,10 +6,10 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from farm.device import Device
-from farm.knobs import Knob, KnobValue
-from farm.problem import Problem
-from farm.reference import EPS
+from farm.devices.device import Device
+from farm.model.knobs import Knob, KnobValue
+from farm.model.problem import Problem
+from farm.tuner.reference import EPS
 
 from ._base import CpuEngine, FunctionPlan, chunks, compute_dtype, nbytes, workspace_view
 

@@ -14,12 +14,12 @@ import logging
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
-from farm.device import Device
-from farm.dtypes import itemsize
-from farm.engine import Support
-from farm.knobs import Knob, KnobValue
-from farm.problem import Problem
-from farm.timing import gil_heavy_section
+from farm.devices.device import Device
+from farm.model.dtypes import itemsize
+from farm.model.engine import Support
+from farm.model.knobs import Knob, KnobValue
+from farm.model.problem import Problem
+from farm.devices.timing import gil_heavy_section
 
 from .triton_pad import PadAB
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Mapping
 
-from farm.device import Device
-from farm.knobs import Knob, KnobValue
-from farm.problem import Problem
+from farm.devices.device import Device
+from farm.model.knobs import Knob, KnobValue
+from farm.model.problem import Problem
 
 from ._common import Flags, GpuEngine, TorchPlan, torch_module
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from farm.device import Device
-from farm.engine import Support
-from farm.knobs import Knob, KnobValue
-from farm.problem import Problem
+from farm.devices.device import Device
+from farm.model.engine import Support
+from farm.model.knobs import Knob, KnobValue
+from farm.model.problem import Problem
 
 from ._common import GpuEngine, TorchPlan, empty_like_desc, torch_module
 

@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from farm.device import Device
-from farm.engine import Support
-from farm.knobs import Knob, KnobValue
-from farm.problem import Problem, contiguous_strides
-from farm.timing import gil_heavy_section
+from farm.devices.device import Device
+from farm.model.engine import Support
+from farm.model.knobs import Knob, KnobValue
+from farm.model.problem import Problem, contiguous_strides
+from farm.devices.timing import gil_heavy_section
 
 from ._common import (TORCH_DTYPES, TRITON_COMPILE_LOCK, GpuEngine, TorchPlan, ZeroPaddedAB, gemm_mkn, round_up,
                       torch_module)

@@ -4,7 +4,7 @@ import pytest
 
 
 def cuda_or_skip():
-    from farm.runtimes import RuntimeUnavailable, runtime_for
+    from farm.devices.runtimes import RuntimeUnavailable, runtime_for
 
     rt = runtime_for("cuda")
     try:

@@ -33,7 +33,7 @@ def test_properties_agree_with_torch():
 
 
 def test_signature_is_stable_across_processes_and_equal_across_gpus(repo_root):
-    code = ("import json; from farm.runtimes import runtime_for; rt = runtime_for('cuda'); "
+    code = ("import json; from farm.devices.runtimes import runtime_for; rt = runtime_for('cuda'); "
             "print(json.dumps([rt.properties(i).signature for i in range(rt.device_count())]))")
     env = dict(os.environ, PYTHONPATH=repo_root)
     runs = [json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -46,7 +46,7 @@ def test_signature_is_stable_across_processes_and_equal_across_gpus(repo_root):
 
 
 def test_event_timing_of_a_device_copy_agrees_with_the_host_clock():
-    from farm.timing import EventTimer
+    from farm.devices.timing import EventTimer
 
     RT.set_device(0)
     nbytes = 1 << 30
@@ -82,7 +82,7 @@ def test_event_timing_of_a_device_copy_agrees_with_the_host_clock():
 
 
 def test_bad_calls_come_back_as_clear_exceptions():
-    from farm.runtimes import RuntimeCallError
+    from farm.devices.runtimes import RuntimeCallError
 
     with pytest.raises(RuntimeCallError) as info:
         RT.properties(COUNT + 7)
@@ -98,7 +98,7 @@ def test_bad_calls_come_back_as_clear_exceptions():
 
 
 def test_l2_flush_and_device_handle():
-    from farm.device import gpu_device
+    from farm.devices.device import gpu_device
 
     dev = gpu_device("cuda", 0)
     assert dev.signature == RT.properties(0).signature and dev.stream is not None
@@ -109,7 +109,7 @@ def test_l2_flush_and_device_handle():
 
 
 def test_flatbuffers_round_trip_of_real_properties():
-    from farm.fb import decode_device_properties, encode_device_properties
+    from farm.devices.fb import decode_device_properties, encode_device_properties
 
     props = RT.properties(0)
     assert decode_device_properties(encode_device_properties(props)) == props

@@ -9,17 +9,17 @@ RT, COUNT = cuda_or_skip()
 torch = pytest.importorskip("torch", reason="the GPU engines need torch")
 
 from farm import AutotuneConfig, Autotuner, EngineSweep, Problem  # noqa: E402
-from farm.arrays import make_tensors, relative_error  # noqa: E402
-from farm.autotune import Disposition  # noqa: E402
-from farm.dtypes import RELATIVE_TOLERANCE  # noqa: E402
-from farm.reference import reference  # noqa: E402
+from farm.devices.arrays import make_tensors, relative_error  # noqa: E402
+from farm.tuner.autotuner import Disposition  # noqa: E402
+from farm.model.dtypes import RELATIVE_TOLERANCE  # noqa: E402
+from farm.tuner.reference import reference  # noqa: E402
 
 FAST = dict(strategy="run_until_stable", max_iterations=20, max_tuning_duration_ms=30, warmup_iterations=2)
 
 
 @pytest.fixture(scope="module")
 def dev():
-    from farm.device import gpu_device
+    from farm.devices.device import gpu_device
 
     return gpu_device("cuda", 0)
 
@@ -82,8 +82,8 @@ def test_matmul_engines_correct_and_ranked(dev, problem):
     assert bool(split) == bool(odd and ldc_aligned)  # split only where C takes aligned columns in place
     bad = [(r.label, r.disposition.value, r.error) for r in results if not r.succeeded]
     assert not bad, bad
-    # ranked by the farm's winner rule (farm.winner): the same order the reducer would give
-    from farm.winner import decide
+    # ranked by the farm's winner rule (farm.tuner.winner): the same order the reducer would give
+    from farm.tuner.winner import decide
 
     d = decide([r.median_ms for r in results], [r.mad_ms for r in results], [r.candidate for r in results],
                default=[not r.knobs and r.candidate == min(x.candidate for x in results if not x.knobs) for r in results])
@@ -173,13 +173,13 @@ def test_graph_timing_removes_launch_overhead_and_cold_cache_is_not_faster(dev):
 
 
 def test_numerical_check_on_the_gpu_catches_a_wrong_candidate(dev):
-    from farm.engine import EngineRegistry, default_engine_registry
+    from farm.model.engine import EngineRegistry, default_engine_registry
 
     class Wrong:
         name, ops, knobs, supports_exhaustive = "test.wrong", frozenset({"matmul"}), (), False
 
         def applicable(self, problem, device):
-            from farm.engine import Support
+            from farm.model.engine import Support
             return Support.yes()
 
         def estimate_workspace(self, problem, knobs):

@@ -98,8 +98,8 @@ def test_replay_hands_back_the_librarys_own_output(monkeypatch):
 def test_default_knob_plans_enter_no_flag_context():
     from engines.gpu.conv import TorchConv
     from engines.gpu.matmul import TorchMatmul
-    from farm.device import gpu_device
-    from farm.problem import Problem
+    from farm.devices.device import gpu_device
+    from farm.model.problem import Problem
 
     dev = gpu_device("cuda", 0)
     conv = Problem.create("conv_fprop", {"X": [2, 8, 16, 16], "W": [16, 8, 3, 3]}, dtype="fp16",
@@ -124,9 +124,9 @@ def test_replaying_a_triton_winner_on_a_cold_cache_starts_no_process(tmp_path, r
     import subprocess
     import sys
 
-    from farm.device import gpu_device
-    from farm.overrides import OverrideEntry, write_overrides
-    from farm.problem import Problem
+    from farm.devices.device import gpu_device
+    from farm.store.overrides import OverrideEntry, write_overrides
+    from farm.model.problem import Problem
 
     pytest.importorskip("triton")
     dev = gpu_device("cuda", 0)

@@ -1,0 +1,1 @@
+"""Reading results: farm report and farm diff."""

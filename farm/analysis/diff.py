@@ -1,0 +1,104 @@
+"""Compare two result sets or two override files: which winners changed, and by how much.
+
+    farm diff runs/before/results runs/after/results     # per signature and problem
+    farm diff old/<sig>.json new/<sig>.json              # override files, by match key
+
+Both kinds compare the same thing, the reducer's decision (farm.tuner.winner): a results folder is
+decided the way ``farm tune`` decided it (with its job's incumbents), an override file holds the
+decision already. So the diff of two run folders and the diff of their override files agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Hashable
+
+from farm.errors import InputError
+
+NEAR_TIE = 0.03  # a changed winner within 3 % of the old one's time counts as a near tie
+STATUSES = ("added", "removed", "winner changed", "near tie", "same winner")
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    signature: str
+    problem: str
+    status: str  # added, removed, winner changed, near tie, same winner
+    old_winner: str
+    new_winner: str
+    old_ms: float | None
+    new_ms: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        """new time / old time (below 1: faster now)."""
+        return self.new_ms / self.old_ms if self.old_ms and self.new_ms else None
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One problem's winner on one side: where it is, what it is called, what it runs, its median time."""
+
+    signature: str
+    problem: str
+    winner: str  # engine[knobs]
+    ms: float | None
+
+
+def diff_paths(a: str | Path, b: str | Path) -> list[DiffRow]:
+    pa, pb = Path(a), Path(b)
+    for p in (pa, pb):
+        if not p.exists():
+            raise InputError("not found", source=str(p))
+    if pa.is_file() and pb.is_file():
+        return compare(_from_overrides(pa), _from_overrides(pb))
+    if pa.is_dir() and pb.is_dir():
+        return compare(_from_results(_results_dir(pa)), _from_results(_results_dir(pb)))
+    raise InputError("compare two override files or two results folders, not one of each", source=f"{pa} vs {pb}")
+
+
+def _results_dir(p: Path) -> Path:
+    return p / "results" if (p / "results").is_dir() else p  # a run folder works too
+
+
+def _from_overrides(path: Path) -> dict[Hashable, _Side]:
+    from farm.store.overrides import load_overrides
+    from farm.store.publish import _desc, _label, _ms
+
+    f = load_overrides(path)
+    sig = f.device_signature or ""
+    return {(sig, e.match_key()): _Side(sig, _label(e), _desc(e), _ms(e)) for e in f.entries}
+
+
+def _from_results(folder: Path) -> dict[Hashable, _Side]:
+    from farm.fleet.job import decide_folder
+
+    d = decide_folder(folder)
+    return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms) for key, w in d.winners.items()}
+
+
+def compare(old: dict[Hashable, _Side], new: dict[Hashable, _Side]) -> list[DiffRow]:
+    """One row per problem on either side (the same rules for results folders and override files)."""
+    rows = []
+    for key in sorted(set(old) | set(new), key=lambda k: ((old.get(k) or new.get(k)).signature,  # type: ignore[union-attr]
+                                                          (new.get(k) or old.get(k)).problem)):  # type: ignore[union-attr]
+        o, n = old.get(key), new.get(key)
+        if o is None:
+            assert n is not None
+            rows.append(DiffRow(n.signature, n.problem, "added", "", n.winner, None, n.ms))
+        elif n is None:
+            rows.append(DiffRow(o.signature, o.problem, "removed", o.winner, "", o.ms, None))
+        else:
+            status = "same winner" if o.winner == n.winner else "winner changed"
+            if status == "winner changed" and o.ms and n.ms and abs(n.ms / o.ms - 1) <= NEAR_TIE:
+                status = "near tie"  # another candidate by a hair: measurement noise, not a new best kernel
+            rows.append(DiffRow(n.signature, n.problem, status, o.winner, n.winner, o.ms, n.ms))
+    return rows
+
+
+def diff_dict(rows: list[DiffRow]) -> dict[str, Any]:
+    return {"rows": [{"signature": r.signature, "problem": r.problem, "status": r.status, "old_winner": r.old_winner or None,
+                      "new_winner": r.new_winner or None, "old_ms": r.old_ms, "new_ms": r.new_ms, "ratio": r.ratio}
+                     for r in rows],
+            "counts": {s: sum(r.status == s for r in rows) for s in STATUSES}}

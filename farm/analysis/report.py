@@ -1,0 +1,291 @@
+"""Offline analysis of a results folder: what was tuned, what failed, what it bought, how noisy it was.
+
+    farm report runs/x/results [--json] [--html report.html]
+
+Per device signature: problems, candidates measured, failures by disposition,
+tuning time, the winner's speed-up over the default engine (geomean and worst),
+the noisiest problems, and where devices of one signature disagree. The winner
+and the default are the reducer's (farm.tuner.winner: the override file's entry, with
+its reason when it is not the fastest); the default is the earliest-discovered
+candidate with default knobs, what the runtime runs with nothing tuned.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from farm.store.reduce import Decisions, Winner
+from farm.store.results import ResultsDataset
+
+_COLUMNS = ["device_signature", "device_name", "host", "device_index", "problem_key", "problem_name", "problem_label",
+            "candidate_key", "candidate_index", "engine_name", "knobs", "disposition", "succeeded", "median_ms",
+            "avg_ms", "stddev_ms", "samples_ms", "tuning_ms", "measured_at", "round"]
+
+
+@dataclass
+class ProblemSummary:
+    key: str
+    name: str
+    label: str
+    candidates: int
+    winner: str
+    winner_ms: float
+    default: str
+    default_ms: float | None
+    why: str  # '' when the winner is the fastest measured candidate
+    cov: float  # the winner's coefficient of variation (stddev / mean of its samples)
+    device_winners: dict[str, str]  # device -> its own fastest candidate
+    spread: float  # the winner's slowest device / fastest device
+    samples: dict[str, list[float]] = field(default_factory=dict)  # candidate -> samples (all devices)
+
+    @property
+    def speedup(self) -> float | None:
+        return self.default_ms / self.winner_ms if self.default_ms and self.winner_ms else None
+
+    @property
+    def disagree(self) -> bool:
+        return len(set(self.device_winners.values())) > 1
+
+
+@dataclass
+class SignatureSummary:
+    signature: str
+    device_name: str
+    devices: list[str]
+    rows: int
+    problems: list[ProblemSummary]
+    failures: dict[str, int]
+    tuning_s: float
+    device_cov: dict[str, list[float]]  # device -> CoV of every successful candidate it measured
+
+    @property
+    def speedups(self) -> list[float]:
+        return [p.speedup for p in self.problems if p.speedup]
+
+    @property
+    def geomean_speedup(self) -> float | None:
+        s = self.speedups
+        return math.exp(sum(math.log(x) for x in s) / len(s)) if s else None
+
+    @property
+    def worst(self) -> ProblemSummary | None:
+        with_speedup = [p for p in self.problems if p.speedup]
+        return min(with_speedup, key=lambda p: p.speedup) if with_speedup else None  # type: ignore[arg-type, return-value]
+
+    def noisiest(self, n: int = 5) -> list[ProblemSummary]:
+        return sorted(self.problems, key=lambda p: -p.cov)[:n]
+
+    def disagreements(self) -> list[ProblemSummary]:
+        return [p for p in self.problems if p.disagree]
+
+
+@dataclass
+class Report:
+    root: str
+    signatures: list[SignatureSummary]
+    skipped_files: list[tuple[str, str]]
+
+
+def _candidate(row: dict[str, Any]) -> str:
+    from farm.model.knobs import candidate_label
+    from farm.store.results import spec_of
+
+    return candidate_label(row["engine_name"], spec_of(row["candidate_key"]).knobs)
+
+
+def _cov(samples: list[float]) -> float:
+    if len(samples) < 2:
+        return 0.0
+    mean = statistics.fmean(samples)
+    return statistics.pstdev(samples) / mean if mean > 0 else 0.0
+
+
+def build_report(results_dir: str | Path, decisions: Decisions | None = None) -> Report:
+    from farm.fleet.job import decide_folder
+
+    data = ResultsDataset(results_dir)
+    decisions = decisions or decide_folder(results_dir)
+    table = data.table(_COLUMNS)
+    rows = table.to_pylist()
+    by_sig: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_sig.setdefault(r["device_signature"], []).append(r)
+    skipped = list(dict.fromkeys([*decisions.skipped_files, *((s.path, s.reason) for s in data.skipped)]))
+    return Report(str(results_dir), [_signature(sig, rs, decisions) for sig, rs in sorted(by_sig.items())], skipped)
+
+
+def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> SignatureSummary:
+    failures: dict[str, int] = {}
+    device_cov: dict[str, list[float]] = {}
+    latest: dict[tuple[str, str, str], dict[str, Any]] = {}  # (problem, candidate, device) -> latest success
+    for r in rows:
+        if not r["succeeded"]:
+            failures[r["disposition"]] = failures.get(r["disposition"], 0) + 1
+            continue
+        dev = f"{r['host']}:{r['device_index']}"
+        key = (r["problem_key"], r["candidate_key"], dev)
+        if key not in latest or r["measured_at"] > latest[key]["measured_at"]:
+            latest[key] = r
+    per_problem: dict[str, list[dict[str, Any]]] = {}
+    for (pk, _, dev), r in latest.items():
+        per_problem.setdefault(pk, []).append({**r, "_device": dev})
+        device_cov.setdefault(dev, []).append(_cov(r["samples_ms"] or []))
+    problems = [_problem(rs, decisions.winners[(sig, pk)]) for pk, rs in per_problem.items()
+                if (sig, pk) in decisions.winners]
+    problems.sort(key=lambda p: p.name)
+    devices = sorted({f"{r['host']}:{r['device_index']}" for r in rows})
+    return SignatureSummary(sig, rows[0]["device_name"], devices, len(rows), problems, dict(sorted(failures.items())),
+                            sum(r["tuning_ms"] or 0.0 for r in rows) / 1e3, device_cov)
+
+
+def _problem(rows: list[dict[str, Any]], winner: Winner) -> ProblemSummary:
+    cands: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        cands.setdefault(r["candidate_key"], []).append(r)
+    by_label = {_candidate(rs[0]): rs for rs in cands.values()}
+    win_rows = by_label.get(winner.label, [])
+    device_best: dict[str, tuple[float, str]] = {}
+    for r in rows:
+        if r["_device"] not in device_best or r["median_ms"] < device_best[r["_device"]][0]:
+            device_best[r["_device"]] = (r["median_ms"], _candidate(r))
+    win_times = [r["median_ms"] for r in win_rows] or [winner.median_ms]
+    first = rows[0]
+    return ProblemSummary(
+        key=first["problem_key"], name=first["problem_name"], label=first["problem_label"], candidates=len(cands),
+        winner=winner.label, winner_ms=winner.median_ms, default=winner.default or "-", default_ms=winner.default_ms,
+        why=winner.why,
+        cov=statistics.median(_cov(r["samples_ms"] or []) for r in win_rows) if win_rows else 0.0,
+        device_winners={d: c for d, (_, c) in device_best.items()},
+        spread=max(win_times) / min(win_times) if min(win_times) > 0 else 1.0,
+        samples={_candidate(rs[0]): [s for r in rs for s in (r["samples_ms"] or [r["median_ms"]])] for rs in cands.values()},
+    )
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    out = []
+    for s in report.signatures:
+        worst = s.worst
+        out.append({
+            "signature": s.signature, "device_name": s.device_name, "devices": s.devices, "rows": s.rows,
+            "problems": len(s.problems), "candidates_measured": sum(p.candidates for p in s.problems),
+            "failures": s.failures, "tuning_s": round(s.tuning_s, 3),
+            "speedup_geomean": s.geomean_speedup, "speedup_worst": worst.speedup if worst else None,
+            "speedup_worst_problem": worst.name if worst else None,
+            "noisiest": [{"problem": p.name, "cov": p.cov, "winner": p.winner} for p in s.noisiest()],
+            "disagreements": [{"problem": p.name, "device_winners": p.device_winners} for p in s.disagreements()],
+            "per_problem": [{"problem": p.name, "label": p.label, "problem_key": p.key, "candidates": p.candidates,
+                             "winner": p.winner, "winner_ms": p.winner_ms, "why": p.why, "default": p.default,
+                             "default_ms": p.default_ms, "speedup": p.speedup, "cov": p.cov,
+                             "device_spread": p.spread} for p in s.problems],
+        })
+    return {"results": report.root, "signatures": out,
+            "skipped_files": [{"path": p, "reason": r} for p, r in report.skipped_files]}
+
+
+# -- HTML with plots -----------------------------------------------------------------------------------
+def write_html(report: Report, path: str | Path, *, max_problems: int = 24) -> list[str]:
+    """A self-contained HTML page (PNG plots embedded); returns the figure titles."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from farm.errors import UsageError
+
+        raise UsageError("farm report --html needs matplotlib: pip install 'tunefarm[report]'") from None
+    parts = [f"<h1>tunefarm report</h1><p>results: <code>{_esc(report.root)}</code></p>"]
+    titles = []
+    for s in report.signatures:
+        parts.append(f"<h2>{_esc(s.device_name)} <small><code>{_esc(s.signature)}</code></small></h2>")
+        geo = s.geomean_speedup
+        parts.append(f"<p>{len(s.problems)} problems, {sum(p.candidates for p in s.problems)} candidates, "
+                     f"{len(s.devices)} device(s), {s.tuning_s:.1f} s of tuning; winner over default: "
+                     f"geomean {geo:.3f}x</p>" if geo else "<p>no default candidates to compare with</p>")
+        for title, fig in (("Speed-up of the winner over the default engine", _speedup_figure(plt, s)),
+                           ("Per-device noise (CoV of every candidate's samples)", _noise_figure(plt, s))):
+            if fig is not None:
+                titles.append(title)
+                parts.append(f"<h3>{title}</h3>{_png(plt, fig)}")
+        parts.append("<h3>Winners (the override file's entries)</h3><table><tr><th>problem</th><th>winner</th>"
+                     "<th>median ms</th><th>default</th><th>median ms</th><th>speed-up</th><th>why</th></tr>"
+                     + "".join(f"<tr><td>{_esc(p.name)}</td><td><code>{_esc(p.winner)}</code></td>"
+                               f"<td>{p.winner_ms:.4f}</td><td><code>{_esc(p.default)}</code></td>"
+                               f"<td>{'-' if p.default_ms is None else f'{p.default_ms:.4f}'}</td>"
+                               f"<td>{'-' if p.speedup is None else f'{p.speedup:.3f}x'}</td><td>{_esc(p.why)}</td></tr>"
+                               for p in s.problems) + "</table>")
+        parts.append("<h3>Candidates' time distributions (winner in orange, default in blue)</h3>")
+        titles.append("Candidates' time distributions")
+        for p in s.problems[:max_problems]:
+            parts.append(_png(plt, _distribution_figure(plt, p)))
+        if len(s.problems) > max_problems:
+            parts.append(f"<p>{len(s.problems) - max_problems} more problems not drawn (see --json).</p>")
+    html = ("<!doctype html><html><head><meta charset='utf-8'><title>tunefarm report</title>"
+            "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}img{max-width:100%}</style>"
+            "</head><body>" + "\n".join(parts) + "</body></html>")
+    from farm.fsutil import atomic_write_text
+
+    atomic_write_text(path, html)
+    return titles
+
+
+def _esc(text: str) -> str:
+    import html
+
+    return html.escape(str(text))
+
+
+def _png(plt: Any, fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return f"<img src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'>"
+
+
+def _speedup_figure(plt: Any, s: SignatureSummary) -> Any:
+    ps = [p for p in s.problems if p.speedup]
+    if not ps:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(ps) + 1.2))
+    vals = [100 * (p.speedup - 1) for p in ps]  # type: ignore[operator]
+    ax.barh([p.name for p in ps], vals, color=["tab:green" if v > 0 else "tab:gray" for v in vals])
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_xlabel("winner faster than the default engine by (%)")
+    ax.invert_yaxis()
+    for i, (v, p) in enumerate(zip(vals, ps)):
+        ax.text(v, i, f" {p.speedup:.3f}x", va="center", fontsize=8)
+    return fig
+
+
+def _noise_figure(plt: Any, s: SignatureSummary) -> Any:
+    devs = [d for d in sorted(s.device_cov) if s.device_cov[d]]
+    if not devs:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 0.5 * len(devs) + 1.2))
+    ax.boxplot([[100 * c for c in s.device_cov[d]] for d in devs], orientation="horizontal", tick_labels=devs)
+    ax.set_xlabel("coefficient of variation of a candidate's samples (%)")
+    return fig
+
+
+def _distribution_figure(plt: Any, p: ProblemSummary) -> Any:
+    names = sorted(p.samples, key=lambda c: statistics.median(p.samples[c]))[:20]
+    fig, ax = plt.subplots(figsize=(10, 0.28 * len(names) + 1.3))
+    box = ax.boxplot([p.samples[c] for c in names], orientation="horizontal", tick_labels=names, patch_artist=True, showfliers=False,
+                     medianprops={"color": "black"})
+    for name, patch in zip(names, box["boxes"]):
+        patch.set_facecolor("tab:orange" if name == p.winner else ("tab:blue" if name == p.default else "lightgray"))
+    ax.invert_yaxis()
+    lo, hi = min(min(p.samples[c]) for c in names), max(max(p.samples[c]) for c in names)
+    if lo > 0 and hi / lo > 4:  # a slow fallback would squash the interesting candidates into one pixel
+        ax.set_xscale("log")
+    ax.set_xlabel("time per run (ms)")
+    ax.set_title(f"{p.name}: {p.label}" + (f"  (winner {p.speedup:.2f}x the default)" if p.speedup else "")
+                 + (f"\n{p.why}" if p.why else ""), fontsize=9)
+    ax.tick_params(axis="y", labelsize=7)
+    return fig

@@ -1,0 +1,428 @@
+"""Tables for people (rich) and plain dicts for ``--json``; used by the CLI only."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any, Iterable, Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from farm.tuner.autotuner import AutotuneResult
+from farm.model.engine import Engine, EngineRegistry, engine_id, user_knobs
+from farm.model.knobs import format_settings
+from farm.tuner.problem_tuning import ProblemOutcome
+
+
+def fmt_ms(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if value >= 100:
+        return f"{value:.1f}"
+    if value >= 1:
+        return f"{value:.3f}"
+    return f"{value:.4f}"
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def engines_table(registry: EngineRegistry, engines: Iterable[Engine]) -> Table:
+    table = Table(title="Engines", show_lines=True)
+    table.add_column("engine", style="bold")
+    table.add_column("id", justify="right")
+    table.add_column("ops")
+    table.add_column("knobs (type, range, default)")
+    table.add_column("exhaustive", justify="center")
+    table.add_column("from")
+    for e in engines:
+        knobs = "\n".join(k.describe() for k in user_knobs(e)) or "-"
+        table.add_row(Text(e.name), str(engine_id(e)), Text(", ".join(sorted(e.ops))), Text(knobs),
+                      "yes" if e.supports_exhaustive else "no", Text(registry.origin(e)))
+    return table
+
+
+def engine_dict(registry: EngineRegistry, e: Engine) -> dict[str, Any]:
+    return {
+        "name": e.name,
+        "id": engine_id(e),
+        "ops": sorted(e.ops),
+        "supports_exhaustive": bool(e.supports_exhaustive),
+        "origin": registry.origin(e),
+        "knobs": [
+            {"name": k.name, "type": k.type.value, "default": k.default, "min": k.min, "max": k.max,
+             "choices": list(k.choices), "doc": k.doc}
+            for k in user_knobs(e)
+        ],
+    }
+
+
+def _status(r: AutotuneResult) -> Text:
+    if r.succeeded:
+        return Text("ok" + (f" ({r.error})" if r.error else ""), style="green")
+    msg = r.error if len(r.error) <= 90 else r.error[:87] + "..."
+    return Text(f"{r.disposition.value}: {msg}" if msg else r.disposition.value, style="red")
+
+
+def results_table(outcome: ProblemOutcome, position: str = "") -> Table:
+    wp = outcome.problem
+    head = f"{position} {wp.name}".strip()
+    title = f"{head}: {wp.problem.label()}  (key {wp.problem.key})"
+    table = Table(title=Text(title), title_justify="left")
+    for col, justify in (("rank", "right"), ("engine", "left"), ("knobs", "left"), ("min ms", "right"),
+                         ("median ms", "right"), ("avg ± sd ms", "right"), ("iters", "right"),
+                         ("conv", "center"), ("workspace", "right"), ("status", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in outcome.results:
+        avg = "-" if r.avg_ms is None else f"{fmt_ms(r.avg_ms)} ± {fmt_ms(r.stddev_ms)}"
+        table.add_row(
+            str(r.rank) if r.rank >= 0 else "-",
+            Text(r.engine_name),
+            Text(format_settings(r.knobs)),
+            fmt_ms(r.min_ms),
+            fmt_ms(r.median_ms),
+            avg,
+            str(r.iterations),
+            ("yes" if r.converged else "no") if r.succeeded else "-",
+            fmt_bytes(r.workspace_size),
+            _status(r),
+            style="bold" if r.rank == 0 else None,
+        )
+    if outcome.skipped:
+        table.caption = Text(f"{outcome.skipped} candidate(s) measured before, not repeated")
+    if outcome.error:
+        table.caption = Text(outcome.error, style="red")
+    return table
+
+
+def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: Any = None) -> Table:
+    """One row per problem: the reducer's winner (what the override file replays) and why, when it is not the fastest.
+
+    ``winner_of(problem_key)`` returns the :class:`~farm.store.reduce.Winner` of a problem, or None.
+    """
+    table = Table(title=f"Summary: {len(outcomes)} problem(s) in {wall_s:.1f} s", title_justify="left")
+    for col, justify in (("problem", "left"), ("op", "left"), ("candidates", "right"), ("failed", "right"),
+                         ("winner", "left"), ("median ms", "right"), ("default ms", "right"), ("speedup", "right"),
+                         ("why", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for o in outcomes:
+        w = winner_of(o.problem.problem.key) if winner_of is not None else None
+        failed = sum(not r.succeeded for r in o.results)
+        note = w.why if w is not None else ""
+        if w is not None and not o.results:
+            note = "; ".join(x for x in ("measured before", note) if x)
+        speed = w.speedup_over_default if w is not None else None
+        table.add_row(Text(o.problem.name), o.problem.problem.op, str(len(o.results) + o.skipped), str(failed),
+                      Text(w.label) if w is not None else Text(o.error or "no winner", style="red"),
+                      fmt_ms(w.median_ms if w else None), fmt_ms(w.default_ms if w else None),
+                      f"{speed:.2f}x" if speed else "-", Text(note, style="dim"))
+    return table
+
+
+def to_jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if f.name != "ranking_fn"}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def outcome_dict(o: ProblemOutcome, winner: Any = None) -> dict[str, Any]:
+    results = []
+    for r in o.results:
+        d = to_jsonable(r)
+        d["knobs"] = dict(r.knobs)
+        d["succeeded"] = r.succeeded
+        results.append(d)
+    return {
+        "name": o.problem.name,
+        "index": o.problem.index,
+        "problem_key": o.problem.problem.key,
+        "problem": o.problem.problem.canonical(),
+        "label": o.problem.problem.label(),
+        "error": o.error,
+        "wall_ms": o.wall_ms,
+        "skipped": o.skipped,
+        "winner": winner.as_dict() if winner is not None else None,  # the reducer's decision (farm.tuner.winner)
+        "results": results,
+    }
+
+
+def reduce_table(report: Any) -> Table:
+    table = Table(title="Override files", title_justify="left")
+    for col, justify in (("device signature", "left"), ("problems", "right"), ("entries", "right"),
+                         ("not the fastest", "right"), ("no winner", "right"), ("file", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for s in report.signatures:
+        w = s.write
+        file = "-" if w is None else f"{w.path} ({w.added} added, {w.replaced} replaced)"
+        if w is not None and w.moved_aside:
+            file += f"; corrupt file moved to {w.moved_aside}"
+        if s.winners_path:
+            file += f"\n{s.winners_path}"
+        if s.csv_path:
+            file += f"\n{s.csv_path}"
+        table.add_row(Text(s.signature), str(s.problems), str(s.entries), str(s.kept_over_fastest),
+                      str(len(s.no_winner)), Text(file))
+    if report.skipped_files:
+        table.caption = Text(f"{len(report.skipped_files)} unreadable results file(s) skipped", style="yellow")
+    return table
+
+
+def reduce_dict(report: Any) -> dict[str, Any]:
+    return {
+        "rows": report.rows,
+        "skipped_files": [{"path": p, "reason": r} for p, r in report.skipped_files],
+        "signatures": [
+            {"signature": s.signature, "problems": s.problems, "entries": s.entries,
+             "kept_over_fastest": s.kept_over_fastest, "no_winner": s.no_winner,
+             "file": s.write.path if s.write else None, "winners_table": s.winners_path or None,
+             "added": s.write.added if s.write else 0,
+             "replaced": s.write.replaced if s.write else 0, "moved_aside": s.write.moved_aside if s.write else "",
+             "tunableop_csv": s.csv_path or None}
+            for s in report.signatures
+        ],
+    }
+
+
+def winners_query(out: str) -> str:
+    """The SQL that lists the winners of a run folder (the README's query)."""
+    return (f"SELECT problem_name, engine_name, knobs, median_ms, why "
+            f"FROM '{out}/overrides/*.winners.parquet' ORDER BY device_signature, problem_name")
+
+
+def where_table(out: str, summary: Any) -> Table:
+    table = Table(title="Outputs", title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("where")
+    table.add_row("job", Text(f"{summary.job_id} (run {summary.run_id})"))
+    table.add_row("results", Text(f"{out}/results  ({summary.rows_written} new rows)"))
+    if summary.reduce is not None:
+        for s in summary.reduce.signatures:
+            if s.write is not None:
+                table.add_row("overrides", Text(f"{s.write.path}  ({s.entries} entries)"))
+            if s.winners_path:
+                table.add_row("winners", Text(s.winners_path))
+        table.add_row("query", Text(f'python -c "import duckdb; duckdb.sql(\\"{winners_query(out)}\\").show()"'))
+    for sig, problems in summary.no_winner.items():
+        for name, why in problems.items():
+            table.add_row(Text("no winner", style="red"), Text(f"{name} on {sig}: {why}"))
+    return table
+
+
+def farm_outcomes(workload: Any, report: Any, signature: str) -> list[ProblemOutcome]:
+    """Per-problem outcomes of one signature from a farm report (finalist rows replace earlier ones),
+    ranked the reducer's way: its winner first, then by median."""
+    import dataclasses as dc
+
+    out = []
+    skipped = report.problems_skipped.get(signature, {})
+    for wp in workload.problems:
+        rows = report.results.get((signature, wp.name), [])
+        latest: dict[Any, AutotuneResult] = {}
+        for r in rows:
+            latest[r.spec] = r
+        w = report.summary.winner(signature, wp.problem.key) if report.summary else None
+        first = (w.engine_name, tuple(w.knobs)) if w is not None else None
+        ok = sorted((r for r in latest.values() if r.succeeded),
+                    key=lambda r: ((r.engine_name, tuple(r.knobs)) != first, r.median_ms, r.candidate))
+        bad = [r for r in latest.values() if not r.succeeded]
+        ranked = [dc.replace(r, rank=i) for i, r in enumerate(ok)] + [dc.replace(r, rank=-1) for r in bad]
+        out.append(ProblemOutcome(wp, tuple(ranked), skipped.get(wp.name, ""), 0.0))
+    return out
+
+
+def farm_tables(workload: Any, report: Any) -> list[Table]:
+    tables = []
+    for sig in sorted({w.signature for w in report.workers}):
+        outcomes = farm_outcomes(workload, report, sig)
+        t = summary_table(outcomes, report.wall_s, lambda key, _s=sig: report.summary.winner(_s, key))
+        t.title = Text(f"{sig}: {len(outcomes)} problem(s)")
+        tables.append(t)
+    workers = Table(title=f"Workers ({report.tuning_s:.1f} s of tuning, {report.wall_s:.1f} s in all)",
+                    title_justify="left")
+    for col, justify in (("worker", "left"), ("host", "left"), ("device", "left"), ("signature", "left"),
+                         ("candidates", "right"), ("failed", "right"), ("restarts", "right"), ("busy", "right")):
+        workers.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for st in report.statuses:
+        frac = st.busy_s / report.tuning_s if report.tuning_s else 0.0
+        workers.add_row(Text(st.name), Text(st.host), Text(st.device), Text(st.signature), str(st.candidates),
+                        str(st.failures), str(st.restarts), f"{100 * frac:.0f} %")
+    tables.append(workers)
+    return tables
+
+
+def farm_dict(workload: Any, out: str, report: Any) -> dict[str, Any]:
+    import dataclasses as dc
+
+    signatures = {}
+    for sig in sorted({w.signature for w in report.workers}):
+        signatures[sig] = [outcome_dict(o, report.summary.winner(sig, o.problem.problem.key))
+                           for o in farm_outcomes(workload, report, sig)]
+    return {
+        "workload": {"name": workload.name, "source": workload.source, "digest": workload.digest},
+        "autotune": to_jsonable(workload.autotune),
+        "executor": "ray", "job_id": report.job_id, "run_id": report.run_id, "out": out, "wall_s": report.wall_s,
+        "tuning_s": report.tuning_s,
+        "rows_written": report.rows_written, "candidates": report.total, "remeasured": report.remeasured,
+        "counts": report.counts, "skipped_problems": report.problems_skipped,
+        "workers": [{**dc.asdict(st), "gpu_ids": list(w.gpu_ids), "pid": w.pid,
+                     "properties": w.properties.to_dict()} for st, w in zip(report.statuses, report.workers)],
+        "signatures": signatures,
+        "no_winner": report.summary.no_winner,
+        "reduce": reduce_dict(report.reduce) if report.reduce else None,
+    }
+
+
+def devices_table(probes: Any) -> Table:
+    table = Table(title="Devices", show_lines=True, title_justify="left")
+    for col, justify in (("runtime", "left"), ("index", "right"), ("name", "left"), ("arch", "left"),
+                         ("units", "right"), ("memory", "right"), ("L2", "right"), ("clock", "right"),
+                         ("driver / runtime", "left"), ("libraries", "left"), ("signature", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    notes = []
+    for p in probes:
+        for d in p.devices:
+            libs = "\n".join(f"{k} {v}" for k, v in d.libraries) or "-"
+            table.add_row(p.runtime, str(d.index), Text(d.name), Text(d.arch), str(d.compute_units),
+                          fmt_bytes(d.total_memory), fmt_bytes(d.l2_bytes), f"{d.clock_mhz} MHz" if d.clock_mhz else "-",
+                          Text(f"{d.driver_version or '-'} / {d.runtime_version or '-'}"), Text(libs), Text(d.signature))
+        if p.note:
+            notes.append(f"{p.runtime}: {p.note}")
+    if notes:
+        table.caption = Text("\n".join(notes), style="dim")
+    return table
+
+
+def local_dict(workload: Any, out: str, device: Any, report: Any) -> dict[str, Any]:
+    """The in-process run in the same shape as :func:`farm_dict` (one worker, one signature)."""
+    candidates = sum(len(o.results) for o in report.outcomes)
+    return {
+        "workload": {"name": workload.name, "source": workload.source, "digest": workload.digest},
+        "autotune": to_jsonable(workload.autotune),
+        "executor": "in-process", "job_id": report.job_id, "run_id": report.run_id, "out": out,
+        "wall_s": report.wall_s, "rows_written": report.rows_written, "candidates": candidates, "remeasured": 0,
+        "counts": report.counts,
+        "skipped_problems": {device.signature: {o.problem.name: o.error for o in report.outcomes
+                                                if o.error and not o.results}},
+        "workers": [{"name": f"in-process:{device.index}", "signature": device.signature, "host": device.properties.host,
+                     "candidates": candidates, "properties": device.properties.to_dict()}],
+        "signatures": {device.signature: [outcome_dict(o, report.summary.winner(device.signature, o.problem.problem.key))
+                                          for o in report.outcomes]},
+        "no_winner": report.summary.no_winner,
+        "reduce": reduce_dict(report.reduce) if report.reduce else None,
+    }
+
+
+def policies_table(registry: Any, order: Sequence[str]) -> Table:
+    table = Table(title="Selection policies (order in force: " + " > ".join(order) + ")", title_justify="left")
+    for col, justify in (("#", "right"), ("name", "left"), ("id", "right"), ("API", "left"), ("origin", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for info in registry.info():
+        pos = str(order.index(info.name) + 1) if info.name in order else "-"
+        table.add_row(pos, Text(info.name), str(info.id), ".".join(map(str, info.api_version)), Text(info.origin))
+    return table
+
+
+def _change_line(c: Any) -> str:
+    if not c.old_engine:
+        return f"+ {c.key}: {c.new_engine} {fmt_ms(c.new_ms)}"
+    if not c.new_engine:
+        return f"- {c.key}: {c.old_engine} {fmt_ms(c.old_ms)}"
+    return f"~ {c.key}: {c.old_engine} {fmt_ms(c.old_ms)} -> {c.new_engine} {fmt_ms(c.new_ms)}"
+
+
+def publish_tables(reports: Sequence[Any], dry_run: bool = False) -> list[Table]:
+    summary = Table(title="Published" + (" (dry run: nothing written)" if dry_run else ""), title_justify="left")
+    for col, justify in (("device signature", "left"), ("added", "right"), ("winner changed", "right"),
+                         ("removed", "right"), ("unchanged", "right"), ("status", "left"), ("file", "left")):
+        summary.add_column(col, justify=justify)  # type: ignore[arg-type]
+    details = Table(title="Changes", title_justify="left", show_header=False)
+    details.add_column("change")
+    for r in reports:
+        status = Text("refused", style="red") if r.refused else Text("written" if r.written else "not written")
+        summary.add_row(Text(r.signature), str(len(r.added)), str(len(r.changed)), str(len(r.removed)),
+                        str(r.unchanged), status, Text(r.path))
+        for c in r.added + r.changed + r.removed:
+            details.add_row(Text(_change_line(c)))
+        for c in r.regressions:
+            details.add_row(Text("! slower: " + _change_line(c), style="red"))
+    return [summary] + ([details] if details.row_count else [])
+
+
+def publish_dict(reports: Sequence[Any]) -> dict[str, Any]:
+    def change(c: Any) -> dict[str, Any]:
+        return {"problem": c.key, "old_engine": c.old_engine or None, "new_engine": c.new_engine or None,
+                "old_ms": c.old_ms, "new_ms": c.new_ms}
+
+    return {"files": [{"signature": r.signature, "path": r.path, "written": r.written, "refused": r.refused or None,
+                       "added": [change(c) for c in r.added], "changed": [change(c) for c in r.changed],
+                       "removed": [change(c) for c in r.removed], "unchanged": r.unchanged,
+                       "regressions": [change(c) for c in r.regressions]} for r in reports]}
+
+
+def report_tables(report: Any) -> list[Table]:
+    tables = []
+    for s in report.signatures:
+        t = Table(title=f"{s.device_name}  {s.signature}", title_justify="left", show_header=False)
+        t.add_column("what")
+        t.add_column("value")
+        worst = s.worst
+        geo = s.geomean_speedup
+        t.add_row("devices", Text(", ".join(s.devices)))
+        t.add_row("problems tuned", str(len(s.problems)))
+        t.add_row("candidates measured", f"{sum(p.candidates for p in s.problems)} ({s.rows} rows)")
+        t.add_row("failures", Text(", ".join(f"{k} {v}" for k, v in s.failures.items()) or "none"))
+        t.add_row("tuning time", f"{s.tuning_s:.1f} s")
+        t.add_row("winner vs default", f"geomean {geo:.3f}x, worst {worst.speedup:.3f}x ({worst.name})" if geo and worst
+                  else "no default candidate to compare with")
+        t.add_row("noisiest (CoV of the winner)", Text(", ".join(f"{p.name} {100 * p.cov:.1f} %" for p in s.noisiest())))
+        dis = s.disagreements()
+        t.add_row("devices disagree on", Text("; ".join(f"{p.name}: " + ", ".join(f"{d} {c}" for d, c in
+                                                                                     p.device_winners.items())
+                                                        for p in dis) or "nothing"))
+        tables.append(t)
+        per = Table(title="per problem", title_justify="left")
+        for col, justify in (("problem", "left"), ("cand", "right"), ("winner", "left"), ("ms", "right"),
+                             ("default", "left"), ("ms", "right"), ("speed-up", "right"), ("CoV", "right"),
+                             ("device spread", "right"), ("why", "left")):
+            per.add_column(col, justify=justify)  # type: ignore[arg-type]
+        for p in s.problems:
+            per.add_row(Text(p.name), str(p.candidates), Text(p.winner), fmt_ms(p.winner_ms), Text(p.default),
+                        fmt_ms(p.default_ms), f"{p.speedup:.3f}" if p.speedup else "-", f"{100 * p.cov:.1f} %",
+                        f"{p.spread:.3f}", Text(p.why, style="dim"))
+        tables.append(per)
+    return tables
+
+
+def diff_table(rows: Sequence[Any], a: str, b: str, show_same: bool = False) -> Table:
+    from farm.analysis.diff import STATUSES
+
+    counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
+    table = Table(title=f"{a} -> {b}: " + ", ".join(f"{v} {k}" for k, v in counts.items()), title_justify="left")
+    for col, justify in (("signature", "left"), ("problem", "left"), ("change", "left"), ("old winner", "left"),
+                         ("old ms", "right"), ("new winner", "left"), ("new ms", "right"), ("new / old", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        if r.status in ("same winner", "near tie") and not show_same:
+            continue
+        ratio = r.ratio
+        style = "green" if ratio is not None and ratio < 0.97 else "red" if ratio is not None and ratio > 1.03 else ""
+        table.add_row(Text(r.signature), Text(r.problem), r.status, Text(r.old_winner or "-"), fmt_ms(r.old_ms),
+                      Text(r.new_winner or "-"), fmt_ms(r.new_ms), Text(f"{ratio:.3f}" if ratio else "-", style=style))
+    return table

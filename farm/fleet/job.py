@@ -1,0 +1,359 @@
+"""A tuning job's output folder and the in-process way of running it.
+
+    DIR/job.json      the job id (stable across resumes), workload, runs, counts
+    DIR/results/      the Parquet dataset (farm.store.results)
+    DIR/overrides/    one override file per device signature (farm.store.reduce)
+
+Running a workload into a folder that already has results measures only the
+(problem, device signature, plan spec) combinations that are missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from farm import __version__
+from farm.tuner.autotuner import AutotuneConfig, AutotuneResult
+from farm.devices.device import Device
+from farm.model.engine import EngineRegistry
+from farm.errors import InputError
+from farm.fsutil import atomic_write_text, move_aside
+from farm.store.reduce import Decisions, ReduceReport, Winner, decide_results, load_incumbents, reduce_results
+from farm.store.results import MeasurementContext, ResultsDataset, ResultWriter, RunContext, candidate_key, new_id, now_iso, \
+    result_row, spec_of
+from farm.tuner.problem_tuning import ProblemOutcome, tune_problem
+from farm.tuner.watchdog import HangWatch
+from farm.model.workload import Workload, WorkloadProblem
+
+log = logging.getLogger("farm.fleet.job")
+
+JOB_FILE_VERSION = 1
+
+
+@dataclass
+class JobDir:
+    """Paths and the job record of one output folder."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results"
+
+    @property
+    def overrides(self) -> Path:
+        return self.root / "overrides"
+
+    @property
+    def job_file(self) -> Path:
+        return self.root / "job.json"
+
+    def read_job(self) -> dict[str, Any]:
+        """The job record, {} when there is none; a corrupt one is moved aside."""
+        if not self.job_file.exists():
+            return {}
+        try:
+            data = json.loads(self.job_file.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or not isinstance(data.get("job_id"), str):
+                raise ValueError("no job_id")
+            return data
+        except (ValueError, OSError) as exc:
+            moved = move_aside(self.job_file)
+            log.warning("job: %s unreadable (%s); moved aside to %s, starting a new job record", self.job_file, exc, moved)
+            return {}
+
+    def write_job(self, record: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.job_file, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+
+    def start(self, workload: Workload, settings: dict[str, Any], job_id: str | None = None) -> tuple[dict[str, Any], RunContext]:
+        """Open (or resume) the job record and start a run in it."""
+        if self.root.exists() and not self.root.is_dir():
+            raise InputError("--out must be a folder", source=str(self.root))
+        record = self.read_job()
+        if record and job_id and record["job_id"] != job_id:
+            raise InputError(f"this folder belongs to job {record['job_id']}, not {job_id}; use another --out",
+                             source=str(self.root))
+        if record and record.get("workload", {}).get("digest") not in (None, workload.digest):
+            log.warning("job: the workload changed since this folder's last run; only missing combinations are measured")
+        run = RunContext(job_id=record.get("job_id") or job_id or new_id(), workload_name=workload.name,
+                         workload_digest=workload.digest)
+        record = record or {"version": JOB_FILE_VERSION, "job_id": run.job_id, "created_at": run.run_started_at, "runs": []}
+        record["workload"] = {"name": workload.name, "source": workload.source, "digest": workload.digest,
+                              "problems": workload.problem_count}
+        record["settings"] = settings
+        record["farm_version"] = __version__
+        record["runs"].append({"run_id": run.run_id, "started_at": run.run_started_at, "host": socket.gethostname(),
+                               "state": "running"})
+        self.write_job(record)
+        return record, run
+
+    def finish(self, record: dict[str, Any], run: RunContext, **fields: Any) -> None:
+        for r in record["runs"]:
+            if r["run_id"] == run.run_id:
+                r.update(fields)
+                r["ended_at"] = now_iso()
+        self.write_job(record)
+
+
+def _lock_job_folder(job: JobDir) -> Any:
+    """One run at a time writes into a job folder: a second one gets a clear error, not doubled measurements."""
+    from filelock import FileLock, Timeout
+
+    if job.root.exists() and not job.root.is_dir():
+        raise InputError("--out must be a folder", source=str(job.root))
+    job.root.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(job.root / ".job.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise InputError("another farm tune is running into this folder; wait for it to finish or use another --out",
+                         source=str(job.root)) from None
+    return lock
+
+
+def decide_folder(results_dir: str | Path) -> Decisions:
+    """The reducer's decisions for a results folder, with the incumbents its job used (job.json), if any.
+
+    ``farm report`` and ``farm diff`` call this, so they show what ``farm tune`` wrote.
+    """
+    data = ResultsDataset(results_dir)
+    record: Any = {}
+    job_file = JobDir(Path(results_dir).parent).job_file
+    if Path(results_dir).name == "results" and job_file.is_file():
+        try:
+            record = json.loads(job_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = {}  # no incumbents; farm tune moves a corrupt record aside when it resumes
+    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+        record = {"settings": {}}
+    return decide_results(data, incumbents=load_incumbents((record.get("settings") or {}).get("incumbents"), data))
+
+
+@dataclass
+class JobSummary:
+    """How a run of a job ended: what every executor reports (and ``farm tune`` prints and exits with)."""
+
+    job_id: str
+    run_id: str
+    rows_written: int
+    counts: dict[str, int]  # disposition -> rows written by this run
+    decisions: Decisions  # every winner of the folder's results (the reducer's decision)
+    reduce: ReduceReport | None  # the files written (None with reduce off)
+    no_winner: dict[str, dict[str, str]]  # signature -> problem name -> why it has no winner
+    problems: int  # (signature, problem) pairs this run was asked for
+    wall_s: float = 0.0
+
+    @property
+    def winners(self) -> int:
+        return self.problems - sum(len(v) for v in self.no_winner.values())
+
+    @property
+    def exit_code(self) -> int:
+        """0 when some problem has a winner (or there was nothing to do), 1 when none has."""
+        return 1 if self.problems and not self.winners else 0
+
+    def winner(self, signature: str, problem_key: str) -> Winner | None:
+        return self.decisions.winners.get((signature, problem_key))
+
+
+class JobRun:
+    """One run of a job in an output folder: the lifecycle both executors share.
+
+    ``JobRun(...)`` opens (or resumes) the job record and the results writer; ``write`` streams rows;
+    ``skip`` notes problems that could not be tuned; ``finish`` decides the winners (farm.tuner.winner, via the
+    reducer), writes the override files and winners tables, and closes the record; ``fail`` records a crash.
+    """
+
+    def __init__(self, out: str | Path, workload: Workload, settings: dict[str, Any], job_id: str | None = None) -> None:
+        self.t0 = time.perf_counter()
+        self.workload = workload
+        self.job = JobDir(Path(out))
+        self._lock = _lock_job_folder(self.job)
+        try:
+            self.record, self.run = self.job.start(workload, settings, job_id)
+        except BaseException:
+            self._lock.release()
+            raise
+        # rows reach disk within about a second of being measured, however long the next candidate takes
+        self.writer = ResultWriter(self.job.results, self.run.run_id, flush_seconds=1.0, background=True)
+        self.counts: dict[str, int] = {}
+        self._skipped: dict[str, dict[str, str]] = {}
+        self._signatures: set[str] = set()
+
+    def done_candidates(self, signature: str) -> dict[str, set[str]]:
+        """problem key -> candidate keys this folder has rows for on ``signature`` (the resume set)."""
+        if not self.job.results.exists():
+            return {}
+        return ResultsDataset(self.job.results).done_candidates(signature)
+
+    def tuning(self, signature: str) -> None:
+        """The workload's problems are tuned on ``signature`` (each one should end with a winner)."""
+        self._signatures.add(signature)
+
+    def write(self, rows: Iterable[tuple[AutotuneResult, WorkloadProblem, MeasurementContext]]) -> None:
+        out = []
+        for result, wp, where in rows:
+            out.append(result_row(result, wp.problem, wp.name, self.run, where))
+            self.counts[result.disposition.value] = self.counts.get(result.disposition.value, 0) + 1
+        self.writer.append(out)
+
+    def set_ranks(self, session_id: str, ranks: dict[str, int]) -> None:
+        self.writer.set_ranks(session_id, ranks)
+
+    def skip(self, signature: str, problem_name: str, reason: str) -> None:
+        self._skipped.setdefault(signature, {})[problem_name] = reason
+
+    def finish(self, *, reduce: bool = True, top_k: int = 3, **fields: Any) -> JobSummary:
+        self.writer.close()
+        results = self.job.results  # the writer made it
+        data = ResultsDataset(results)
+        incumbents = load_incumbents(self.record.get("settings", {}).get("incumbents"), data)
+        decisions = decide_results(data, incumbents=incumbents, top_k=top_k)
+        report = reduce_results(results, self.job.overrides, top_k=top_k, decisions=decisions) if reduce else None
+        no_winner: dict[str, dict[str, str]] = {s: dict(v) for s, v in self._skipped.items()}
+        problems = 0
+        for sig in sorted(self._signatures):
+            for wp in self.workload.problems:
+                problems += 1
+                if (sig, wp.problem.key) in decisions.winners or wp.name in no_winner.get(sig, {}):
+                    continue
+                no_winner.setdefault(sig, {})[wp.name] = "every candidate failed" if wp.problem.key in \
+                    decisions.tuned.get(sig, set()) else "nothing was measured"
+        summary = JobSummary(self.run.job_id, self.run.run_id, self.writer.rows_written, dict(self.counts), decisions,
+                             report, no_winner, problems, time.perf_counter() - self.t0)
+        self.job.finish(self.record, self.run, state="finished", rows_written=summary.rows_written, counts=summary.counts,
+                        signatures=sorted(self._signatures), problems=problems, winners=summary.winners,
+                        no_winner=no_winner, wall_s=summary.wall_s, **fields)
+        self._lock.release()
+        return summary
+
+    def fail(self, exc: BaseException) -> None:
+        try:
+            self.writer.close()
+        finally:
+            self.job.finish(self.record, self.run, state="failed", error=f"{type(exc).__name__}: {exc}")
+            self._lock.release()
+
+
+@dataclass
+class LocalRunReport:
+    outcomes: list[ProblemOutcome]
+    summary: JobSummary
+
+    @property
+    def job_id(self) -> str:
+        return self.summary.job_id
+
+    @property
+    def run_id(self) -> str:
+        return self.summary.run_id
+
+    @property
+    def rows_written(self) -> int:
+        return self.summary.rows_written
+
+    @property
+    def reduce(self) -> ReduceReport | None:
+        return self.summary.reduce
+
+    @property
+    def wall_s(self) -> float:
+        return self.summary.wall_s
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.summary.counts
+
+
+def run_local(
+    workload: Workload,
+    out: str | Path,
+    device: Device,
+    registry: EngineRegistry,
+    *,
+    config: AutotuneConfig | None = None,
+    on_problem: Callable[[ProblemOutcome], None] | None = None,
+    reduce: bool = True,
+    top_k: int = 3,
+    incumbents: str | None = None,
+    candidate_timeout_s: float | None = None,
+    on_hang: Callable[[str], None] | None = None,
+) -> LocalRunReport:
+    """Tune every problem on one in-process device into ``out``; resume what is there.
+
+    ``incumbents``: an override file or published root whose winners are kept within noise.
+    ``candidate_timeout_s``: a candidate compiling or measured for longer gets a ``timed_out`` row
+    (written at once, with every row before it), then ``on_hang(message)`` is called from the watch's
+    thread: the process cannot take the candidate back, so the caller ends or restarts it, and a
+    resume goes on after the candidate.
+    """
+    jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents,
+                                "candidate_timeout_s": candidate_timeout_s})
+    current: dict[str, Any] = {}
+    watch = None
+    if candidate_timeout_s:
+        def hung(tuner: Any, spec: Any, seconds: float) -> None:
+            row = _timed_out_row(tuner, spec, seconds, config or workload.autotune)
+            jr.write([(row, current["wp"], current["where"])])
+            jr.writer.flush()
+            message = (f"{current['wp'].name}: {row.engine_name} {dict(spec.knobs)} hung for {seconds:.0f} s "
+                       f"(candidate timeout {candidate_timeout_s:g} s); recorded as timed_out")
+            jr.job.finish(jr.record, jr.run, state="failed", error=message, rows_written=jr.writer.rows_written)
+            if on_hang is not None:
+                on_hang(message)
+
+        watch = HangWatch(candidate_timeout_s, hung)
+    try:
+        # a tuning run compiles for a while: engines may start what helps (Triton's compile pool on a GPU)
+        registry.prepare((e.name for e in registry if any(wp.engines.selects(e.name) for wp in workload.problems)),
+                         "gpu" if device.vendor in ("nvidia", "amd") else device.vendor)
+        jr.tuning(device.signature)
+        done = jr.done_candidates(device.signature)
+        outcomes: list[ProblemOutcome] = []
+        for wp in workload.problems:
+            where = MeasurementContext(device.properties)
+
+            def stream(result: AutotuneResult, _wp: Any = wp, _where: MeasurementContext = where) -> None:
+                jr.write([(result, _wp, _where)])
+
+            previous = [spec_of(k) for k in done.get(wp.problem.key, ())]
+            current.update(wp=wp, where=where)
+            outcome = tune_problem(wp, device, config or workload.autotune, registry, seed=workload.seed,
+                                   done=previous, listener=stream, watch=watch)
+            jr.set_ranks(where.session_id, {candidate_key(r.engine_id, r.knobs): r.rank for r in outcome.results})
+            if outcome.error and not outcome.results and not outcome.skipped:
+                jr.skip(device.signature, wp.name, outcome.error)
+            outcomes.append(outcome)
+            if on_problem is not None:
+                on_problem(outcome)
+    except BaseException as exc:
+        jr.fail(exc)
+        raise
+    finally:
+        if watch is not None:
+            watch.close()
+    summary = jr.finish(reduce=reduce, top_k=top_k, device=device.properties.to_dict())
+    return LocalRunReport(outcomes, summary)
+
+
+def _timed_out_row(tuner: Any, spec: Any, seconds: float, config: AutotuneConfig) -> AutotuneResult:
+    from farm.tuner.autotuner import Disposition
+
+    engine = tuner.registry.get(spec.engine_id)
+    specs = list(tuner.specs)
+    return AutotuneResult(
+        problem_key=tuner.problem.key, engine_id=spec.engine_id, engine_name=engine.name if engine else "?",
+        knobs=spec.knobs, disposition=Disposition.TIMED_OUT, mode=config.mode, strategy=config.strategy,
+        candidate=specs.index(spec) if spec in specs else -1,
+        error=f"no result within the candidate timeout ({seconds:.0f} s in-process); the run was restarted",
+        started_at=now_iso())

@@ -1,0 +1,293 @@
+"""The farm's work bookkeeping: tasks per device signature, shards, finalist rounds, faults.
+
+Pure Python (no Ray), so it can be tested alone. For every (signature, problem):
+
+* the candidates not measured yet become one task, or several of at most
+  ``shard_size`` candidates when there are more;
+* devices of the signature pull tasks as they free up (finalists first, then
+  retries, then the rest in workload order, except that a device passes over
+  problems of a kernel family another device is running now: see ``kernel_family``);
+* when every candidate has a row and the successful ones were measured in more
+  than one session (shards, a resumed job, retries after a crash), the top
+  ``finalist_k`` of every session, its fastest stable candidate and the default
+  are measured again together in one ``finalist`` task, so the ranking compares
+  numbers from one device (a resumed job runs a round again that was cut short);
+* a task that loses its worker (crash) or stops reporting (hang) is split: its
+  unreported candidates are retried one per task ("careful" mode), so the next
+  failure names its candidate exactly. A candidate that kills a careful task's
+  worker ``max_strikes`` times is quarantined with a ``crashed`` row; one that
+  hangs a careful task gets a ``timed_out`` row at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from farm.tuner.autotuner import AutotuneConfig, AutotuneResult, Disposition
+from farm.model.plans import PlanSpec
+from farm.tuner.winner import is_noisy
+from farm.model.workload import WorkloadProblem
+
+MAIN, FINALIST = "main", "finalist"
+
+
+def kernel_family(problem: WorkloadProblem) -> tuple[str, ...]:
+    """Problems of one family (op, storage and compute dtypes) tend to share JIT-compiled kernels.
+
+    Two devices starting such problems at once both wait for the same compiles (one compiles,
+    the other waits on its claim), where one device alone would compile once and then hit its
+    cache; so a device first takes work of a family no other device is running.
+    """
+    p = problem.problem
+    return (p.op, *sorted({t.dtype for t in p.tensors}), p.compute_dtype)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A plan spec as discovered on a signature: its identity, engine name, and discovery position."""
+
+    spec: PlanSpec
+    engine_name: str
+    index: int
+    supports_exhaustive: bool = False
+    estimated_workspace: int | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    signature: str
+    problem: int  # index in the workload
+    specs: tuple[PlanSpec, ...]
+    round: str = MAIN
+    careful: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.specs)
+
+
+@dataclass(frozen=True)
+class PriorRow:
+    """A row measured before (resume): enough to rebuild the state."""
+
+    spec: PlanSpec
+    round: str
+    session: str
+    succeeded: bool
+    median_ms: float | None
+    mad_ms: float | None = None
+
+
+@dataclass
+class _Problem:
+    wp: WorkloadProblem
+    candidates: dict[PlanSpec, Candidate]
+    pending: set[PlanSpec]  # main round: no row yet
+    outstanding: int = 0  # tasks queued or running
+    successes: dict[PlanSpec, tuple[str, float, float]] = field(default_factory=dict)  # main: session, median, MAD
+    finalist: str = "none"  # none | queued | done
+    strikes: collections.Counter = field(default_factory=collections.Counter)
+
+
+class Scheduler:
+    def __init__(self, *, shard_size: int = 128, finalist_k: int = 3, max_strikes: int = 2) -> None:
+        if shard_size < 1 or finalist_k < 1 or max_strikes < 1:
+            raise ValueError("shard_size, finalist_k and max_strikes must be >= 1")
+        self.shard_size = shard_size
+        self.finalist_k = finalist_k
+        self.max_strikes = max_strikes
+        self._ids = itertools.count(1)
+        self._queues: dict[str, collections.deque[Task]] = {}
+        self._urgent: dict[str, collections.deque[Task]] = {}
+        self._problems: dict[tuple[str, int], _Problem] = {}
+        self._running: dict[int, tuple[object, tuple[str, ...]]] = {}  # task id: (device, kernel family)
+        self.total = 0  # candidates to measure in the main round
+        self.finished = 0  # of those, with a final row
+        self.remeasured = 0  # finalist measurements
+
+    # -- building ------------------------------------------------------------------------
+    def add_problem(self, signature: str, index: int, wp: WorkloadProblem, candidates: Sequence[Candidate],
+                    prior: Iterable[PriorRow] = ()) -> None:
+        """Plan one problem on one signature; ``prior`` are its rows from earlier runs."""
+        self._queues.setdefault(signature, collections.deque())
+        self._urgent.setdefault(signature, collections.deque())
+        by_spec = {c.spec: c for c in candidates}
+        state = _Problem(wp, by_spec, set(by_spec))
+        final_rounds: dict[str, set[PlanSpec]] = {}  # session -> finalists it measured
+        for row in prior:
+            if row.spec not in by_spec:
+                continue  # measured under another workload
+            if row.round == FINALIST:
+                final_rounds.setdefault(row.session, set()).add(row.spec)
+                continue
+            state.pending.discard(row.spec)
+            if row.succeeded and row.median_ms is not None:
+                state.successes[row.spec] = (row.session, row.median_ms, row.mad_ms or 0.0)
+        wanted = set(self._finalists(state) or ())
+        if not state.pending and any(wanted <= done for done in final_rounds.values()):
+            # a complete finalist round of these main-round rows exists; a partial one (a driver
+            # killed during the round) or one from before more candidates were measured is run again
+            state.finalist = "done"
+        self._problems[(signature, index)] = state
+        todo = [c.spec for c in sorted(candidates, key=lambda c: c.index) if c.spec in state.pending]
+        self.total += len(todo)
+        for i in range(0, len(todo), self.shard_size):
+            self._push(signature, index, tuple(todo[i:i + self.shard_size]))
+        if not todo:
+            self._maybe_finalist(signature, index)
+
+    def _push(self, signature: str, index: int, specs: tuple[PlanSpec, ...], *, round: str = MAIN,
+              careful: bool = False, urgent: bool = False) -> Task:
+        task = Task(next(self._ids), signature, index, specs, round, careful)
+        (self._urgent if urgent else self._queues)[signature].append(task)
+        self._problems[(signature, index)].outstanding += 1
+        return task
+
+    # -- pulling ---------------------------------------------------------------------------
+    def next_task(self, signature: str, device: object = None) -> Task | None:
+        """The next task for a free ``device`` of ``signature`` (urgent ones first, in order; then the
+        first main task whose kernel family no other device is running, else the first)."""
+        urgent, queue = self._urgent.get(signature), self._queues.get(signature)
+        if urgent:
+            task = urgent.popleft()
+        elif queue:
+            elsewhere = {fam for dev, fam in self._running.values() if dev != device}
+            pick = next((i for i, t in enumerate(queue) if self._family(t) not in elsewhere), 0)
+            task = queue[pick]
+            del queue[pick]
+        else:
+            return None
+        if device is not None:
+            self._running[task.id] = (device, self._family(task))
+        return task
+
+    def _family(self, task: Task) -> tuple[str, ...]:
+        return kernel_family(self.problem_of(task))
+
+    def pending_tasks(self, signature: str | None = None) -> int:
+        sigs = [signature] if signature else list(self._queues)
+        return sum(len(self._queues.get(s, ())) + len(self._urgent.get(s, ())) for s in sigs)
+
+    @property
+    def done(self) -> bool:
+        return all(p.outstanding == 0 for p in self._problems.values())
+
+    def problem_of(self, task: Task) -> WorkloadProblem:
+        return self._problems[(task.signature, task.problem)].wp
+
+    def candidates_of(self, task: Task) -> dict[PlanSpec, Candidate]:
+        return self._problems[(task.signature, task.problem)].candidates
+
+    # -- reporting -----------------------------------------------------------------------
+    def on_result(self, task: Task, result: AutotuneResult, session: str) -> None:
+        """A candidate's row arrived."""
+        state = self._problems[(task.signature, task.problem)]
+        if task.round == FINALIST:
+            self.remeasured += 1
+            return
+        if result.spec in state.pending:
+            state.pending.discard(result.spec)
+            self.finished += 1
+        if result.succeeded and result.median_ms is not None:
+            state.successes[result.spec] = (session, result.median_ms, result.mad_ms or 0.0)
+
+    def on_task_end(self, task: Task) -> None:
+        """The task finished (every candidate reported)."""
+        self._running.pop(task.id, None)
+        self._problems[(task.signature, task.problem)].outstanding -= 1
+        self._settle(task)
+
+    def on_task_lost(self, task: Task, reported: Iterable[PlanSpec], kind: str,
+                     config: AutotuneConfig, detail: str = "") -> list[AutotuneResult]:
+        """The task's worker died (``kind`` "crash"), stopped reporting ("timeout"), failed the task
+        ("error"), or went away before the task started ("not_started", which charges nobody).
+
+        Returns the rows to write for candidates this failure settles.
+        """
+        self._running.pop(task.id, None)
+        state = self._problems[(task.signature, task.problem)]
+        state.outstanding -= 1
+        seen = set(reported)
+        left = [s for s in task.specs if s not in seen]
+        rows: list[AutotuneResult] = []
+        if kind == "not_started":
+            if left:  # queued again as it was
+                self._push(task.signature, task.problem, tuple(left), round=task.round, careful=task.careful,
+                           urgent=True)
+            else:
+                self._settle(task)
+            return rows
+        if task.careful and left:
+            culprit, left = left[0], left[1:]
+            state.strikes[culprit] += 1
+            if kind == "timeout" or state.strikes[culprit] >= self.max_strikes:
+                rows.append(self._failure_row(state, culprit, kind, config, detail))
+                if task.round == MAIN and culprit in state.pending:
+                    state.pending.discard(culprit)
+                    self.finished += 1
+            else:
+                left.insert(0, culprit)
+        for spec in left:  # retried one per task, so the next failure names its candidate
+            self._push(task.signature, task.problem, (spec,), round=task.round, careful=True, urgent=True)
+        if not left:
+            self._settle(task)
+        return rows
+
+    def _settle(self, task: Task) -> None:
+        state = self._problems[(task.signature, task.problem)]
+        if task.round == FINALIST and state.outstanding == 0:
+            state.finalist = "done"
+        self._maybe_finalist(task.signature, task.problem)
+
+    def _failure_row(self, state: _Problem, spec: PlanSpec, kind: str, config: AutotuneConfig,
+                     detail: str) -> AutotuneResult:
+        cand = state.candidates[spec]
+        if kind == "timeout":
+            disposition = Disposition.TIMED_OUT
+            error = f"no result within the candidate timeout; its worker was restarted{': ' + detail if detail else ''}"
+        else:
+            disposition = Disposition.CRASHED
+            error = (f"killed its worker {state.strikes[spec]} times; quarantined"
+                     f"{': ' + detail if detail else ''}")
+        return AutotuneResult(
+            problem_key=state.wp.problem.key, engine_id=spec.engine_id, engine_name=cand.engine_name, knobs=spec.knobs,
+            disposition=disposition, mode=config.mode, strategy=config.strategy, candidate=cand.index, error=error,
+            supports_exhaustive=cand.supports_exhaustive, estimated_workspace=cand.estimated_workspace,
+        )
+
+    def _finalists(self, state: _Problem) -> tuple[PlanSpec, ...] | None:
+        """What a finalist round measures again, in discovery order; None when one session measured everything.
+
+        Per session its ``finalist_k`` fastest and its fastest stable candidate, and the default: every
+        candidate the winner rule (farm.tuner.winner) could pick, so the round decides as one session would.
+        """
+        sessions: dict[str, list[tuple[float, int, PlanSpec]]] = {}
+        for spec, (session, median, _) in state.successes.items():
+            sessions.setdefault(session, []).append((median, state.candidates[spec].index, spec))
+        if len(sessions) < 2:
+            return None  # measured together already
+        finalists: list[PlanSpec] = []
+        for rows in sessions.values():
+            rows.sort()
+            finalists += [spec for _, _, spec in rows[:self.finalist_k]]
+            stable = next((spec for median, _, spec in rows if not is_noisy(median, state.successes[spec][2])), None)
+            if stable is not None:
+                finalists.append(stable)
+        defaults = [s for s in state.successes if not s.knobs]
+        if defaults:  # the default is compared in the final round too: it gets the benefit of the doubt there
+            finalists.append(min(defaults, key=lambda s: state.candidates[s].index))
+        return tuple(sorted(set(finalists), key=lambda s: state.candidates[s].index))
+
+    def _maybe_finalist(self, signature: str, index: int) -> None:
+        state = self._problems[(signature, index)]
+        if state.pending or state.outstanding or state.finalist != "none":
+            return
+        order = self._finalists(state)
+        if order is None:
+            return
+        state.finalist = "queued"
+        self._push(signature, index, order, round=FINALIST, urgent=True)

@@ -1,0 +1,1 @@
+"""What is tuned: problems, ops, knobs, dtypes, ids, plan specs, the engine contract, workloads, records."""

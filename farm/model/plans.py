@@ -1,0 +1,282 @@
+"""Plan specs and the collection the tuner measures (hipDNN autotuning RFC §6.2).
+
+A plan spec is (engine id, knob settings): one candidate. The collection is
+additive and deduplicated by that pair (knob order and default-valued knobs do
+not make a new candidate). Single calls raise on bad input; batch calls
+(variants, sweeps) skip bad entries with a warning. The benchmarking knob is
+the tuner's to set, so it is stripped from user input with a warning.
+
+Deselection does not delete: a deselected candidate still gets one result row
+("barred by deselect"). Engine deselections accumulate; the workspace ceiling
+is the last one given.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from farm.model.engine import Engine, EngineConfig, EngineRegistry, Support, engine_id, settings_to_resolved, user_knobs
+from farm.errors import InputError, UnknownNameError, UsageError
+from farm.model.ids import engine_name_to_id
+from farm.model.knobs import BENCHMARKING_KNOB, KnobSettings, KnobValue, candidate_label, normalize_settings
+
+if TYPE_CHECKING:
+    from farm.devices.device import Device
+    from farm.model.problem import Problem
+
+log = logging.getLogger("farm.model.plans")
+
+SWEEP_ERROR_LIMIT = 10_000
+SWEEP_WARN_LIMIT = 1_000
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """One candidate: an engine and its non-default knob settings."""
+
+    engine_id: int
+    knobs: KnobSettings = ()
+
+    def describe(self, registry: EngineRegistry | None = None) -> str:
+        name = str(self.engine_id)
+        if registry is not None and self.engine_id in registry:
+            name = registry.get(self.engine_id).name
+        return candidate_label(name, self.knobs)
+
+
+@dataclass(frozen=True)
+class EngineVariant:
+    """An engine (name or id) with explicit knob settings."""
+
+    engine: int | str
+    knobs: Mapping[str, KnobValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineSweep:
+    """A Cartesian sweep: every combination of ``axes`` values, each merged with ``fixed``."""
+
+    engine: int | str
+    axes: Mapping[str, Sequence[KnobValue]] = field(default_factory=dict)
+    fixed: Mapping[str, KnobValue] = field(default_factory=dict)
+
+
+def cartesian_product(axes: Mapping[str, Sequence[Any]] | Sequence[tuple[str, Sequence[Any]]],
+                      *, limit: int = SWEEP_ERROR_LIMIT) -> list[dict[str, Any]]:
+    """Every combination of axis values, first axis slowest; InputError above ``limit``."""
+    items = list(axes.items()) if isinstance(axes, Mapping) else list(axes)
+    count = 1
+    for name, values in items:
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise InputError("a sweep axis needs a list of values", field=f"axes.{name}", value=values)
+        count *= len(values)
+    if count > limit:
+        raise InputError(f"the sweep expands to {count} plan specs, above the limit of {limit}",
+                         field="axes", value={n: len(v) for n, v in items})
+    if not items:
+        return [{}]
+    names = [n for n, _ in items]
+    return [dict(zip(names, combo)) for combo in itertools.product(*(v for _, v in items))]
+
+
+class PlanSpecCollection:
+    """The candidates of one problem on one device, with deselections."""
+
+    def __init__(self, problem: "Problem", device: "Device", registry: EngineRegistry) -> None:
+        self.problem = problem
+        self.device = device
+        self.registry = registry
+        self._specs: list[PlanSpec] = []
+        self._seen: set[PlanSpec] = set()
+        self._barred_ids: set[int] = set()
+        self._workspace_ceiling: int | None = None
+        self._locked = False
+        self.dropped: list[tuple[str, str]] = []  # (candidate, reason): engines or knob values that do not apply
+        self._engine_support: dict[int, EngineConfig] = {}
+        self._warned: set[int] = set()
+
+    # -- state -------------------------------------------------------------------
+    def lock(self, reason: str) -> None:
+        """No more additions (plans were built)."""
+        self._locked = True
+        self._lock_reason = reason
+
+    def _check_unlocked(self) -> None:
+        if self._locked:
+            raise UsageError(f"cannot add plan specs: {self._lock_reason}")
+
+    @property
+    def specs(self) -> tuple[PlanSpec, ...]:
+        return tuple(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    # -- adding ------------------------------------------------------------------
+    def _engine_for(self, key: int | str, *, where: str) -> Engine:
+        try:
+            engine = self.registry.get(key)
+        except UnknownNameError as exc:
+            raise InputError(str(exc), field=where, value=key) from None
+        if self.problem.op not in engine.ops:
+            raise InputError(f"engine {engine.name} does not implement {self.problem.op}", field=where, value=key)
+        return engine
+
+    def _normalize(self, engine: Engine, knobs: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> KnobSettings:
+        items = dict(knobs.items() if isinstance(knobs, Mapping) else (knobs or ()))
+        if BENCHMARKING_KNOB in items:
+            log.warning("autotune: knob %s on engine %s stripped: the tuner sets it in EXHAUSTIVE mode",
+                        BENCHMARKING_KNOB, engine.name)
+            items.pop(BENCHMARKING_KNOB)
+        return normalize_settings(user_knobs(engine), items, engine=engine.name)
+
+    def _applies(self, engine: Engine, spec: PlanSpec) -> bool:
+        """Batch additions skip engines that do not apply here, and knob settings the engine says do not."""
+        key = engine_id(engine)
+        if key not in self._engine_support:
+            self._engine_support[key] = self.registry.config_for(engine, self.problem, self.device)
+        cfg = self._engine_support[key]
+        if not cfg.applicable:
+            if key not in self._warned:
+                self._warned.add(key)
+                self.dropped.append((f"{engine.name}[*]", cfg.reason))
+                log.warning("autotune: %s skipped: it does not apply here (%s)", engine.name, cfg.reason)
+            return False
+        check = getattr(engine, "knob_support", None)
+        if check is None:
+            return True
+        try:
+            support = check(self.problem, self.device, dict(spec.knobs))
+        except Exception as exc:
+            support = Support.no(f"knob check failed: {type(exc).__name__}: {exc}")
+        if not support:
+            label = spec.describe(self.registry)
+            self.dropped.append((label, support.reason))
+            log.info("autotune: %s left out: %s", label, support.reason)
+        return bool(support)
+
+    def _store(self, spec: PlanSpec) -> bool:
+        if spec in self._seen:
+            return False
+        self._seen.add(spec)
+        self._specs.append(spec)
+        return True
+
+    def add_engine(self, engine: int | str, knobs: Mapping[str, KnobValue] | None = None) -> PlanSpec:
+        """One candidate; raises on an unknown engine, unknown knob or bad value."""
+        self._check_unlocked()
+        eng = self._engine_for(engine, where="engine")
+        spec = PlanSpec(engine_id(eng), self._normalize(eng, knobs))
+        self._store(spec)
+        return spec
+
+    def add_engines(self, engines: Sequence[int | str]) -> int:
+        """Default-knob candidates for each engine (each checked like add_engine)."""
+        if not engines:
+            raise InputError("no engines given", field="engines", value=list(engines))
+        before = len(self._specs)
+        for e in engines:
+            self.add_engine(e)
+        return len(self._specs) - before
+
+    def add_engine_configs(self, configs: Sequence[EngineConfig]) -> int:
+        """Default-knob candidates from discovery; ids are trusted here and checked at compile time."""
+        self._check_unlocked()
+        if not configs:
+            raise InputError("no engine configs given", field="configs", value=[])
+        added = 0
+        for cfg in configs:
+            added += self._store(PlanSpec(cfg.engine_id, ()))
+        return added
+
+    def add_engine_variants(self, variants: Sequence[EngineVariant]) -> int:
+        """Explicit (engine, knobs) candidates; invalid ones are skipped with a warning."""
+        self._check_unlocked()
+        if not variants:
+            raise InputError("no variants given", field="variants", value=[])
+        added = 0
+        for i, v in enumerate(variants):
+            try:
+                eng = self._engine_for(v.engine, where=f"variants[{i}].engine")
+                spec = PlanSpec(engine_id(eng), self._normalize(eng, v.knobs))
+                if self._applies(eng, spec):
+                    added += self._store(spec)
+            except InputError as exc:
+                log.warning("autotune: variant %d skipped: %s", i, exc)
+        return added
+
+    def add_engine_sweep(self, sweeps: Sequence[EngineSweep]) -> int:
+        """Cartesian sweeps; a sweep above 10,000 specs is an error, above 1,000 a warning."""
+        self._check_unlocked()
+        if not sweeps:
+            raise InputError("no sweeps given", field="sweeps", value=[])
+        added = 0
+        for i, sw in enumerate(sweeps):
+            combos = cartesian_product(sw.axes)  # raises above the limit
+            if len(combos) > SWEEP_WARN_LIMIT:
+                log.warning("autotune: sweep %d on %s expands to %d plan specs", i, sw.engine, len(combos))
+            try:
+                eng = self._engine_for(sw.engine, where=f"sweeps[{i}].engine")
+            except InputError as exc:
+                log.warning("autotune: sweep %d skipped: %s", i, exc)
+                continue
+            for combo in combos:
+                merged = {**dict(sw.fixed), **combo}
+                try:
+                    spec = PlanSpec(engine_id(eng), self._normalize(eng, merged))
+                    if self._applies(eng, spec):
+                        added += self._store(spec)
+                except InputError as exc:
+                    log.warning("autotune: sweep %d entry %s skipped: %s", i, combo, exc)
+        return added
+
+    def add_all_engines(self) -> int:
+        configs = self.registry.discover(self.problem, self.device)
+        if not configs:
+            raise InputError(f"no engine applies to {self.problem.label()} on {self.device.properties.name}",
+                             field="engines", value=[c.engine_name for c in self.registry.explain(self.problem, self.device)])
+        return self.add_engine_configs(configs)
+
+    # -- deselection ---------------------------------------------------------------
+    def deselect_engines(self, engines: Iterable[int | str]) -> None:
+        """Bar engines by name or id (accumulates across calls; unknown names are ignored)."""
+        for key in engines:
+            if isinstance(key, str):
+                self._barred_ids.add(engine_name_to_id(key))
+            else:
+                self._barred_ids.add(int(key))
+
+    def deselect_workspace_greater_than(self, nbytes: int) -> None:
+        """Bar candidates whose estimated workspace exceeds ``nbytes`` (last call wins)."""
+        if nbytes < 0:
+            raise InputError("must be >= 0", field="workspace", value=nbytes)
+        self._workspace_ceiling = int(nbytes)
+
+    def barred_reason(self, spec: PlanSpec) -> str | None:
+        """Why ``spec`` is deselected, or None."""
+        if spec.engine_id in self._barred_ids:
+            return "engine deselected"
+        if self._workspace_ceiling is not None:
+            est = self.estimated_workspace(spec)
+            if est is not None and est > self._workspace_ceiling:
+                return f"estimated workspace {est} B exceeds the deselect ceiling {self._workspace_ceiling} B"
+        return None
+
+    # -- queries -------------------------------------------------------------------
+    def estimated_workspace(self, spec: PlanSpec) -> int | None:
+        try:
+            eng = self.registry.get(spec.engine_id)
+            return int(eng.estimate_workspace(self.problem, settings_to_resolved(eng, spec.knobs)))
+        except Exception:
+            return None
+
+    def estimated_max_workspace(self) -> int:
+        """Largest pre-compile workspace estimate over the candidates not barred."""
+        best = 0
+        for spec in self._specs:
+            if self.barred_reason(spec) is None:
+                best = max(best, self.estimated_workspace(spec) or 0)
+        return best

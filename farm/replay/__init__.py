@@ -1,0 +1,1 @@
+"""Production: selection policies and the TunableOp-style runtime behind farm.ops."""

@@ -1,0 +1,412 @@
+"""The replay runtime: recorded winners first, tuning only what is missing (TunableOp-style).
+
+Settings (environment variables are read once, at first use; bad values are
+warned about and ignored; the API overrides them):
+
+    FARM_TUNABLE_ENABLED=1                master switch: read/record a results file
+    FARM_TUNABLE_TUNING=1                 measure a problem with no recorded winner (on first use)
+    FARM_TUNABLE_RECORD_UNTUNED=1         append problems with no winner to an untuned workload file
+    FARM_TUNABLE_VERBOSE=1                log every decision
+    FARM_TUNABLE_MAX_TUNING_DURATION_MS   per-candidate time budget (default 30)
+    FARM_TUNABLE_MAX_TUNING_SAMPLES       per-candidate sample budget (default 100)
+    FARM_TUNABLE_FILENAME                 results file (default farm_tunable_results.json; the device
+                                          ordinal goes before the extension, or where {ordinal} is)
+
+With the feature on, a recorded winner runs at once. A missing one is measured
+once (tuning on) and appended to the file; with tuning off the selection
+policies choose (FARM_HEUR_CONFIG_PATH's file, then StaticOrdering). A recorded
+winner that no longer compiles is not trusted: it is re-tuned and replaced
+(tuning on) or skipped (off). A file for another device or other library
+versions is set aside with a warning. The results file is an override file (the
+format the farm publishes), and the untuned file is a workload (the format
+``farm tune`` reads), so the loop closes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from farm.tuner.autotuner import AutotuneConfig, Autotuner
+from farm.devices.device import Device
+from farm.model.engine import EngineRegistry, default_engine_registry, file_knobs, settings_to_resolved
+from farm.errors import AutotuneError, FarmError, InputError
+from farm.fsutil import atomic_write_text, move_aside, read_text_file
+from farm.model.knobs import KnobSettings, format_settings
+from farm.store.overrides import OverrideEntry, OverrideFile, autotune_metadata, load_overrides, merge_entries, write_overrides
+from farm.model.problem import Problem
+from farm.replay.selection import Selector
+
+log = logging.getLogger("farm.replay.tunable_runtime")
+
+ENV_PREFIX = "FARM_TUNABLE_"
+DEFAULT_FILENAME = "farm_tunable_results.json"
+
+
+@dataclass(frozen=True)
+class TunableSettings:
+    enabled: bool = False
+    tuning: bool = True
+    record_untuned: bool = False
+    verbose: bool = False
+    max_tuning_duration_ms: float = 30.0
+    max_tuning_samples: int = 100
+    filename: str = DEFAULT_FILENAME
+
+    @staticmethod
+    def from_env(environ: Mapping[str, str] | None = None) -> "TunableSettings":
+        env = os.environ if environ is None else environ
+        s = TunableSettings()
+        changes: dict[str, Any] = {}
+        for field, parse in (("enabled", _bool), ("tuning", _bool), ("record_untuned", _bool), ("verbose", _bool),
+                             ("max_tuning_duration_ms", _positive_float), ("max_tuning_samples", _positive_int),
+                             ("filename", _nonempty)):
+            name = ENV_PREFIX + field.upper()
+            if name not in env:
+                continue
+            try:
+                changes[field] = parse(env[name])
+            except ValueError as exc:
+                log.warning("autotune: %s=%r ignored: %s", name, env[name], exc)
+        return dataclasses.replace(s, **changes)
+
+
+def _bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected 1/0, true/false, yes/no or on/off")
+
+
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise ValueError("must be > 0")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise ValueError("must be an integer >= 1")
+    return v
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+def with_ordinal(filename: str, ordinal: int) -> str:
+    """``results.json`` -> ``results0.json``; ``{ordinal}`` in the name is replaced instead."""
+    if "{ordinal}" in filename:
+        return filename.replace("{ordinal}", str(ordinal))
+    p = Path(filename)
+    return str(p.with_name(f"{p.stem}{ordinal}{p.suffix}"))
+
+
+@dataclass
+class Bound:
+    """A problem bound to the engine that runs it (the steady-state path is ``run``)."""
+
+    problem: Problem
+    engine_name: str
+    knobs: KnobSettings
+    plan: Any
+    workspace: Any
+    source: str  # "recorded", "tuned", the answering policy's name
+
+    def __post_init__(self) -> None:
+        # plans that can hand back the library's own output (no copy into a given one), when they need no workspace
+        self.produce = getattr(self.plan, "produce", None) if self.workspace is None else None
+
+    def run(self, tensors: Mapping[str, Any], stream: Any = None) -> None:
+        self.plan.run(tensors, self.workspace, stream)
+
+
+class TunableRuntime:
+    """Chooses and runs the engine for each problem on one device."""
+
+    def __init__(self, device: Device, exec_device: Device | None = None, *, settings: TunableSettings | None = None,
+                 registry: EngineRegistry | None = None) -> None:
+        self.device = device  # tuning measures here
+        self.exec_device = exec_device or device  # chosen plans are compiled for this one (e.g. no private stream)
+        self.registry = registry or default_engine_registry()
+        self._settings = settings
+        self._lock = threading.RLock()
+        self._bound: dict[Any, Bound] = {}
+        self._results: OverrideFile | None = None
+        self._results_loaded = False
+        self._selector: Selector | None = None
+        self._untuned: set[str] = set()
+        self._warned: set[Any] = set()
+        self.measurements = 0  # autotune() calls made (0 when everything replays)
+        self._insert_ordinal = True  # the device ordinal goes into the results file name
+
+    # -- settings (TunableOp's API) --------------------------------------------------------
+    @property
+    def settings(self) -> TunableSettings:
+        if self._settings is None:
+            self._settings = TunableSettings.from_env()
+        return self._settings
+
+    def _set(self, **changes: Any) -> None:
+        self._settings = dataclasses.replace(self.settings, **changes)
+
+    def configure(self, **changes: Any) -> None:
+        """Change settings; choices made so far are forgotten (they may depend on them)."""
+        with self._lock:
+            if "filename" in changes:
+                self._results_loaded = False
+            self._set(**changes)
+            self._bound.clear()
+
+    def enable(self, on: bool = True) -> None:
+        self._set(enabled=on)
+
+    def is_enabled(self) -> bool:
+        return self.settings.enabled
+
+    def tuning_enable(self, on: bool = True) -> None:
+        self._set(tuning=on)
+
+    def tuning_is_enabled(self) -> bool:
+        return self.settings.tuning
+
+    def record_untuned_enable(self, on: bool = True) -> None:
+        self._set(record_untuned=on)
+
+    def set_verbose(self, on: bool = True) -> None:
+        self._set(verbose=on)
+
+    def set_max_tuning_duration(self, ms: float) -> None:
+        self._set(max_tuning_duration_ms=_positive_float(str(ms)))
+
+    def set_max_tuning_iterations(self, samples: int) -> None:
+        self._set(max_tuning_samples=_positive_int(str(samples)))
+
+    def set_filename(self, filename: str, insert_device_ordinal: bool = True) -> None:
+        self._set(filename=filename if insert_device_ordinal else filename.replace("{ordinal}", ""))
+        self._results_loaded = False
+        self._insert_ordinal = insert_device_ordinal
+
+    def get_filename(self) -> str:
+        if self._insert_ordinal:
+            return with_ordinal(self.settings.filename, self.device.index)
+        return self.settings.filename
+
+    def untuned_filename(self) -> str:
+        p = Path(self.get_filename())
+        return str(p.with_name(p.stem.replace("results", "untuned") + ".yaml"))
+
+    def _warn_once(self, key: Any, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
+
+    def _say(self, message: str, *args: Any) -> None:
+        (log.warning if self.settings.verbose else log.info)("autotune: " + message, *args)
+
+    # -- the results file -------------------------------------------------------------------
+    def read_file(self, filename: str | None = None) -> bool:
+        """Load recorded winners; a file for another device or other library versions is set aside."""
+        path = filename or self.get_filename()
+        with self._lock:
+            self._results_loaded = True
+            self._results = None
+            if not os.path.exists(path):
+                return False
+            try:
+                f = load_overrides(path)
+            except FarmError as exc:
+                if os.path.isfile(path):  # kept for a person to look at; a later write_file would replace it
+                    moved = move_aside(Path(path))
+                    log.warning("autotune: results file %s unreadable (%s); moved aside to %s", path, exc, moved)
+                else:
+                    log.warning("autotune: results file %s unreadable (%s); ignored", path, exc)
+                return False
+            mismatch = self._mismatch(f)
+            if mismatch:
+                moved = move_aside(Path(path), "other-device")
+                log.warning("autotune: results file %s is for %s; moved aside to %s", path, mismatch, moved)
+                return False
+            self._results = f
+            self._bound.clear()
+            return True
+
+    def _mismatch(self, f: OverrideFile) -> str:
+        sig = f.device_signature
+        if sig and sig != self.device.signature:
+            props = (f.device or {}).get("properties") or {}
+            ours = self.device.properties.library_versions
+            theirs = props.get("libraries") or {}
+            libs = [f"{k} {theirs.get(k)} vs {v}" for k, v in ours.items() if theirs.get(k) != v]
+            return f"device {sig} ({'libraries differ: ' + ', '.join(libs) if libs else 'another device'})"
+        return ""
+
+    def write_file(self, filename: str | None = None) -> None:
+        with self._lock:
+            entries = self._results.entries if self._results else []
+            write_overrides(filename or self.get_filename(), entries, device=self._device_obj(), mode="replace")
+
+    def get_results(self) -> list[dict[str, Any]]:
+        self._ensure_results()
+        return [{"op": e.op, "problem_key": (e.metadata or {}).get("problem_key"), "engine": e.engine_name,
+                 "knobs": dict(e.knobs), "min_time_ms": (e.metadata or {}).get("min_time_ms")}
+                for e in (self._results.entries if self._results else [])]
+
+    def _device_obj(self) -> dict[str, Any]:
+        return {"signature": self.device.signature, "properties": self.device.properties.to_dict()}
+
+    def _ensure_results(self) -> None:
+        if not self._results_loaded:
+            self.read_file()
+
+    # -- choosing -----------------------------------------------------------------------------
+    def lookup(self, key: Any) -> Bound | None:
+        return self._bound.get(key)
+
+    def bound(self) -> list[Bound]:
+        return list(self._bound.values())
+
+    def bind(self, key: Any, problem: Problem) -> Bound:
+        """Choose the engine for ``problem`` (once per key) and compile it."""
+        with self._lock:
+            bound = self._bound.get(key)
+            if bound is None:
+                bound = self._choose(problem)
+                self._bound[key] = bound
+            return bound
+
+    def _choose(self, problem: Problem) -> Bound:
+        s = self.settings
+        candidates = [c.engine_id for c in self.registry.discover(problem, self.device)]
+        if not candidates:
+            raise FarmError(f"no engine runs {problem.label()} on {self.device.properties.name}")
+        if s.enabled:
+            self._ensure_results()
+            entry = self._results.match(problem) if self._results else None
+            if entry is not None:
+                bound = self._compile(problem, entry.engine_name, entry.knobs, "recorded",
+                                      origin=self._results.source if self._results else "")
+                if bound is not None:
+                    self._say("replay %s: %s[%s]", problem.label(), entry.engine_name, format_settings(entry.knobs))
+                    return bound
+                self._say("recorded winner %s for %s no longer compiles here; not used", entry.engine_name, problem.label())
+            if s.tuning:
+                return self._tune(problem)
+            if s.record_untuned:
+                self._record_untuned(problem)
+        return self._select(problem, candidates)
+
+    def _select(self, problem: Problem, candidates: list[int]) -> Bound:
+        if self._selector is None:
+            self._selector = Selector(self.device.properties)
+        sel = self._selector.select(problem, candidates)
+        for eid in sel.order:
+            engine = self.registry.get(eid)
+            bound = self._compile(problem, engine.name, sel.knobs.get(eid, ()), sel.policy)
+            if bound is not None:
+                self._say("%s chose %s for %s", sel.policy, engine.name, problem.label())
+                return bound
+        raise FarmError(f"no engine chosen for {problem.label()} compiles here")
+
+    def _compile(self, problem: Problem, engine_name: str, knobs: KnobSettings, source: str,
+                 origin: str = "") -> Bound | None:
+        """Compile the chosen engine; ``origin`` names where its knobs were read (a file), for errors."""
+        try:
+            engine = self.registry.get(engine_name)
+        except FarmError as exc:
+            log.info("autotune: %s for %s: %s", engine_name, problem.label(), exc)
+            return None
+        try:
+            # knobs come from files (recorded winners, override files): validated like a workload's, never run raw
+            knobs = file_knobs(engine, tuple(knobs), source=origin or source)
+        except InputError as exc:
+            self._warn_once(("knobs", origin or source, engine_name, str(exc)), "autotune: %s: not used", exc)
+            return None
+        try:
+            if not engine.applicable(problem, self.exec_device):
+                return None
+            plan = engine.compile(problem, settings_to_resolved(engine, tuple(knobs)), self.exec_device)
+        except Exception as exc:
+            log.info("autotune: %s[%s] does not compile for %s: %s", engine_name, format_settings(knobs),
+                     problem.label(), exc)
+            return None
+        ws = self.device.runtime.malloc(plan.workspace_size) if getattr(plan, "workspace_size", 0) else None
+        return Bound(problem, engine_name, tuple(knobs), plan, ws, source)
+
+    def _tune(self, problem: Problem) -> Bound:
+        s = self.settings
+        self.measurements += 1
+        tuner = Autotuner(problem, self.device, registry=self.registry)
+        tuner.add_all_engines()
+        cfg = AutotuneConfig(strategy="run_until_stable", max_iterations=max(3, s.max_tuning_samples),
+                             max_tuning_samples=s.max_tuning_samples, max_tuning_duration_ms=s.max_tuning_duration_ms)
+        try:
+            results = tuner.autotune(config=cfg)
+        except AutotuneError as exc:
+            tuner.close()
+            raise FarmError(f"tuning {problem.label()} failed: {exc}") from None
+        tuner.close()
+        w = results[0]
+        meta = autotune_metadata(rank=0, min_ms=w.min_ms, avg_ms=w.avg_ms, stddev_ms=w.stddev_ms,
+                                 workspace=w.workspace_size or 0, mode=w.mode.value, ran_exhaustive=w.ran_exhaustive,
+                                 strategy=w.strategy.value, iterations=w.iterations, converged=w.converged,
+                                 device=self.device.properties.arch, timestamp=w.started_at, median_time_ms=w.median_ms,
+                                 problem_key=problem.key, source="farm.replay.tunable_runtime")
+        entry = OverrideEntry.for_problem(problem, w.engine_name, w.knobs, meta)
+        with self._lock:
+            entries = merge_entries(self._results.entries if self._results else [], [entry])[0]
+            self._results = OverrideFile(2, entries, self._device_obj(), {}, self.get_filename())
+            try:
+                write_overrides(self.get_filename(), [entry], device=self._device_obj(), mode="append")
+            except FarmError as exc:
+                log.warning("autotune: could not record %s in %s: %s", w.engine_name, self.get_filename(), exc)
+        self._say("tuned %s: %s[%s] %.4f ms (recorded)", problem.label(), w.engine_name, format_settings(w.knobs), w.min_ms)
+        bound = self._compile(problem, w.engine_name, w.knobs, "tuned")
+        if bound is None:
+            raise FarmError(f"the tuned winner {w.engine_name} does not compile again for {problem.label()}")
+        return bound
+
+    def _record_untuned(self, problem: Problem) -> None:
+        if problem.key in self._untuned:
+            return
+        self._untuned.add(problem.key)
+        path = self.untuned_filename()
+        doc: dict[str, Any] = {"name": "untuned", "problems": []}
+        if os.path.lexists(path):
+            if not os.path.isfile(path):
+                log.warning("autotune: untuned file %s is not a regular file; %s not recorded", path, problem.label())
+                return
+            try:
+                loaded = yaml.safe_load(read_text_file(path, "untuned file"))
+                if not (isinstance(loaded, dict) and isinstance(loaded.get("problems"), list)
+                        and all(isinstance(p, dict) for p in loaded["problems"])):
+                    raise ValueError("not a workload with a problems list")
+                doc = loaded
+            except (InputError, yaml.YAMLError, ValueError, RecursionError) as exc:
+                moved = move_aside(Path(path))  # never overwritten: someone may want what was there
+                log.warning("autotune: untuned file %s unreadable (%s); moved aside to %s",
+                            path, str(exc).splitlines()[0], moved)
+        names = {p.get("name") for p in doc["problems"] if isinstance(p, dict)}
+        name = f"{problem.op}-{problem.key}"
+        if name in names:
+            return
+        c = problem.canonical()
+        doc["problems"].append({"name": name, "op": c["op"], "compute_dtype": c["compute_dtype"],
+                                "criteria": c["criteria"],
+                                "tensors": {t["id"]: {"dims": t["dims"], "strides": t["strides"], "dtype": t["dtype"]}
+                                            for t in c["tensors"]}})
+        atomic_write_text(path, yaml.safe_dump(doc, sort_keys=False))
+        self._say("untuned %s recorded in %s", problem.label(), path)

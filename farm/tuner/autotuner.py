@@ -1,0 +1,961 @@
+"""The in-process autotuner (hipDNN autotuning RFC §6.3, §6.4; TunableOp budgets).
+
+    tuner = Autotuner(problem, device)          # device defaults to the host CPU
+    tuner.add_all_engines()                     # or add_engine / variants / sweeps
+    results = tuner.autotune(config=AutotuneConfig(strategy="fixed_average"))
+    tuner.execute(tensors)                      # runs the winner
+
+Every candidate gets exactly one AutotuneResult. Failures are results with a
+disposition, never exceptions escaping the loop; failed and skipped candidates
+follow the successful ones with rank -1. The same tuner runs inside a Ray
+device actor and in user code.
+
+The benchmark loop, per candidate (the contract strategies plug into):
+    device synchronize
+    untimed runs: ``warmup_iterations`` (at least one when results are checked;
+                  the first one's outputs are checked, outputs poisoned before)
+    device synchronize
+    timed runs: one timer measurement each (optional L2 flush before each,
+                outside the measurement) until the strategy's stop rule or a
+                budget says stop
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as _dt
+import enum
+import logging
+import queue
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from farm.model import dtypes
+import numpy as np
+
+from farm.devices.arrays import make_tensors, relative_error
+from farm.tuner.compile_claims import CompileQueue
+from farm.devices.device import Device, cpu_device
+from farm.model.engine import Engine, EngineConfig, EngineRegistry, Plan, default_engine_registry, settings_to_resolved
+from farm.errors import AutotuneError, InputError, UsageError
+from farm.model.knobs import KnobSettings, KnobValue, candidate_label
+from farm.model.plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection
+from farm.model.problem import Problem
+from farm.tuner.reference import has_reference, reference
+from farm.devices.timing import StopRule, Strategy, summarize, timed_section
+from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide, is_noisy, noise_sigma
+
+log = logging.getLogger("farm.tuner.autotuner")
+
+# Above this many flops (or elements, for ops without a flop count) the float64
+# reference costs more than the tuning; "auto" checking then compares with the
+# first candidate that ran instead.
+REFERENCE_FLOP_LIMIT = 2e8
+REFERENCE_ELEMENT_LIMIT = 1 << 22
+
+
+class TuneMode(str, enum.Enum):
+    STANDARD = "standard"
+    EXHAUSTIVE = "exhaustive"
+
+
+class PrimingFailurePolicy(str, enum.Enum):
+    ABORT = "abort"
+    BENCHMARK_UNPRIMED = "benchmark_unprimed"
+
+
+class ResultCheck(str, enum.Enum):
+    AUTO = "auto"  # float64 reference for small problems, else the first candidate's output
+    REFERENCE = "reference"
+    FIRST = "first"
+    OFF = "off"
+
+
+class Disposition(str, enum.Enum):
+    SUCCEEDED = "succeeded"
+    BARRED_BY_DESELECT = "barred_by_deselect"
+    EXCLUDED_BY_FILTER = "excluded_by_filter"
+    EXCEEDS_WORKSPACE_LIMIT = "exceeds_workspace_limit"
+    FAILED_COMPILE = "failed_compile"
+    FAILED_FINALIZE = "failed_finalize"
+    FAILED_WARMUP = "failed_warmup"
+    FAILED_RUN = "failed_run"
+    WRONG_RESULT = "wrong_result"
+    # Set by the farm, outside the in-process loop:
+    TIMED_OUT = "timed_out"
+    CRASHED = "crashed"
+
+
+def _enum(cls: type[enum.Enum], value: Any, field_name: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).lower())
+    except ValueError:
+        allowed = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
+        raise InputError(f"expected one of {allowed}", field=field_name, value=value) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutotuneConfig:
+    """Tuning settings. Strings are accepted for the enum fields.
+
+    Defaults follow the RFC: STANDARD mode, RUN_UNTIL_STABLE with a window of 3
+    under a 5 % coefficient of variation, at most 100 iterations, 1 warmup.
+    """
+
+    mode: TuneMode = TuneMode.STANDARD
+    strategy: Strategy = Strategy.RUN_UNTIL_STABLE
+    warmup_iterations: int = 1
+    timed_iterations: int = 10  # FIXED_AVERAGE
+    max_iterations: int = 100  # RUN_UNTIL_STABLE cap
+    window: int = 3
+    stability_threshold: float = 0.05
+    max_tuning_duration_ms: float | None = None  # per candidate (TunableOp)
+    max_tuning_samples: int | None = None  # per candidate (TunableOp)
+    workspace_limit: int | None = None  # bytes; compiled plans above it are skipped
+    engine_id_filter: tuple[int, ...] = ()
+    ranking_fn: Callable[[list["AutotuneResult"]], Any] | None = field(default=None, compare=False)
+    priming_failure: PrimingFailurePolicy = PrimingFailurePolicy.ABORT
+    cold_cache: bool = False
+    check: ResultCheck = ResultCheck.AUTO
+    compile_workers: int = 0  # >0: compile in a thread pool, overlapped with measuring
+    rotating_buffers: int = 0  # >0: that many extra input sets, used in turn, so inputs are not in cache
+    graph_repeats: int = 0  # >0: time replays of a device graph holding that many runs (microsecond kernels)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", _enum(TuneMode, self.mode, "mode"))
+        object.__setattr__(self, "strategy", _enum(Strategy, self.strategy, "strategy"))
+        object.__setattr__(self, "priming_failure", _enum(PrimingFailurePolicy, self.priming_failure, "priming_failure"))
+        object.__setattr__(self, "check", _enum(ResultCheck, self.check, "check"))
+        object.__setattr__(self, "engine_id_filter", tuple(int(i) for i in self.engine_id_filter))
+        self._validate()
+
+    def _validate(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise InputError(rule, field=name, value=getattr(self, name))
+
+        def is_int(name: str) -> bool:
+            v = getattr(self, name)
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        for name in ("warmup_iterations", "timed_iterations", "max_iterations", "window", "compile_workers",
+                     "rotating_buffers", "graph_repeats"):
+            need(is_int(name), name, "must be an integer")
+        need(self.warmup_iterations >= 0, "warmup_iterations", "must be >= 0")
+        need(self.timed_iterations >= 1, "timed_iterations", "must be >= 1")
+        need(self.compile_workers >= 0, "compile_workers", "must be >= 0")
+        need(self.rotating_buffers >= 0, "rotating_buffers", "must be >= 0")
+        need(self.graph_repeats >= 0, "graph_repeats", "must be >= 0")
+        need(isinstance(self.cold_cache, bool), "cold_cache", "must be true or false")
+        if self.strategy is Strategy.RUN_UNTIL_STABLE:
+            need(self.window >= 2, "window", "must be >= 2")
+            need(self.max_iterations >= self.window, "max_iterations", f"must be >= window ({self.window})")
+            t = self.stability_threshold
+            need(isinstance(t, (int, float)) and not isinstance(t, bool) and 0.0 < t < 1.0,
+                 "stability_threshold", "must be in (0, 1), exclusive")
+        if self.max_tuning_duration_ms is not None:
+            need(isinstance(self.max_tuning_duration_ms, (int, float)) and self.max_tuning_duration_ms > 0,
+                 "max_tuning_duration_ms", "must be > 0")
+        if self.max_tuning_samples is not None:
+            need(is_int("max_tuning_samples") and self.max_tuning_samples >= 1, "max_tuning_samples", "must be an integer >= 1")
+        if self.workspace_limit is not None:
+            need(is_int("workspace_limit") and self.workspace_limit >= 0, "workspace_limit", "must be an integer >= 0 (bytes)")
+
+    def stop_rule(self) -> StopRule:
+        iterations = self.timed_iterations if self.strategy is Strategy.FIXED_AVERAGE else self.max_iterations
+        return StopRule(
+            strategy=self.strategy,
+            iterations=iterations,
+            window=self.window,
+            threshold=float(self.stability_threshold),
+            max_samples=self.max_tuning_samples,
+            max_duration_ms=self.max_tuning_duration_ms,
+        )
+
+
+@dataclass(frozen=True)
+class AutotuneResult:
+    """One candidate's outcome. ``rank`` is 0-based among successes, -1 otherwise."""
+
+    problem_key: str
+    engine_id: int
+    engine_name: str
+    knobs: KnobSettings
+    disposition: Disposition
+    mode: TuneMode
+    strategy: Strategy
+    rank: int = -1
+    candidate: int = -1  # position in the candidate list (discovery order first)
+    error: str = ""
+    min_ms: float | None = None
+    avg_ms: float | None = None
+    stddev_ms: float | None = None
+    median_ms: float | None = None
+    mad_ms: float | None = None
+    samples: tuple[float, ...] = ()
+    iterations: int = 0
+    warmups: int = 0
+    converged: bool = False
+    workspace_size: int | None = None
+    estimated_workspace: int | None = None
+    ran_exhaustive: bool = False
+    supports_exhaustive: bool = False
+    device_name: str = ""
+    max_rel_error: float | None = None
+    compile_ms: float | None = None
+    tuning_ms: float = 0.0
+    started_at: str = ""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.disposition is Disposition.SUCCEEDED
+
+    @property
+    def spec(self) -> PlanSpec:
+        return PlanSpec(self.engine_id, self.knobs)
+
+    @property
+    def label(self) -> str:
+        return candidate_label(self.engine_name, self.knobs)
+
+
+@dataclass
+class _Candidate:
+    """Per-candidate working state inside one autotune() call."""
+
+    index: int
+    spec: PlanSpec
+    engine: Engine | None
+    estimated_workspace: int | None = None
+    plan: Plan | None = None
+    compile_ms: float | None = None
+    error: str = ""
+    disposition: Disposition | None = None
+    ran_exhaustive: bool = False
+    note: str = ""
+    started: float = 0.0
+    started_at: str = ""
+    spent_ms: float = 0.0
+
+
+def _now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _err(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class Autotuner:
+    """Tunes one problem on one device: discover, collect plan specs, autotune, execute."""
+
+    def __init__(self, problem: Problem, device: Device | None = None, *, registry: EngineRegistry | None = None) -> None:
+        self.problem = problem
+        self.device = device or cpu_device()
+        self.registry = registry or default_engine_registry()
+        self._collection = PlanSpecCollection(problem, self.device, self.registry)
+        self._built: list[tuple[PlanSpec, Engine, Plan]] | None = None  # compiled-plan path
+        self._active: tuple[PlanSpec, Engine, Plan] | None = None
+        self._workspace: Any = None
+        self._workspace_size = 0
+        self.results: list[AutotuneResult] = []
+        # plan spec -> time.monotonic() its compile or measurement began: what a hang watch looks at
+        self.in_flight: dict[PlanSpec, float] = {}
+
+    # -- discovery and plan specs (delegated to the collection) ----------------------
+    def engine_configs(self) -> list[EngineConfig]:
+        """Applicable engines for this problem on this device."""
+        return self.registry.discover(self.problem, self.device)
+
+    def add_all_engines(self) -> int:
+        self._guard_add()
+        return self._collection.add_all_engines()
+
+    def add_engine_configs(self, configs: Sequence[EngineConfig]) -> int:
+        self._guard_add()
+        return self._collection.add_engine_configs(configs)
+
+    def add_engines(self, engines: Sequence[int | str]) -> int:
+        self._guard_add()
+        return self._collection.add_engines(engines)
+
+    def add_engine(self, engine: int | str, knobs: Mapping[str, KnobValue] | None = None) -> PlanSpec:
+        self._guard_add()
+        return self._collection.add_engine(engine, knobs)
+
+    def add_engine_variants(self, variants: Sequence[EngineVariant]) -> int:
+        self._guard_add()
+        return self._collection.add_engine_variants(variants)
+
+    def add_engine_sweep(self, sweeps: Sequence[EngineSweep]) -> int:
+        self._guard_add()
+        return self._collection.add_engine_sweep(sweeps)
+
+    def deselect_engines(self, engines: Iterable[int | str]) -> "Autotuner":
+        self._collection.deselect_engines(engines)
+        if self._built is not None:
+            self._built = [b for b in self._built if self._collection.barred_reason(b[0]) is None]
+        return self
+
+    def deselect_workspace_greater_than(self, nbytes: int) -> "Autotuner":
+        self._collection.deselect_workspace_greater_than(nbytes)
+        if self._built is not None:
+            self._built = [b for b in self._built if b[2].workspace_size <= nbytes]
+        return self
+
+    def estimated_max_workspace(self) -> int:
+        return self._collection.estimated_max_workspace()
+
+    @property
+    def specs(self) -> tuple[PlanSpec, ...]:
+        return self._collection.specs
+
+    def _guard_add(self) -> None:
+        if self._built is not None:
+            raise UsageError("cannot add plan specs after build_plans(): the plan-spec and compiled-plan paths are exclusive")
+
+    # -- compiled-plan path and the manual loop -----------------------------------------
+    def build_plans(self) -> int:
+        """Compile every candidate not barred (the manual path); returns the plan count.
+
+        Candidates that fail to compile are logged and left out, as cuDNN's
+        build_plans(ALL) does.
+        """
+        if not self._collection.specs:
+            raise AutotuneError("no plan specs to build: add engines first")
+        built = []
+        for spec in self._collection.specs:
+            if self._collection.barred_reason(spec) is not None:
+                continue
+            cand = self._candidate(0, spec)
+            self._compile(cand)
+            if cand.plan is not None:
+                built.append((spec, cand.engine, cand.plan))
+            else:
+                log.warning("autotune: %s not built: %s", spec.describe(self.registry), cand.error)
+        self._built = built
+        self._collection.lock("plans were built (compiled-plan path)")
+        return len(built)
+
+    @property
+    def plan_count(self) -> int:
+        return len(self._require_built())
+
+    def _require_built(self) -> list[tuple[PlanSpec, Engine, Plan]]:
+        if self._built is None:
+            raise UsageError("no compiled plans: call build_plans() first")
+        return self._built
+
+    def _at(self, index: int) -> tuple[PlanSpec, Engine, Plan]:
+        built = self._require_built()
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(built):
+            raise UsageError(f"plan index {index!r} out of range: {len(built)} plan(s) built")
+        return built[index]
+
+    def workspace_size_at_index(self, index: int) -> int:
+        return int(self._at(index)[2].workspace_size)
+
+    def plan_name_at_index(self, index: int) -> str:
+        spec, engine, _ = self._at(index)
+        return candidate_label(engine.name, spec.knobs)
+
+    def execute_plan_at_index(self, index: int, tensors: Mapping[str, Any]) -> None:
+        _, _, plan = self._at(index)
+        self._check_tensors(tensors)
+        plan.run(tensors, self._ensure_workspace(plan.workspace_size), self.device.stream)
+
+    def build_plan_at_index(self, index: int) -> None:
+        """Make plan ``index`` the one :meth:`execute` runs."""
+        self._active = self._at(index)
+
+    # -- execution ------------------------------------------------------------------
+    def execute(self, tensors: Mapping[str, Any]) -> None:
+        """Run the selected plan (the autotune winner, or build_plan_at_index's choice)."""
+        if self._active is None:
+            raise UsageError("no plan selected: run autotune() or build_plan_at_index() first")
+        self._check_tensors(tensors)
+        plan = self._active[2]
+        plan.run(tensors, self._ensure_workspace(plan.workspace_size), self.device.stream)
+
+    @property
+    def winner(self) -> AutotuneResult | None:
+        return self.results[0] if self.results and self.results[0].succeeded else None
+
+    def close(self) -> None:
+        """Release plans and the workspace."""
+        for entry in self._built or []:
+            _close_plan(entry[2])
+        if self._active is not None:
+            _close_plan(self._active[2])
+        self._active = None
+        self._built = None
+        self._release_workspace()
+
+    def __enter__(self) -> "Autotuner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- autotune --------------------------------------------------------------------
+    def autotune(
+        self,
+        tensors: Mapping[str, Any] | None = None,
+        config: AutotuneConfig | None = None,
+        *,
+        listener: Callable[[AutotuneResult], None] | None = None,
+        seed: int = 0,
+        only: Iterable[PlanSpec] | None = None,
+    ) -> list[AutotuneResult]:
+        """Measure every candidate; return one result per candidate, ranked.
+
+        ``tensors`` defaults to random inputs (seeded) and poisoned outputs on
+        the device. ``listener`` receives each candidate's result as soon as it
+        is final (before ranking, so with rank -1). ``only`` restricts the run to
+        those plan specs (resuming): the others get no result, and every result
+        keeps its candidate index in the full list. Raises AutotuneError when no
+        candidate succeeds; the error carries ``.results``.
+        """
+        config = config or AutotuneConfig()
+        if not self.device.checks_numerics and config.check is not ResultCheck.OFF:
+            config = replace(config, check=ResultCheck.OFF)
+        if tensors is None:
+            make = getattr(self.device.arrays, "make", None)
+            tensors = make(self.problem, seed) if make is not None else make_tensors(self.problem, self.device.arrays, seed)
+        self._check_tensors(tensors)
+        if self._built is not None:
+            if config.mode is TuneMode.EXHAUSTIVE:
+                raise UsageError("EXHAUSTIVE mode needs the plan-spec path; these plans were built already")
+            candidates = []
+            for i, (spec, engine, plan) in enumerate(self._built):
+                cand = self._candidate(i, spec)
+                cand.plan, cand.compile_ms = plan, 0.0
+                candidates.append(cand)
+        else:
+            if not self._collection.specs:
+                raise AutotuneError("no autotuning candidates: add engines first")
+            wanted = set(only) if only is not None else None
+            candidates = [self._candidate(i, s) for i, s in enumerate(self._collection.specs)
+                          if wanted is None or s in wanted]
+            if not candidates:
+                raise AutotuneError("no autotuning candidates left: every plan spec was excluded by 'only'")
+        t0 = time.perf_counter()
+        log.info("autotune: start %s (key %s) on %s: %d candidate(s), mode %s, strategy %s",
+                 self.problem.label(), self.problem.key, self.device.properties.name, len(candidates),
+                 config.mode.value, config.strategy.value)
+        run = _Run(self, config, tensors, listener)
+        results = run.execute(candidates, prebuilt=self._built is not None)
+        ranked = _rank(results, config.ranking_fn)
+        self.results = ranked
+        ok = [r for r in ranked if r.succeeded]
+        counts: dict[str, int] = {}
+        for r in ranked:
+            counts[r.disposition.value] = counts.get(r.disposition.value, 0) + 1
+        summary = ", ".join(f"{n} {d}" for d, n in sorted(counts.items()))
+        if not ok:
+            run.release_plans(keep=None)
+            log.warning("autotune: no winner for %s after %.0f ms (%s)", self.problem.key, (time.perf_counter() - t0) * 1e3, summary)
+            raise AutotuneError(f"every candidate failed for {self.problem.label()} ({summary})", ranked)
+        best = ok[0]
+        keep = run.plan_of(best)
+        run.release_plans(keep=keep)
+        self._active = keep
+        log.info("autotune: winner %s: %.4f ms min, %.4f ms avg (%s; %.0f ms total)",
+                 best.label, best.min_ms, best.avg_ms, summary, (time.perf_counter() - t0) * 1e3)
+        return ranked
+
+    # -- helpers --------------------------------------------------------------------
+    def _candidate(self, index: int, spec: PlanSpec) -> _Candidate:
+        engine = self.registry.get(spec.engine_id) if spec.engine_id in self.registry else None
+        return _Candidate(index, spec, engine, self._collection.estimated_workspace(spec))
+
+    def _compile_key(self, cand: _Candidate) -> str | None:
+        """The host-wide key of the artifact compiling ``cand`` produces, if its engine declares one."""
+        key_of = getattr(cand.engine, "compile_key", None)
+        if key_of is None:
+            return None
+        try:
+            return key_of(self.problem, settings_to_resolved(cand.engine, cand.spec.knobs), self.device)
+        except Exception as exc:  # no key means no sharing, never a failed candidate
+            log.warning("autotune: %s.compile_key failed (%s); compiling without host-wide sharing",
+                        cand.engine.name, _err(exc))
+            return None
+
+    def _compile(self, cand: _Candidate, *, benchmarking: bool = False) -> Plan | None:
+        """Compile (or, with ``benchmarking``, build a priming plan). Sets cand.error on failure."""
+        engine = cand.engine
+        if engine is None:
+            cand.error = f"unknown engine id {cand.spec.engine_id}"
+            return None
+        support = self.registry.config_for(engine, self.problem, self.device)
+        if not support.applicable:
+            cand.error = f"{engine.name} does not apply: {support.reason}"
+            return None
+        t0 = time.perf_counter()
+        self.in_flight[cand.spec] = time.monotonic()
+        try:
+            plan = engine.compile(self.problem, settings_to_resolved(engine, cand.spec.knobs, benchmarking=benchmarking), self.device)
+        except Exception as exc:  # any compile failure is that candidate's, not the tuner's
+            cand.error = f"{engine.name}: compile: {_err(exc)}"
+            plan = None
+        finally:
+            self.in_flight.pop(cand.spec, None)
+        if not benchmarking:
+            cand.plan = plan
+            cand.compile_ms = (time.perf_counter() - t0) * 1e3
+        return plan
+
+    def _check_tensors(self, tensors: Mapping[str, Any]) -> None:
+        if not isinstance(tensors, Mapping):
+            raise InputError("expected a mapping of tensor id to tensor", field="tensors", value=type(tensors).__name__)
+        for desc in self.problem.tensors:
+            if desc.id not in tensors:
+                raise InputError(f"missing tensor {desc.id} (needed: {', '.join(t.id for t in self.problem.tensors)})",
+                                 field=f"tensors.{desc.id}")
+            shape = getattr(tensors[desc.id], "shape", None)
+            if shape is not None and tuple(shape) != desc.dims:
+                raise InputError(f"shape must be {list(desc.dims)}", field=f"tensors.{desc.id}", value=list(shape))
+
+    def _ensure_workspace(self, nbytes: int) -> Any:
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            return None
+        if self._workspace is None or self._workspace_size < nbytes:
+            self._release_workspace()
+            self._workspace = self.device.runtime.malloc(nbytes)
+            self._workspace_size = nbytes
+        return self._workspace
+
+    def _release_workspace(self) -> None:
+        if self._workspace is not None:
+            self.device.runtime.free(self._workspace)
+        self._workspace, self._workspace_size = None, 0
+
+
+def _close_plan(plan: Any) -> None:
+    close = getattr(plan, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception as exc:
+            log.debug("autotune: closing a plan failed: %s", exc)
+
+
+class _Run:
+    """One autotune() call: classify, prime, compile, measure."""
+
+    def __init__(self, tuner: Autotuner, config: AutotuneConfig, tensors: Mapping[str, Any],
+                 listener: Callable[[AutotuneResult], None] | None) -> None:
+        self.t = tuner
+        self.cfg = config
+        self.tensors = tensors
+        self.listener = listener
+        self.rule = config.stop_rule()
+        self.rotations = self._rotations(tuner, tensors, config.rotating_buffers)
+        self.results: list[AutotuneResult] = []
+        self._plans: dict[tuple[int, KnobSettings], tuple[PlanSpec, Engine, Plan]] = {}
+        self._prebuilt = False
+        self._baseline: dict[str, Any] | None = None
+        self._baseline_source = ""
+        self._best: tuple[float, float] | None = None  # (median, MAD) of the fastest candidate so far
+        self._alone = False  # one candidate only: nothing to tie with
+        self._tolerance = max(dtypes.RELATIVE_TOLERANCE.get(tuner.problem.compute_dtype, 1e-2),
+                              max(dtypes.RELATIVE_TOLERANCE.get(tuner.problem.tensor(o).dtype, 1e-2)
+                                  for o in tuner.problem.output_ids))
+        self._prepare_reference()
+
+    @staticmethod
+    def _rotations(tuner: "Autotuner", tensors: Mapping[str, Any], extra: int) -> list[Mapping[str, Any]]:
+        """The tensor sets timed runs cycle through: the given one, then ``extra`` with fresh inputs."""
+        sets: list[Mapping[str, Any]] = [tensors]
+        p = tuner.problem
+        for i in range(extra):
+            fresh = make_tensors(p, tuner.device.arrays, 1000 + i)
+            sets.append({**{o: tensors[o] for o in p.output_ids}, **{t: fresh[t] for t in p.input_ids}})
+        return sets
+
+    # -- the pipeline ----------------------------------------------------------------
+    def execute(self, candidates: list[_Candidate], *, prebuilt: bool) -> list[AutotuneResult]:
+        self._prebuilt = prebuilt
+        todo: list[_Candidate] = []
+        for cand in candidates:
+            cand.started, cand.started_at = time.perf_counter(), _now_iso()
+            reason = None if prebuilt else self.t._collection.barred_reason(cand.spec)
+            if reason is not None:
+                self._finish(cand, Disposition.BARRED_BY_DESELECT, error=reason)
+            elif self.cfg.engine_id_filter and cand.spec.engine_id not in self.cfg.engine_id_filter:
+                self._finish(cand, Disposition.EXCLUDED_BY_FILTER, error="not in engine_id_filter")
+            else:
+                todo.append(cand)
+        if not todo:
+            return self.results
+        self._alone = len(todo) == 1
+        if self.cfg.mode is TuneMode.EXHAUSTIVE:
+            for cand in todo:
+                self._prime(cand)
+        if prebuilt or self.cfg.compile_workers == 0:
+            if not prebuilt:
+                t0 = time.perf_counter()
+                for cand in todo:
+                    self.t._compile(cand)
+                ok = sum(c.plan is not None for c in todo)
+                log.info("autotune: compiled %d of %d candidate(s) in %.0f ms", ok, len(todo), (time.perf_counter() - t0) * 1e3)
+            for cand in todo:
+                self._measure(cand)
+        else:
+            self._compile_while_measuring(todo)
+        return self.results
+
+    def _compile_while_measuring(self, todo: list[_Candidate]) -> None:
+        """Compile threads feed the measuring loop, which takes candidates as they are ready.
+
+        The order of compiles follows host-wide claims (farm.tuner.compile_claims): an artifact another
+        process on this host is compiling is left for later, when it is a cache load.
+        """
+        work: CompileQueue[_Candidate] = CompileQueue(todo, self.t._compile_key)
+        ready: queue.Queue[_Candidate] = queue.Queue()
+
+        def compile_some() -> None:
+            while (taken := work.take()) is not None:
+                cand, claim = taken
+                try:
+                    self.t._compile(cand)  # records failures on the candidate
+                finally:
+                    claim.release()
+                    ready.put(cand)
+
+        with concurrent.futures.ThreadPoolExecutor(self.cfg.compile_workers, thread_name_prefix="farm-compile") as pool:
+            threads = [pool.submit(compile_some) for _ in range(min(self.cfg.compile_workers, len(todo)))]
+            try:
+                for _ in todo:
+                    while True:
+                        try:
+                            cand = ready.get(timeout=0.5)
+                            break
+                        except queue.Empty:
+                            if all(t.done() for t in threads) and ready.empty():
+                                for t in threads:
+                                    t.result()  # a compile thread that died raises here
+                                raise RuntimeError("compile threads ended with candidates left")  # pragma: no cover
+                    self._measure(cand)
+            finally:
+                work.close()
+        if work.deferred:
+            log.info("autotune: %d compile(s) deferred: another process on this host was compiling them", work.deferred)
+
+    def _prime(self, cand: _Candidate) -> None:
+        """EXHAUSTIVE mode: build a plan with the benchmarking knob, run it once, discard it."""
+        engine = cand.engine
+        if engine is None or not engine.supports_exhaustive:
+            return
+        t0 = time.perf_counter()
+        plan = self.t._compile(cand, benchmarking=True)
+        failure = ""
+        if plan is None:
+            failure, cand.error = cand.error, ""
+        elif self.cfg.workspace_limit is not None and plan.workspace_size > self.cfg.workspace_limit:
+            log.info("autotune: priming of %s skipped: workspace %d B over the limit", cand.spec.describe(self.t.registry), plan.workspace_size)
+        else:
+            try:
+                plan.run(self.tensors, self.t._ensure_workspace(plan.workspace_size), self.t.device.stream)
+                self.t.device.synchronize()
+                cand.ran_exhaustive = True
+            except Exception as exc:
+                failure = f"{engine.name}: priming run: {_err(exc)}"
+        if plan is not None:
+            _close_plan(plan)
+        cand.spent_ms += (time.perf_counter() - t0) * 1e3
+        if failure:
+            if self.cfg.priming_failure is PrimingFailurePolicy.ABORT:
+                raise AutotuneError(f"priming failed for {cand.spec.describe(self.t.registry)}: {failure} "
+                                    "(priming_failure=abort; use benchmark_unprimed to continue)", self.results)
+            cand.note = f"priming failed, benchmarked unprimed: {failure}"
+            log.warning("autotune: %s", cand.note)
+
+    def _measure(self, cand: _Candidate) -> None:
+        # the candidate's own time starts here (its compile is counted apart): with compiles
+        # pipelined, the time since the batch began would include other candidates' work
+        cand.started, cand.started_at = time.perf_counter(), _now_iso()
+        self.t.in_flight[cand.spec] = time.monotonic()
+        plan = cand.plan
+        if plan is None:
+            self._finish(cand, Disposition.FAILED_COMPILE, error=cand.error)
+            return
+        ws = int(getattr(plan, "workspace_size", 0) or 0)
+        limit = self.cfg.workspace_limit
+        if limit is not None and ws > limit:
+            if cand.estimated_workspace is not None and cand.estimated_workspace <= limit:
+                log.warning("autotune: %s needs %d B of workspace after compile (estimate %d B): over the %d B limit",
+                            cand.spec.describe(self.t.registry), ws, cand.estimated_workspace, limit)
+            self._finish(cand, Disposition.EXCEEDS_WORKSPACE_LIMIT, error=f"workspace {ws} B > limit {limit} B", workspace=ws)
+            return
+        dev = self.t.device
+        try:
+            workspace = self.t._ensure_workspace(ws)
+            finalize = getattr(plan, "finalize", None)
+            if callable(finalize):
+                finalize(workspace)
+        except Exception as exc:
+            self._finish(cand, Disposition.FAILED_FINALIZE, error=f"{cand.engine.name}: finalize: {_err(exc)}", workspace=ws)
+            return
+
+        def once() -> None:
+            plan.run(self.tensors, workspace, dev.stream)
+
+        # untimed runs; the first is checked
+        checking = self.cfg.check is not ResultCheck.OFF
+        warmups = max(self.cfg.warmup_iterations, 1 if checking else 0)
+        max_err = None
+        try:
+            dev.synchronize()
+            for i in range(warmups):
+                if i == 0 and checking:
+                    for out in self.t.problem.output_ids:
+                        if self.t.problem.tensor(out).dtype in dtypes.FLOAT_DTYPES:
+                            dev.arrays.fill(self.tensors[out], float("nan"))
+                once()
+                if i == 0 and checking:
+                    dev.synchronize()
+                    max_err, problem_text = self._check(cand)
+                    if problem_text:
+                        self._finish(cand, Disposition.WRONG_RESULT, error=problem_text, workspace=ws, warmups=1, max_err=max_err)
+                        return
+            dev.synchronize()
+        except Exception as exc:
+            self._finish(cand, Disposition.FAILED_WARMUP, error=f"{cand.engine.name}: warmup: {_err(exc)}", workspace=ws)
+            return
+        timed, per_call, note = self._timed_call(plan, workspace, cand)
+        samples: list[float] = []
+        try:
+            converged = self._sample(timed, per_call, samples)
+            if self._noisy_near_top(samples):
+                # its noise would decide ties: measure again rather than promote or demote it on noise
+                converged = self._sample(timed, per_call, samples)
+                note = "; ".join(x for x in (note, f"noisy near the top: re-measured ({len(samples)} samples)") if x)
+        except Exception as exc:
+            self._finish(cand, Disposition.FAILED_RUN, error=f"{cand.engine.name}: run {len(samples) + 1}: {_err(exc)}",
+                         workspace=ws, warmups=warmups, samples=samples, max_err=max_err)
+            return
+        self._finish(cand, Disposition.SUCCEEDED, workspace=ws, warmups=warmups, samples=samples,
+                     converged=converged, max_err=max_err, error="; ".join(x for x in (cand.note, note) if x))
+        self._plans[(cand.spec.engine_id, cand.spec.knobs)] = (cand.spec, cand.engine, plan)
+
+    def _sample(self, timed: Callable[[int], Callable[[], None]], per_call: int, samples: list[float]) -> bool:
+        """Timed runs appended to ``samples`` until the stop rule (counted from this call) says stop."""
+        dev = self.t.device
+        first = len(samples)
+        with timed_section():  # compile threads of this process wait: see farm.devices.timing
+            t0 = time.perf_counter()
+            while True:
+                if self.cfg.cold_cache:
+                    dev.runtime.flush_l2(dev.stream)
+                samples.append(dev.timer.measure(timed(len(samples))) / per_call)
+                stop, converged = self.rule.done(samples[first:], (time.perf_counter() - t0) * 1e3)
+                if stop:
+                    return converged
+
+    def _noisy_near_top(self, samples: Sequence[float]) -> bool:
+        """Noisy, and within noise of (or faster than) the best candidate measured so far."""
+        if len(samples) < 3 or self._alone:
+            return False
+        stats = summarize(samples)
+        if stats.median is None or not is_noisy(np.array([stats.median]), np.array([stats.mad]))[0]:
+            return False
+        if self._best is None:
+            return True
+        best_median, best_mad = self._best
+        sigma = noise_sigma(np.array([best_mad, stats.mad]))
+        band = NOISE_SIGMAS * float(np.sqrt((sigma ** 2).sum())) + RELATIVE_FLOOR * best_median
+        return stats.median - best_median <= band
+
+    def _timed_call(self, plan: Plan, workspace: Any, cand: _Candidate) -> tuple[Callable[[int], Callable[[], None]], int, str]:
+        """(sample index -> the function one measurement times, runs per measurement, a note).
+
+        A plan whose ``run`` copies the library's output into the given one (``copies_output``) is timed
+        through ``produce``, as replay without ``out=`` runs it; ``run`` is what the warm-up checks.
+        With graph_repeats, one measurement is a replay of a device graph holding that many runs
+        (the device must offer ``capture_graph``); a failed capture falls back to plain runs.
+        """
+        dev = self.t.device
+        produce = getattr(plan, "produce", None) if workspace is None and getattr(plan, "copies_output", False) else None
+        if produce is not None and all(self.t.problem.tensor(o).is_contiguous for o in self.t.problem.output_ids):
+            # run() would copy the library's output into ours; a replay without out= hands it back instead.
+            # (Plans that write in place are timed as they are: allocating in timed runs contends with
+            # compile threads for the allocator and adds noise production does not have.)
+            def call(tensors: Mapping[str, Any]) -> None:
+                produce(tensors)
+        else:
+            def call(tensors: Mapping[str, Any]) -> None:
+                plan.run(tensors, workspace, dev.stream)
+        repeats = self.cfg.graph_repeats
+        capture = dev.extras.get("capture_graph")
+        if repeats and capture is not None:
+            try:
+                replay = capture(lambda: call(self.tensors), repeats)
+                return (lambda i: replay), repeats, ""
+            except Exception as exc:
+                note = f"graph capture failed, timed without graphs: {_err(exc)}"
+                log.info("autotune: %s: %s", cand.spec.describe(self.t.registry), note)
+                dev.synchronize()
+        elif repeats:
+            note = f"{dev.runtime.name} devices offer no graph capture; timed without graphs"
+        else:
+            note = ""
+        sets = self.rotations
+
+        def timed(i: int) -> Callable[[], None]:
+            tensors = sets[i % len(sets)]
+            return lambda: call(tensors)
+
+        return timed, 1, note
+
+    # -- numerical check ---------------------------------------------------------------
+    def _prepare_reference(self) -> None:
+        p = self.t.problem
+        mode = self.cfg.check
+        small = (p.flops <= REFERENCE_FLOP_LIMIT if p.flops else
+                 sum(t.numel for t in p.tensors) <= REFERENCE_ELEMENT_LIMIT)
+        if mode is ResultCheck.REFERENCE or (mode is ResultCheck.AUTO and small and has_reference(p.op)):
+            arrays = self.t.device.arrays
+            inputs = {tid: arrays.to_numpy(self.tensors[tid]) for tid in p.input_ids}
+            self._baseline = reference(p, inputs)
+            self._baseline_source = "the float64 reference"
+
+    def _check(self, cand: _Candidate) -> tuple[float | None, str]:
+        """(max relative error, description of a mismatch or '').
+
+        Against the float64 reference the outputs come to the host; against the
+        first candidate they stay on the device when the array backend can compare
+        there (``clone``/``relative_error``), so large GPU outputs are not copied.
+        """
+        p = self.t.problem
+        arrays = self.t.device.arrays
+        on_device = self._baseline_source != "the float64 reference" and hasattr(arrays, "relative_error")
+        if self._baseline is None:
+            # first candidate that runs becomes the baseline (TunableOp compares with the default)
+            if on_device:
+                outputs = {o: arrays.clone(self.tensors[o]) for o in p.output_ids}
+                bad = [o for o, v in outputs.items() if arrays.relative_error(v, v) == float("inf")]
+            else:
+                outputs = {o: arrays.to_numpy(self.tensors[o]) for o in p.output_ids}
+                bad = [o for o, v in outputs.items() if not np.isfinite(v).all()]
+            if bad:
+                return None, f"output {bad[0]} has NaN or unwritten elements"
+            self._baseline = outputs
+            self._baseline_source = f"{cand.spec.describe(self.t.registry)} (first candidate)"
+            return None, ""
+        worst, worst_out = 0.0, ""
+        for o in p.output_ids:
+            if on_device:
+                e = arrays.relative_error(self.tensors[o], self._baseline[o])
+            else:
+                e = relative_error(arrays.to_numpy(self.tensors[o]), self._baseline[o])
+            if e > worst or not worst_out:
+                worst, worst_out = e, o
+        if worst > self._tolerance:
+            return worst, (f"wrong result: output {worst_out} differs from {self._baseline_source} by "
+                           f"{worst:.3g} (relative norm) > tolerance {self._tolerance:g}")
+        return worst, ""
+
+    # -- bookkeeping -----------------------------------------------------------------
+    def _finish(self, cand: _Candidate, disposition: Disposition, *, error: str = "", workspace: int | None = None,
+                warmups: int = 0, samples: Sequence[float] = (), converged: bool = False,
+                max_err: float | None = None) -> None:
+        self.t.in_flight.pop(cand.spec, None)
+        stats = summarize(samples)
+        engine = cand.engine
+        spent = cand.spent_ms + (cand.compile_ms or 0.0) + ((time.perf_counter() - cand.started) * 1e3 if cand.started else 0.0)
+        result = AutotuneResult(
+            problem_key=self.t.problem.key,
+            engine_id=cand.spec.engine_id,
+            engine_name=engine.name if engine is not None else str(cand.spec.engine_id),
+            knobs=cand.spec.knobs,
+            disposition=disposition,
+            candidate=cand.index,
+            mode=self.cfg.mode,
+            strategy=self.cfg.strategy,
+            error=error,
+            min_ms=stats.min,
+            avg_ms=stats.mean,
+            stddev_ms=stats.stddev,
+            median_ms=stats.median,
+            mad_ms=stats.mad,
+            samples=tuple(float(s) for s in samples),
+            iterations=len(samples),
+            warmups=warmups,
+            converged=converged,
+            workspace_size=workspace,
+            estimated_workspace=cand.estimated_workspace,
+            ran_exhaustive=cand.ran_exhaustive,
+            supports_exhaustive=bool(engine.supports_exhaustive) if engine is not None else False,
+            device_name=self.t.device.properties.name,
+            max_rel_error=max_err,
+            compile_ms=cand.compile_ms,
+            tuning_ms=spent,
+            started_at=cand.started_at,
+        )
+        self.results.append(result)
+        if disposition is Disposition.SUCCEEDED and result.median_ms is not None:
+            if self._best is None or result.median_ms < self._best[0]:
+                self._best = (result.median_ms, result.mad_ms or 0.0)
+        if disposition is Disposition.SUCCEEDED:
+            log.info("autotune: %s: %.4f ms min, %.4f ms avg, %d iterations%s", result.label, result.min_ms,
+                     result.avg_ms, result.iterations, ", converged" if converged else "")
+        elif disposition in (Disposition.BARRED_BY_DESELECT, Disposition.EXCLUDED_BY_FILTER):
+            log.debug("autotune: %s %s: %s", result.label, disposition.value, error)
+        else:
+            # an expected outcome recorded as a result row, not an incident
+            log.info("autotune: %s %s: %s", result.label, disposition.value, error)
+            if cand.plan is not None and not self._prebuilt:
+                _close_plan(cand.plan)
+        if self.listener is not None:
+            self.listener(result)
+
+    def plan_of(self, result: AutotuneResult) -> tuple[PlanSpec, Engine, Plan]:
+        return self._plans[(result.engine_id, result.knobs)]
+
+    def release_plans(self, keep: tuple[PlanSpec, Engine, Plan] | None) -> None:
+        if self._prebuilt:
+            return  # compiled-plan path: the tuner owns them
+        for entry in self._plans.values():
+            if keep is None or entry[2] is not keep[2]:
+                _close_plan(entry[2])
+
+
+def _default_order(results: list[AutotuneResult]) -> list[AutotuneResult]:
+    """The farm's winner rule (farm.tuner.winner): the faster median wins; the default candidate is kept within noise."""
+    if not results:
+        return []
+    med = [r.median_ms if r.median_ms is not None else (r.min_ms if r.min_ms is not None else float("inf"))
+           for r in results]
+    d = decide(med, [r.mad_ms or 0.0 for r in results], [r.candidate for r in results],
+               default=_earliest_default(results))
+    return [results[i] for i in d.ranked]
+
+
+def _earliest_default(results: Sequence[AutotuneResult]) -> list[bool]:
+    defaults = [r.candidate for r in results if not r.knobs]
+    first = min(defaults) if defaults else None
+    return [not r.knobs and r.candidate == first for r in results]
+
+
+def _rank(results: list[AutotuneResult], ranking_fn: Callable[[list[AutotuneResult]], Any] | None) -> list[AutotuneResult]:
+    ok = [r for r in results if r.succeeded]
+    failed = [r for r in results if not r.succeeded]
+    ordered = _default_order(ok)
+    if ranking_fn is not None and ok:
+        proposal = list(ordered)
+        try:
+            returned = ranking_fn(proposal)
+            candidate = list(returned) if returned is not None else proposal
+            if sorted(map(id, candidate)) != sorted(map(id, ordered)):
+                raise ValueError("the ranking function must only reorder the results it was given")
+            ordered = candidate
+        except Exception as exc:
+            log.warning("autotune: ranking function failed (%s); ranked by the winner rule instead", _err(exc))
+    ranked = [replace(r, rank=i) for i, r in enumerate(ordered)]
+    return ranked + [replace(r, rank=-1) for r in failed]

@@ -1,0 +1,135 @@
+"""Tuning workload problems on one device: expand into plan specs, autotune, collect results.
+
+This is the unit of work a farm device actor runs; ``farm tune`` without a
+cluster runs it in-process, one problem after another.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from farm.tuner.autotuner import AutotuneConfig, AutotuneResult, Autotuner
+from farm.devices.device import Device, DeviceProperties
+from farm.model.engine import EngineRegistry
+from farm.errors import AutotuneError, FarmError
+from farm.model.plans import PlanSpec
+from farm.model.problem import Problem
+from farm.tuner.watchdog import HangWatch
+from farm.model.workload import Workload, WorkloadProblem
+
+log = logging.getLogger("farm.tune")
+
+
+@dataclass(frozen=True)
+class ProblemOutcome:
+    """What tuning one problem on one device produced."""
+
+    problem: WorkloadProblem
+    results: tuple[AutotuneResult, ...]
+    error: str = ""  # set when the problem could not be tuned at all (no engine, every candidate failed)
+    wall_ms: float = 0.0
+    skipped: int = 0  # candidates measured before (resume)
+
+    @property
+    def winner(self) -> AutotuneResult | None:
+        return self.results[0] if self.results and self.results[0].succeeded else None
+
+
+def memory_shortfall(problem: Problem, props: DeviceProperties) -> str:
+    """'' when the problem's tensors fit in the device's memory, else why not (nothing is allocated to find out)."""
+    need = sum(t.nbytes for t in problem.tensors)
+    if props.vendor == "sim" or not props.total_memory or need <= props.total_memory:
+        return ""
+    return (f"its tensors need {need / 2**30:.1f} GiB; {props.name} has {props.total_memory / 2**30:.1f} GiB "
+            "of memory")
+
+
+def plan_specs_for(wp: WorkloadProblem, tuner: Autotuner) -> list[PlanSpec]:
+    """Add the workload's candidates for this problem to ``tuner``; returns them in order.
+
+    Engines that do not apply on the tuner's device are left out (discovery
+    happens where the device is); sweeps of such engines are skipped. A problem
+    that cannot fit in the device's memory raises FarmError (before any allocation).
+    """
+    too_big = memory_shortfall(wp.problem, tuner.device.properties)
+    if too_big:
+        raise FarmError(f"{wp.name}: {too_big}")
+    sel = wp.engines
+    configs = [c for c in tuner.engine_configs() if sel.selects(c.engine_name)]
+    applicable = {c.engine_name for c in configs}
+    if sel.defaults and configs:
+        tuner.add_engine_configs(configs)
+    sweeps = []
+    for sweep in sel.sweeps:
+        if str(sweep.engine) in applicable:
+            sweeps.append(sweep)
+        elif sel.selects(str(sweep.engine)):
+            log.info("autotune: sweep of %s skipped for %s: not applicable on %s", sweep.engine, wp.name,
+                     tuner.device.properties.name)
+    if sweeps:
+        tuner.add_engine_sweep(sweeps)
+    return list(tuner.specs)
+
+
+def tune_problem(
+    wp: WorkloadProblem,
+    device: Device,
+    config: AutotuneConfig,
+    registry: EngineRegistry,
+    *,
+    seed: int = 0,
+    done: Iterable[PlanSpec] = (),
+    listener: Callable[[AutotuneResult], None] | None = None,
+    watch: HangWatch | None = None,
+) -> ProblemOutcome:
+    """Tune one workload problem on ``device``; never raises for a candidate's or problem's failure.
+
+    ``done`` lists plan specs measured before (resume); they are not measured again. ``watch``
+    looks for a candidate that hangs.
+    """
+    t0 = time.perf_counter()
+    tuner = Autotuner(wp.problem, device, registry=registry)
+    if watch is not None:
+        watch.watch(tuner)
+    try:
+        specs = plan_specs_for(wp, tuner)
+        if not specs:
+            reasons = "; ".join(f"{c.engine_name}: {c.reason}" for c in registry.explain(wp.problem, device)
+                                if wp.engines.selects(c.engine_name)) or "no engine implements this op"
+            return ProblemOutcome(wp, (), f"no applicable engine ({reasons})", (time.perf_counter() - t0) * 1e3)
+        done_set = set(done)
+        todo = [s for s in specs if s not in done_set]
+        if not todo:
+            return ProblemOutcome(wp, (), "", (time.perf_counter() - t0) * 1e3, skipped=len(specs))
+        try:
+            results = tuner.autotune(config=config, seed=seed, listener=listener,
+                                     only=todo if len(todo) < len(specs) else None)
+            error = ""
+        except AutotuneError as exc:
+            results, error = exc.results, str(exc)
+        return ProblemOutcome(wp, tuple(results), error, (time.perf_counter() - t0) * 1e3, len(specs) - len(todo))
+    except FarmError as exc:
+        return ProblemOutcome(wp, (), str(exc), (time.perf_counter() - t0) * 1e3)
+    finally:
+        tuner.close()
+
+
+def tune_workload(
+    workload: Workload,
+    device: Device,
+    registry: EngineRegistry,
+    *,
+    on_problem: Callable[[ProblemOutcome], None] | None = None,
+    config: AutotuneConfig | None = None,
+) -> list[ProblemOutcome]:
+    """Every problem of ``workload`` on one device, in order (the in-process path)."""
+    outcomes = []
+    for wp in workload.problems:
+        outcome = tune_problem(wp, device, config or workload.autotune, registry, seed=workload.seed)
+        outcomes.append(outcome)
+        if on_problem is not None:
+            on_problem(outcome)
+    return outcomes

@@ -1,0 +1,167 @@
+"""Float64 reference implementations, the ground truth for numerical checks."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+
+from farm.errors import UnknownNameError
+from farm.model.problem import Problem
+
+EPS = 1e-5  # the norms' epsilon (DESIGN: fixed, not a criterion)
+
+Arrays = Mapping[str, np.ndarray]
+
+
+def reference(problem: Problem, inputs: Arrays) -> dict[str, np.ndarray]:
+    """Outputs of ``problem`` computed in float64 from host ``inputs``."""
+    fn = _REFERENCES.get(problem.op)
+    if fn is None:
+        raise UnknownNameError(f"no float64 reference for op {problem.op!r}")
+    x = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
+    return fn(problem, x)
+
+
+def has_reference(op: str) -> bool:
+    return op in _REFERENCES
+
+
+def _matmul(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
+    c = np.matmul(x["A"], x["B"])
+    if "bias" in x:
+        c = c + x["bias"].reshape(-1)
+    return {"C": c}
+
+
+def _conv_params(p: Problem) -> tuple[int, int, int, int, int, int, int]:
+    c = p.criteria_dict
+    return c["pad_h"], c["pad_w"], c["stride_h"], c["stride_w"], c["dilation_h"], c["dilation_w"], c["groups"]
+
+
+def _window(xp: np.ndarray, r: int, s: int, P: int, Q: int, sh: int, sw: int, dh: int, dw: int) -> np.ndarray:
+    """xp[n, c, p*sh + r*dh, q*sw + s*dw] for all p < P, q < Q."""
+    return xp[:, :, r * dh: r * dh + (P - 1) * sh + 1: sh, s * dw: s * dw + (Q - 1) * sw + 1: sw]
+
+
+def conv_fprop_reference(x: np.ndarray, w: np.ndarray, pads: tuple[int, ...], out_hw: tuple[int, int]) -> np.ndarray:
+    """Direct convolution in float64; ``pads`` = (pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, groups)."""
+    ph, pw, sh, sw, dh, dw, g = pads
+    P, Q = out_hw
+    n, c, _, _ = x.shape
+    k, cg, R, S = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    y = np.zeros((n, k, P, Q))
+    kg = k // g
+    for gi in range(g):
+        xs = xp[:, gi * cg:(gi + 1) * cg]
+        ws = w[gi * kg:(gi + 1) * kg]
+        for r in range(R):
+            for s in range(S):
+                win = _window(xs, r, s, P, Q, sh, sw, dh, dw)
+                y[:, gi * kg:(gi + 1) * kg] += np.einsum("ncpq,kc->nkpq", win, ws[:, :, r, s])
+    return y
+
+
+def _conv_fprop(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
+    y = p.tensor("Y").dims
+    return {"Y": conv_fprop_reference(x["X"], x["W"], _conv_params(p), (y[2], y[3]))}
+
+
+def _conv_dgrad(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
+    ph, pw, sh, sw, dh, dw, g = _conv_params(p)
+    dy, w = x["dY"], x["W"]
+    n, c, H, W_ = p.tensor("dX").dims
+    k, cg, R, S = w.shape
+    P, Q = dy.shape[2], dy.shape[3]
+    dxp = np.zeros((n, c, H + 2 * ph, W_ + 2 * pw))
+    kg = k // g
+    for gi in range(g):
+        for r in range(R):
+            for s in range(S):
+                contrib = np.einsum("nkpq,kc->ncpq", dy[:, gi * kg:(gi + 1) * kg], w[gi * kg:(gi + 1) * kg, :, r, s])
+                _window(dxp[:, gi * cg:(gi + 1) * cg], r, s, P, Q, sh, sw, dh, dw)[...] += contrib
+    return {"dX": dxp[:, :, ph:ph + H, pw:pw + W_]}
+
+
+def _conv_wgrad(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
+    ph, pw, sh, sw, dh, dw, g = _conv_params(p)
+    xx, dy = x["X"], x["dY"]
+    k, cg, R, S = p.tensor("dW").dims
+    P, Q = dy.shape[2], dy.shape[3]
+    xp = np.pad(xx, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    dw_ = np.zeros((k, cg, R, S))
+    kg = k // g
+    for gi in range(g):
+        for r in range(R):
+            for s in range(S):
+                win = _window(xp[:, gi * cg:(gi + 1) * cg], r, s, P, Q, sh, sw, dh, dw)
+                dw_[gi * kg:(gi + 1) * kg, :, r, s] = np.einsum("nkpq,ncpq->kc", dy[:, gi * kg:(gi + 1) * kg], win)
+    return {"dW": dw_}
+
+
+def _sdpa_fwd(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
+    q, k, v = x["Q"], x["K"], x["V"]
+    rep = q.shape[1] // k.shape[1]
+    k = np.repeat(k, rep, axis=1)
+    v = np.repeat(v, rep, axis=1)
+    scores = np.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    if p.criteria_dict.get("causal"):
+        sq, skv = scores.shape[-2], scores.shape[-1]
+        # top-left aligned (query i sees keys 0..i), as torch's is_causal=True
+        mask = np.tril(np.ones((sq, skv), dtype=bool))
+        scores = np.where(mask, scores, -np.inf)
+    scores -= scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return {"O": np.einsum("bhqk,bhkd->bhqd", probs, v)}
+
+
+def _layernorm(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
+    xx = x["X"]
+    mean = xx.mean(axis=-1, keepdims=True)
+    var = ((xx - mean) ** 2).mean(axis=-1, keepdims=True)
+    return {"Y": (xx - mean) / np.sqrt(var + EPS) * x["scale"] + x["bias"]}
+
+
+def _rmsnorm(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
+    xx = x["X"]
+    rms = np.sqrt((xx * xx).mean(axis=-1, keepdims=True) + EPS)
+    return {"Y": xx / rms * x["scale"]}
+
+
+def _batchnorm(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
+    xx = x["X"]
+    shape = (1, -1) + (1,) * (xx.ndim - 2)
+    inv = 1.0 / np.sqrt(x["var"] + EPS)
+    return {"Y": (xx - x["mean"].reshape(shape)) * (inv * x["scale"]).reshape(shape) + x["bias"].reshape(shape)}
+
+
+def _pointwise(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
+    a = x["A"]
+    mode = p.criteria_dict["mode"]
+    if mode == 0:
+        return {"C": a + x["B"]}
+    if mode == 1:
+        return {"C": a * x["B"]}
+    if mode == 2:
+        return {"C": np.maximum(a, 0.0)}
+    if mode == 3:
+        from math import erf, sqrt
+
+        verf = np.vectorize(erf)
+        return {"C": 0.5 * a * (1.0 + verf(a / sqrt(2.0)))}
+    raise UnknownNameError(f"pointwise mode {mode} has no reference")
+
+
+_REFERENCES: dict[str, Callable[[Problem, Arrays], dict[str, np.ndarray]]] = {
+    "matmul": _matmul,
+    "conv_fprop": _conv_fprop,
+    "conv_dgrad": _conv_dgrad,
+    "conv_wgrad": _conv_wgrad,
+    "sdpa_fwd": _sdpa_fwd,
+    "layernorm": _layernorm,
+    "rmsnorm": _rmsnorm,
+    "batchnorm_inference": _batchnorm,
+    "pointwise": _pointwise,
+}
