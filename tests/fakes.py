@@ -138,7 +138,7 @@ def tensors_for(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
 
 # -- synthetic results -----------------------------------------------------------------------
 def fake_props(name: str = "Fake GPU", arch: str = "sm_90", units: int = 132, index: int = 0, driver: str = "580.1"):
-    from farm.devices.device import DeviceProperties
+    from farm.devices.properties import DeviceProperties
 
     return DeviceProperties(vendor="nvidia", name=name, arch=arch, compute_units=units, total_memory=141 * 2**30,
                             l2_bytes=60 * 2**20, clock_mhz=1980, warp_size=32, driver_version=driver,
@@ -148,9 +148,9 @@ def fake_props(name: str = "Fake GPU", arch: str = "sm_90", units: int = 132, in
 def fake_result(problem: Problem, engine: str, samples=(1.0, 1.0, 1.0), *, knobs=(), candidate: int = 0,
                 disposition=None, strategy: str = "run_until_stable", started_at: str = "2026-11-30T00:00:00.000Z"):
     """An AutotuneResult with the given samples (statistics computed from them)."""
-    from farm.tuner.autotuner import AutotuneResult, Disposition, TuneMode
+    from farm.model.records import AutotuneResult, Disposition, TuneMode
     from farm.model.ids import engine_name_to_id
-    from farm.devices.timing import Strategy, summarize
+    from farm.model.measurement import Strategy, summarize
 
     disposition = disposition or Disposition.SUCCEEDED
     ok = disposition is Disposition.SUCCEEDED

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from fakes import EXTRA, TILE, FakeEngine, ScriptedTimer, fake_device, matmul_problem, registry_of, tensors_for
-from farm.tuner.autotuner import (AutotuneConfig, Autotuner, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode)
+from farm.tuner.autotuner import Autotuner
+from farm.model.records import AutotuneConfig, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
 from farm.model.engine import engine_id
 from farm.errors import AutotuneError, InputError, UsageError
 from farm.model.knobs import BENCHMARKING_KNOB
-from farm.devices.timing import Strategy
+from farm.model.measurement import Strategy
 
 FAST = AutotuneConfig(strategy="fixed_average", timed_iterations=3, warmup_iterations=1)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from farm.tuner.autotuner import AutotuneConfig, Autotuner
+from farm.tuner.autotuner import Autotuner
+from farm.model.records import AutotuneConfig
 from farm.tuner.compile_claims import CLAIMS_DIR_ENV, CompileQueue
 
 from fakes import TILE, FakeEngine, fake_device, matmul_problem, registry_of

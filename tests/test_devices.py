@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from fakes import fake_props
-from farm.devices.device import DeviceProperties, cpu_device, open_device, probe
+from farm.devices.device import cpu_device, open_device, probe
+from farm.devices.properties import DeviceProperties
 from farm.errors import InputError
 
 

@@ -7,7 +7,7 @@ from farm.tuner.winner import decide
 
 from farm import AutotuneConfig, Autotuner, EngineSweep, Problem, TuneMode
 from farm.devices.arrays import make_tensors, relative_error
-from farm.tuner.autotuner import Disposition
+from farm.model.records import Disposition
 from farm.tuner.reference import reference
 
 PROBLEMS = [

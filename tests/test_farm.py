@@ -146,7 +146,7 @@ def test_every_worker_prepares_the_engines_its_tasks_use(monkeypatch):
     from fakes import FakeEngine, registry_of
 
     import farm.fleet.cluster as cluster
-    from farm.tuner.autotuner import AutotuneConfig
+    from farm.model.records import AutotuneConfig
     from farm.fleet.cluster import DeviceWorkerImpl
     from farm.fleet.scheduler import Task
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fakes import fake_props, fake_result, matmul_problem, write_results
-from farm.tuner.autotuner import Disposition
+from farm.model.records import Disposition
 from farm.store.overrides import load_overrides
 from farm.store.reduce import reduce_results
 

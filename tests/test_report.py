@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from farm.tuner.autotuner import Disposition
+from farm.model.records import Disposition
 from farm.cli import main
 from tests.fakes import fake_props, fake_result, matmul_problem, write_results
 

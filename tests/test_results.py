@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fakes import fake_props, fake_result, matmul_problem, write_results
-from farm.tuner.autotuner import Disposition
+from farm.model.records import Disposition
 from farm.store.results import (COLUMNS, FILE_SCHEMA, SCHEMA_VERSION, MeasurementContext, ResultsDataset, ResultWriter,
                           RunContext, candidate_key, knobs_from_structs, knobs_to_structs, result_row, schema_markdown,
                           spec_of)

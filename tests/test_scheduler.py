@@ -3,7 +3,7 @@
 import pytest
 
 from fakes import fake_result, matmul_problem
-from farm.tuner.autotuner import AutotuneConfig, Disposition
+from farm.model.records import AutotuneConfig, Disposition
 from farm.model.ids import engine_name_to_id
 from farm.model.plans import PlanSpec
 from farm.fleet.scheduler import FINALIST, MAIN, Candidate, PriorRow, Scheduler

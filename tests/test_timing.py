@@ -2,7 +2,8 @@ import math
 
 import pytest
 
-from farm.devices.timing import HostTimer, StopRule, Strategy, coefficient_of_variation, summarize
+from farm.devices.timing import HostTimer
+from farm.model.measurement import StopRule, Strategy, coefficient_of_variation, summarize
 
 
 def test_summarize_edge_cases():

@@ -4,9 +4,9 @@ import textwrap
 
 import pytest
 
-from farm.tuner.autotuner import TuneMode
+from farm.model.records import TuneMode
 from farm.errors import InputError
-from farm.devices.timing import Strategy
+from farm.model.measurement import Strategy
 from farm.model.workload import load_workload, parse_size
 
 GOOD = """\

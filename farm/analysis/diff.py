@@ -72,7 +72,7 @@ def _from_overrides(path: Path) -> dict[Hashable, _Side]:
 
 
 def _from_results(folder: Path) -> dict[Hashable, _Side]:
-    from farm.fleet.job import decide_folder
+    from farm.store.reduce import decide_folder
 
     d = decide_folder(folder)
     return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms) for key, w in d.winners.items()}

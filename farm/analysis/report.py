@@ -107,7 +107,7 @@ def _cov(samples: list[float]) -> float:
 
 
 def build_report(results_dir: str | Path, decisions: Decisions | None = None) -> Report:
-    from farm.fleet.job import decide_folder
+    from farm.store.reduce import decide_folder
 
     data = ResultsDataset(results_dir)
     decisions = decisions or decide_folder(results_dir)

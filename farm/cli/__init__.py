@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.segment import Segment
 
-from farm import __version__
+from farm._version import __version__
 from farm.errors import FarmError, InputError
 
 log = logging.getLogger("farm.cli")

@@ -29,7 +29,8 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from farm.devices.device import Device, DeviceProperties
+from farm.devices.device import Device
+from farm.devices.properties import DeviceProperties
 from farm.errors import InputError
 from farm.model.problem import Problem, TensorDesc
 from farm.devices.timing import EventTimer

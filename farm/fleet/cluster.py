@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from farm.tuner.autotuner import AutotuneConfig, AutotuneResult, Autotuner
-from farm.devices.device import Device, DeviceProperties
+from farm.tuner.autotuner import Autotuner
+from farm.model.records import AutotuneConfig, AutotuneResult
+from farm.devices.device import Device
+from farm.devices.properties import DeviceProperties
 from farm.model.engine import EngineRegistry, default_engine_registry
 from farm.errors import AutotuneError, FarmError, InputError
 from farm.fleet.job import JobRun, JobSummary

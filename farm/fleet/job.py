@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from farm import __version__
-from farm.tuner.autotuner import AutotuneConfig, AutotuneResult
+from farm._version import __version__
+from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.devices.device import Device
 from farm.model.engine import EngineRegistry
 from farm.errors import InputError
@@ -119,24 +119,6 @@ def _lock_job_folder(job: JobDir) -> Any:
         raise InputError("another farm tune is running into this folder; wait for it to finish or use another --out",
                          source=str(job.root)) from None
     return lock
-
-
-def decide_folder(results_dir: str | Path) -> Decisions:
-    """The reducer's decisions for a results folder, with the incumbents its job used (job.json), if any.
-
-    ``farm report`` and ``farm diff`` call this, so they show what ``farm tune`` wrote.
-    """
-    data = ResultsDataset(results_dir)
-    record: Any = {}
-    job_file = JobDir(Path(results_dir).parent).job_file
-    if Path(results_dir).name == "results" and job_file.is_file():
-        try:
-            record = json.loads(job_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            record = {}  # no incumbents; farm tune moves a corrupt record aside when it resumes
-    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
-        record = {"settings": {}}
-    return decide_results(data, incumbents=load_incumbents((record.get("settings") or {}).get("incumbents"), data))
 
 
 @dataclass
@@ -347,7 +329,7 @@ def run_local(
 
 
 def _timed_out_row(tuner: Any, spec: Any, seconds: float, config: AutotuneConfig) -> AutotuneResult:
-    from farm.tuner.autotuner import Disposition
+    from farm.model.records import Disposition
 
     engine = tuner.registry.get(spec.engine_id)
     specs = list(tuner.specs)

@@ -26,7 +26,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from farm.tuner.autotuner import AutotuneConfig, AutotuneResult, Disposition
+from farm.model.records import AutotuneConfig, AutotuneResult, Disposition
 from farm.model.plans import PlanSpec
 from farm.tuner.winner import is_noisy
 from farm.model.workload import WorkloadProblem

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from farm.tuner.autotuner import AutotuneConfig
+from farm.model.records import AutotuneConfig
 from farm.model.engine import EngineRegistry, user_knobs
 from farm.errors import InputError, UnknownNameError
 from farm.fsutil import read_text_file

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
-from farm.devices.device import DeviceProperties
+from farm.devices.properties import DeviceProperties
 from farm.errors import FarmError, UnknownNameError
 from farm.devices.fb import encode_device_properties, encode_problem
 from farm.model.ids import policy_name_to_id

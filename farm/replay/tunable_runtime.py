@@ -34,7 +34,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from farm.tuner.autotuner import AutotuneConfig, Autotuner
+from farm.tuner.autotuner import Autotuner
+from farm.model.records import AutotuneConfig
 from farm.devices.device import Device
 from farm.model.engine import EngineRegistry, default_engine_registry, file_knobs, settings_to_resolved
 from farm.errors import AutotuneError, FarmError, InputError

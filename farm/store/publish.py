@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from filelock import FileLock
 
-from farm.devices.device import DeviceProperties
+from farm.devices.properties import DeviceProperties
 from farm.errors import FarmError, InputError
 from farm.fsutil import read_text_file
 from farm.store.overrides import OverrideEntry, OverrideFile, merge_entries, parse_overrides, render

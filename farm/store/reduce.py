@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from farm import __version__
+from farm._version import __version__
 from farm.fsutil import atomic_write_text, fsync_dir, temp_path
 from farm.model.ids import engine_name_to_id
 from farm.model.knobs import KnobSettings, candidate_label
@@ -287,6 +287,24 @@ def _latest_session(table: pa.Table, group: np.ndarray, rows: np.ndarray) -> np.
     return np.array([s == last[gi][1] for gi, s in zip(g.tolist(), sessions.tolist())], dtype=bool)
 
 
+def decide_folder(results_dir: str | Path) -> Decisions:
+    """The reducer's decisions for a results folder, with the incumbents its job used (job.json), if any.
+
+    ``farm report`` and ``farm diff`` call this, so they show what ``farm tune`` wrote.
+    """
+    data = ResultsDataset(results_dir)
+    record: Any = {}
+    job_file = Path(results_dir).parent / "job.json"  # the job folder's record (farm.fleet.job)
+    if Path(results_dir).name == "results" and job_file.is_file():
+        try:
+            record = json.loads(job_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = {}  # no incumbents; farm tune moves a corrupt record aside when it resumes
+    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+        record = {"settings": {}}
+    return decide_results(data, incumbents=load_incumbents((record.get("settings") or {}).get("incumbents"), data))
+
+
 def _signature_in(device_json: str) -> str:
     try:
         value = json.loads(device_json).get("signature")
@@ -338,7 +356,7 @@ def load_incumbents(source: str | Path | None, data: ResultsDataset) -> dict[str
     """
     if not source:
         return {}
-    from farm.devices.device import DeviceProperties
+    from farm.devices.properties import DeviceProperties
     from farm.errors import FarmError
 
     source = str(source)

@@ -31,9 +31,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from farm import __version__
-from farm.tuner.autotuner import AutotuneResult
-from farm.devices.device import DeviceProperties
+from farm._version import __version__
+from farm.model.records import AutotuneResult
+from farm.devices.properties import DeviceProperties
 from farm.errors import InputError
 from farm.fsutil import fsync_dir, temp_path
 from farm.model.knobs import KnobSettings, KnobType, knob_type_of

@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as _dt
-import enum
 import logging
 import queue
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from farm.model import dtypes
@@ -42,8 +41,10 @@ from farm.errors import AutotuneError, InputError, UsageError
 from farm.model.knobs import KnobSettings, KnobValue, candidate_label
 from farm.model.plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection
 from farm.model.problem import Problem
+from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
 from farm.tuner.reference import has_reference, reference
-from farm.devices.timing import StopRule, Strategy, summarize, timed_section
+from farm.devices.timing import timed_section
+from farm.model.measurement import summarize
 from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide, is_noisy, noise_sigma
 
 log = logging.getLogger("farm.tuner.autotuner")
@@ -53,173 +54,6 @@ log = logging.getLogger("farm.tuner.autotuner")
 # first candidate that ran instead.
 REFERENCE_FLOP_LIMIT = 2e8
 REFERENCE_ELEMENT_LIMIT = 1 << 22
-
-
-class TuneMode(str, enum.Enum):
-    STANDARD = "standard"
-    EXHAUSTIVE = "exhaustive"
-
-
-class PrimingFailurePolicy(str, enum.Enum):
-    ABORT = "abort"
-    BENCHMARK_UNPRIMED = "benchmark_unprimed"
-
-
-class ResultCheck(str, enum.Enum):
-    AUTO = "auto"  # float64 reference for small problems, else the first candidate's output
-    REFERENCE = "reference"
-    FIRST = "first"
-    OFF = "off"
-
-
-class Disposition(str, enum.Enum):
-    SUCCEEDED = "succeeded"
-    BARRED_BY_DESELECT = "barred_by_deselect"
-    EXCLUDED_BY_FILTER = "excluded_by_filter"
-    EXCEEDS_WORKSPACE_LIMIT = "exceeds_workspace_limit"
-    FAILED_COMPILE = "failed_compile"
-    FAILED_FINALIZE = "failed_finalize"
-    FAILED_WARMUP = "failed_warmup"
-    FAILED_RUN = "failed_run"
-    WRONG_RESULT = "wrong_result"
-    # Set by the farm, outside the in-process loop:
-    TIMED_OUT = "timed_out"
-    CRASHED = "crashed"
-
-
-def _enum(cls: type[enum.Enum], value: Any, field_name: str) -> Any:
-    if isinstance(value, cls):
-        return value
-    try:
-        return cls(str(value).lower())
-    except ValueError:
-        allowed = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
-        raise InputError(f"expected one of {allowed}", field=field_name, value=value) from None
-
-
-@dataclass(frozen=True, kw_only=True)
-class AutotuneConfig:
-    """Tuning settings. Strings are accepted for the enum fields.
-
-    Defaults follow the RFC: STANDARD mode, RUN_UNTIL_STABLE with a window of 3
-    under a 5 % coefficient of variation, at most 100 iterations, 1 warmup.
-    """
-
-    mode: TuneMode = TuneMode.STANDARD
-    strategy: Strategy = Strategy.RUN_UNTIL_STABLE
-    warmup_iterations: int = 1
-    timed_iterations: int = 10  # FIXED_AVERAGE
-    max_iterations: int = 100  # RUN_UNTIL_STABLE cap
-    window: int = 3
-    stability_threshold: float = 0.05
-    max_tuning_duration_ms: float | None = None  # per candidate (TunableOp)
-    max_tuning_samples: int | None = None  # per candidate (TunableOp)
-    workspace_limit: int | None = None  # bytes; compiled plans above it are skipped
-    engine_id_filter: tuple[int, ...] = ()
-    ranking_fn: Callable[[list["AutotuneResult"]], Any] | None = field(default=None, compare=False)
-    priming_failure: PrimingFailurePolicy = PrimingFailurePolicy.ABORT
-    cold_cache: bool = False
-    check: ResultCheck = ResultCheck.AUTO
-    compile_workers: int = 0  # >0: compile in a thread pool, overlapped with measuring
-    rotating_buffers: int = 0  # >0: that many extra input sets, used in turn, so inputs are not in cache
-    graph_repeats: int = 0  # >0: time replays of a device graph holding that many runs (microsecond kernels)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "mode", _enum(TuneMode, self.mode, "mode"))
-        object.__setattr__(self, "strategy", _enum(Strategy, self.strategy, "strategy"))
-        object.__setattr__(self, "priming_failure", _enum(PrimingFailurePolicy, self.priming_failure, "priming_failure"))
-        object.__setattr__(self, "check", _enum(ResultCheck, self.check, "check"))
-        object.__setattr__(self, "engine_id_filter", tuple(int(i) for i in self.engine_id_filter))
-        self._validate()
-
-    def _validate(self) -> None:
-        def need(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise InputError(rule, field=name, value=getattr(self, name))
-
-        def is_int(name: str) -> bool:
-            v = getattr(self, name)
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        for name in ("warmup_iterations", "timed_iterations", "max_iterations", "window", "compile_workers",
-                     "rotating_buffers", "graph_repeats"):
-            need(is_int(name), name, "must be an integer")
-        need(self.warmup_iterations >= 0, "warmup_iterations", "must be >= 0")
-        need(self.timed_iterations >= 1, "timed_iterations", "must be >= 1")
-        need(self.compile_workers >= 0, "compile_workers", "must be >= 0")
-        need(self.rotating_buffers >= 0, "rotating_buffers", "must be >= 0")
-        need(self.graph_repeats >= 0, "graph_repeats", "must be >= 0")
-        need(isinstance(self.cold_cache, bool), "cold_cache", "must be true or false")
-        if self.strategy is Strategy.RUN_UNTIL_STABLE:
-            need(self.window >= 2, "window", "must be >= 2")
-            need(self.max_iterations >= self.window, "max_iterations", f"must be >= window ({self.window})")
-            t = self.stability_threshold
-            need(isinstance(t, (int, float)) and not isinstance(t, bool) and 0.0 < t < 1.0,
-                 "stability_threshold", "must be in (0, 1), exclusive")
-        if self.max_tuning_duration_ms is not None:
-            need(isinstance(self.max_tuning_duration_ms, (int, float)) and self.max_tuning_duration_ms > 0,
-                 "max_tuning_duration_ms", "must be > 0")
-        if self.max_tuning_samples is not None:
-            need(is_int("max_tuning_samples") and self.max_tuning_samples >= 1, "max_tuning_samples", "must be an integer >= 1")
-        if self.workspace_limit is not None:
-            need(is_int("workspace_limit") and self.workspace_limit >= 0, "workspace_limit", "must be an integer >= 0 (bytes)")
-
-    def stop_rule(self) -> StopRule:
-        iterations = self.timed_iterations if self.strategy is Strategy.FIXED_AVERAGE else self.max_iterations
-        return StopRule(
-            strategy=self.strategy,
-            iterations=iterations,
-            window=self.window,
-            threshold=float(self.stability_threshold),
-            max_samples=self.max_tuning_samples,
-            max_duration_ms=self.max_tuning_duration_ms,
-        )
-
-
-@dataclass(frozen=True)
-class AutotuneResult:
-    """One candidate's outcome. ``rank`` is 0-based among successes, -1 otherwise."""
-
-    problem_key: str
-    engine_id: int
-    engine_name: str
-    knobs: KnobSettings
-    disposition: Disposition
-    mode: TuneMode
-    strategy: Strategy
-    rank: int = -1
-    candidate: int = -1  # position in the candidate list (discovery order first)
-    error: str = ""
-    min_ms: float | None = None
-    avg_ms: float | None = None
-    stddev_ms: float | None = None
-    median_ms: float | None = None
-    mad_ms: float | None = None
-    samples: tuple[float, ...] = ()
-    iterations: int = 0
-    warmups: int = 0
-    converged: bool = False
-    workspace_size: int | None = None
-    estimated_workspace: int | None = None
-    ran_exhaustive: bool = False
-    supports_exhaustive: bool = False
-    device_name: str = ""
-    max_rel_error: float | None = None
-    compile_ms: float | None = None
-    tuning_ms: float = 0.0
-    started_at: str = ""
-
-    @property
-    def succeeded(self) -> bool:
-        return self.disposition is Disposition.SUCCEEDED
-
-    @property
-    def spec(self) -> PlanSpec:
-        return PlanSpec(self.engine_id, self.knobs)
-
-    @property
-    def label(self) -> str:
-        return candidate_label(self.engine_name, self.knobs)
 
 
 @dataclass

@@ -11,8 +11,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from farm.tuner.autotuner import AutotuneConfig, AutotuneResult, Autotuner
-from farm.devices.device import Device, DeviceProperties
+from farm.tuner.autotuner import Autotuner
+from farm.model.records import AutotuneConfig, AutotuneResult
+from farm.devices.device import Device
+from farm.devices.properties import DeviceProperties
 from farm.model.engine import EngineRegistry
 from farm.errors import AutotuneError, FarmError
 from farm.model.plans import PlanSpec

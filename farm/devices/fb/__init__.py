@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import flatbuffers
 
-from farm.devices.device import DeviceProperties
+from farm.devices.properties import DeviceProperties
 from farm.errors import InputError
 from farm.model.problem import Problem
 from farm.devices.fb.generated import Criterion as _Criterion

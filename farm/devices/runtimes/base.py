@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from farm.errors import FarmError
 
 if TYPE_CHECKING:
-    from farm.devices.device import DeviceProperties
+    from farm.devices.properties import DeviceProperties
 
 
 @runtime_checkable

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from farm.devices.device import DeviceProperties
+from farm.devices.properties import DeviceProperties
 
 _SYSFS_CACHE = "/sys/devices/system/cpu/cpu0/cache"
 

@@ -18,7 +18,7 @@ import socket
 import threading
 from typing import Any, Protocol
 
-from farm.devices.device import DeviceProperties
+from farm.devices.properties import DeviceProperties
 from farm.devices.runtimes.base import RuntimeCallError, RuntimeUnavailable
 
 log = logging.getLogger("farm.runtime")
