@@ -13,11 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from farm.devices.device import Device
-from farm.model.engine import Support
-from farm.model.knobs import Knob, KnobValue
-from farm.model.problem import Problem
-from farm.devices.sim import unit_hash
+from farm.plugin import Device, Knob, KnobValue, Problem, Support, unit_hash
 
 PEAK_FLOPS = 100e12  # a speed-1 simulated device
 PEAK_BYTES = 2e12

@@ -18,11 +18,19 @@ import os
 import time
 from typing import Any, Sequence
 
-from farm.errors import FarmError
-from farm.devices.fb import FlatBufferError, decode_device_properties, decode_problem
-from farm.model.ids import engine_name_to_id, policy_name_to_id
-from farm.store.overrides import OverrideFile, load_overrides
-from farm.replay.selection import CONFIG, POLICY_API_VERSION, Choice
+from farm.plugin import (
+    Choice,
+    CONFIG,
+    decode_device_properties,
+    decode_problem,
+    engine_name_to_id,
+    FarmError,
+    FlatBufferError,
+    load_overrides,
+    OverrideFile,
+    POLICY_API_VERSION,
+    policy_name_to_id,
+)
 
 log = logging.getLogger("farm.policies.config")
 PATH_ENVS = ("FARM_HEUR_CONFIG_PATH", "HIPDNN_HEUR_CONFIG_PATH")
@@ -62,7 +70,7 @@ class _Session:
 
     def _valid_knobs(self, entry: Any, source: str) -> Any:
         """The entry's knobs validated like a workload's, or None: declined, with one warning per entry."""
-        from farm.model.engine import default_engine_registry, file_knobs
+        from farm.plugin import default_engine_registry, file_knobs
 
         try:
             return file_knobs(default_engine_registry().get(entry.engine_name), entry.knobs, source=source)
@@ -87,7 +95,7 @@ class _Session:
                 stamp = (root, None)
         if self._root is not None and self._root[0] == stamp:
             return self._root[1]
-        from farm.store.publish import find_published
+        from farm.plugin import find_published
 
         found = find_published(root, self.props)
         target = None

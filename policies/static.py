@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from farm.model.engine import default_engine_registry, engine_id, engine_priority
-from farm.model.ids import policy_name_to_id
-from farm.replay.selection import POLICY_API_VERSION, STATIC_ORDERING
+from farm.plugin import (
+    default_engine_registry,
+    engine_id,
+    engine_priority,
+    POLICY_API_VERSION,
+    policy_name_to_id,
+    STATIC_ORDERING,
+)
 
 
 class _Session:

@@ -76,3 +76,54 @@ def test_the_cycle_finder_finds_cycles():
     for a, b in (("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.c", "p.d"), ("p.e", "p.d")):
         g.add_import(importer=a, imported=b)
     assert _cycles(g) == [["p.a", "p.b", "p.c"]]
+
+
+PLUGIN_NAMES = {
+    "Engine", "Plan", "Support", "Knob", "KnobType", "KnobValue", "KnobAware", "CompileKeyed", "Preparable",
+    "Prioritized", "engine_id", "engine_priority", "engine_name_to_id", "default_engine_registry", "file_knobs",
+    "Problem", "TensorDesc", "contiguous_strides", "itemsize", "Device", "DeviceProperties",
+    "gil_heavy_section", "unit_hash", "EPS",
+    "Choice", "POLICY_API_VERSION", "CONFIG", "STATIC_ORDERING", "policy_name_to_id", "OverrideFile",
+    "load_overrides", "find_published", "FlatBufferError", "decode_device_properties", "decode_problem",
+    "FarmError", "InputError",
+}
+
+
+def test_the_plugin_facade_names_are_pinned():
+    import farm.plugin
+
+    assert set(farm.plugin.__all__) == PLUGIN_NAMES  # removing or renaming one breaks plugins: a major change
+    assert all(hasattr(farm.plugin, n) for n in PLUGIN_NAMES)
+
+
+def _farm_imports(path):
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
+                (node.module == "farm" or node.module.startswith("farm.")):
+            yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "farm" or alias.name.startswith("farm."):
+                    yield node.lineno, alias.name
+
+
+def test_built_in_engines_and_policies_import_only_the_plugin_facade():
+    files = sorted((ROOT / "engines").rglob("*.py")) + sorted((ROOT / "policies").rglob("*.py"))
+    assert len(files) > 5
+    outside = [f"{f.relative_to(ROOT)}:{line} imports {mod}" for f in files for line, mod in _farm_imports(f)
+               if mod != "farm.plugin"]
+    assert outside == []
+
+
+def test_optional_engine_capabilities_are_protocols_the_built_ins_satisfy():
+    from farm.model.engine import default_engine_registry
+    from farm.plugin import CompileKeyed, Engine, KnobAware, Preparable, Prioritized
+
+    engines = list(default_engine_registry())
+    assert all(isinstance(e, Engine) for e in engines)
+    names = {cap.__name__: {e.name for e in engines if isinstance(e, cap)}
+             for cap in (KnobAware, CompileKeyed, Preparable, Prioritized)}
+    assert "torch.sdpa" in names["KnobAware"] and "triton.gemm" in names["CompileKeyed"]
+    assert "triton.gemm" in names["Preparable"] and names["Prioritized"]

@@ -9,10 +9,7 @@ from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 import numpy as np
 
-from farm.devices.device import Device
-from farm.model.engine import Support
-from farm.model.knobs import Knob, KnobValue
-from farm.model.problem import Problem
+from farm.plugin import Device, Knob, KnobValue, Problem, Support
 
 NUMPY = {"fp64": np.float64, "fp32": np.float32, "fp16": np.float16}
 HOST_VENDORS = frozenset({"cpu"})

@@ -6,10 +6,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from farm.devices.device import Device
-from farm.model.engine import Support
-from farm.model.knobs import Knob, KnobValue
-from farm.model.problem import Problem
+from farm.plugin import Device, Knob, KnobValue, Problem, Support
 
 from ._base import THREADS_KNOB, CpuEngine, FunctionPlan, blas_threads, chunks, compute_dtype, nbytes, workspace_view
 

@@ -6,10 +6,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from farm.devices.device import Device
-from farm.model.knobs import Knob, KnobValue
-from farm.model.problem import Problem
-from farm.tuner.reference import EPS
+from farm.plugin import Device, EPS, Knob, KnobValue, Problem
 
 from ._base import CpuEngine, FunctionPlan, chunks, compute_dtype, nbytes, workspace_view
 

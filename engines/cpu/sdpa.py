@@ -12,9 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from farm.devices.device import Device
-from farm.model.knobs import Knob, KnobValue
-from farm.model.problem import Problem
+from farm.plugin import Device, Knob, KnobValue, Problem
 
 from ._base import THREADS_KNOB, CpuEngine, FunctionPlan, blas_threads, compute_dtype, nbytes, workspace_view
 

@@ -14,12 +14,7 @@ import logging
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
-from farm.devices.device import Device
-from farm.model.dtypes import itemsize
-from farm.model.engine import Support
-from farm.model.knobs import Knob, KnobValue
-from farm.model.problem import Problem
-from farm.devices.timing import gil_heavy_section
+from farm.plugin import Device, gil_heavy_section, itemsize, Knob, KnobValue, Problem, Support
 
 from .triton_pad import PadAB
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Mapping
 
-from farm.devices.device import Device
-from farm.model.knobs import Knob, KnobValue
-from farm.model.problem import Problem
+from farm.plugin import Device, Knob, KnobValue, Problem
 
 from ._common import Flags, GpuEngine, TorchPlan, torch_module
 

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from farm.devices.device import Device
-from farm.model.dtypes import itemsize
-from farm.model.engine import Support
-from farm.model.knobs import Knob, KnobValue
-from farm.model.problem import Problem
+from farm.plugin import Device, itemsize, Knob, KnobValue, Problem, Support
 
 from ._common import Flags, GpuEngine, TorchPlan, ZeroPaddedAB, elements, flags, gemm_mkn, round_up, torch_dtype, torch_module
 

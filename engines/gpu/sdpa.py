@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from farm.devices.device import Device
-from farm.model.engine import Support
-from farm.model.knobs import Knob, KnobValue
-from farm.model.problem import Problem
+from farm.plugin import Device, Knob, KnobValue, Problem, Support
 
 from ._common import GpuEngine, TorchPlan, empty_like_desc, torch_module
 

@@ -16,11 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from farm.devices.device import Device
-from farm.model.engine import Support
-from farm.model.knobs import Knob, KnobValue
-from farm.model.problem import Problem, contiguous_strides
-from farm.devices.timing import gil_heavy_section
+from farm.plugin import contiguous_strides, Device, gil_heavy_section, Knob, KnobValue, Problem, Support
 
 from ._common import (TORCH_DTYPES, TRITON_COMPILE_LOCK, GpuEngine, TorchPlan, ZeroPaddedAB, gemm_mkn, round_up,
                       torch_module)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from farm.model.problem import Problem
+from farm.plugin import Problem
 
 BLOCK_R, BLOCK_C = 16, 128
 

@@ -45,12 +45,12 @@ def _print_json(data: Any) -> None:
 
 # -- farm engines ---------------------------------------------------------------------------
 def cmd_engines(args: argparse.Namespace) -> int:
-    from farm.model.engine import default_engine_registry
+    from farm.model.engine import default_engine_registry, engine_priority
     from farm.cli.render import engine_dict, engines_table
 
     registry = default_engine_registry()
     engines = sorted((e for e in registry if args.op is None or args.op in e.ops),
-                     key=lambda e: (sorted(e.ops), getattr(e, "priority", 100), e.name))
+                     key=lambda e: (sorted(e.ops), engine_priority(e), e.name))
     if args.op is not None and not engines:
         from farm.model.op_catalog import op_spec
 

@@ -80,11 +80,38 @@ class Engine(Protocol):
 
     def compile(self, problem: "Problem", knobs: Mapping[str, KnobValue], device: "Device") -> Plan: ...
 
-    # Optional: ``knob_support(problem, device, knobs) -> Support`` says whether these knob values apply
-    # here (e.g. an attention backend); sweeps and variants leave out those that do not.
-    # Optional: ``compile_key(problem, knobs, device) -> str | None`` names the artifact a compile leaves
-    # in a cache shared by the processes of a host (Triton's disk cache), so workers on one host
-    # compile it once (farm.tuner.compile_claims).
+
+
+# -- optional capabilities: an engine has one when it has the method (or attribute) ----------------
+@runtime_checkable
+class KnobAware(Protocol):
+    """Says whether these knob values apply here (e.g. an attention backend); sweeps and variants leave
+    out those that do not."""
+
+    def knob_support(self, problem: "Problem", device: "Device", knobs: Mapping[str, KnobValue]) -> Support: ...
+
+
+@runtime_checkable
+class CompileKeyed(Protocol):
+    """Names the artifact a compile leaves in a cache shared by a host's processes (Triton's disk cache),
+    so workers on one host compile it once (farm.tuner.compile_claims); None: nothing shared."""
+
+    def compile_key(self, problem: "Problem", knobs: Mapping[str, KnobValue], device: "Device") -> str | None: ...
+
+
+@runtime_checkable
+class Preparable(Protocol):
+    """Starts what helps its compiles in a tuning process (a compile pool); ``device_kind`` is "gpu",
+    "cpu" or "sim". Called again for every task: it must be idempotent."""
+
+    def prepare(self, device_kind: str) -> None: ...
+
+
+@runtime_checkable
+class Prioritized(Protocol):
+    """A static preference, lower first (StaticOrdering); engines without one count as 100."""
+
+    priority: int
 
 
 def engine_id(engine: Engine) -> int:
@@ -93,7 +120,7 @@ def engine_id(engine: Engine) -> int:
 
 def engine_priority(engine: Engine) -> int:
     """Static preference (lower first) an engine may declare; 100 when it declares none."""
-    return int(getattr(engine, "priority", 100))
+    return int(engine.priority) if isinstance(engine, Prioritized) else 100
 
 
 def engine_knobs(engine: Engine) -> tuple[Knob, ...]:
@@ -236,8 +263,9 @@ class EngineRegistry:
         """Call ``prepare(device_kind)`` of the named engines that have one ("gpu", "cpu" or "sim"): a tuning
         process lets them start what their compiles want (Triton's compile pool). Replay never calls this."""
         for name in sorted(set(engine_names)):
-            prepare = getattr(self.get(name), "prepare", None)
-            if callable(prepare):
+            engine = self.get(name)
+            prepare = engine.prepare if isinstance(engine, Preparable) else None
+            if prepare is not None:
                 try:
                     prepare(device_kind)
                 except Exception as exc:  # preparing is an optimisation; compiles work without it

@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from farm.model.engine import Engine, EngineConfig, EngineRegistry, Support, engine_id, settings_to_resolved, user_knobs
+from farm.model.engine import Engine, EngineConfig, EngineRegistry, KnobAware, Support, engine_id, settings_to_resolved, user_knobs
 from farm.errors import InputError, UnknownNameError, UsageError
 from farm.model.ids import engine_name_to_id
 from farm.model.knobs import BENCHMARKING_KNOB, KnobSettings, KnobValue, candidate_label, normalize_settings
@@ -145,11 +145,10 @@ class PlanSpecCollection:
                 self.dropped.append((f"{engine.name}[*]", cfg.reason))
                 log.warning("autotune: %s skipped: it does not apply here (%s)", engine.name, cfg.reason)
             return False
-        check = getattr(engine, "knob_support", None)
-        if check is None:
+        if not isinstance(engine, KnobAware):
             return True
         try:
-            support = check(self.problem, self.device, dict(spec.knobs))
+            support = engine.knob_support(self.problem, self.device, dict(spec.knobs))
         except Exception as exc:
             support = Support.no(f"knob check failed: {type(exc).__name__}: {exc}")
         if not support:

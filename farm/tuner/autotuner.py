@@ -36,7 +36,7 @@ import numpy as np
 from farm.devices.arrays import make_tensors, relative_error
 from farm.tuner.compile_claims import CompileQueue
 from farm.devices.device import Device, cpu_device
-from farm.model.engine import Engine, EngineConfig, EngineRegistry, Plan, default_engine_registry, settings_to_resolved
+from farm.model.engine import CompileKeyed, Engine, EngineConfig, EngineRegistry, Plan, default_engine_registry, settings_to_resolved
 from farm.errors import AutotuneError, InputError, UsageError
 from farm.model.knobs import KnobSettings, KnobValue, candidate_label
 from farm.model.plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection
@@ -309,11 +309,10 @@ class Autotuner:
 
     def _compile_key(self, cand: _Candidate) -> str | None:
         """The host-wide key of the artifact compiling ``cand`` produces, if its engine declares one."""
-        key_of = getattr(cand.engine, "compile_key", None)
-        if key_of is None:
+        if not isinstance(cand.engine, CompileKeyed):
             return None
         try:
-            return key_of(self.problem, settings_to_resolved(cand.engine, cand.spec.knobs), self.device)
+            return cand.engine.compile_key(self.problem, settings_to_resolved(cand.engine, cand.spec.knobs), self.device)
         except Exception as exc:  # no key means no sharing, never a failed candidate
             log.warning("autotune: %s.compile_key failed (%s); compiling without host-wide sharing",
                         cand.engine.name, _err(exc))
