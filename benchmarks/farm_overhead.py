@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from farm.fleet.cluster import DeviceRequest, FarmSettings, run_farm  # noqa: E402
+from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm  # noqa: E402
 from farm.model.engine import default_engine_registry  # noqa: E402
 from farm.store.results import ResultsDataset  # noqa: E402
 from farm.devices.sim import SimConfig  # noqa: E402
@@ -48,7 +48,7 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="farm-overhead-")) / "run"
     t0 = time.perf_counter()
     report = run_farm(wl, out, devices=DeviceRequest("sim", args.devices, sim),
-                      settings=FarmSettings(shard_size=1000), reduce=False)
+                      options=FarmOptions(shard_size=1000, reduce=False))
     wall = time.perf_counter() - t0
     startup = wall - report.tuning_s
     rows = ResultsDataset(out / "results").table(["candidate_key"]).num_rows

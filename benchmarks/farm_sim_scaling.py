@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from farm.fleet.cluster import DeviceRequest, FarmSettings, run_farm  # noqa: E402
+from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm  # noqa: E402
 from farm.model.engine import default_engine_registry  # noqa: E402
 from farm.devices.sim import SimConfig  # noqa: E402
 from farm.model.workload import parse_workload  # noqa: E402
@@ -61,8 +61,7 @@ def main() -> None:
         sim = SimConfig.parse({"devices": [{"name": "Sim GPU", "count": n}], "noise": 0.0, "sleep": args.sleep})
         out = Path(tempfile.mkdtemp(prefix=f"sim-scaling-{n}-")) / "run"
         t0 = time.perf_counter()
-        report = run_farm(wl, out, devices=DeviceRequest("sim", n, sim), settings=FarmSettings(), reduce=False,
-                           keep_results=True)
+        report = run_farm(wl, out, devices=DeviceRequest("sim", n, sim), options=FarmOptions(reduce=False, keep_results=True))
         wall = time.perf_counter() - t0
         busy = [s.busy_s / report.tuning_s for s in report.statuses]
         w = winners(report)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from farm.fleet.cluster import DeviceRequest, FarmSettings, run_farm
+from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
 from farm.model.engine import default_engine_registry
 from farm.store.overrides import load_overrides
 from farm.store.results import ResultsDataset
@@ -56,7 +56,7 @@ def test_eight_devices_over_two_signatures(tmp_path, local_ray):
     sim = SimConfig.parse({"devices": [{"name": "Sim A", "count": 4, "speed": 1.0},
                                        {"name": "Sim B", "count": 4, "speed": 2.5}], "sleep": 0.05})
     out = tmp_path / "run"
-    report = run_farm(wl, out, devices=DeviceRequest("sim", 8, sim), settings=FarmSettings(shard_size=40))
+    report = run_farm(wl, out, devices=DeviceRequest("sim", 8, sim), options=FarmOptions(shard_size=40))
     sigs = sorted({w.signature for w in report.workers})
     assert len(report.workers) == 8 and len(sigs) == 2
     # one override file per signature, one entry per problem
@@ -95,7 +95,7 @@ def test_crash_and_hang_leave_a_complete_job_with_the_right_failed_rows(tmp_path
         {"kind": "crash", "engine": "sim.gemm", "knobs": {"block": 32, "stages": 2}},
         {"kind": "hang", "engine": "sim.gemm", "knobs": {"block": 16, "stages": 1}, "problem": hang_problem}]})
     out = tmp_path / "run"
-    report = run_farm(wl, out, devices=DeviceRequest("sim", 2, sim), settings=FarmSettings(candidate_timeout_s=2))
+    report = run_farm(wl, out, devices=DeviceRequest("sim", 2, sim), options=FarmOptions(candidate_timeout_s=2))
     data = rows(out)
     failed = sorted((r["problem_name"], r["disposition"], r["candidate_key"]) for r in data if r["disposition"] != "succeeded")
     crash_key = next(r["candidate_key"] for r in data if r["disposition"] == "crashed")
@@ -145,9 +145,9 @@ def test_every_worker_prepares_the_engines_its_tasks_use(monkeypatch):
     at each task (idempotent); engines learn the worker's device kind."""
     from fakes import FakeEngine, registry_of
 
-    import farm.fleet.cluster as cluster
+    import farm.fleet.worker as cluster
     from farm.model.records import AutotuneConfig
-    from farm.fleet.cluster import DeviceWorkerImpl
+    from farm.fleet.worker import DeviceWorkerImpl
     from farm.fleet.scheduler import Task
 
     prepared = []

@@ -122,7 +122,7 @@ def test_a_cpu_worker_runs_with_the_threads_it_is_given_or_the_hosts_cores(repo_
     """What DeviceWorkerImpl does first in a Ray actor (which starts with OMP_NUM_THREADS=1), in a subprocess."""
     script = (
         "import os\n"
-        "from farm.fleet.cluster import DeviceWorkerImpl\n"
+        "from farm.fleet.worker import DeviceWorkerImpl\n"
         "from farm.devices.runtimes.cpu import _usable_cores, blas_threads_in_force\n"
         "w = DeviceWorkerImpl('cpu', 0, cpu_threads=int(os.environ['WANT']) or None)\n"
         "print(blas_threads_in_force(), w.device.properties.compute_units, _usable_cores())\n")

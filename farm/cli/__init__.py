@@ -175,15 +175,16 @@ def _restart(args: argparse.Namespace, message: str) -> None:
 
 
 def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
-    from farm.fleet.cluster import DeviceRequest, FarmSettings, run_farm
+    from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
     from farm.cli.progress import ProgressView
     from farm.cli.render import farm_dict, farm_tables, where_table
 
     request = DeviceRequest.parse(args.devices)
     if request.kind == "cpu" and not (args.address or os.environ.get("RAY_ADDRESS")):
         _check_fits(workload, _local_device("cpu").properties)  # the workers run on this host
-    settings = FarmSettings(shard_size=args.shard_size, finalist_k=args.finalist_k,
-                            candidate_timeout_s=args.candidate_timeout, cpu_threads=args.cpu_threads)
+    options = FarmOptions(shard_size=args.shard_size, finalist_k=args.finalist_k,
+                          candidate_timeout_s=args.candidate_timeout, cpu_threads=args.cpu_threads,
+                          reduce=not args.no_reduce, top_k=args.top_k, keep_results=True, incumbents=args.incumbents)
     address = args.address or os.environ.get("RAY_ADDRESS") or None
     console = _console()
     view = None if args.json else ProgressView(console, workload.name, interval_s=args.progress_every)
@@ -192,9 +193,8 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
                       f"{'Ray cluster ' + escape(address) if address else 'a local Ray instance'}, "
                       f"devices: {escape(args.devices)}, into {escape(out)}")
     try:
-        report = run_farm(workload, out, devices=request, address=address, settings=settings,
-                          progress=view.update if view else None, reduce=not args.no_reduce, top_k=args.top_k,
-                          keep_results=True, incumbents=args.incumbents)
+        report = run_farm(workload, out, devices=request, address=address, options=options,
+                          progress=view.update if view else None)
     finally:
         if view is not None:
             view.close()

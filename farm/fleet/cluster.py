@@ -3,11 +3,10 @@
     report = run_farm(workload, "runs/x")                  # embedded local Ray, GPUs or the CPU
     report = run_farm(workload, "runs/x", address="auto")  # an existing cluster (ray job submit)
 
-The driver plans work per device signature (farm.fleet.scheduler), lets each worker
-pull the next task when it is free, streams every candidate's result into the
-Parquet dataset as it arrives, restarts workers that die or hang, and reduces
-the results into override files at the end. The workers run the in-process
-autotuner unchanged.
+This module is the Ray shell: it starts the workers (farm.fleet.worker), runs discovery, starts the
+tasks the driver assigns and passes every event of the workers' streams to the Ray-free driver
+(farm.fleet.driver), which schedules (farm.fleet.scheduler), writes rows as they arrive and decides
+what a crash or a silence means. The job folder's lifecycle is farm.fleet.job.
 """
 
 from __future__ import annotations
@@ -15,306 +14,31 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import queue
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
-from farm.tuner.autotuner import Autotuner
-from farm.model.records import AutotuneConfig, AutotuneResult
-from farm.devices.device import Device
-from farm.devices.properties import DeviceProperties
-from farm.model.engine import EngineRegistry, default_engine_registry
-from farm.errors import AutotuneError, FarmError, InputError
+from farm.errors import FarmError
+from farm.fleet.driver import Driver, FarmStatus, RunningTask, WorkerHandle, WorkerState, WorkerStatus
 from farm.fleet.job import JobRun, JobSummary
-from farm.store.reduce import ReduceReport
-from farm.store.results import MeasurementContext, ResultsDataset, candidate_key, new_id, spec_of
-from farm.fleet.scheduler import FINALIST, Candidate, PriorRow, Scheduler, Task
-from farm.devices.sim import SimConfig
+from farm.fleet.options import DeviceRequest, FarmOptions
+from farm.fleet.scheduler import PriorRow, Scheduler
+from farm.fleet.worker import DeviceWorkerImpl, TaskEnd, TaskStarted, WorkerInfo
+from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
+from farm.store.reduce import ReduceReport
+from farm.store.results import ResultsDataset, spec_of
 
 log = logging.getLogger("farm.fleet.cluster")
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+__all__ = ["DeviceRequest", "FarmFailed", "FarmOptions", "FarmReport", "FarmStatus", "WorkerStatus", "run_farm"]
 
 
 class FarmFailed(FarmError, RuntimeError):
     """The farm could not run (no devices, workers that never start...)."""
-
-
-# -- what to run on ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DeviceRequest:
-    """Which device workers to start: ``auto``, ``gpu``, ``cpu[:N]``, ``sim:N`` or ``sim:FILE.yaml``."""
-
-    kind: str = "auto"
-    count: int | None = None
-    sim: SimConfig | None = None
-
-    @staticmethod
-    def parse(text: str) -> "DeviceRequest":
-        kind, _, arg = str(text).partition(":")
-        if kind in ("auto", "gpu") and not arg:
-            return DeviceRequest(kind)
-        if kind == "cpu":
-            return DeviceRequest("cpu", _count(arg or "1", text))
-        if kind == "sim":
-            if not arg:
-                return DeviceRequest("sim", 1, SimConfig())
-            if arg.isdigit():
-                n = _count(arg, text)
-                return DeviceRequest("sim", n, SimConfig.parse({"devices": [{"name": "Sim GPU", "count": n}]}))
-            cfg = SimConfig.load(arg)
-            return DeviceRequest("sim", cfg.device_count, cfg)
-        raise InputError("expected auto, gpu, cpu[:N], sim:N or sim:FILE.yaml", field="--devices", value=text)
-
-
-def _count(arg: str, text: str) -> int:
-    if not arg.isdigit() or int(arg) < 1:
-        raise InputError("the device count must be an integer >= 1", field="--devices", value=text)
-    return int(arg)
-
-
-@dataclass(frozen=True)
-class FarmSettings:
-    shard_size: int = 128
-    finalist_k: int = 3
-    candidate_timeout_s: float = 120.0
-    max_strikes: int = 2
-    stream_interval_s: float = 0.02  # a worker sends what it has at least this often
-    startup_timeout_s: float = 300.0
-    cpu_threads: int | None = None  # BLAS threads of a CPU worker (None: what production uses, see run_farm)
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    name: str
-    actor_id: str
-    node_id: str
-    host: str
-    pid: int
-    properties: DeviceProperties
-    gpu_ids: tuple[str, ...] = ()
-
-    @property
-    def signature(self) -> str:
-        return self.properties.signature
-
-
-@dataclass(frozen=True)
-class TaskStarted:
-    """The first item a worker streams for a task: the task is running on the device now."""
-
-    pid: int
-
-
-@dataclass(frozen=True)
-class TaskEnd:
-    """The last item a worker streams for a task."""
-
-    session: str
-    ranks: dict[str, int]
-    error: str = ""
-    wall_ms: float = 0.0
-
-
-# -- the device worker (runs inside a Ray actor) -----------------------------------------------
-class DeviceWorkerImpl:
-    """Holds one device, its runtime handle, properties and signature; tunes tasks on it."""
-
-    def __init__(self, kind: str, slot: int, sim: SimConfig | None = None,
-                 problems: Sequence[WorkloadProblem] = (), registry: EngineRegistry | None = None,
-                 cpu_threads: int | None = None) -> None:
-        logging.basicConfig(level=logging.WARNING)
-        self.kind = kind
-        if kind == "cpu":
-            # Ray starts an actor with OMP_NUM_THREADS=1; production runs with the host's threads, so
-            # measure with those (the count is part of the CPU's device signature: compute_units)
-            from farm.devices.runtimes.cpu import _usable_cores, set_blas_threads
-
-            set_blas_threads(cpu_threads or _usable_cores())
-        self.registry = registry or default_engine_registry()
-        # before the device opens (torch's import, CUDA's start: seconds), so a compile pool's
-        # processes start alongside it rather than during this worker's first task
-        self.prepare(problems)
-        self.device = _open(kind, slot, sim)
-        self.name = f"{kind}:{self.device.properties.index}"
-
-    def info(self) -> WorkerInfo:
-        import ray
-
-        ctx = ray.get_runtime_context()
-        return WorkerInfo(self.name, ctx.get_actor_id() or "", ctx.get_node_id(), socket.gethostname(), os.getpid(),
-                          self.device.properties, tuple(str(g) for g in ray.get_gpu_ids()))
-
-    def expand(self, problems: Sequence[tuple[int, WorkloadProblem]]) -> dict[int, list[Candidate] | str]:
-        """Discovery where the signature lives: each problem's candidates here, or why there are none."""
-        from farm.tuner.problem_tuning import plan_specs_for
-
-        out: dict[int, list[Candidate] | str] = {}
-        for index, wp in problems:
-            tuner = Autotuner(wp.problem, self.device, registry=self.registry)
-            try:
-                specs = plan_specs_for(wp, tuner)
-            except FarmError as exc:
-                out[index] = str(exc)
-                continue
-            if not specs:
-                reasons = "; ".join(f"{c.engine_name}: {c.reason}" for c in self.registry.explain(wp.problem, self.device)
-                                    if wp.engines.selects(c.engine_name)) or "no engine implements this op"
-                out[index] = f"no applicable engine ({reasons})"
-                continue
-            cands = []
-            for i, s in enumerate(specs):
-                engine = self.registry.get(s.engine_id)
-                cands.append(Candidate(s, engine.name, i, bool(engine.supports_exhaustive),
-                                       tuner._collection.estimated_workspace(s)))
-            out[index] = cands
-        self._prepare(c.engine_name for cands in out.values() if not isinstance(cands, str) for c in cands)
-        return out
-
-    def prepare(self, problems: Sequence[WorkloadProblem]) -> None:
-        """Start what the engines the workload selects want for their compiles (the worker does this
-        as it starts, with the workload's problems)."""
-        self._prepare(e.name for e in self.registry if any(wp.engines.selects(e.name) for wp in problems))
-
-    def _prepare(self, engine_names: Iterable[str]) -> None:
-        """Let engines the tasks will use start what their compiles want on this kind of device
-        (Triton's compile pool) in the background: a worker tunes many problems, so it pays once. Idempotent."""
-        self.registry.prepare(engine_names, self.kind)
-
-    def run(self, task: Task, wp: WorkloadProblem, candidates: Sequence[Candidate], config: AutotuneConfig,
-            seed: int, stream_interval_s: float) -> Iterator[TaskStarted | list[AutotuneResult] | TaskEnd]:
-        """Tune the task's candidates; stream TaskStarted, results (each alone in careful mode), then TaskEnd."""
-        yield TaskStarted(os.getpid())
-        t0 = time.perf_counter()
-        self._prepare(c.engine_name for c in candidates)  # discovery ran on one worker of the signature only
-        index = {c.spec: c.index for c in candidates}
-        items: queue.Queue = queue.Queue()
-        session = new_id()
-        if self.device.vendor in ("nvidia", "amd") and config.compile_workers == 0:
-            config = dataclasses.replace(config, compile_workers=2)  # keep the GPU busy while JIT engines compile
-
-        def tune() -> None:
-            tuner = Autotuner(wp.problem, self.device, registry=self.registry)
-            error = ""
-            ranked: list[AutotuneResult] = []
-            try:
-                for spec in task.specs:
-                    tuner.add_engine(spec.engine_id, dict(spec.knobs))
-                ranked = tuner.autotune(config=config, seed=seed, listener=items.put)
-            except AutotuneError as exc:
-                ranked, error = exc.results, "" if exc.results else str(exc)
-            except Exception as exc:  # an engine bug must not kill the worker silently
-                error = f"{type(exc).__name__}: {exc}"
-            finally:
-                tuner.close()
-            ranks = {candidate_key(r.engine_id, r.knobs): r.rank for r in ranked}
-            items.put(TaskEnd(session, ranks, error, (time.perf_counter() - t0) * 1e3))
-
-        thread = threading.Thread(target=tune, name=f"farm-task-{task.id}", daemon=True)
-        thread.start()
-        batch: list[AutotuneResult] = []
-        last = time.perf_counter()
-        while True:
-            try:
-                item = items.get(timeout=stream_interval_s)
-            except queue.Empty:
-                # nothing new: send what is measured now, so a candidate that hangs next costs only itself
-                if batch:
-                    yield batch
-                    batch, last = [], time.perf_counter()
-                continue
-            if isinstance(item, TaskEnd):
-                if batch:
-                    yield batch
-                thread.join()
-                self._check_health()
-                yield item
-                return
-            batch.append(dataclasses.replace(item, candidate=index.get(item.spec, item.candidate)))
-            if task.careful or time.perf_counter() - last >= stream_interval_s:
-                yield batch
-                batch, last = [], time.perf_counter()
-
-    def _check_health(self) -> None:
-        """A device left in an error state (a lost CUDA context) poisons every later task: restart."""
-        try:
-            self.device.synchronize()
-        except Exception as exc:
-            log.error("farm: %s is unusable after a task (%s); restarting the worker", self.name, exc)
-            os._exit(3)
-
-    def close(self) -> None:
-        self.device.runtime.synchronize()
-
-
-def _open(kind: str, slot: int, sim: SimConfig | None) -> Device:
-    if kind == "sim":
-        from farm.devices.sim import sim_device
-
-        assert sim is not None
-        group, index = sim.slots()[slot]
-        return sim_device(sim, group, slot)
-    if kind == "cpu":
-        from farm.devices.device import cpu_device
-
-        return cpu_device(slot)
-    from farm.devices.device import gpu_device
-    from farm.devices.runtimes import RuntimeUnavailable
-
-    import ray
-
-    errors = []
-    for runtime in ("cuda", "hip"):
-        try:
-            dev = gpu_device(runtime, 0)  # Ray made the assigned GPU the only visible one
-        except RuntimeUnavailable as exc:
-            errors.append(str(exc))
-            continue
-        ids = ray.get_gpu_ids()
-        physical = int(ids[0]) if ids and str(ids[0]).isdigit() else dev.properties.index
-        dev.properties = dataclasses.replace(dev.properties, index=physical)
-        dev.index = 0
-        return dev
-    raise FarmFailed("a GPU worker found no GPU: " + "; ".join(errors))
-
-
-# -- the driver --------------------------------------------------------------------------------
-@dataclass
-class WorkerStatus:
-    name: str
-    signature: str
-    device: str
-    host: str
-    state: str = "starting"  # starting | idle | busy | restarting | stopped
-    problem: str = ""
-    candidates: int = 0
-    failures: int = 0
-    restarts: int = 0
-    busy_s: float = 0.0
-
-
-@dataclass
-class FarmStatus:
-    """A snapshot for progress displays."""
-
-    total: int
-    finished: int
-    remeasured: int
-    failed: int
-    elapsed_s: float
-    workers: list[WorkerStatus]
-    signatures: list[str]
-    phase: str = "tuning"
-
-    @property
-    def eta_s(self) -> float | None:
-        if not self.finished or self.finished >= self.total:
-            return None
-        return self.elapsed_s / self.finished * (self.total - self.finished)
 
 
 @dataclass
@@ -338,57 +62,39 @@ class FarmReport:
         return self.summary.rows_written if self.summary else 0
 
 
-@dataclass
-class _Running:
-    task: Task
-    worker: int
-    generator: Any
-    started: float
-    last_progress: float
-    reported: list = field(default_factory=list)
-    where: MeasurementContext | None = None
-    running: bool = False  # the worker said it started the task
-
-
 def run_farm(
     workload: Workload,
     out: str | Path,
     *,
     devices: DeviceRequest | str = "auto",
     address: str | None = None,
-    settings: FarmSettings | None = None,
+    options: FarmOptions | None = None,
     config: AutotuneConfig | None = None,
     progress: Callable[[FarmStatus], None] | None = None,
-    progress_interval_s: float = 0.5,
-    reduce: bool = True,
-    top_k: int = 3,
     job_id: str | None = None,
-    keep_results: bool = False,
-    incumbents: str | None = None,
 ) -> FarmReport:
     """Tune ``workload`` on every device of the cluster (or a local one) into ``out``."""
     import ray
 
-    settings = settings or FarmSettings()
+    options = options or FarmOptions()
     request = DeviceRequest.parse(devices) if isinstance(devices, str) else devices
     config = config or workload.autotune
-    jr = JobRun(out, workload, {"executor": "ray", "devices": request.kind, "shard_size": settings.shard_size,
-                                "finalist_k": settings.finalist_k, "candidate_timeout_s": settings.candidate_timeout_s,
-                                "address": address or "local", "incumbents": incumbents}, job_id)
+    jr = JobRun(out, workload, {"executor": "ray", "devices": request.kind, "shard_size": options.shard_size,
+                                "finalist_k": options.finalist_k, "candidate_timeout_s": options.candidate_timeout_s,
+                                "address": address or "local", "incumbents": options.incumbents}, job_id)
     started_ray = False
     handles: list[Any] = []
     try:
         if not ray.is_initialized():
             _init_ray(address, request)
             started_ray = True
-        if settings.cpu_threads is None and address is None:
+        if options.cpu_threads is None and address is None:
             from farm.devices.runtimes.cpu import blas_threads_in_force
 
             # the embedded instance runs on this host: production here runs with this process's threads
-            settings = dataclasses.replace(settings, cpu_threads=blas_threads_in_force())
-        handles, infos = _start_workers(request, settings, workload.problems)
-        report = _drive(workload, jr, handles, infos, request, settings, config, progress, progress_interval_s,
-                        keep_results)
+            options = dataclasses.replace(options, cpu_threads=blas_threads_in_force())
+        handles, infos = _start_workers(request, options, workload.problems)
+        report = _drive(workload, jr, handles, infos, options, config, progress)
     except BaseException as exc:
         jr.fail(exc)
         raise
@@ -397,7 +103,7 @@ def run_farm(
         if started_ray:
             ray.shutdown()
     report.summary = jr.finish(
-        reduce=reduce, top_k=top_k,
+        reduce=options.reduce, top_k=options.top_k,
         devices=[{"name": w.name, "host": w.host, "gpu_ids": list(w.gpu_ids), "signature": w.signature,
                   "properties": w.properties.to_dict()} for w in report.workers],
         workers=[dataclasses.asdict(s) for s in report.statuses], skipped_problems=report.problems_skipped)
@@ -442,7 +148,7 @@ def _init_ray(address: str | None, request: DeviceRequest) -> None:
     ray.init(num_cpus=cpus, include_dashboard=False, **kwargs)
 
 
-def _start_workers(request: DeviceRequest, settings: FarmSettings,
+def _start_workers(request: DeviceRequest, options: FarmOptions,
                    problems: Sequence[WorkloadProblem] = ()) -> tuple[list[Any], list[WorkerInfo]]:
     import ray
 
@@ -459,16 +165,16 @@ def _start_workers(request: DeviceRequest, settings: FarmSettings,
                    for i in range(n)]
     elif kind == "cpu":
         n = request.count or 1
-        handles = [actor.options(num_cpus=1, **opts).remote("cpu", i, None, (), None, settings.cpu_threads)
+        handles = [actor.options(num_cpus=1, **opts).remote("cpu", i, None, (), None, options.cpu_threads)
                    for i in range(n)]
     else:
         assert request.sim is not None
         n = request.sim.device_count
         handles = [actor.options(num_cpus=0, **opts).remote("sim", i, request.sim) for i in range(n)]
     try:
-        infos = ray.get([h.info.remote() for h in handles], timeout=settings.startup_timeout_s)
+        infos = ray.get([h.info.remote() for h in handles], timeout=options.startup_timeout_s)
     except ray.exceptions.GetTimeoutError:
-        raise FarmFailed(f"{n} {kind} worker(s) did not start within {settings.startup_timeout_s:.0f} s "
+        raise FarmFailed(f"{n} {kind} worker(s) did not start within {options.startup_timeout_s:.0f} s "
                          f"(cluster resources: {ray.cluster_resources()})") from None
     except ray.exceptions.RayActorError as exc:
         raise FarmFailed(f"a {kind} worker failed to start: {exc}") from None
@@ -496,14 +202,14 @@ def _stop_workers(handles: Sequence[Any]) -> None:
             pass
 
 
-def _expand(handles: Sequence[Any], members: Sequence[int], problems: Any, signature: str) -> dict[int, Any]:
+def _expand(actors: Sequence[Any], problems: Any, signature: str) -> dict[int, Any]:
     """Discovery on a worker of the signature; another one is tried if it dies."""
     import ray
 
     errors = []
-    for w in members:
+    for actor in actors:
         try:
-            return ray.get(handles[w].expand.remote(problems))
+            return ray.get(actor.expand.remote(problems))
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             errors.append(_first_line(exc))
     raise FarmFailed(f"engine discovery failed on every worker of {signature}: {'; '.join(errors)}")
@@ -522,24 +228,38 @@ def _prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, lis
     return out
 
 
-def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[WorkerInfo],
-           request: DeviceRequest, settings: FarmSettings, config: AutotuneConfig,
-           progress: Callable[[FarmStatus], None] | None, progress_interval_s: float, keep_results: bool) -> FarmReport:
-    import ray
+def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[WorkerInfo], options: FarmOptions,
+           config: AutotuneConfig, progress: Callable[[FarmStatus], None] | None) -> FarmReport:
+    """Plan the work, then pass every worker event to the driver until it is done."""
+    workers = [WorkerHandle(i, info, h, WorkerStatus(info.name, info.signature, info.properties.name, info.host,
+                                                       WorkerState.IDLE.value))
+               for i, (info, h) in enumerate(zip(infos, handles))]
+    sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes)
+    skipped = _plan(workload, jr, sched, workers)
+    driver = Driver(sched, workers, jr, config, options)
+    try:
+        _event_loop(driver, workload, config, options, progress)
+    finally:
+        jr.writer.flush()
+    if progress is not None:
+        progress(driver.status("done"))
+    tuning = time.perf_counter() - driver.t0
+    return FarmReport(jr.run.job_id, jr.run.run_id, infos, [w.status for w in workers], skipped, jr.counts,
+                      wall_s=tuning, total=sched.total, remeasured=sched.remeasured, tuning_s=tuning,
+                      results=driver.results)
 
-    t0 = time.perf_counter()
-    by_sig: dict[str, list[int]] = {}
-    for i, info in enumerate(infos):
-        by_sig.setdefault(info.signature, []).append(i)
-    statuses = [WorkerStatus(i.name, i.signature, i.properties.name, i.host, "idle") for i in infos]
-    sched = Scheduler(shard_size=settings.shard_size, finalist_k=settings.finalist_k, max_strikes=settings.max_strikes)
+
+def _plan(workload: Workload, jr: JobRun, sched: Scheduler, workers: Sequence[WorkerHandle]) -> dict[str, dict[str, str]]:
+    """Discovery per signature (on one of its workers) and the resume set: the scheduler's problems."""
+    by_sig: dict[str, list[WorkerHandle]] = {}
+    for w in workers:
+        by_sig.setdefault(w.info.signature, []).append(w)
     problems = list(enumerate(workload.problems))
-    job = jr.job
-    dataset = ResultsDataset(job.results) if job.results.exists() else None
+    dataset = ResultsDataset(jr.job.results) if jr.job.results.exists() else None
     skipped: dict[str, dict[str, str]] = {}
     for sig, members in by_sig.items():
         jr.tuning(sig)
-        expanded = _expand(handles, members, problems, sig)
+        expanded = _expand([w.actor for w in members], problems, sig)
         prior = _prior_rows(dataset, sig)
         for index, wp in problems:
             cands = expanded[index]
@@ -548,137 +268,77 @@ def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[Worke
                 jr.skip(sig, wp.name, cands)
                 continue
             sched.add_problem(sig, index, wp, cands, prior.get(wp.problem.key, ()))
-    counts = jr.counts
-    results: dict[tuple[str, str], list[AutotuneResult]] = {}
-    running: dict[Any, _Running] = {}
-    busy: set[int] = set()
-    last_progress_call = 0.0
+    return skipped
 
-    def status(phase: str = "tuning") -> FarmStatus:
-        failed = sum(v for k, v in counts.items() if k != "succeeded")
-        return FarmStatus(sched.total, sched.finished, sched.remeasured, failed, time.perf_counter() - t0,
-                          statuses, sorted(by_sig), phase)
 
-    def write(r: _Running, rows: Sequence[AutotuneResult]) -> None:
-        wp = sched.problem_of(r.task)
-        jr.write((x, wp, r.where) for x in rows)
-        for x in rows:
-            sched.on_result(r.task, x, r.where.session_id if r.where else "")
-            if keep_results:
-                results.setdefault((r.task.signature, wp.name), []).append(x)
-        st = statuses[r.worker]
-        st.candidates += len(rows)
-        st.failures += sum(not x.succeeded for x in rows)
+def _event_loop(driver: Driver, workload: Workload, config: AutotuneConfig, options: FarmOptions,
+                progress: Callable[[FarmStatus], None] | None) -> None:
+    """Start what the driver assigns, wait on the streams and restarting workers, hand over every event."""
+    import ray
 
-    def finish(key: Any, r: _Running) -> None:
-        running.pop(key, None)
-        busy.discard(r.worker)
-        st = statuses[r.worker]
-        st.busy_s += time.perf_counter() - r.started
-        if st.state == "busy":
-            st.state, st.problem = "idle", ""
+    streams: dict[Any, tuple[WorkerHandle, RunningTask]] = {}  # a task's result stream -> its worker and task
+    pings: dict[Any, WorkerHandle] = {}  # info() calls to restarting workers: they get work once one answers
+    last_progress = 0.0
+    while not driver.done:
+        for w, task in driver.assignments():
+            cands = sorted(driver.sched.candidates_of(task).values(), key=lambda c: c.index)
+            gen = w.actor.run.options(num_returns="streaming").remote(
+                task, driver.sched.problem_of(task), cands, config, workload.seed, options.stream_interval_s)
+            streams[gen] = (w, w.task)
+        for w in driver.workers:
+            if w.restarting and w not in pings.values():
+                pings[w.actor.info.remote()] = w
+        if driver.stuck:
+            raise FarmFailed("internal error: work remains but nothing is queued or running")
+        ready, _ = ray.wait(list(streams) + list(pings), num_returns=1, timeout=0.05)
+        for ref in [x for x in ready if x in pings]:
+            _answered(driver, pings.pop(ref), ref)
+        for gen in [x for x in ready if x in streams]:
+            _next_item(driver, streams, gen)
+        for w in driver.on_silent():
+            ray.kill(w.actor, no_restart=False)
+        for gen, (w, r) in list(streams.items()):
+            if w.task is not r:  # the driver settled that task (lost it): its stream is not read again
+                del streams[gen]
+        now = time.perf_counter()
+        if progress is not None and now - last_progress >= options.progress_interval_s:
+            last_progress = now
+            progress(driver.status())
 
-    pings: dict[Any, int] = {}  # info() calls to workers being restarted: they get work once it answers
 
-    def lose(key: Any, r: _Running, kind: str, detail: str) -> None:
-        finish(key, r)
-        # a task that never started on the device (the worker was still restarting) proves nothing
-        rows = sched.on_task_lost(r.task, [x.spec for x in r.reported], kind if r.running else "not_started",
-                                  config, detail)
-        if rows:
-            write(r, rows)
-        if kind != "error":
-            statuses[r.worker].state = "restarting"
-            statuses[r.worker].restarts += r.running
-            busy.add(r.worker)
-            pings[handles[r.worker].info.remote()] = r.worker
+def _answered(driver: Driver, w: WorkerHandle, ref: Any) -> None:
+    import ray
 
     try:
-        while not sched.done or running or pings:
-            for sig, members in by_sig.items():
-                for w in members:
-                    if w in busy:
-                        continue
-                    task = sched.next_task(sig, w)
-                    if task is None:
-                        break
-                    wp = sched.problem_of(task)
-                    cands = sorted(sched.candidates_of(task).values(), key=lambda c: c.index)
-                    gen = handles[w].run.options(num_returns="streaming").remote(
-                        task, wp, cands, config, workload.seed, settings.stream_interval_s)
-                    now = time.perf_counter()
-                    where = MeasurementContext(infos[w].properties, session_id=new_id(), host=infos[w].host,
-                                               actor_id=infos[w].actor_id, round=task.round)
-                    running[gen] = _Running(task, w, gen, now, now, where=where)
-                    busy.add(w)
-                    st = statuses[w]
-                    st.state, st.problem = "busy", f"{wp.name} ({task.size}{', finalists' if task.round == FINALIST else ''})"
-            if not running and not pings:
-                if sched.done:
-                    break
-                if not any(sched.pending_tasks(s) for s in by_sig):
-                    raise FarmFailed("internal error: work remains but nothing is queued or running")
-                continue
-            ready, _ = ray.wait(list(running) + list(pings), num_returns=1, timeout=0.05)
-            for ref in [x for x in ready if x in pings]:
-                w = pings.pop(ref)
-                try:
-                    ray.get(ref)
-                    busy.discard(w)
-                    statuses[w].state = "idle"
-                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-                    pings[handles[w].info.remote()] = w  # still restarting: ask again
-            for gen in [x for x in ready if x in running]:
-                r = running[gen]
-                try:
-                    ref = next(gen)
-                    item = ray.get(ref)
-                except StopIteration:
-                    finish(gen, r)
-                    sched.on_task_end(r.task)
-                    continue
-                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-                    log.warning("farm: %s died running task %d (%s): retrying its %d unreported candidate(s)",
-                                statuses[r.worker].name, r.task.id, _first_line(exc), r.task.size - len(r.reported))
-                    lose(gen, r, "crash", f"worker {statuses[r.worker].name} died: {_first_line(exc)}")
-                    continue
-                r.last_progress = time.perf_counter()
-                if isinstance(item, TaskStarted):
-                    r.running = True
-                    continue
-                if isinstance(item, TaskEnd):
-                    if r.where is not None:
-                        jr.set_ranks(r.where.session_id, item.ranks)
-                    if item.error:
-                        log.warning("farm: task %d on %s failed: %s", r.task.id, statuses[r.worker].name, item.error)
-                    unreported = {s for s in r.task.specs} - {x.spec for x in r.reported}
-                    if unreported:
-                        lose(gen, r, "error", item.error or "the worker reported no result")
-                    continue
-                r.reported.extend(item)
-                write(r, item)
-            now = time.perf_counter()
-            for gen, r in list(running.items()):
-                limit = settings.candidate_timeout_s if r.running else settings.startup_timeout_s
-                if now - r.last_progress > limit:
-                    name = statuses[r.worker].name
-                    log.warning("farm: %s sent nothing for %.0f s on task %d; restarting it", name,
-                                now - r.last_progress, r.task.id)
-                    ray.kill(handles[r.worker], no_restart=False)
-                    lose(gen, r, "timeout" if r.task.careful else "crash",
-                         f"{name} silent for {settings.candidate_timeout_s:.0f} s")
-                    if not r.task.careful:
-                        statuses[r.worker].state = "restarting"
-            if progress is not None and now - last_progress_call >= progress_interval_s:
-                last_progress_call = now
-                progress(status())
-    finally:
-        jr.writer.flush()
-    if progress is not None:
-        progress(status("done"))
-    tuning = time.perf_counter() - t0
-    return FarmReport(jr.run.job_id, jr.run.run_id, infos, statuses, skipped, counts, wall_s=tuning,
-                      total=sched.total, remeasured=sched.remeasured, tuning_s=tuning, results=results)
+        ray.get(ref)
+        driver.on_back(w)
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+        pass  # still restarting: asked again on the next turn
+
+
+def _next_item(driver: Driver, streams: dict[Any, tuple[WorkerHandle, RunningTask]], gen: Any) -> None:
+    import ray
+
+    w, r = streams[gen]
+    if w.task is not r:
+        del streams[gen]
+        return
+    try:
+        item = ray.get(next(gen))
+    except StopIteration:
+        streams.pop(gen)
+        driver.on_stream_end(w)
+        return
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+        streams.pop(gen)
+        driver.on_lost(w, _first_line(exc))
+        return
+    if isinstance(item, TaskStarted):
+        driver.on_started(w)
+    elif isinstance(item, TaskEnd):
+        driver.on_end(w, item)
+    else:
+        driver.on_batch(w, item)
 
 
 def _first_line(exc: BaseException) -> str:

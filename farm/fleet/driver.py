@@ -1,0 +1,272 @@
+"""The farm driver's decisions, without Ray: which worker runs what, and what each event means.
+
+The Ray shell (farm.fleet.cluster) starts tasks and waits on the workers' streams; every event it sees
+goes to a :class:`Driver` method, which updates the scheduler, writes rows and says what to do next:
+
+    for worker, task in driver.assignments(): ...start the task on worker.actor...
+    driver.on_started(worker)            # the worker's TaskStarted
+    driver.on_batch(worker, results)     # a batch of AutotuneResults
+    driver.on_end(worker, end)           # its TaskEnd
+    driver.on_lost(worker, detail)       # the actor died (a crash): the worker is restarting
+    driver.on_silent(now)                # workers silent past their limit: the shell kills and restarts them
+    driver.on_back(worker)               # a restarting worker answers again
+
+So the fault paths (a lost worker, a silent one, a task that ended short) are tested without Ray
+(tests/test_driver.py), like the Scheduler.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+from farm.fleet.options import FarmOptions
+from farm.fleet.scheduler import FINALIST, Scheduler, Task
+from farm.fleet.worker import TaskEnd, WorkerInfo
+from farm.model.records import AutotuneConfig, AutotuneResult
+from farm.model.workload import WorkloadProblem
+from farm.store.results import MeasurementContext, new_id
+
+log = logging.getLogger("farm.fleet.driver")
+
+
+class LossKind(str, enum.Enum):
+    """How a task was lost (the Scheduler's ``kind``)."""
+
+    CRASH = "crash"  # the worker died
+    TIMEOUT = "timeout"  # the worker went silent on a careful task: its candidate hangs
+    ERROR = "error"  # the task ended without a result for every candidate
+    NOT_STARTED = "not_started"  # the worker went away before the task began: nobody is charged
+
+
+class WorkerState(str, enum.Enum):
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    RESTARTING = "restarting"
+    STOPPED = "stopped"
+
+
+@dataclass
+class WorkerStatus:
+    """What a progress display shows of one worker."""
+
+    name: str
+    signature: str
+    device: str
+    host: str
+    state: str = WorkerState.STARTING.value
+    problem: str = ""
+    candidates: int = 0
+    failures: int = 0
+    restarts: int = 0
+    busy_s: float = 0.0
+
+
+@dataclass
+class FarmStatus:
+    """A snapshot for progress displays."""
+
+    total: int
+    finished: int
+    remeasured: int
+    failed: int
+    elapsed_s: float
+    workers: list[WorkerStatus]
+    signatures: list[str]
+    phase: str = "tuning"
+
+    @property
+    def eta_s(self) -> float | None:
+        if not self.finished or self.finished >= self.total:
+            return None
+        return self.elapsed_s / self.finished * (self.total - self.finished)
+
+
+@dataclass
+class RunningTask:
+    """A task on a worker: where its rows go, what it reported, and when it last said anything."""
+
+    task: Task
+    where: MeasurementContext
+    started: float
+    last_progress: float
+    reported: list[AutotuneResult] = field(default_factory=list)
+    on_device: bool = False  # the worker said it started the task
+
+
+@dataclass
+class WorkerHandle:
+    """One device worker as the driver sees it (``actor`` is the Ray handle, opaque here)."""
+
+    index: int
+    info: WorkerInfo
+    actor: Any
+    status: WorkerStatus
+    task: RunningTask | None = None
+    restarting: bool = False
+
+    @property
+    def free(self) -> bool:
+        return self.task is None and not self.restarting
+
+
+class RowSink(Protocol):
+    """Where rows go (farm.fleet.job.JobRun)."""
+
+    def write(self, rows: Iterable[tuple[AutotuneResult, WorkloadProblem, MeasurementContext]]) -> None: ...
+
+    def set_ranks(self, session_id: str, ranks: dict[str, int]) -> None: ...
+
+
+class Driver:
+    def __init__(self, scheduler: Scheduler, workers: Sequence[WorkerHandle], sink: RowSink, config: AutotuneConfig,
+                 options: FarmOptions, *, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.sched = scheduler
+        self.workers = list(workers)
+        self.sink = sink
+        self.config = config
+        self.options = options
+        self.clock = clock
+        self.t0 = clock()
+        self.counts: dict[str, int] = {}
+        self.results: dict[tuple[str, str], list[AutotuneResult]] = {}  # (signature, problem name), keep_results
+        self.signatures = sorted({w.info.signature for w in self.workers})
+
+    # -- what to do next -------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """Nothing left to schedule, run or wait for."""
+        return self.sched.done and not any(w.task or w.restarting for w in self.workers)
+
+    @property
+    def stuck(self) -> bool:
+        """Work remains but nothing is queued, running or restarting: a bookkeeping bug."""
+        return (not self.sched.done and not any(w.task or w.restarting for w in self.workers)
+                and not any(self.sched.pending_tasks(s) for s in self.signatures))
+
+    def assignments(self) -> list[tuple[WorkerHandle, Task]]:
+        """Give every free worker the next task of its signature; the caller starts them."""
+        out = []
+        for w in self.workers:
+            if not w.free:
+                continue
+            task = self.sched.next_task(w.info.signature, w.index)
+            if task is None:
+                continue
+            now = self.clock()
+            where = MeasurementContext(w.info.properties, session_id=new_id(), host=w.info.host,
+                                       actor_id=w.info.actor_id, round=task.round)
+            w.task = RunningTask(task, where, now, now)
+            wp = self.sched.problem_of(task)
+            w.status.state = WorkerState.BUSY.value
+            w.status.problem = f"{wp.name} ({task.size}{', finalists' if task.round == FINALIST else ''})"
+            out.append((w, task))
+        return out
+
+    # -- events ------------------------------------------------------------------------------
+    def on_started(self, w: WorkerHandle) -> None:
+        assert w.task is not None
+        w.task.on_device = True
+        w.task.last_progress = self.clock()
+
+    def on_batch(self, w: WorkerHandle, rows: Sequence[AutotuneResult]) -> None:
+        assert w.task is not None
+        w.task.last_progress = self.clock()
+        w.task.reported.extend(rows)
+        self._write(w, w.task, rows)
+
+    def on_end(self, w: WorkerHandle, end: TaskEnd) -> None:
+        """The worker's last item for the task; the stream ends after it (see on_stream_end)."""
+        r = w.task
+        assert r is not None
+        r.last_progress = self.clock()
+        self.sink.set_ranks(r.where.session_id, end.ranks)
+        if end.error:
+            log.warning("farm: task %d on %s failed: %s", r.task.id, w.status.name, end.error)
+        if set(r.task.specs) - {x.spec for x in r.reported}:
+            self._lose(w, LossKind.ERROR, end.error or "the worker reported no result")
+
+    def on_stream_end(self, w: WorkerHandle) -> None:
+        """The task's stream closed after its TaskEnd (a task on_end already settled is gone)."""
+        if w.task is None:
+            return
+        self._release(w)
+        task = w.task.task
+        w.task = None
+        self.sched.on_task_end(task)
+
+    def on_lost(self, w: WorkerHandle, detail: str) -> None:
+        """The worker died under the task: its unreported candidates are retried one per task."""
+        r = w.task
+        assert r is not None
+        log.warning("farm: %s died running task %d (%s): retrying its %d unreported candidate(s)",
+                    w.status.name, r.task.id, detail, r.task.size - len(r.reported))
+        self._lose(w, LossKind.CRASH, f"worker {w.status.name} died: {detail}")
+
+    def on_silent(self, now: float | None = None) -> list[WorkerHandle]:
+        """Workers whose task said nothing for too long (the candidate timeout once the task runs, the
+        startup timeout before). The driver records the loss; the caller kills each returned worker."""
+        now = self.clock() if now is None else now
+        silent = []
+        for w in self.workers:
+            r = w.task
+            if r is None:
+                continue
+            limit = self.options.candidate_timeout_s if r.on_device else self.options.startup_timeout_s
+            if now - r.last_progress <= limit:
+                continue
+            log.warning("farm: %s sent nothing for %.0f s on task %d; restarting it", w.status.name,
+                        now - r.last_progress, r.task.id)
+            # a careful task holds one candidate: it hangs; a batch's silence names nobody yet
+            kind = LossKind.TIMEOUT if r.task.careful else LossKind.CRASH
+            self._lose(w, kind, f"{w.status.name} silent for {self.options.candidate_timeout_s:.0f} s")
+            silent.append(w)
+        return silent
+
+    def on_back(self, w: WorkerHandle) -> None:
+        """A restarting worker answers again: it may take work."""
+        w.restarting = False
+        w.status.state = WorkerState.IDLE.value
+
+    # -- reporting -------------------------------------------------------------------------------
+    def status(self, phase: str = "tuning") -> FarmStatus:
+        failed = sum(v for k, v in self.counts.items() if k != "succeeded")
+        return FarmStatus(self.sched.total, self.sched.finished, self.sched.remeasured, failed, self.clock() - self.t0,
+                          [w.status for w in self.workers], self.signatures, phase)
+
+    # -- inside ----------------------------------------------------------------------------------
+    def _write(self, w: WorkerHandle, r: RunningTask, rows: Sequence[AutotuneResult]) -> None:
+        wp = self.sched.problem_of(r.task)
+        self.sink.write((x, wp, r.where) for x in rows)
+        for x in rows:
+            self.counts[x.disposition.value] = self.counts.get(x.disposition.value, 0) + 1
+            self.sched.on_result(r.task, x, r.where.session_id)
+            if self.options.keep_results:
+                self.results.setdefault((r.task.signature, wp.name), []).append(x)
+        w.status.candidates += len(rows)
+        w.status.failures += sum(not x.succeeded for x in rows)
+
+    def _release(self, w: WorkerHandle) -> None:
+        assert w.task is not None
+        w.status.busy_s += self.clock() - w.task.started
+        if w.status.state == WorkerState.BUSY.value:
+            w.status.state, w.status.problem = WorkerState.IDLE.value, ""
+
+    def _lose(self, w: WorkerHandle, kind: LossKind, detail: str) -> None:
+        r = w.task
+        assert r is not None
+        self._release(w)
+        w.task = None
+        # a task that never started on the device (the worker was still restarting) proves nothing
+        effective = kind if r.on_device else LossKind.NOT_STARTED
+        rows = self.sched.on_task_lost(r.task, [x.spec for x in r.reported], effective.value, self.config, detail)
+        if rows:
+            self._write(w, r, rows)
+        if kind is not LossKind.ERROR:
+            w.restarting = True
+            w.status.state = WorkerState.RESTARTING.value
+            w.status.restarts += r.on_device

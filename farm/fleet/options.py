@@ -1,0 +1,72 @@
+"""What a farm run is asked for: which devices (DeviceRequest) and how to run (FarmOptions, validated)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from farm.devices.sim import SimConfig
+from farm.errors import InputError
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    """Which device workers to start: ``auto``, ``gpu``, ``cpu[:N]``, ``sim:N`` or ``sim:FILE.yaml``."""
+
+    kind: str = "auto"
+    count: int | None = None
+    sim: SimConfig | None = None
+
+    @staticmethod
+    def parse(text: str) -> "DeviceRequest":
+        kind, _, arg = str(text).partition(":")
+        if kind in ("auto", "gpu") and not arg:
+            return DeviceRequest(kind)
+        if kind == "cpu":
+            return DeviceRequest("cpu", _count(arg or "1", text))
+        if kind == "sim":
+            if not arg:
+                return DeviceRequest("sim", 1, SimConfig())
+            if arg.isdigit():
+                n = _count(arg, text)
+                return DeviceRequest("sim", n, SimConfig.parse({"devices": [{"name": "Sim GPU", "count": n}]}))
+            cfg = SimConfig.load(arg)
+            return DeviceRequest("sim", cfg.device_count, cfg)
+        raise InputError("expected auto, gpu, cpu[:N], sim:N or sim:FILE.yaml", field="--devices", value=text)
+
+
+def _count(arg: str, text: str) -> int:
+    if not arg.isdigit() or int(arg) < 1:
+        raise InputError("the device count must be an integer >= 1", field="--devices", value=text)
+    return int(arg)
+
+
+@dataclass(frozen=True)
+class FarmOptions:
+    """How a farm run goes. Every value is checked when the options are made (InputError naming it)."""
+
+    shard_size: int = 128  # a problem with more candidates is split across devices, then has a finalist round
+    finalist_k: int = 3  # finalists per session
+    candidate_timeout_s: float = 120.0  # a worker silent this long on a task is restarted
+    max_strikes: int = 2  # a candidate that kills its worker this often is quarantined
+    stream_interval_s: float = 0.02  # a worker sends what it has at least this often
+    startup_timeout_s: float = 300.0  # workers must start (and a task must begin) within this
+    cpu_threads: int | None = None  # BLAS threads of a CPU worker (None: what production uses, see run_farm)
+    progress_interval_s: float = 0.5  # between progress callbacks
+    reduce: bool = True  # write the override files at the end
+    top_k: int = 3  # ranked candidates per override entry
+    keep_results: bool = False  # keep every AutotuneResult in the report (the CLI's tables)
+    incumbents: str | None = None  # an override file or published root whose winners are kept within noise
+
+    def __post_init__(self) -> None:
+        for name in ("shard_size", "finalist_k", "max_strikes", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError("must be an integer >= 1", field=name, value=value)
+        for name in ("candidate_timeout_s", "stream_interval_s", "startup_timeout_s", "progress_interval_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise InputError("must be a positive, finite number of seconds", field=name, value=value)
+        if self.cpu_threads is not None and (isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int)
+                                             or self.cpu_threads < 1):
+            raise InputError("must be an integer >= 1 (or None)", field="cpu_threads", value=self.cpu_threads)

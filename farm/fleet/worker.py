@@ -1,0 +1,227 @@
+"""The device worker: what runs inside one Ray actor per device, and the records it streams to the driver.
+
+A worker opens its device, discovers candidates where the signature lives (``expand``), and tunes the
+tasks the driver gives it with the in-process autotuner, streaming TaskStarted, batches of results and
+TaskEnd. It knows nothing of scheduling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+from farm.devices.device import Device
+from farm.devices.properties import DeviceProperties
+from farm.devices.sim import SimConfig
+from farm.errors import AutotuneError, FarmError
+from farm.fleet.scheduler import Candidate, Task
+from farm.model.engine import EngineRegistry, default_engine_registry
+from farm.model.records import AutotuneConfig, AutotuneResult
+from farm.model.workload import WorkloadProblem
+from farm.store.results import candidate_key, new_id
+from farm.tuner.autotuner import Autotuner
+from farm.tuner.problem_tuning import plan_specs_for
+
+log = logging.getLogger("farm.fleet.worker")
+
+
+class WorkerFailed(FarmError, RuntimeError):
+    """A worker could not open its device."""
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    name: str
+    actor_id: str
+    node_id: str
+    host: str
+    pid: int
+    properties: DeviceProperties
+    gpu_ids: tuple[str, ...] = ()
+
+    @property
+    def signature(self) -> str:
+        return self.properties.signature
+
+
+@dataclass(frozen=True)
+class TaskStarted:
+    """The first item a worker streams for a task: the task is running on the device now."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    """The last item a worker streams for a task."""
+
+    session: str
+    ranks: dict[str, int]
+    error: str = ""
+    wall_ms: float = 0.0
+
+
+class DeviceWorkerImpl:
+    """Holds one device, its runtime handle, properties and signature; tunes tasks on it."""
+
+    def __init__(self, kind: str, slot: int, sim: SimConfig | None = None,
+                 problems: Sequence[WorkloadProblem] = (), registry: EngineRegistry | None = None,
+                 cpu_threads: int | None = None) -> None:
+        logging.basicConfig(level=logging.WARNING)
+        self.kind = kind
+        if kind == "cpu":
+            # Ray starts an actor with OMP_NUM_THREADS=1; production runs with the host's threads, so
+            # measure with those (the count is part of the CPU's device signature: compute_units)
+            from farm.devices.runtimes.cpu import _usable_cores, set_blas_threads
+
+            set_blas_threads(cpu_threads or _usable_cores())
+        self.registry = registry or default_engine_registry()
+        # before the device opens (torch's import, CUDA's start: seconds), so a compile pool's
+        # processes start alongside it rather than during this worker's first task
+        self.prepare(problems)
+        self.device = _open(kind, slot, sim)
+        self.name = f"{kind}:{self.device.properties.index}"
+
+    def info(self) -> WorkerInfo:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return WorkerInfo(self.name, ctx.get_actor_id() or "", ctx.get_node_id(), socket.gethostname(), os.getpid(),
+                          self.device.properties, tuple(str(g) for g in ray.get_gpu_ids()))
+
+    def expand(self, problems: Sequence[tuple[int, WorkloadProblem]]) -> dict[int, list[Candidate] | str]:
+        """Discovery where the signature lives: each problem's candidates here, or why there are none."""
+        out: dict[int, list[Candidate] | str] = {}
+        for index, wp in problems:
+            tuner = Autotuner(wp.problem, self.device, registry=self.registry)
+            try:
+                specs = plan_specs_for(wp, tuner)
+            except FarmError as exc:
+                out[index] = str(exc)
+                continue
+            if not specs:
+                reasons = "; ".join(f"{c.engine_name}: {c.reason}" for c in self.registry.explain(wp.problem, self.device)
+                                    if wp.engines.selects(c.engine_name)) or "no engine implements this op"
+                out[index] = f"no applicable engine ({reasons})"
+                continue
+            cands = []
+            for i, s in enumerate(specs):
+                engine = self.registry.get(s.engine_id)
+                cands.append(Candidate(s, engine.name, i, bool(engine.supports_exhaustive),
+                                       tuner._collection.estimated_workspace(s)))
+            out[index] = cands
+        self._prepare(c.engine_name for cands in out.values() if not isinstance(cands, str) for c in cands)
+        return out
+
+    def prepare(self, problems: Sequence[WorkloadProblem]) -> None:
+        """Start what the engines the workload selects want for their compiles (the worker does this
+        as it starts, with the workload's problems)."""
+        self._prepare(e.name for e in self.registry if any(wp.engines.selects(e.name) for wp in problems))
+
+    def _prepare(self, engine_names: Iterable[str]) -> None:
+        """Let engines the tasks will use start what their compiles want on this kind of device
+        (Triton's compile pool) in the background: a worker tunes many problems, so it pays once. Idempotent."""
+        self.registry.prepare(engine_names, self.kind)
+
+    def run(self, task: Task, wp: WorkloadProblem, candidates: Sequence[Candidate], config: AutotuneConfig,
+            seed: int, stream_interval_s: float) -> Iterator[TaskStarted | list[AutotuneResult] | TaskEnd]:
+        """Tune the task's candidates; stream TaskStarted, results (each alone in careful mode), then TaskEnd."""
+        yield TaskStarted(os.getpid())
+        t0 = time.perf_counter()
+        self._prepare(c.engine_name for c in candidates)  # discovery ran on one worker of the signature only
+        index = {c.spec: c.index for c in candidates}
+        items: queue.Queue = queue.Queue()
+        session = new_id()
+        if self.device.vendor in ("nvidia", "amd") and config.compile_workers == 0:
+            config = dataclasses.replace(config, compile_workers=2)  # keep the GPU busy while JIT engines compile
+
+        def tune() -> None:
+            tuner = Autotuner(wp.problem, self.device, registry=self.registry)
+            error = ""
+            ranked: list[AutotuneResult] = []
+            try:
+                for spec in task.specs:
+                    tuner.add_engine(spec.engine_id, dict(spec.knobs))
+                ranked = tuner.autotune(config=config, seed=seed, listener=items.put)
+            except AutotuneError as exc:
+                ranked, error = exc.results, "" if exc.results else str(exc)
+            except Exception as exc:  # an engine bug must not kill the worker silently
+                error = f"{type(exc).__name__}: {exc}"
+            finally:
+                tuner.close()
+            ranks = {candidate_key(r.engine_id, r.knobs): r.rank for r in ranked}
+            items.put(TaskEnd(session, ranks, error, (time.perf_counter() - t0) * 1e3))
+
+        thread = threading.Thread(target=tune, name=f"farm-task-{task.id}", daemon=True)
+        thread.start()
+        batch: list[AutotuneResult] = []
+        last = time.perf_counter()
+        while True:
+            try:
+                item = items.get(timeout=stream_interval_s)
+            except queue.Empty:
+                # nothing new: send what is measured now, so a candidate that hangs next costs only itself
+                if batch:
+                    yield batch
+                    batch, last = [], time.perf_counter()
+                continue
+            if isinstance(item, TaskEnd):
+                if batch:
+                    yield batch
+                thread.join()
+                self._check_health()
+                yield item
+                return
+            batch.append(dataclasses.replace(item, candidate=index.get(item.spec, item.candidate)))
+            if task.careful or time.perf_counter() - last >= stream_interval_s:
+                yield batch
+                batch, last = [], time.perf_counter()
+
+    def _check_health(self) -> None:
+        """A device left in an error state (a lost CUDA context) poisons every later task: restart."""
+        try:
+            self.device.synchronize()
+        except Exception as exc:
+            log.error("farm: %s is unusable after a task (%s); restarting the worker", self.name, exc)
+            os._exit(3)
+
+    def close(self) -> None:
+        self.device.runtime.synchronize()
+
+
+def _open(kind: str, slot: int, sim: SimConfig | None) -> Device:
+    if kind == "sim":
+        from farm.devices.sim import sim_device
+
+        assert sim is not None
+        group, index = sim.slots()[slot]
+        return sim_device(sim, group, slot)
+    if kind == "cpu":
+        from farm.devices.device import cpu_device
+
+        return cpu_device(slot)
+    from farm.devices.device import gpu_device
+    from farm.devices.runtimes import RuntimeUnavailable
+
+    import ray
+
+    errors = []
+    for runtime in ("cuda", "hip"):
+        try:
+            dev = gpu_device(runtime, 0)  # Ray made the assigned GPU the only visible one
+        except RuntimeUnavailable as exc:
+            errors.append(str(exc))
+            continue
+        ids = ray.get_gpu_ids()
+        physical = int(ids[0]) if ids and str(ids[0]).isdigit() else dev.properties.index
+        dev.properties = dataclasses.replace(dev.properties, index=physical)
+        dev.index = 0
+        return dev
+    raise WorkerFailed("a GPU worker found no GPU: " + "; ".join(errors))

@@ -1,0 +1,140 @@
+"""The farm driver without Ray: assignments, results, a worker lost mid-task, silence, short endings."""
+
+from fakes import fake_props, fake_result, matmul_problem
+from farm.fleet.driver import Driver, LossKind, WorkerHandle, WorkerState, WorkerStatus
+from farm.fleet.options import FarmOptions
+from farm.fleet.scheduler import Candidate, Scheduler
+from farm.fleet.worker import TaskEnd, WorkerInfo
+from farm.model.ids import engine_name_to_id
+from farm.model.plans import PlanSpec
+from farm.model.records import AutotuneConfig, Disposition
+from farm.model.workload import EngineSelection, WorkloadProblem
+
+P = matmul_problem()
+WP = WorkloadProblem(0, "mm", P, EngineSelection())
+PROPS = fake_props()
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class Sink:
+    def __init__(self):
+        self.rows, self.ranks = [], {}
+
+    def write(self, rows):
+        self.rows.extend(rows)
+
+    def set_ranks(self, session, ranks):
+        self.ranks[session] = ranks
+
+
+def cands(n):
+    return [Candidate(PlanSpec(engine_name_to_id("e"), (("k", i),)), "e", i) for i in range(n)]
+
+
+def setup(n_candidates=3, workers=1, **options):
+    sched = Scheduler(shard_size=100)
+    cs = cands(n_candidates)
+    sched.add_problem(PROPS.signature, 0, WP, cs)
+    handles = [WorkerHandle(i, WorkerInfo(f"sim:{i}", f"a{i}", "node", "host", 1, PROPS), actor=object(),
+                            status=WorkerStatus(f"sim:{i}", PROPS.signature, PROPS.name, "host", WorkerState.IDLE.value))
+               for i in range(workers)]
+    clock, sink = Clock(), Sink()
+    driver = Driver(sched, handles, sink, AutotuneConfig(), FarmOptions(**options), clock=clock)
+    return driver, handles, sink, clock, cs
+
+
+def result(c, ms=1.0):
+    return fake_result(P, c.engine_name, (ms, ms, ms), knobs=c.spec.knobs, candidate=c.index)
+
+
+def test_a_task_runs_reports_and_ends():
+    driver, [w], sink, clock, cs = setup()
+    [(got, task)] = driver.assignments()
+    assert got is w and w.status.state == "busy" and len(task.specs) == 3 and driver.assignments() == []
+    driver.on_started(w)
+    clock.t = 2.0
+    driver.on_batch(w, [result(c) for c in cs])
+    driver.on_end(w, TaskEnd("s", {"k": 0}))
+    driver.on_stream_end(w)
+    assert len(sink.rows) == 3 and w.free and w.status.state == "idle" and w.status.busy_s == 2.0
+    assert driver.done and driver.status().finished == 3 and w.status.candidates == 3
+
+
+def test_a_worker_lost_mid_task_gets_its_unreported_candidates_one_per_task_after_it_restarts():
+    driver, [w], sink, clock, cs = setup()
+    driver.assignments()
+    driver.on_started(w)
+    driver.on_batch(w, [result(cs[0])])
+    driver.on_lost(w, "SIGKILL")
+    assert w.restarting and w.status.state == "restarting" and w.status.restarts == 1
+    assert driver.assignments() == []  # not before it answers again
+    assert not driver.done and not driver.stuck
+    driver.on_back(w)
+    [(_, retry)] = driver.assignments()
+    assert retry.careful and retry.specs == (cs[1].spec,)
+    assert len(sink.rows) == 1  # nobody charged yet: the batch named no culprit
+
+
+def test_a_careful_task_that_goes_silent_times_out_its_candidate_at_once():
+    driver, [w], sink, clock, cs = setup(n_candidates=1, candidate_timeout_s=5)
+    driver.assignments()
+    driver.on_started(w)
+    driver.on_lost(w, "died")  # the batch task died: its candidate is retried alone
+    driver.on_back(w)
+    [(_, careful)] = driver.assignments()
+    assert careful.careful
+    driver.on_started(w)
+    clock.t = 4.0
+    assert driver.on_silent() == []
+    clock.t = 10.0
+    assert driver.on_silent() == [w]  # the caller kills it
+    [(row, wp, where)] = sink.rows
+    assert row.disposition is Disposition.TIMED_OUT and wp is WP and where.session_id
+    assert w.restarting and driver.sched.finished == 1
+
+
+def test_silence_before_the_task_started_charges_nobody():
+    driver, [w], sink, clock, cs = setup(startup_timeout_s=30, candidate_timeout_s=5)
+    [(_, task)] = driver.assignments()
+    clock.t = 10.0
+    assert driver.on_silent() == []  # not started yet: the startup limit applies
+    clock.t = 40.0
+    assert driver.on_silent() == [w] and sink.rows == [] and w.status.restarts == 0
+    driver.on_back(w)
+    [(_, again)] = driver.assignments()
+    assert again.specs == task.specs and not again.careful  # queued again as it was, nobody blamed
+
+
+def test_a_task_that_ends_without_every_result_retries_the_rest_on_the_same_worker():
+    driver, [w], sink, clock, cs = setup()
+    driver.assignments()
+    driver.on_started(w)
+    driver.on_batch(w, [result(cs[0])])
+    driver.on_end(w, TaskEnd("s", {}, error="RuntimeError: engine bug"))
+    assert w.free and not w.restarting  # an error in a task is not a dead worker
+    driver.on_stream_end(w)  # the stream closes after: already settled
+    retries = driver.assignments()
+    assert len(retries) == 1 and retries[0][1].careful
+
+
+def test_two_workers_share_a_signature_and_results_are_kept_when_asked():
+    driver, ws, sink, clock, cs = setup(n_candidates=250, workers=2, keep_results=True)
+    tasks = driver.assignments()
+    assert [w.index for w, _ in tasks] == [0, 1] and sum(t.size for _, t in tasks) == 200
+    for w, t in tasks:
+        driver.on_started(w)
+        driver.on_batch(w, [result(c, 1.0 + c.index) for c in cs if c.spec in t.specs])
+        driver.on_end(w, TaskEnd("s", {}))
+        driver.on_stream_end(w)
+    assert len(driver.results[(PROPS.signature, "mm")]) == 200
+
+
+def test_loss_kinds_are_the_schedulers_words():
+    assert {k.value for k in LossKind} == {"crash", "timeout", "error", "not_started"}
