@@ -4,7 +4,14 @@
     ├── InputError            bad user input: names the source, field and value
     ├── UnknownNameError      an engine, op or policy name that nobody registered
     ├── UsageError            an API called out of order (guards)
-    └── AutotuneError         tuning could not produce a winner
+    ├── AutotuneError         tuning could not produce a winner
+    ├── FlatBufferError       bytes that are not a well-formed buffer (farm.devices.fb.verify)
+    ├── RuntimeUnavailable    a GPU runtime that cannot be loaded (farm.devices.runtimes.base)
+    │   └── NoDeviceError     the runtime loads but sees no device
+    ├── RuntimeCallError      a runtime call that failed (farm.devices.runtimes.base)
+    ├── NoSelection           no policy chose an engine (farm.replay.selection)
+    ├── WorkerFailed          a farm worker could not open its device (farm.fleet.worker)
+    └── FarmFailed            the farm could not run: no devices, workers that never start (farm.fleet.cluster)
 
 The CLI prints a FarmError as one line and exits non-zero; anything else is a bug
 and keeps its traceback.

@@ -2,8 +2,8 @@
 
 The tuner builds input tensors for a problem (random, never zeros), output
 tensors (poisoned, so an unwritten element shows), and reads results back as
-numpy for numerical checks. CPU devices use numpy; GPU devices use torch
-(farm.engines' GPU issue adds that backend).
+numpy for numerical checks. CPU devices use numpy (NumpyArrays); GPU devices
+use torch (TorchArrays).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class Plan(Protocol):
 
 @runtime_checkable
 class Engine(Protocol):
-    """What an engine plugin provides (see DESIGN.md, Contracts)."""
+    """What an engine plugin provides (README "Writing an engine"; plugins import it from farm.plugin)."""
 
     name: str
     ops: frozenset[str]

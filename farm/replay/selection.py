@@ -41,7 +41,7 @@ from importlib import metadata
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from farm.devices.properties import DeviceProperties
-from farm.errors import FarmError, UnknownNameError
+from farm.errors import FarmError
 from farm.devices.fb import encode_device_properties, encode_problem
 from farm.model.ids import policy_name_to_id
 from farm.model.knobs import KnobSettings
@@ -275,10 +275,3 @@ def _invalid(order: Sequence[int], candidates: Sequence[int]) -> str:
     if len(set(order)) != len(order):
         return "an engine id appears twice"
     return ""
-
-
-def policy_for(name: str) -> Policy:
-    p = default_policy_registry().find(name)
-    if p is None:
-        raise UnknownNameError(f"unknown policy {name!r}")
-    return p

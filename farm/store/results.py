@@ -43,7 +43,6 @@ from farm.model.problem import Problem
 log = logging.getLogger("farm.store.results")
 
 SCHEMA_VERSION = 1
-PARTITION_COLUMNS = ("device_signature", "op")
 
 KNOB_TYPE = pa.struct([("id", pa.string()), ("type", pa.string()), ("value", pa.string())])
 TENSOR_TYPE = pa.struct([("id", pa.string()), ("dims", pa.list_(pa.int64())),
