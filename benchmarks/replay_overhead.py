@@ -156,9 +156,9 @@ def run_gpu(workload_path: str, published: str, results: str | None, rounds: int
     import farm.ops as ops
     from farm.devices.device import gpu_device
     from farm.model.engine import default_engine_registry
-    from farm.store.overrides import load_overrides
-    from farm.store.publish import find_published
-    from farm.store.reduce import candidate_label
+    from farm.store.override_files import load_overrides
+    from farm.store.published import find_published
+    from farm.model.knobs import candidate_label
     from farm.model.workload import load_workload
 
     wl = load_workload(workload_path, default_engine_registry())
@@ -167,7 +167,7 @@ def run_gpu(workload_path: str, published: str, results: str | None, rounds: int
     entries = load_overrides(hit[0]) if hit else None
     winners = {}
     if results:
-        from farm.store.reduce import decide_folder
+        from farm.store.decisions import decide_folder
 
         winners = {key: w for (sig, key), w in decide_folder(results).winners.items() if sig == props.signature}
     rows = []

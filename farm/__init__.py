@@ -5,22 +5,21 @@ The public API is what ``__all__`` lists (pinned by tests/test_public_api.py), p
 """
 
 from farm._version import __version__
-
-from farm.tuner.autotuner import Autotuner
-from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
 from farm.devices.device import Device, cpu_device
 from farm.devices.properties import DeviceProperties
-from farm.model.engine import Engine, EngineConfig, EngineRegistry, Plan, Support, default_engine_registry
 from farm.errors import AutotuneError, FarmError, InputError, UnknownNameError, UsageError
+from farm.model.engine import Engine, EngineConfig, EngineRegistry, Plan, Support, default_engine_registry
 from farm.model.ids import engine_name_to_id, policy_name_to_id
 from farm.model.knobs import Knob, KnobType
+from farm.model.measurement import Strategy
 from farm.model.op_catalog import OpCategory, core_op
 from farm.model.plans import EngineSweep, EngineVariant, PlanSpec
 from farm.model.problem import Problem, TensorDesc
-from farm.replay.selection import POLICY_API_VERSION, Choice, NoSelection, PolicyRegistry, Selector
-from farm.model.measurement import Strategy
-from farm.replay.tunable_runtime import TunableRuntime, TunableSettings
+from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
 from farm.model.workload import Workload, load_workload
+from farm.replay.selection import POLICY_API_VERSION, Choice, NoSelection, PolicyRegistry, Selector
+from farm.replay.tunable_runtime import TunableRuntime, TunableSettings
+from farm.tuner.autotuner import Autotuner
 
 __all__ = [
     "AutotuneConfig",

@@ -30,8 +30,8 @@ import numpy as np
 
 from farm.devices.arrays import NUMPY_DTYPES
 from farm.devices.device import Device, cpu_device, gpu_device
-from farm.model.dtypes import canonical_dtype
 from farm.errors import InputError
+from farm.model.dtypes import canonical_dtype
 from farm.model.problem import Problem
 from farm.replay.tunable_runtime import Bound, TunableRuntime, TunableSettings
 

@@ -31,8 +31,9 @@ from farm.model.ids import engine_name_to_id, policy_name_to_id
 from farm.model.knobs import Knob, KnobType, KnobValue
 from farm.model.problem import Problem, TensorDesc, contiguous_strides
 from farm.replay.selection import CONFIG, POLICY_API_VERSION, STATIC_ORDERING, Choice
-from farm.store.overrides import OverrideFile, load_overrides
-from farm.store.publish import find_published
+from farm.store.override_files import load_overrides
+from farm.store.overrides import OverrideFile
+from farm.store.published import find_published
 from farm.tuner.reference import EPS
 
 __all__ = [

@@ -19,16 +19,16 @@ import time
 from typing import Any, Sequence
 
 from farm.plugin import (
-    Choice,
     CONFIG,
+    POLICY_API_VERSION,
+    Choice,
+    FarmError,
+    FlatBufferError,
+    OverrideFile,
     decode_device_properties,
     decode_problem,
     engine_name_to_id,
-    FarmError,
-    FlatBufferError,
     load_overrides,
-    OverrideFile,
-    POLICY_API_VERSION,
     policy_name_to_id,
 )
 

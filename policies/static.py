@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from farm.plugin import (
+    POLICY_API_VERSION,
+    STATIC_ORDERING,
     default_engine_registry,
     engine_id,
     engine_priority,
-    POLICY_API_VERSION,
     policy_name_to_id,
-    STATIC_ORDERING,
 )
 
 

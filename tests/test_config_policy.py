@@ -9,7 +9,8 @@ import pytest
 from farm.devices.device import cpu_device
 from farm.devices.fb import encode_device_properties, encode_problem
 from farm.model.ids import engine_name_to_id
-from farm.store.overrides import OverrideEntry, OverrideFile, TensorRule, write_overrides
+from farm.store.overrides import OverrideEntry, OverrideFile, TensorRule
+from farm.store.override_files import write_overrides
 from farm.model.problem import Problem
 from policies.config import ConfigPolicy
 from tests.fakes import fake_props, matmul_problem

@@ -11,8 +11,8 @@ import pytest
 
 from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
 from farm.model.engine import default_engine_registry
-from farm.store.overrides import load_overrides
-from farm.store.results import ResultsDataset
+from farm.store.override_files import load_overrides
+from farm.store.dataset import ResultsDataset
 from farm.devices.sim import SimConfig
 from farm.model.workload import parse_workload
 

@@ -16,7 +16,8 @@ import pytest
 
 import farm.ops as ops
 from farm.devices.device import cpu_device
-from farm.store.overrides import OverrideEntry, write_overrides
+from farm.store.overrides import OverrideEntry
+from farm.store.override_files import write_overrides
 from farm.model.problem import Problem
 
 PROBLEM = Problem.create("matmul", {"A": [48, 40], "B": [40, 24]}, dtype="fp32")
@@ -122,7 +123,7 @@ def test_a_published_index_cannot_point_the_config_policy_outside_its_root(tmp_p
 
 
 def test_an_arch_named_dot_dot_publishes_inside_the_root(tmp_path):
-    from farm.store.publish import _arch_dir
+    from farm.store.published import _arch_dir
 
     assert _arch_dir("..") == "_.." and _arch_dir(".") == "_." and _arch_dir("../../etc") == "_.._.._etc"
     assert _arch_dir("sm_90") == "sm_90" and _arch_dir("gfx942:sramecc+:xnack-") == "gfx942"
@@ -231,7 +232,7 @@ def test_nan_or_negative_times_never_win_a_reduce(tmp_path):
         fake_result(p, "negative", (-5.0, -5.0, -5.0), candidate=1),
         fake_result(p, "nan", (float("nan"),) * 3, candidate=2)])]})
     reduce_results(tmp_path / "results", tmp_path / "out")
-    from farm.store.overrides import load_overrides
+    from farm.store.override_files import load_overrides
 
     assert load_overrides(tmp_path / "out" / f"{gpu.signature}.json").match(p).engine_name == "honest"
 
@@ -304,7 +305,7 @@ def test_in_process_honours_the_candidate_timeout(tmp_path, repo_root):
                  "--candidate-timeout", "1.5", "--out", tmp_path / "o", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "hung for" in proc.stderr and "restarting" in proc.stderr and "Traceback" not in proc.stderr
-    from farm.store.results import ResultsDataset
+    from farm.store.dataset import ResultsDataset
 
     rows = ResultsDataset(tmp_path / "o" / "results").table(["candidate_key", "disposition"]).to_pylist()
     assert sorted(r["disposition"] for r in rows).count("timed_out") == 1

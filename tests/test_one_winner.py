@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from farm.store.overrides import load_overrides
-from farm.store.reduce import candidate_label
+from farm.store.override_files import load_overrides
+from farm.model.knobs import candidate_label
 from farm.cli.render import winners_query
 
 WORKLOAD = """

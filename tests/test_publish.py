@@ -10,8 +10,10 @@ import pytest
 from farm.cli import main
 from farm.devices.device import cpu_device
 from farm.errors import InputError
-from farm.store.overrides import OverrideEntry, load_overrides, write_overrides
-from farm.store.publish import find_published, publish
+from farm.store.overrides import OverrideEntry
+from farm.store.override_files import load_overrides, write_overrides
+from farm.store.publish import publish
+from farm.store.published import find_published
 from tests.fakes import fake_props, matmul_problem
 
 

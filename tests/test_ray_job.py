@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.store.overrides import load_overrides
+from farm.store.override_files import load_overrides
 
 pytest.importorskip("ray", reason="needs ray[default]")
 RAY = Path(sys.executable).with_name("ray")

@@ -87,7 +87,8 @@ def test_diff_of_two_result_sets(tmp_path, capsys):
 
 
 def test_diff_of_two_override_files(tmp_path, capsys):
-    from farm.store.overrides import OverrideEntry, write_overrides
+    from farm.store.overrides import OverrideEntry
+    from farm.store.override_files import write_overrides
 
     dev = {"signature": GPU0.signature, "properties": GPU0.to_dict()}
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from farm.store.overrides import load_overrides
-from farm.store.results import ResultsDataset
+from farm.store.override_files import load_overrides
+from farm.store.dataset import ResultsDataset
 
 pytest.importorskip("ray", reason="the farm needs ray[default]")
 

@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from farm.plugin import Device, EPS, Knob, KnobValue, Problem
+from farm.plugin import EPS, Device, Knob, KnobValue, Problem
 
 from ._base import CpuEngine, FunctionPlan, chunks, compute_dtype, nbytes, workspace_view
 

@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
-from farm.plugin import Device, gil_heavy_section, itemsize, Knob, KnobValue, Problem, Support
+from farm.plugin import Device, Knob, KnobValue, Problem, Support, gil_heavy_section, itemsize
 
 from .triton_pad import PadAB
 

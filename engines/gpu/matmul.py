@@ -10,9 +10,20 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from farm.plugin import Device, itemsize, Knob, KnobValue, Problem, Support
+from farm.plugin import Device, Knob, KnobValue, Problem, Support, itemsize
 
-from ._common import Flags, GpuEngine, TorchPlan, ZeroPaddedAB, elements, flags, gemm_mkn, round_up, torch_dtype, torch_module
+from ._common import (
+    Flags,
+    GpuEngine,
+    TorchPlan,
+    ZeroPaddedAB,
+    elements,
+    flags,
+    gemm_mkn,
+    round_up,
+    torch_dtype,
+    torch_module,
+)
 
 
 def _matmul_fn(problem: Problem) -> Any:

@@ -16,10 +16,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from farm.plugin import contiguous_strides, Device, gil_heavy_section, Knob, KnobValue, Problem, Support
+from farm.plugin import Device, Knob, KnobValue, Problem, Support, contiguous_strides, gil_heavy_section
 
-from ._common import (TORCH_DTYPES, TRITON_COMPILE_LOCK, GpuEngine, TorchPlan, ZeroPaddedAB, gemm_mkn, round_up,
-                      torch_module)
+from ._common import (
+    TORCH_DTYPES,
+    TRITON_COMPILE_LOCK,
+    GpuEngine,
+    TorchPlan,
+    ZeroPaddedAB,
+    gemm_mkn,
+    round_up,
+    torch_module,
+)
 
 COMPILE_PROCS_ENV = "FARM_TRITON_COMPILE_PROCS"
 

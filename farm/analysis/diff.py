@@ -63,7 +63,7 @@ def _results_dir(p: Path) -> Path:
 
 
 def _from_overrides(path: Path) -> dict[Hashable, _Side]:
-    from farm.store.overrides import load_overrides
+    from farm.store.override_files import load_overrides
     from farm.store.publish import _desc, _label, _ms
 
     f = load_overrides(path)
@@ -72,7 +72,7 @@ def _from_overrides(path: Path) -> dict[Hashable, _Side]:
 
 
 def _from_results(folder: Path) -> dict[Hashable, _Side]:
-    from farm.store.reduce import decide_folder
+    from farm.store.decisions import decide_folder
 
     d = decide_folder(folder)
     return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms) for key, w in d.winners.items()}

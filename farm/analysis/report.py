@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farm.store.reduce import Decisions, Winner
-from farm.store.results import ResultsDataset
+from farm.store.dataset import ResultsDataset
+from farm.store.decisions import Decisions, Winner
 
 _COLUMNS = ["device_signature", "device_name", "host", "device_index", "problem_key", "problem_name", "problem_label",
             "candidate_key", "candidate_index", "engine_name", "knobs", "disposition", "succeeded", "median_ms",
@@ -107,7 +107,7 @@ def _cov(samples: list[float]) -> float:
 
 
 def build_report(results_dir: str | Path, decisions: Decisions | None = None) -> Report:
-    from farm.store.reduce import decide_folder
+    from farm.store.decisions import decide_folder
 
     data = ResultsDataset(results_dir)
     decisions = decisions or decide_folder(results_dir)

@@ -45,8 +45,8 @@ def _print_json(data: Any) -> None:
 
 # -- farm engines ---------------------------------------------------------------------------
 def cmd_engines(args: argparse.Namespace) -> int:
-    from farm.model.engine import default_engine_registry, engine_priority
     from farm.cli.render import engine_dict, engines_table
+    from farm.model.engine import default_engine_registry, engine_priority
 
     registry = default_engine_registry()
     engines = sorted((e for e in registry if args.op is None or args.op in e.ops),
@@ -64,8 +64,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
 
 # -- farm devices ---------------------------------------------------------------------------
 def cmd_devices(args: argparse.Namespace) -> int:
-    from farm.devices.device import probe
     from farm.cli.render import devices_table
+    from farm.devices.device import probe
 
     probes = probe()
     if args.json:
@@ -110,8 +110,8 @@ def _folder_name(name: str) -> str:
 
 
 def _local_device(spec: str) -> Any:
-    from farm.fleet.cluster import DeviceRequest
     from farm.devices.device import open_device
+    from farm.fleet.cluster import DeviceRequest
 
     request = DeviceRequest.parse(spec)
     if request.kind == "sim":
@@ -125,8 +125,8 @@ def _local_device(spec: str) -> Any:
 
 
 def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry: Any) -> int:
-    from farm.fleet.job import run_local
     from farm.cli.render import local_dict, results_table, summary_table, where_table
+    from farm.fleet.job import run_local
 
     device = _local_device(args.devices)
     _check_fits(workload, device.properties)
@@ -175,9 +175,9 @@ def _restart(args: argparse.Namespace, message: str) -> None:
 
 
 def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
-    from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
     from farm.cli.progress import ProgressView
     from farm.cli.render import farm_dict, farm_tables, where_table
+    from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
 
     request = DeviceRequest.parse(args.devices)
     if request.kind == "cpu" and not (args.address or os.environ.get("RAY_ADDRESS")):
@@ -209,8 +209,8 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
 
 # -- farm reduce ----------------------------------------------------------------------------
 def cmd_reduce(args: argparse.Namespace) -> int:
-    from farm.store.reduce import reduce_results
     from farm.cli.render import reduce_dict, reduce_table
+    from farm.store.reduce import reduce_results
 
     report = reduce_results(args.results, args.out, top_k=args.top_k, mode=args.mode, tunableop_csv=args.tunableop_csv,
                             incumbents=args.incumbents)
@@ -251,8 +251,8 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
 # -- farm publish ---------------------------------------------------------------------------
 def cmd_publish(args: argparse.Namespace) -> int:
-    from farm.store.publish import publish
     from farm.cli.render import publish_dict, publish_tables
+    from farm.store.publish import publish
 
     if not args.to.strip():
         raise InputError("the publishing root must not be empty", field="--to", value=args.to)
@@ -271,8 +271,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 # -- farm report ----------------------------------------------------------------------------
 def cmd_report(args: argparse.Namespace) -> int:
-    from farm.cli.render import report_tables
     from farm.analysis.report import build_report, report_dict, write_html
+    from farm.cli.render import report_tables
 
     report = build_report(args.results)
     if args.html:

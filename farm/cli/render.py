@@ -10,9 +10,9 @@ from typing import Any, Iterable, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from farm.model.records import AutotuneResult
 from farm.model.engine import Engine, EngineRegistry, engine_id, user_knobs
 from farm.model.knobs import format_settings
+from farm.model.records import AutotuneResult
 from farm.tuner.problem_tuning import ProblemOutcome
 
 

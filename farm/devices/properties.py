@@ -23,7 +23,6 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-
 SIGNATURE_VERSION = 1
 
 

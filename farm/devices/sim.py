@@ -31,9 +31,9 @@ import yaml
 
 from farm.devices.device import Device
 from farm.devices.properties import DeviceProperties
+from farm.devices.timing import EventTimer
 from farm.errors import InputError
 from farm.model.problem import Problem, TensorDesc
-from farm.devices.timing import EventTimer
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ import threading
 import time
 from typing import Any, Callable, ContextManager, Protocol, runtime_checkable
 
-
 # Timed loops and GIL-heavy work in other threads take turns, once per process (the GIL is per
 # process). A thread holding the GIL between a timer's start and end events delays the launches in
 # between, and the device's idle time lands in the sample; Python hands the GIL over only every

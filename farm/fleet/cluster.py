@@ -28,8 +28,9 @@ from farm.fleet.scheduler import PriorRow, Scheduler
 from farm.fleet.worker import DeviceWorkerImpl, TaskEnd, TaskStarted, WorkerInfo
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
+from farm.store.dataset import ResultsDataset
 from farm.store.reduce import ReduceReport
-from farm.store.results import ResultsDataset, spec_of
+from farm.store.results import spec_of
 
 log = logging.getLogger("farm.fleet.cluster")
 REPO_ROOT = Path(__file__).resolve().parents[2]

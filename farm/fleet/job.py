@@ -19,17 +19,27 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from farm._version import __version__
-from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.devices.device import Device
-from farm.model.engine import EngineRegistry
 from farm.errors import InputError
 from farm.fsutil import atomic_write_text, move_aside
-from farm.store.reduce import Decisions, ReduceReport, Winner, decide_results, load_incumbents, reduce_results
-from farm.store.results import MeasurementContext, ResultsDataset, ResultWriter, RunContext, candidate_key, new_id, now_iso, \
-    result_row, spec_of
+from farm.model.engine import EngineRegistry
+from farm.model.records import AutotuneConfig, AutotuneResult
+from farm.model.workload import Workload, WorkloadProblem
+from farm.store.dataset import ResultsDataset
+from farm.store.decisions import Decisions, Winner, decide_results, load_incumbents
+from farm.store.reduce import ReduceReport, reduce_results
+from farm.store.results import (
+    MeasurementContext,
+    ResultWriter,
+    RunContext,
+    candidate_key,
+    new_id,
+    now_iso,
+    result_row,
+    spec_of,
+)
 from farm.tuner.problem_tuning import ProblemOutcome, tune_problem
 from farm.tuner.watchdog import HangWatch
-from farm.model.workload import Workload, WorkloadProblem
 
 log = logging.getLogger("farm.fleet.job")
 

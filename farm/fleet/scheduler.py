@@ -26,10 +26,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from farm.model.records import AutotuneConfig, AutotuneResult, Disposition
 from farm.model.plans import PlanSpec
-from farm.tuner.winner import is_noisy
+from farm.model.records import AutotuneConfig, AutotuneResult, Disposition
 from farm.model.workload import WorkloadProblem
+from farm.tuner.winner import is_noisy
 
 MAIN, FINALIST = "main", "finalist"
 

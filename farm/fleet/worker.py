@@ -207,10 +207,10 @@ def _open(kind: str, slot: int, sim: SimConfig | None) -> Device:
         from farm.devices.device import cpu_device
 
         return cpu_device(slot)
+    import ray
+
     from farm.devices.device import gpu_device
     from farm.devices.runtimes import RuntimeUnavailable
-
-    import ray
 
     errors = []
     for runtime in ("cuda", "hip"):

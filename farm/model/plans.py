@@ -18,8 +18,17 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from farm.model.engine import Engine, EngineConfig, EngineRegistry, KnobAware, Support, engine_id, settings_to_resolved, user_knobs
 from farm.errors import InputError, UnknownNameError, UsageError
+from farm.model.engine import (
+    Engine,
+    EngineConfig,
+    EngineRegistry,
+    KnobAware,
+    Support,
+    engine_id,
+    settings_to_resolved,
+    user_knobs,
+)
 from farm.model.ids import engine_name_to_id
 from farm.model.knobs import BENCHMARKING_KNOB, KnobSettings, KnobValue, candidate_label, normalize_settings
 

@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from farm.model import dtypes
 from farm.errors import InputError
+from farm.model import dtypes
 from farm.model.op_catalog import OpSpec, infer_outputs, op_spec
 
 CANONICAL_VERSION = 1

@@ -28,13 +28,13 @@ from typing import Any, Mapping
 
 import yaml
 
-from farm.model.records import AutotuneConfig
-from farm.model.engine import EngineRegistry, user_knobs
 from farm.errors import InputError, UnknownNameError
 from farm.fsutil import read_text_file
+from farm.model.engine import EngineRegistry, user_knobs
 from farm.model.knobs import BENCHMARKING_KNOB, KnobValue
 from farm.model.plans import EngineSweep, cartesian_product
 from farm.model.problem import Problem
+from farm.model.records import AutotuneConfig
 
 WORKLOAD_VERSION = 1
 _TOP_KEYS = {"version", "name", "description", "seed", "autotune", "engines", "problems"}

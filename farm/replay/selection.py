@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
+from farm.devices.fb import encode_device_properties, encode_problem
 from farm.devices.properties import DeviceProperties
 from farm.errors import FarmError
-from farm.devices.fb import encode_device_properties, encode_problem
 from farm.model.ids import policy_name_to_id
 from farm.model.knobs import KnobSettings
 from farm.model.problem import Problem

@@ -34,16 +34,17 @@ from typing import Any, Mapping
 
 import yaml
 
-from farm.tuner.autotuner import Autotuner
-from farm.model.records import AutotuneConfig
 from farm.devices.device import Device
-from farm.model.engine import EngineRegistry, default_engine_registry, file_knobs, settings_to_resolved
 from farm.errors import AutotuneError, FarmError, InputError
 from farm.fsutil import atomic_write_text, move_aside, read_text_file
+from farm.model.engine import EngineRegistry, default_engine_registry, file_knobs, settings_to_resolved
 from farm.model.knobs import KnobSettings, format_settings
-from farm.store.overrides import OverrideEntry, OverrideFile, autotune_metadata, load_overrides, merge_entries, write_overrides
 from farm.model.problem import Problem
+from farm.model.records import AutotuneConfig
 from farm.replay.selection import Selector
+from farm.store.override_files import autotune_metadata, load_overrides, merge_entries, write_overrides
+from farm.store.overrides import OverrideEntry, OverrideFile
+from farm.tuner.autotuner import Autotuner
 
 log = logging.getLogger("farm.replay.tunable_runtime")
 

@@ -1,4 +1,4 @@
-"""Engine override files: the v2 JSON of the hipDNN autotuning RFC, read, matched and written.
+"""Engine override files: the v2 JSON of the hipDNN autotuning RFC, its entries and how they match.
 
     {
       "version": 2,
@@ -20,26 +20,21 @@ matches any layout, ``-1`` any element), and every criterion it names equal.
 one shape never collide) match when present. Exact entries are found by a hash
 lookup; wildcard entries are tried after them, in declaration order.
 
-Writes are atomic (temp file + rename) and serialised across processes by a
-file lock, so concurrent appenders lose no entry.
+Reading and writing the files: farm.store.override_files. Writes are atomic
+(temp file + rename) and serialised across processes by a file lock, so
+concurrent appenders lose no entry.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from filelock import FileLock
-
-from farm.errors import InputError
-from farm.fsutil import atomic_write_text, move_aside, read_text_file
 from farm.model.ids import engine_name_to_id
-from farm.model.knobs import KnobSettings, KnobType, knob_type_of
+from farm.model.knobs import KnobSettings, knob_type_of
 from farm.model.op_catalog import OPS
-from farm.model.problem import INT64_MAX, Problem
+from farm.model.problem import Problem
 
 log = logging.getLogger("farm.store.overrides")
 
@@ -289,248 +284,3 @@ class OverrideFile:
         return out
 
 
-# -- reading -------------------------------------------------------------------------------
-def load_overrides(path: str | Path) -> OverrideFile:
-    """Parse an override file; a malformed one raises InputError naming the file and JSON path."""
-    return parse_overrides(read_text_file(path, "override file"), source=str(path))
-
-
-def parse_overrides(text: str, *, source: str = "<overrides>") -> OverrideFile:
-    data = load_json(text, source)
-    try:
-        return _parse_document(data, source)
-    except InputError as exc:
-        raise exc.within(source=source) from None
-
-
-def load_json(text: str, source: str) -> Any:
-    """json.loads with an InputError for what a hostile file can hold: bad syntax, nesting too deep,
-    integers too long to convert."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", source=source) from None
-    except RecursionError:
-        raise InputError("not valid JSON here: nested too deeply", source=source) from None
-    except ValueError as exc:  # e.g. an integer of thousands of digits
-        reason = "an integer of more than 4300 digits" if "digits" in str(exc) else str(exc).splitlines()[0]
-        raise InputError(f"not valid JSON here: {reason}", source=source) from None
-
-
-def _need(cond: bool, message: str, path: str, value: Any) -> None:
-    if not cond:
-        raise InputError(message, field=path, value=value)
-
-
-def _int_list(value: Any, path: str, *, allow_wildcard: bool) -> tuple[int, ...]:
-    _need(isinstance(value, list), "expected a list of integers", path, value)
-    out = []
-    for i, v in enumerate(value):
-        ok = isinstance(v, int) and not isinstance(v, bool) and (0 <= v <= INT64_MAX or (allow_wildcard and v == -1))
-        _need(ok, "expected a non-negative 64-bit integer or -1 (any)", f"{path}[{i}]", v)
-        out.append(v)
-    return tuple(out)
-
-
-def _parse_document(data: Any, source: str) -> OverrideFile:
-    _need(isinstance(data, dict), "an override file is a JSON object with engine_overrides", "$", type(data).__name__)
-    version = data.get("version", 1)
-    _need(isinstance(version, int) and not isinstance(version, bool) and version in (1, 2),
-          "unsupported version (1 and 2 are read)", "version", version)
-    device = data.get("device")
-    _need(device is None or (isinstance(device, dict) and isinstance(device.get("signature", ""), str)),
-          "expected an object with a signature", "device", device)
-    raw_entries = data.get("engine_overrides")
-    _need(isinstance(raw_entries, list), "expected a list", "engine_overrides", raw_entries)
-    entries = [_parse_entry(e, f"engine_overrides[{i}]", version) for i, e in enumerate(raw_entries)]
-    extra = {k: v for k, v in data.items() if k not in ("version", "device", "engine_overrides")}
-    return OverrideFile(version, entries, device, extra, source)
-
-
-_KNOWN_ENTRY_FIELDS = {"op", "engine_name", "criteria", "tensors", "knobs", "autotune_metadata", "compute_data_type"}
-
-
-def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
-    _need(isinstance(obj, dict), "expected an object", path, obj)
-    op = obj.get("op")
-    _need(isinstance(op, str) and op, "expected an op name", f"{path}.op", op)
-    engine = obj.get("engine_name")
-    _need(isinstance(engine, str) and engine, "expected an engine name", f"{path}.engine_name", engine)
-    criteria = obj.get("criteria", {}) or {}
-    _need(isinstance(criteria, dict), "criteria must be an object", f"{path}.criteria", criteria)
-    for k, v in criteria.items():
-        _need(isinstance(v, int) and not isinstance(v, bool) and -INT64_MAX - 1 <= v <= INT64_MAX,
-              "criteria values are 64-bit integers", f"{path}.criteria.{k}", v)
-    tensors_raw = obj.get("tensors")
-    _need(isinstance(tensors_raw, list) and tensors_raw, "expected a non-empty list of tensors", f"{path}.tensors", tensors_raw)
-    tensors = []
-    for j, t in enumerate(tensors_raw):
-        tp = f"{path}.tensors[{j}]"
-        _need(isinstance(t, dict), "expected an object with dim and stride", tp, t)
-        tid = t.get("tensor_id")
-        if version >= 2:
-            _need(isinstance(tid, str) and tid, "v2 tensors need a tensor_id", f"{tp}.tensor_id", tid)
-        elif tid is not None:
-            _need(isinstance(tid, str), "expected a string", f"{tp}.tensor_id", tid)
-        _need("dim" in t, "missing dim", f"{tp}.dim", None)
-        dims = _int_list(t["dim"], f"{tp}.dim", allow_wildcard=True)
-        strides = _int_list(t.get("stride") or [], f"{tp}.stride", allow_wildcard=True)
-        _need(not strides or len(strides) == len(dims), "stride needs one entry per dim (or [] for any)", f"{tp}.stride", list(strides))
-        dtype = t.get("data_type")
-        _need(dtype is None or isinstance(dtype, str), "expected a dtype name", f"{tp}.data_type", dtype)
-        tensors.append(TensorRule(tid if version >= 2 else tid, dims, strides, dtype))
-    if version >= 2:
-        ids = [t.tensor_id for t in tensors]
-        _need(len(set(ids)) == len(ids), "tensor_id values must be unique", f"{path}.tensors", ids)
-    knobs = _parse_knobs(obj.get("knobs"), f"{path}.knobs")
-    meta = obj.get("autotune_metadata")
-    _need(meta is None or isinstance(meta, dict), "expected an object", f"{path}.autotune_metadata", meta)
-    cdt = obj.get("compute_data_type")
-    _need(cdt is None or isinstance(cdt, str), "expected a dtype name", f"{path}.compute_data_type", cdt)
-    extra = {k: v for k, v in obj.items() if k not in _KNOWN_ENTRY_FIELDS}
-    return OverrideEntry(op, engine, tuple(tensors), tuple(sorted(criteria.items())), knobs, cdt, meta, extra)
-
-
-def _parse_knobs(raw: Any, path: str) -> KnobSettings:
-    if raw is None:
-        return ()
-    _need(isinstance(raw, list), "expected a list of {knob_id, type, value}", path, raw)
-    out = []
-    for i, k in enumerate(raw):
-        kp = f"{path}[{i}]"
-        _need(isinstance(k, dict), "expected an object", kp, k)
-        kid = k.get("knob_id")
-        _need(isinstance(kid, str) and kid, "expected a knob_id", f"{kp}.knob_id", kid)
-        try:
-            ktype = KnobType.parse(k.get("type", ""))
-        except InputError:
-            raise InputError("knob type must be int, double or string", field=f"{kp}.type", value=k.get("type")) from None
-        v = k.get("value")
-        if ktype is KnobType.INT:
-            _need(isinstance(v, int) and not isinstance(v, bool), "an int knob needs an integer value", f"{kp}.value", v)
-        elif ktype is KnobType.FLOAT:
-            _need(isinstance(v, (int, float)) and not isinstance(v, bool), "a double knob needs a number", f"{kp}.value", v)
-            v = float(v)
-        else:
-            _need(isinstance(v, str), "a string knob needs a string value", f"{kp}.value", v)
-        out.append((kid, v))
-    return tuple(sorted(out))
-
-
-# -- writing -------------------------------------------------------------------------------
-def render(doc: OverrideFile) -> str:
-    """JSON text with one entry per line: readable, diff-friendly, and written by json's C encoder."""
-    head: dict[str, Any] = {"version": doc.version}
-    if doc.device is not None:
-        head["device"] = dict(doc.device)
-    head.update({k: v for k, v in doc.extra.items() if k not in ("version", "device", "engine_overrides")})
-    lines = ["{"]
-    for k, v in head.items():
-        lines.append(f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)},")
-    entries = [e.to_json() for e in doc.entries]
-    if not entries:
-        lines.append('  "engine_overrides": []')
-    else:
-        lines.append('  "engine_overrides": [')
-        lines.append(",\n".join(f"    {json.dumps(e)}" for e in entries))
-        lines.append("  ]")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def lock_path(path: Path) -> Path:
-    """The lock file serialising writers of ``path`` (hidden, so globs for *.json skip it)."""
-    return path.with_name(f".{path.name}.lock")
-
-
-def merge_entries(existing: Sequence[OverrideEntry], new: Iterable[OverrideEntry]) -> tuple[list[OverrideEntry], int, int]:
-    """Existing entries with same-key ones replaced in place, the others appended. -> (entries, replaced, added)."""
-    out = list(existing)
-    where = {e.match_key(): i for i, e in enumerate(out)}
-    replaced = added = 0
-    for e in new:
-        k = e.match_key()
-        if k in where:
-            out[where[k]] = e
-            replaced += 1
-        else:
-            where[k] = len(out)
-            out.append(e)
-            added += 1
-    return out, replaced, added
-
-
-@dataclass(frozen=True)
-class WriteReport:
-    path: str
-    mode: str
-    entries: int
-    replaced: int
-    added: int
-    moved_aside: str = ""
-
-
-def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, device: Mapping[str, Any] | None,
-                    mode: str = "append", extra: Mapping[str, Any] | None = None,
-                    lock_timeout: float = 120.0) -> WriteReport:
-    """Write ``entries`` to ``path``.
-
-    Modes: ``new`` (the file must not exist), ``append`` (replace entries with the
-    same match key, keep the rest; creates the file if missing), ``replace``
-    (delete everything already there). Appending to a v1 or hand-written (non-autotune)
-    file, or to a file of another device signature, is refused and writes nothing.
-    A corrupt file met in append mode is moved aside to ``<file>.corrupt-<epoch>``.
-    """
-    if mode not in WRITE_MODES:
-        raise InputError(f"write mode must be one of {', '.join(WRITE_MODES)}", field="mode", value=mode)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(lock_path(path)), timeout=lock_timeout):
-        moved = ""
-        current: list[OverrideEntry] = []
-        old_extra: dict[str, Any] = {}
-        if path.exists():
-            if mode == "new":
-                raise InputError("refusing to overwrite an existing file in mode 'new'", source=str(path))
-            if mode == "append":
-                try:
-                    old = load_overrides(path)
-                except InputError as exc:
-                    moved = str(move_aside(path))
-                    log.warning("overrides: %s is corrupt (%s); moved aside to %s, writing a fresh file",
-                                path, exc.reason, moved)
-                else:
-                    if old.version != OVERRIDE_VERSION:
-                        raise InputError(f"refusing to append to a version {old.version} (legacy) override file; "
-                                         "write to a new file or use mode 'replace'", source=str(path))
-                    if not old.is_autotune_file:
-                        raise InputError("refusing to append to an override file that was not written by autotuning "
-                                         "(entries without autotune_metadata); use a separate file", source=str(path))
-                    new_sig = (device or {}).get("signature")
-                    if old.device_signature and new_sig and old.device_signature != new_sig:
-                        raise InputError(f"refusing to append results of device {new_sig} to a file for device "
-                                         f"{old.device_signature}", source=str(path))
-                    current = old.entries
-                    old_extra = dict(old.extra)
-        merged, replaced, added = merge_entries(current, entries)
-        doc = OverrideFile(OVERRIDE_VERSION, merged, dict(device) if device is not None else None,
-                           {**old_extra, **(extra or {})}, str(path))
-        atomic_write_text(path, render(doc))
-    return WriteReport(str(path), mode, len(merged), replaced, added, moved)
-
-
-def autotune_metadata(*, rank: int, min_ms: float, avg_ms: float, stddev_ms: float, workspace: int, mode: str,
-                      ran_exhaustive: bool, strategy: str, iterations: int, converged: bool, device: str,
-                      timestamp: str, **extra: Any) -> dict[str, Any]:
-    """The RFC's autotune_metadata (``converged`` only for run_until_stable), plus extra fields."""
-    meta: dict[str, Any] = {
-        "rank": rank, "min_time_ms": min_ms, "avg_time_ms": avg_ms, "stddev_ms": stddev_ms,
-        "workspace_size": workspace, "mode": mode, "ran_exhaustive": ran_exhaustive, "strategy": strategy,
-        "iterations_run": iterations,
-    }
-    if strategy == "run_until_stable":
-        meta["converged"] = converged
-    meta["device"] = device
-    meta["timestamp"] = timestamp
-    meta.update(extra)
-    return meta

@@ -21,89 +21,28 @@ import csv
 import io
 import json
 import logging
-import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from farm._version import __version__
+from farm.errors import InputError
 from farm.fsutil import atomic_write_text, fsync_dir, temp_path
 from farm.model.ids import engine_name_to_id
-from farm.model.knobs import KnobSettings, candidate_label
-from farm.store.overrides import OverrideEntry, WriteReport, autotune_metadata, load_overrides, write_overrides
-from farm.errors import InputError
-from farm.store.results import KNOB_TYPE, ResultsDataset, candidate_key, knobs_to_structs, \
-    safe_signature, spec_of
-from farm.tuner.winner import Rule, decide_groups, is_noisy, noise_sigma, why
+from farm.store.dataset import ResultsDataset, safe_signature
+from farm.store.override_files import WriteReport, autotune_metadata, write_overrides
+from farm.store.overrides import OverrideEntry
+from farm.store.results import KNOB_TYPE, candidate_key, knobs_to_structs
+from farm.tuner.winner import Rule
 
 log = logging.getLogger("farm.store.reduce")
 
-_DICT_COLUMNS = ("problem_json", "problem_name", "engine_name", "device_json", "round", "mode", "strategy", "job_id",
-                 "session_id")
-_COLUMNS = ("device_signature", "problem_key", "candidate_key", "candidate_index", "engine_name", "problem_json",
-            "problem_name", "device_json", "round", "session_id", "mode", "strategy", "job_id", "measured_at", "min_ms", "avg_ms",
-            "stddev_ms", "median_ms", "mad_ms", "iterations", "converged", "workspace_bytes", "ran_exhaustive")
 WINNERS_SUFFIX = ".winners.parquet"
+from farm.store.decisions import Decisions, Winner, _float, _knobs_of, decide_results, load_incumbents
 
-
-@dataclass(frozen=True)
-class Winner:
-    """The reducer's decision for one problem on one signature: what every surface shows."""
-
-    signature: str
-    problem_key: str
-    problem_name: str
-    engine_name: str
-    knobs: KnobSettings
-    median_ms: float
-    min_ms: float | None
-    mad_ms: float | None
-    noisy: bool
-    rule: Rule
-    why: str  # '' when the winner is the fastest measured candidate
-    fastest: str  # label of the fastest measured candidate
-    fastest_ms: float
-    default: str | None  # label of the default candidate (None: none measured)
-    default_ms: float | None
-    candidates: int  # candidates compared
-    row: int  # index into the decided table
-
-    @property
-    def label(self) -> str:
-        return candidate_label(self.engine_name, self.knobs)
-
-    @property
-    def speedup_over_default(self) -> float | None:
-        return self.default_ms / self.median_ms if self.default_ms and self.median_ms else None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"engine_name": self.engine_name, "knobs": dict(self.knobs), "label": self.label,
-                "median_ms": self.median_ms, "min_ms": self.min_ms, "mad_ms": self.mad_ms, "noisy": self.noisy,
-                "rule": self.rule.value, "why": self.why, "fastest": self.fastest, "fastest_ms": self.fastest_ms,
-                "default": self.default, "default_ms": self.default_ms,
-                "speedup_over_default": self.speedup_over_default, "candidates": self.candidates}
-
-
-@dataclass
-class Decisions:
-    """Every winner of a results dataset, with the rows they were decided from."""
-
-    table: pa.Table  # latest successful rows (see load_successes)
-    winners: dict[tuple[str, str], Winner]  # (signature, problem key) -> winner
-    top: dict[tuple[str, str], list[int]]  # (signature, problem key) -> top-k rows, the winner first
-    tuned: dict[str, set[str]]  # signature -> every problem key with rows (any disposition)
-    skipped_files: list[tuple[str, str]]
-    rows: int
-
-    def of(self, signature: str) -> list[Winner]:
-        return sorted((w for (s, _), w in self.winners.items() if s == signature), key=lambda w: w.problem_name)
 
 @dataclass
 class SignatureReport:
@@ -123,194 +62,6 @@ class ReduceReport:
     skipped_files: list[tuple[str, str]]
     rows: int
     decisions: Decisions | None = None
-
-
-def _strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    return col.cast(pa.string()) if pa.types.is_dictionary(col.type) else col
-
-
-def _changes(col: pa.ChunkedArray) -> np.ndarray:
-    """Boolean array: row i differs from row i-1 (row 0 always True)."""
-    arr = _strings(col).combine_chunks()
-    n = len(arr)
-    out = np.ones(n, dtype=bool)
-    if n > 1:
-        out[1:] = pc.not_equal(arr.slice(1), arr.slice(0, n - 1)).to_numpy(zero_copy_only=False)
-    return out
-
-
-def load_successes(data: ResultsDataset) -> pa.Table:
-    """Successful rows, latest per (signature, problem, candidate), sorted by signature and problem."""
-    t = data.table(list(_COLUMNS), filter=ds.field("succeeded") == True, dictionary=_DICT_COLUMNS)  # noqa: E712
-    t = t.sort_by([("device_signature", "ascending"), ("problem_key", "ascending"),
-                   ("candidate_key", "ascending"), ("measured_at", "descending")])
-    first = _changes(t["device_signature"]) | _changes(t["problem_key"]) | _changes(t["candidate_key"])
-    return t.filter(pa.array(first))
-
-
-def _float(v: Any) -> float | None:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
-
-
-def _knobs_of(key: str) -> tuple[tuple[str, Any], ...]:
-    return spec_of(key).knobs
-
-
-def _incumbent_keys(table: pa.Table, first_rows: np.ndarray, signatures: list[str], keys: list[str],
-                    incumbents: dict[str, Any]) -> dict[tuple[str, str], str]:
-    """(signature, problem key) -> the candidate key the incumbent override file names for that problem."""
-    from farm.model.problem import Problem
-
-    out: dict[tuple[str, str], str] = {}
-    by_key: dict[str, dict[str, OverrideEntry]] = {}
-    for sig, f in incumbents.items():
-        if f is not None:
-            by_key[sig] = {(e.metadata or {}).get("problem_key"): e for e in f.entries if e.metadata}
-    for row, sig, key in zip(first_rows.tolist(), signatures, keys):
-        f = incumbents.get(sig)
-        if f is None:
-            continue
-        entry = by_key[sig].get(key)
-        if entry is None:
-            try:
-                entry = f.match(Problem.from_canonical(json.loads(table["problem_json"][row].as_py())))
-            except Exception:  # a problem the file cannot describe has no incumbent
-                entry = None
-        if entry is not None:
-            out[(sig, key)] = candidate_key(engine_name_to_id(entry.engine_name), tuple(sorted(entry.knobs)))
-    return out
-
-
-def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, Any] | None = None,
-                   top_k: int = 3) -> Decisions:
-    """The winner of every (signature, problem) in a results dataset (no file is written).
-
-    ``incumbents`` maps a signature to its current override file (an :class:`~farm.store.overrides.OverrideFile`):
-    the candidate it names for a problem gets the incumbent's benefit of the doubt.
-    """
-    data = data if isinstance(data, ResultsDataset) else ResultsDataset(data)
-    everything = data.table(["device_signature", "problem_key"])
-    pairs = everything.group_by(["device_signature", "problem_key"]).aggregate([])
-    tuned: dict[str, set[str]] = {}
-    for s, p in zip(pairs["device_signature"].to_pylist(), pairs["problem_key"].to_pylist()):
-        tuned.setdefault(s, set()).add(p)
-    table = load_successes(data)
-    skipped = [(f.path, f.reason) for f in data.skipped]
-    median = table["median_ms"].to_numpy(zero_copy_only=False).astype(float)
-    fallback = table["min_ms"].to_numpy(zero_copy_only=False).astype(float)
-    median = np.where(np.isnan(median), fallback, median)
-    # a row without a usable time (NaN, negative) cannot be compared: it never wins
-    table = table.filter(pa.array(np.isfinite(median) & (median >= 0)))
-    median = median[np.isfinite(median) & (median >= 0)]
-    n = table.num_rows
-    if n == 0:
-        return Decisions(table, {}, {}, tuned, skipped, everything.num_rows)
-    group = np.cumsum(_changes(table["device_signature"]) | _changes(table["problem_key"])) - 1
-    mad = table["mad_ms"].to_numpy(zero_copy_only=False).astype(float)
-    order = table["candidate_index"].to_numpy(zero_copy_only=False).astype(np.int64)
-    finalist = pc.equal(_strings(table["round"]), "finalist").to_numpy(zero_copy_only=False).astype(bool)
-    if finalist.any():
-        # problems that had a finalist round compare only the finalists (measured together on one device),
-        # of their latest round: an earlier one may have been cut short, or have missed later candidates
-        final_rows = np.flatnonzero(finalist)
-        keep = ~_in_groups(group, finalist)
-        keep[final_rows[_latest_session(table, group, final_rows)]] = True
-        rows = np.flatnonzero(keep)
-    else:
-        rows = np.arange(n)
-    keys = _strings(table["candidate_key"]).to_numpy(zero_copy_only=False)
-    default = np.char.endswith(keys.astype(str), ":[]")  # default knobs; the earliest one per group counts
-    sub_group = np.unique(group[rows], return_inverse=True)[1]
-    first = rows[np.r_[True, sub_group[1:] != sub_group[:-1]]]
-    sigs = _strings(table["device_signature"].take(pa.array(first))).to_pylist()
-    pkeys = _strings(table["problem_key"].take(pa.array(first))).to_pylist()
-    incumbent = np.zeros(n, dtype=bool)
-    if incumbents:
-        named = _incumbent_keys(table, first, sigs, pkeys, incumbents)
-        if named:
-            wanted = np.array([named.get((sigs[g], pkeys[g]), "") for g in sub_group], dtype=object)
-            incumbent[rows] = keys[rows] == wanted
-    d = decide_groups(sub_group, median[rows], mad[rows], order[rows], default=default[rows],
-                      incumbent=incumbent[rows], top_k=max(top_k, 1))
-    winner, fastest, dflt = rows[d.winner], rows[d.fastest], np.where(d.default >= 0, rows[np.maximum(d.default, 0)], -1)
-    counts = np.bincount(sub_group)
-    top: dict[tuple[str, str], list[int]] = {}
-    for g, row in zip(sub_group[d.ranking_rows].tolist(), rows[d.ranking_rows].tolist()):
-        top.setdefault((sigs[g], pkeys[g]), []).append(row)
-    names = _strings(table["engine_name"]).to_pylist()
-    problem_names = _strings(table["problem_name"].take(pa.array(winner))).to_pylist()
-    mins = table["min_ms"].to_numpy(zero_copy_only=False).astype(float)
-    noisy = is_noisy(median, mad)
-    sigma = noise_sigma(mad)
-
-    def label(i: int) -> str:
-        return candidate_label(names[i], _knobs_of(keys[i]))
-
-    row_sigs = [_signature_in(d) for d in _strings(table["device_json"].take(pa.array(winner))).to_pylist()]
-    winners: dict[tuple[str, str], Winner] = {}
-    for g, (w, f, df) in enumerate(zip(winner.tolist(), fastest.tolist(), dflt.tolist())):
-        if row_sigs[g] != sigs[g]:
-            # the folder's name and the rows disagree: trust neither with an override file
-            log.warning("reduce: rows under device_signature=%s are for device %r; problem %s skipped",
-                        sigs[g], row_sigs[g], pkeys[g])
-            tuned.get(sigs[g], set()).discard(pkeys[g])
-            continue
-        rule = Rule(d.rule[g])
-        phrase = why(rule, winner_ms=float(median[w]), fastest_ms=float(median[f]), fastest_label=label(f),
-                     threshold_ms=float(d.threshold_ms[g]),
-                     fastest_noise=float(sigma[f] / median[f]) if median[f] else 0.0)
-        winners[(sigs[g], pkeys[g])] = Winner(
-            signature=sigs[g], problem_key=pkeys[g], problem_name=problem_names[g], engine_name=names[w],
-            knobs=_knobs_of(keys[w]), median_ms=float(median[w]), min_ms=_float(mins[w]), mad_ms=_float(mad[w]),
-            noisy=bool(noisy[w]), rule=rule, why=phrase, fastest=label(f), fastest_ms=float(median[f]),
-            default=label(df) if df >= 0 else None, default_ms=float(median[df]) if df >= 0 else None,
-            candidates=int(counts[g]), row=w)
-    return Decisions(table, winners, top, tuned, skipped, everything.num_rows)
-
-
-def _in_groups(group: np.ndarray, flag: np.ndarray) -> np.ndarray:
-    """Per row: some row of its group has ``flag``."""
-    has = np.zeros(int(group.max()) + 1 if len(group) else 0, dtype=bool)
-    has[group[flag]] = True
-    return has[group]
-
-
-def _latest_session(table: pa.Table, group: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """For ``rows``: the row belongs to its group's most recently measured session among ``rows``."""
-    sessions = _strings(table["session_id"].take(pa.array(rows))).to_numpy(zero_copy_only=False).astype(str)
-    when = pc.cast(table["measured_at"].take(pa.array(rows)), pa.int64()).to_numpy(zero_copy_only=False)
-    g = group[rows]
-    last: dict[int, tuple[int, str]] = {}
-    for gi, t, s in zip(g.tolist(), when.tolist(), sessions.tolist()):
-        if gi not in last or (t, s) > last[gi]:
-            last[gi] = (t, s)
-    return np.array([s == last[gi][1] for gi, s in zip(g.tolist(), sessions.tolist())], dtype=bool)
-
-
-def decide_folder(results_dir: str | Path) -> Decisions:
-    """The reducer's decisions for a results folder, with the incumbents its job used (job.json), if any.
-
-    ``farm report`` and ``farm diff`` call this, so they show what ``farm tune`` wrote.
-    """
-    data = ResultsDataset(results_dir)
-    record: Any = {}
-    job_file = Path(results_dir).parent / "job.json"  # the job folder's record (farm.fleet.job)
-    if Path(results_dir).name == "results" and job_file.is_file():
-        try:
-            record = json.loads(job_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            record = {}  # no incumbents; farm tune moves a corrupt record aside when it resumes
-    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
-        record = {"settings": {}}
-    return decide_results(data, incumbents=load_incumbents((record.get("settings") or {}).get("incumbents"), data))
-
-
-def _signature_in(device_json: str) -> str:
-    try:
-        value = json.loads(device_json).get("signature")
-    except (ValueError, AttributeError):
-        return ""
-    return value if isinstance(value, str) else ""
 
 
 def reduce_results(results_dir: str | Path, out_dir: str | Path, *, top_k: int = 3, mode: str = "append",
@@ -346,47 +97,6 @@ def reduce_results(results_dir: str | Path, out_dir: str | Path, *, top_k: int =
                 write_tunableop_csv(rep.csv_path, signature, device, entries)
         reports.append(rep)
     return ReduceReport(reports, decisions.skipped_files, decisions.rows, decisions)
-
-
-def load_incumbents(source: str | Path | None, data: ResultsDataset) -> dict[str, Any]:
-    """signature -> the override file whose winners are the incumbents for it (exact signatures only).
-
-    ``source`` is one override file, a folder of ``<signature>.json`` files, or a published root
-    (``farm publish``'s layout, local or ``s3://``/``gs://``); None means no incumbents.
-    """
-    if not source:
-        return {}
-    from farm.devices.properties import DeviceProperties
-    from farm.errors import FarmError
-
-    source = str(source)
-    found: dict[str, Any] = {}
-    if "://" not in source and os.path.isfile(source):
-        try:
-            f = load_overrides(source)
-        except FarmError as exc:
-            log.warning("reduce: incumbents file %s unreadable (%s); no incumbents", source, exc)
-            return {}
-        return {f.device_signature: f} if f.device_signature else {}
-    if "://" not in source and not os.path.isdir(source):
-        log.warning("reduce: incumbents %s not found; no incumbents", source)
-        return {}
-    from farm.store.publish import find_published
-
-    t = data.table(["device_signature", "device_json"]) if data.files else None
-    devices = {} if t is None else dict(zip(t["device_signature"].to_pylist(), t["device_json"].to_pylist()))
-    for sig, device_json in devices.items():
-        path = os.path.join(source, f"{sig}.json")
-        if "://" in source or not os.path.isfile(path):
-            props = DeviceProperties.from_dict(json.loads(device_json))
-            hit = find_published(source, props)
-            path = hit[0] if hit is not None and not hit[1] else ""  # another signature is no incumbent
-        if path:
-            try:
-                found[sig] = load_overrides(path)
-            except FarmError as exc:
-                log.warning("reduce: incumbents file %s unreadable (%s); none for %s", path, exc, sig)
-    return found
 
 
 def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tuple[list[OverrideEntry], dict[str, Any], list[str]]:

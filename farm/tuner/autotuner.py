@@ -22,66 +22,30 @@ The benchmark loop, per candidate (the contract strategies plug into):
 
 from __future__ import annotations
 
-import concurrent.futures
-import datetime as _dt
 import logging
-import queue
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from farm.model import dtypes
-import numpy as np
-
-from farm.devices.arrays import make_tensors, relative_error
-from farm.tuner.compile_claims import CompileQueue
+from farm.devices.arrays import make_tensors
 from farm.devices.device import Device, cpu_device
-from farm.model.engine import CompileKeyed, Engine, EngineConfig, EngineRegistry, Plan, default_engine_registry, settings_to_resolved
 from farm.errors import AutotuneError, InputError, UsageError
-from farm.model.knobs import KnobSettings, KnobValue, candidate_label
+from farm.model.engine import (
+    CompileKeyed,
+    Engine,
+    EngineConfig,
+    EngineRegistry,
+    Plan,
+    default_engine_registry,
+    settings_to_resolved,
+)
+from farm.model.knobs import KnobValue, candidate_label
 from farm.model.plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection
 from farm.model.problem import Problem
-from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
-from farm.tuner.reference import has_reference, reference
-from farm.devices.timing import timed_section
-from farm.model.measurement import summarize
-from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide, is_noisy, noise_sigma
+from farm.model.records import AutotuneConfig, AutotuneResult, ResultCheck, TuneMode
+from farm.tuner.session import _Candidate, _close_plan, _err, _rank, _Run
 
 log = logging.getLogger("farm.tuner.autotuner")
-
-# Above this many flops (or elements, for ops without a flop count) the float64
-# reference costs more than the tuning; "auto" checking then compares with the
-# first candidate that ran instead.
-REFERENCE_FLOP_LIMIT = 2e8
-REFERENCE_ELEMENT_LIMIT = 1 << 22
-
-
-@dataclass
-class _Candidate:
-    """Per-candidate working state inside one autotune() call."""
-
-    index: int
-    spec: PlanSpec
-    engine: Engine | None
-    estimated_workspace: int | None = None
-    plan: Plan | None = None
-    compile_ms: float | None = None
-    error: str = ""
-    disposition: Disposition | None = None
-    ran_exhaustive: bool = False
-    note: str = ""
-    started: float = 0.0
-    started_at: str = ""
-    spent_ms: float = 0.0
-
-
-def _now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _err(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class Autotuner:
@@ -166,7 +130,7 @@ class Autotuner:
             if self._collection.barred_reason(spec) is not None:
                 continue
             cand = self._candidate(0, spec)
-            self._compile(cand)
+            self.compile_candidate(cand)
             if cand.plan is not None:
                 built.append((spec, cand.engine, cand.plan))
             else:
@@ -200,7 +164,7 @@ class Autotuner:
     def execute_plan_at_index(self, index: int, tensors: Mapping[str, Any]) -> None:
         _, _, plan = self._at(index)
         self._check_tensors(tensors)
-        plan.run(tensors, self._ensure_workspace(plan.workspace_size), self.device.stream)
+        plan.run(tensors, self.workspace_for(plan.workspace_size), self.device.stream)
 
     def build_plan_at_index(self, index: int) -> None:
         """Make plan ``index`` the one :meth:`execute` runs."""
@@ -213,7 +177,7 @@ class Autotuner:
             raise UsageError("no plan selected: run autotune() or build_plan_at_index() first")
         self._check_tensors(tensors)
         plan = self._active[2]
-        plan.run(tensors, self._ensure_workspace(plan.workspace_size), self.device.stream)
+        plan.run(tensors, self.workspace_for(plan.workspace_size), self.device.stream)
 
     @property
     def winner(self) -> AutotuneResult | None:
@@ -307,7 +271,12 @@ class Autotuner:
         engine = self.registry.get(spec.engine_id) if spec.engine_id in self.registry else None
         return _Candidate(index, spec, engine, self._collection.estimated_workspace(spec))
 
-    def _compile_key(self, cand: _Candidate) -> str | None:
+    # -- used by the measuring session (farm.tuner.session) ---------------------------------
+    def barred_reason(self, spec: PlanSpec) -> str | None:
+        """Why a deselect rule bars this plan spec (None: it may run)."""
+        return self._collection.barred_reason(spec)
+
+    def compile_key(self, cand: _Candidate) -> str | None:
         """The host-wide key of the artifact compiling ``cand`` produces, if its engine declares one."""
         if not isinstance(cand.engine, CompileKeyed):
             return None
@@ -318,7 +287,7 @@ class Autotuner:
                         cand.engine.name, _err(exc))
             return None
 
-    def _compile(self, cand: _Candidate, *, benchmarking: bool = False) -> Plan | None:
+    def compile_candidate(self, cand: _Candidate, *, benchmarking: bool = False) -> Plan | None:
         """Compile (or, with ``benchmarking``, build a priming plan). Sets cand.error on failure."""
         engine = cand.engine
         if engine is None:
@@ -353,7 +322,7 @@ class Autotuner:
             if shape is not None and tuple(shape) != desc.dims:
                 raise InputError(f"shape must be {list(desc.dims)}", field=f"tensors.{desc.id}", value=list(shape))
 
-    def _ensure_workspace(self, nbytes: int) -> Any:
+    def workspace_for(self, nbytes: int) -> Any:
         nbytes = int(nbytes)
         if nbytes <= 0:
             return None
@@ -369,426 +338,3 @@ class Autotuner:
         self._workspace, self._workspace_size = None, 0
 
 
-def _close_plan(plan: Any) -> None:
-    close = getattr(plan, "close", None)
-    if callable(close):
-        try:
-            close()
-        except Exception as exc:
-            log.debug("autotune: closing a plan failed: %s", exc)
-
-
-class _Run:
-    """One autotune() call: classify, prime, compile, measure."""
-
-    def __init__(self, tuner: Autotuner, config: AutotuneConfig, tensors: Mapping[str, Any],
-                 listener: Callable[[AutotuneResult], None] | None) -> None:
-        self.t = tuner
-        self.cfg = config
-        self.tensors = tensors
-        self.listener = listener
-        self.rule = config.stop_rule()
-        self.rotations = self._rotations(tuner, tensors, config.rotating_buffers)
-        self.results: list[AutotuneResult] = []
-        self._plans: dict[tuple[int, KnobSettings], tuple[PlanSpec, Engine, Plan]] = {}
-        self._prebuilt = False
-        self._baseline: dict[str, Any] | None = None
-        self._baseline_source = ""
-        self._best: tuple[float, float] | None = None  # (median, MAD) of the fastest candidate so far
-        self._alone = False  # one candidate only: nothing to tie with
-        self._tolerance = max(dtypes.RELATIVE_TOLERANCE.get(tuner.problem.compute_dtype, 1e-2),
-                              max(dtypes.RELATIVE_TOLERANCE.get(tuner.problem.tensor(o).dtype, 1e-2)
-                                  for o in tuner.problem.output_ids))
-        self._prepare_reference()
-
-    @staticmethod
-    def _rotations(tuner: "Autotuner", tensors: Mapping[str, Any], extra: int) -> list[Mapping[str, Any]]:
-        """The tensor sets timed runs cycle through: the given one, then ``extra`` with fresh inputs."""
-        sets: list[Mapping[str, Any]] = [tensors]
-        p = tuner.problem
-        for i in range(extra):
-            fresh = make_tensors(p, tuner.device.arrays, 1000 + i)
-            sets.append({**{o: tensors[o] for o in p.output_ids}, **{t: fresh[t] for t in p.input_ids}})
-        return sets
-
-    # -- the pipeline ----------------------------------------------------------------
-    def execute(self, candidates: list[_Candidate], *, prebuilt: bool) -> list[AutotuneResult]:
-        self._prebuilt = prebuilt
-        todo: list[_Candidate] = []
-        for cand in candidates:
-            cand.started, cand.started_at = time.perf_counter(), _now_iso()
-            reason = None if prebuilt else self.t._collection.barred_reason(cand.spec)
-            if reason is not None:
-                self._finish(cand, Disposition.BARRED_BY_DESELECT, error=reason)
-            elif self.cfg.engine_id_filter and cand.spec.engine_id not in self.cfg.engine_id_filter:
-                self._finish(cand, Disposition.EXCLUDED_BY_FILTER, error="not in engine_id_filter")
-            else:
-                todo.append(cand)
-        if not todo:
-            return self.results
-        self._alone = len(todo) == 1
-        if self.cfg.mode is TuneMode.EXHAUSTIVE:
-            for cand in todo:
-                self._prime(cand)
-        if prebuilt or self.cfg.compile_workers == 0:
-            if not prebuilt:
-                t0 = time.perf_counter()
-                for cand in todo:
-                    self.t._compile(cand)
-                ok = sum(c.plan is not None for c in todo)
-                log.info("autotune: compiled %d of %d candidate(s) in %.0f ms", ok, len(todo), (time.perf_counter() - t0) * 1e3)
-            for cand in todo:
-                self._measure(cand)
-        else:
-            self._compile_while_measuring(todo)
-        return self.results
-
-    def _compile_while_measuring(self, todo: list[_Candidate]) -> None:
-        """Compile threads feed the measuring loop, which takes candidates as they are ready.
-
-        The order of compiles follows host-wide claims (farm.tuner.compile_claims): an artifact another
-        process on this host is compiling is left for later, when it is a cache load.
-        """
-        work: CompileQueue[_Candidate] = CompileQueue(todo, self.t._compile_key)
-        ready: queue.Queue[_Candidate] = queue.Queue()
-
-        def compile_some() -> None:
-            while (taken := work.take()) is not None:
-                cand, claim = taken
-                try:
-                    self.t._compile(cand)  # records failures on the candidate
-                finally:
-                    claim.release()
-                    ready.put(cand)
-
-        with concurrent.futures.ThreadPoolExecutor(self.cfg.compile_workers, thread_name_prefix="farm-compile") as pool:
-            threads = [pool.submit(compile_some) for _ in range(min(self.cfg.compile_workers, len(todo)))]
-            try:
-                for _ in todo:
-                    while True:
-                        try:
-                            cand = ready.get(timeout=0.5)
-                            break
-                        except queue.Empty:
-                            if all(t.done() for t in threads) and ready.empty():
-                                for t in threads:
-                                    t.result()  # a compile thread that died raises here
-                                raise RuntimeError("compile threads ended with candidates left")  # pragma: no cover
-                    self._measure(cand)
-            finally:
-                work.close()
-        if work.deferred:
-            log.info("autotune: %d compile(s) deferred: another process on this host was compiling them", work.deferred)
-
-    def _prime(self, cand: _Candidate) -> None:
-        """EXHAUSTIVE mode: build a plan with the benchmarking knob, run it once, discard it."""
-        engine = cand.engine
-        if engine is None or not engine.supports_exhaustive:
-            return
-        t0 = time.perf_counter()
-        plan = self.t._compile(cand, benchmarking=True)
-        failure = ""
-        if plan is None:
-            failure, cand.error = cand.error, ""
-        elif self.cfg.workspace_limit is not None and plan.workspace_size > self.cfg.workspace_limit:
-            log.info("autotune: priming of %s skipped: workspace %d B over the limit", cand.spec.describe(self.t.registry), plan.workspace_size)
-        else:
-            try:
-                plan.run(self.tensors, self.t._ensure_workspace(plan.workspace_size), self.t.device.stream)
-                self.t.device.synchronize()
-                cand.ran_exhaustive = True
-            except Exception as exc:
-                failure = f"{engine.name}: priming run: {_err(exc)}"
-        if plan is not None:
-            _close_plan(plan)
-        cand.spent_ms += (time.perf_counter() - t0) * 1e3
-        if failure:
-            if self.cfg.priming_failure is PrimingFailurePolicy.ABORT:
-                raise AutotuneError(f"priming failed for {cand.spec.describe(self.t.registry)}: {failure} "
-                                    "(priming_failure=abort; use benchmark_unprimed to continue)", self.results)
-            cand.note = f"priming failed, benchmarked unprimed: {failure}"
-            log.warning("autotune: %s", cand.note)
-
-    def _measure(self, cand: _Candidate) -> None:
-        # the candidate's own time starts here (its compile is counted apart): with compiles
-        # pipelined, the time since the batch began would include other candidates' work
-        cand.started, cand.started_at = time.perf_counter(), _now_iso()
-        self.t.in_flight[cand.spec] = time.monotonic()
-        plan = cand.plan
-        if plan is None:
-            self._finish(cand, Disposition.FAILED_COMPILE, error=cand.error)
-            return
-        ws = int(getattr(plan, "workspace_size", 0) or 0)
-        limit = self.cfg.workspace_limit
-        if limit is not None and ws > limit:
-            if cand.estimated_workspace is not None and cand.estimated_workspace <= limit:
-                log.warning("autotune: %s needs %d B of workspace after compile (estimate %d B): over the %d B limit",
-                            cand.spec.describe(self.t.registry), ws, cand.estimated_workspace, limit)
-            self._finish(cand, Disposition.EXCEEDS_WORKSPACE_LIMIT, error=f"workspace {ws} B > limit {limit} B", workspace=ws)
-            return
-        dev = self.t.device
-        try:
-            workspace = self.t._ensure_workspace(ws)
-            finalize = getattr(plan, "finalize", None)
-            if callable(finalize):
-                finalize(workspace)
-        except Exception as exc:
-            self._finish(cand, Disposition.FAILED_FINALIZE, error=f"{cand.engine.name}: finalize: {_err(exc)}", workspace=ws)
-            return
-
-        def once() -> None:
-            plan.run(self.tensors, workspace, dev.stream)
-
-        # untimed runs; the first is checked
-        checking = self.cfg.check is not ResultCheck.OFF
-        warmups = max(self.cfg.warmup_iterations, 1 if checking else 0)
-        max_err = None
-        try:
-            dev.synchronize()
-            for i in range(warmups):
-                if i == 0 and checking:
-                    for out in self.t.problem.output_ids:
-                        if self.t.problem.tensor(out).dtype in dtypes.FLOAT_DTYPES:
-                            dev.arrays.fill(self.tensors[out], float("nan"))
-                once()
-                if i == 0 and checking:
-                    dev.synchronize()
-                    max_err, problem_text = self._check(cand)
-                    if problem_text:
-                        self._finish(cand, Disposition.WRONG_RESULT, error=problem_text, workspace=ws, warmups=1, max_err=max_err)
-                        return
-            dev.synchronize()
-        except Exception as exc:
-            self._finish(cand, Disposition.FAILED_WARMUP, error=f"{cand.engine.name}: warmup: {_err(exc)}", workspace=ws)
-            return
-        timed, per_call, note = self._timed_call(plan, workspace, cand)
-        samples: list[float] = []
-        try:
-            converged = self._sample(timed, per_call, samples)
-            if self._noisy_near_top(samples):
-                # its noise would decide ties: measure again rather than promote or demote it on noise
-                converged = self._sample(timed, per_call, samples)
-                note = "; ".join(x for x in (note, f"noisy near the top: re-measured ({len(samples)} samples)") if x)
-        except Exception as exc:
-            self._finish(cand, Disposition.FAILED_RUN, error=f"{cand.engine.name}: run {len(samples) + 1}: {_err(exc)}",
-                         workspace=ws, warmups=warmups, samples=samples, max_err=max_err)
-            return
-        self._finish(cand, Disposition.SUCCEEDED, workspace=ws, warmups=warmups, samples=samples,
-                     converged=converged, max_err=max_err, error="; ".join(x for x in (cand.note, note) if x))
-        self._plans[(cand.spec.engine_id, cand.spec.knobs)] = (cand.spec, cand.engine, plan)
-
-    def _sample(self, timed: Callable[[int], Callable[[], None]], per_call: int, samples: list[float]) -> bool:
-        """Timed runs appended to ``samples`` until the stop rule (counted from this call) says stop."""
-        dev = self.t.device
-        first = len(samples)
-        with timed_section():  # compile threads of this process wait: see farm.devices.timing
-            t0 = time.perf_counter()
-            while True:
-                if self.cfg.cold_cache:
-                    dev.runtime.flush_l2(dev.stream)
-                samples.append(dev.timer.measure(timed(len(samples))) / per_call)
-                stop, converged = self.rule.done(samples[first:], (time.perf_counter() - t0) * 1e3)
-                if stop:
-                    return converged
-
-    def _noisy_near_top(self, samples: Sequence[float]) -> bool:
-        """Noisy, and within noise of (or faster than) the best candidate measured so far."""
-        if len(samples) < 3 or self._alone:
-            return False
-        stats = summarize(samples)
-        if stats.median is None or not is_noisy(np.array([stats.median]), np.array([stats.mad]))[0]:
-            return False
-        if self._best is None:
-            return True
-        best_median, best_mad = self._best
-        sigma = noise_sigma(np.array([best_mad, stats.mad]))
-        band = NOISE_SIGMAS * float(np.sqrt((sigma ** 2).sum())) + RELATIVE_FLOOR * best_median
-        return stats.median - best_median <= band
-
-    def _timed_call(self, plan: Plan, workspace: Any, cand: _Candidate) -> tuple[Callable[[int], Callable[[], None]], int, str]:
-        """(sample index -> the function one measurement times, runs per measurement, a note).
-
-        A plan whose ``run`` copies the library's output into the given one (``copies_output``) is timed
-        through ``produce``, as replay without ``out=`` runs it; ``run`` is what the warm-up checks.
-        With graph_repeats, one measurement is a replay of a device graph holding that many runs
-        (the device must offer ``capture_graph``); a failed capture falls back to plain runs.
-        """
-        dev = self.t.device
-        produce = getattr(plan, "produce", None) if workspace is None and getattr(plan, "copies_output", False) else None
-        if produce is not None and all(self.t.problem.tensor(o).is_contiguous for o in self.t.problem.output_ids):
-            # run() would copy the library's output into ours; a replay without out= hands it back instead.
-            # (Plans that write in place are timed as they are: allocating in timed runs contends with
-            # compile threads for the allocator and adds noise production does not have.)
-            def call(tensors: Mapping[str, Any]) -> None:
-                produce(tensors)
-        else:
-            def call(tensors: Mapping[str, Any]) -> None:
-                plan.run(tensors, workspace, dev.stream)
-        repeats = self.cfg.graph_repeats
-        capture = dev.extras.get("capture_graph")
-        if repeats and capture is not None:
-            try:
-                replay = capture(lambda: call(self.tensors), repeats)
-                return (lambda i: replay), repeats, ""
-            except Exception as exc:
-                note = f"graph capture failed, timed without graphs: {_err(exc)}"
-                log.info("autotune: %s: %s", cand.spec.describe(self.t.registry), note)
-                dev.synchronize()
-        elif repeats:
-            note = f"{dev.runtime.name} devices offer no graph capture; timed without graphs"
-        else:
-            note = ""
-        sets = self.rotations
-
-        def timed(i: int) -> Callable[[], None]:
-            tensors = sets[i % len(sets)]
-            return lambda: call(tensors)
-
-        return timed, 1, note
-
-    # -- numerical check ---------------------------------------------------------------
-    def _prepare_reference(self) -> None:
-        p = self.t.problem
-        mode = self.cfg.check
-        small = (p.flops <= REFERENCE_FLOP_LIMIT if p.flops else
-                 sum(t.numel for t in p.tensors) <= REFERENCE_ELEMENT_LIMIT)
-        if mode is ResultCheck.REFERENCE or (mode is ResultCheck.AUTO and small and has_reference(p.op)):
-            arrays = self.t.device.arrays
-            inputs = {tid: arrays.to_numpy(self.tensors[tid]) for tid in p.input_ids}
-            self._baseline = reference(p, inputs)
-            self._baseline_source = "the float64 reference"
-
-    def _check(self, cand: _Candidate) -> tuple[float | None, str]:
-        """(max relative error, description of a mismatch or '').
-
-        Against the float64 reference the outputs come to the host; against the
-        first candidate they stay on the device when the array backend can compare
-        there (``clone``/``relative_error``), so large GPU outputs are not copied.
-        """
-        p = self.t.problem
-        arrays = self.t.device.arrays
-        on_device = self._baseline_source != "the float64 reference" and hasattr(arrays, "relative_error")
-        if self._baseline is None:
-            # first candidate that runs becomes the baseline (TunableOp compares with the default)
-            if on_device:
-                outputs = {o: arrays.clone(self.tensors[o]) for o in p.output_ids}
-                bad = [o for o, v in outputs.items() if arrays.relative_error(v, v) == float("inf")]
-            else:
-                outputs = {o: arrays.to_numpy(self.tensors[o]) for o in p.output_ids}
-                bad = [o for o, v in outputs.items() if not np.isfinite(v).all()]
-            if bad:
-                return None, f"output {bad[0]} has NaN or unwritten elements"
-            self._baseline = outputs
-            self._baseline_source = f"{cand.spec.describe(self.t.registry)} (first candidate)"
-            return None, ""
-        worst, worst_out = 0.0, ""
-        for o in p.output_ids:
-            if on_device:
-                e = arrays.relative_error(self.tensors[o], self._baseline[o])
-            else:
-                e = relative_error(arrays.to_numpy(self.tensors[o]), self._baseline[o])
-            if e > worst or not worst_out:
-                worst, worst_out = e, o
-        if worst > self._tolerance:
-            return worst, (f"wrong result: output {worst_out} differs from {self._baseline_source} by "
-                           f"{worst:.3g} (relative norm) > tolerance {self._tolerance:g}")
-        return worst, ""
-
-    # -- bookkeeping -----------------------------------------------------------------
-    def _finish(self, cand: _Candidate, disposition: Disposition, *, error: str = "", workspace: int | None = None,
-                warmups: int = 0, samples: Sequence[float] = (), converged: bool = False,
-                max_err: float | None = None) -> None:
-        self.t.in_flight.pop(cand.spec, None)
-        stats = summarize(samples)
-        engine = cand.engine
-        spent = cand.spent_ms + (cand.compile_ms or 0.0) + ((time.perf_counter() - cand.started) * 1e3 if cand.started else 0.0)
-        result = AutotuneResult(
-            problem_key=self.t.problem.key,
-            engine_id=cand.spec.engine_id,
-            engine_name=engine.name if engine is not None else str(cand.spec.engine_id),
-            knobs=cand.spec.knobs,
-            disposition=disposition,
-            candidate=cand.index,
-            mode=self.cfg.mode,
-            strategy=self.cfg.strategy,
-            error=error,
-            min_ms=stats.min,
-            avg_ms=stats.mean,
-            stddev_ms=stats.stddev,
-            median_ms=stats.median,
-            mad_ms=stats.mad,
-            samples=tuple(float(s) for s in samples),
-            iterations=len(samples),
-            warmups=warmups,
-            converged=converged,
-            workspace_size=workspace,
-            estimated_workspace=cand.estimated_workspace,
-            ran_exhaustive=cand.ran_exhaustive,
-            supports_exhaustive=bool(engine.supports_exhaustive) if engine is not None else False,
-            device_name=self.t.device.properties.name,
-            max_rel_error=max_err,
-            compile_ms=cand.compile_ms,
-            tuning_ms=spent,
-            started_at=cand.started_at,
-        )
-        self.results.append(result)
-        if disposition is Disposition.SUCCEEDED and result.median_ms is not None:
-            if self._best is None or result.median_ms < self._best[0]:
-                self._best = (result.median_ms, result.mad_ms or 0.0)
-        if disposition is Disposition.SUCCEEDED:
-            log.info("autotune: %s: %.4f ms min, %.4f ms avg, %d iterations%s", result.label, result.min_ms,
-                     result.avg_ms, result.iterations, ", converged" if converged else "")
-        elif disposition in (Disposition.BARRED_BY_DESELECT, Disposition.EXCLUDED_BY_FILTER):
-            log.debug("autotune: %s %s: %s", result.label, disposition.value, error)
-        else:
-            # an expected outcome recorded as a result row, not an incident
-            log.info("autotune: %s %s: %s", result.label, disposition.value, error)
-            if cand.plan is not None and not self._prebuilt:
-                _close_plan(cand.plan)
-        if self.listener is not None:
-            self.listener(result)
-
-    def plan_of(self, result: AutotuneResult) -> tuple[PlanSpec, Engine, Plan]:
-        return self._plans[(result.engine_id, result.knobs)]
-
-    def release_plans(self, keep: tuple[PlanSpec, Engine, Plan] | None) -> None:
-        if self._prebuilt:
-            return  # compiled-plan path: the tuner owns them
-        for entry in self._plans.values():
-            if keep is None or entry[2] is not keep[2]:
-                _close_plan(entry[2])
-
-
-def _default_order(results: list[AutotuneResult]) -> list[AutotuneResult]:
-    """The farm's winner rule (farm.tuner.winner): the faster median wins; the default candidate is kept within noise."""
-    if not results:
-        return []
-    med = [r.median_ms if r.median_ms is not None else (r.min_ms if r.min_ms is not None else float("inf"))
-           for r in results]
-    d = decide(med, [r.mad_ms or 0.0 for r in results], [r.candidate for r in results],
-               default=_earliest_default(results))
-    return [results[i] for i in d.ranked]
-
-
-def _earliest_default(results: Sequence[AutotuneResult]) -> list[bool]:
-    defaults = [r.candidate for r in results if not r.knobs]
-    first = min(defaults) if defaults else None
-    return [not r.knobs and r.candidate == first for r in results]
-
-
-def _rank(results: list[AutotuneResult], ranking_fn: Callable[[list[AutotuneResult]], Any] | None) -> list[AutotuneResult]:
-    ok = [r for r in results if r.succeeded]
-    failed = [r for r in results if not r.succeeded]
-    ordered = _default_order(ok)
-    if ranking_fn is not None and ok:
-        proposal = list(ordered)
-        try:
-            returned = ranking_fn(proposal)
-            candidate = list(returned) if returned is not None else proposal
-            if sorted(map(id, candidate)) != sorted(map(id, ordered)):
-                raise ValueError("the ranking function must only reorder the results it was given")
-            ordered = candidate
-        except Exception as exc:
-            log.warning("autotune: ranking function failed (%s); ranked by the winner rule instead", _err(exc))
-    ranked = [replace(r, rank=i) for i, r in enumerate(ordered)]
-    return ranked + [replace(r, rank=-1) for r in failed]

@@ -11,16 +11,16 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from farm.tuner.autotuner import Autotuner
-from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.devices.device import Device
 from farm.devices.properties import DeviceProperties
-from farm.model.engine import EngineRegistry
 from farm.errors import AutotuneError, FarmError
+from farm.model.engine import EngineRegistry
 from farm.model.plans import PlanSpec
 from farm.model.problem import Problem
-from farm.tuner.watchdog import HangWatch
+from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
+from farm.tuner.autotuner import Autotuner
+from farm.tuner.watchdog import HangWatch
 
 log = logging.getLogger("farm.tune")
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import flatbuffers
 
-from farm.devices.properties import DeviceProperties
-from farm.errors import InputError
-from farm.model.problem import Problem
 from farm.devices.fb.generated import Criterion as _Criterion
 from farm.devices.fb.generated import DeviceProperties as _Device
 from farm.devices.fb.generated import Library as _Library
 from farm.devices.fb.generated import Problem as _Problem
 from farm.devices.fb.generated import Tensor as _Tensor
 from farm.devices.fb.verify import DEVICE_PROPERTIES, PROBLEM, FlatBufferError, verify_buffer
+from farm.devices.properties import DeviceProperties
+from farm.errors import InputError
+from farm.model.problem import Problem
 
 DEVICE_IDENTIFIER = b"TFDP"
 PROBLEM_IDENTIFIER = b"TFPB"
