@@ -291,20 +291,9 @@ def run_local(
     """
     jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents,
                                 "candidate_timeout_s": candidate_timeout_s})
-    current: dict[str, Any] = {}
-    watch = None
-    if candidate_timeout_s:
-        def hung(tuner: Any, spec: Any, seconds: float) -> None:
-            row = _timed_out_row(tuner, spec, seconds, config or workload.autotune)
-            jr.write([(row, current["wp"], current["where"])])
-            jr.writer.flush()
-            message = (f"{current['wp'].name}: {row.engine_name} {dict(spec.knobs)} hung for {seconds:.0f} s "
-                       f"(candidate timeout {candidate_timeout_s:g} s); recorded as timed_out")
-            jr.job.finish(jr.record, jr.run, state="failed", error=message, rows_written=jr.writer.rows_written)
-            if on_hang is not None:
-                on_hang(message)
-
-        watch = HangWatch(candidate_timeout_s, hung)
+    current: dict[str, Any] = {}  # the problem being tuned, for the hang watch
+    watch = _hang_watch(jr, current, config or workload.autotune, candidate_timeout_s, on_hang) \
+        if candidate_timeout_s else None
     try:
         # a tuning run compiles for a while: engines may start what helps (Triton's compile pool on a GPU)
         registry.prepare((e.name for e in registry if any(wp.engines.selects(e.name) for wp in workload.problems)),
@@ -336,6 +325,23 @@ def run_local(
             watch.close()
     summary = jr.finish(reduce=reduce, top_k=top_k, device=device.properties.to_dict())
     return LocalRunReport(outcomes, summary)
+
+
+def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, timeout_s: float,
+                on_hang: Callable[[str], None] | None) -> HangWatch:
+    """A watch that records a stuck candidate as timed out (with every row before it) and ends the run's record."""
+
+    def hung(tuner: Any, spec: Any, seconds: float) -> None:
+        row = _timed_out_row(tuner, spec, seconds, config)
+        jr.write([(row, current["wp"], current["where"])])
+        jr.writer.flush()
+        message = (f"{current['wp'].name}: {row.engine_name} {dict(spec.knobs)} hung for {seconds:.0f} s "
+                   f"(candidate timeout {timeout_s:g} s); recorded as timed_out")
+        jr.job.finish(jr.record, jr.run, state="failed", error=message, rows_written=jr.writer.rows_written)
+        if on_hang is not None:
+            on_hang(message)
+
+    return HangWatch(timeout_s, hung)
 
 
 def _timed_out_row(tuner: Any, spec: Any, seconds: float, config: AutotuneConfig) -> AutotuneResult:

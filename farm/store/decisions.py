@@ -165,70 +165,92 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     # a row without a usable time (NaN, negative) cannot be compared: it never wins
     table = table.filter(pa.array(np.isfinite(median) & (median >= 0)))
     median = median[np.isfinite(median) & (median >= 0)]
-    n = table.num_rows
-    if n == 0:
+    if table.num_rows == 0:
         return Decisions(table, {}, {}, tuned, skipped, everything.num_rows)
     group = np.cumsum(_changes(table["device_signature"]) | _changes(table["problem_key"])) - 1
-    mad = table["mad_ms"].to_numpy(zero_copy_only=False).astype(float)
-    order = table["candidate_index"].to_numpy(zero_copy_only=False).astype(np.int64)
-    finalist = pc.equal(_strings(table["round"]), "finalist").to_numpy(zero_copy_only=False).astype(bool)
-    if finalist.any():
-        # problems that had a finalist round compare only the finalists (measured together on one device),
-        # of their latest round: an earlier one may have been cut short, or have missed later candidates
-        final_rows = np.flatnonzero(finalist)
-        keep = ~_in_groups(group, finalist)
-        keep[final_rows[_latest_session(table, group, final_rows)]] = True
-        rows = np.flatnonzero(keep)
-    else:
-        rows = np.arange(n)
-    keys = _strings(table["candidate_key"]).to_numpy(zero_copy_only=False)
-    default = np.char.endswith(keys.astype(str), ":[]")  # default knobs; the earliest one per group counts
-    sub_group = np.unique(group[rows], return_inverse=True)[1]
-    first = rows[np.r_[True, sub_group[1:] != sub_group[:-1]]]
-    sigs = _strings(table["device_signature"].take(pa.array(first))).to_pylist()
-    pkeys = _strings(table["problem_key"].take(pa.array(first))).to_pylist()
-    incumbent = np.zeros(n, dtype=bool)
-    if incumbents:
-        named = _incumbent_keys(table, first, sigs, pkeys, incumbents)
-        if named:
-            wanted = np.array([named.get((sigs[g], pkeys[g]), "") for g in sub_group], dtype=object)
-            incumbent[rows] = keys[rows] == wanted
-    d = decide_groups(sub_group, median[rows], mad[rows], order[rows], default=default[rows],
-                      incumbent=incumbent[rows], top_k=max(top_k, 1))
-    winner, fastest, dflt = rows[d.winner], rows[d.fastest], np.where(d.default >= 0, rows[np.maximum(d.default, 0)], -1)
-    counts = np.bincount(sub_group)
+    rows = _compared_rows(table, group)
+    c = _Compared(table, rows, median, np.unique(group[rows], return_inverse=True)[1])
+    d = decide_groups(c.group, median[rows], c.mad[rows], c.order[rows], default=c.default[rows],
+                      incumbent=c.incumbent_flags(incumbents)[rows], top_k=max(top_k, 1))
     top: dict[tuple[str, str], list[int]] = {}
-    for g, row in zip(sub_group[d.ranking_rows].tolist(), rows[d.ranking_rows].tolist()):
-        top.setdefault((sigs[g], pkeys[g]), []).append(row)
-    names = _strings(table["engine_name"]).to_pylist()
+    for g, row in zip(c.group[d.ranking_rows].tolist(), rows[d.ranking_rows].tolist()):
+        top.setdefault((c.sigs[g], c.pkeys[g]), []).append(row)
+    winners = _winners(c, d, tuned)
+    return Decisions(table, winners, top, tuned, skipped, everything.num_rows)
+
+
+def _compared_rows(table: pa.Table, group: np.ndarray) -> np.ndarray:
+    """The rows each problem's decision compares: all, or the latest finalist round's where it had one.
+
+    A finalist round measures the candidates of several sessions together on one device; an earlier
+    round may have been cut short, or have missed later candidates.
+    """
+    finalist = pc.equal(_strings(table["round"]), "finalist").to_numpy(zero_copy_only=False).astype(bool)
+    if not finalist.any():
+        return np.arange(table.num_rows)
+    final_rows = np.flatnonzero(finalist)
+    keep = ~_in_groups(group, finalist)
+    keep[final_rows[_latest_session(table, group, final_rows)]] = True
+    return np.flatnonzero(keep)
+
+
+class _Compared:
+    """The columns a decision reads, and per compared group its signature and problem key."""
+
+    def __init__(self, table: pa.Table, rows: np.ndarray, median: np.ndarray, group: np.ndarray) -> None:
+        self.table, self.rows, self.median, self.group = table, rows, median, group
+        self.mad = table["mad_ms"].to_numpy(zero_copy_only=False).astype(float)
+        self.order = table["candidate_index"].to_numpy(zero_copy_only=False).astype(np.int64)
+        self.keys = _strings(table["candidate_key"]).to_numpy(zero_copy_only=False)
+        self.default = np.char.endswith(self.keys.astype(str), ":[]")  # default knobs; the earliest per group counts
+        self.first = rows[np.r_[True, group[1:] != group[:-1]]]
+        self.sigs = _strings(table["device_signature"].take(pa.array(self.first))).to_pylist()
+        self.pkeys = _strings(table["problem_key"].take(pa.array(self.first))).to_pylist()
+        self.names = _strings(table["engine_name"]).to_pylist()
+
+    def incumbent_flags(self, incumbents: dict[str, Any] | None) -> np.ndarray:
+        flags = np.zeros(self.table.num_rows, dtype=bool)
+        if incumbents:
+            named = _incumbent_keys(self.table, self.first, self.sigs, self.pkeys, incumbents)
+            if named:
+                wanted = np.array([named.get((self.sigs[g], self.pkeys[g]), "") for g in self.group], dtype=object)
+                flags[self.rows] = self.keys[self.rows] == wanted
+        return flags
+
+    def label(self, i: int) -> str:
+        return candidate_label(self.names[i], _knobs_of(self.keys[i]))
+
+
+def _winners(c: _Compared, d: Any, tuned: dict[str, set[str]]) -> dict[tuple[str, str], Winner]:
+    """One Winner per group of ``decide_groups``' answer ``d``; groups whose rows name another device are left out."""
+    rows, median, table = c.rows, c.median, c.table
+    winner, fastest = rows[d.winner], rows[d.fastest]
+    dflt = np.where(d.default >= 0, rows[np.maximum(d.default, 0)], -1)
+    counts = np.bincount(c.group)
     problem_names = _strings(table["problem_name"].take(pa.array(winner))).to_pylist()
     mins = table["min_ms"].to_numpy(zero_copy_only=False).astype(float)
-    noisy = is_noisy(median, mad)
-    sigma = noise_sigma(mad)
-
-    def label(i: int) -> str:
-        return candidate_label(names[i], _knobs_of(keys[i]))
-
-    row_sigs = [_signature_in(d) for d in _strings(table["device_json"].take(pa.array(winner))).to_pylist()]
-    winners: dict[tuple[str, str], Winner] = {}
+    noisy, sigma = is_noisy(median, c.mad), noise_sigma(c.mad)
+    row_sigs = [_signature_in(x) for x in _strings(table["device_json"].take(pa.array(winner))).to_pylist()]
+    out: dict[tuple[str, str], Winner] = {}
     for g, (w, f, df) in enumerate(zip(winner.tolist(), fastest.tolist(), dflt.tolist())):
-        if row_sigs[g] != sigs[g]:
+        sig, pkey = c.sigs[g], c.pkeys[g]
+        if row_sigs[g] != sig:
             # the folder's name and the rows disagree: trust neither with an override file
             log.warning("reduce: rows under device_signature=%s are for device %r; problem %s skipped",
-                        sigs[g], row_sigs[g], pkeys[g])
-            tuned.get(sigs[g], set()).discard(pkeys[g])
+                        sig, row_sigs[g], pkey)
+            tuned.get(sig, set()).discard(pkey)
             continue
         rule = Rule(d.rule[g])
-        phrase = why(rule, winner_ms=float(median[w]), fastest_ms=float(median[f]), fastest_label=label(f),
+        phrase = why(rule, winner_ms=float(median[w]), fastest_ms=float(median[f]), fastest_label=c.label(f),
                      threshold_ms=float(d.threshold_ms[g]),
                      fastest_noise=float(sigma[f] / median[f]) if median[f] else 0.0)
-        winners[(sigs[g], pkeys[g])] = Winner(
-            signature=sigs[g], problem_key=pkeys[g], problem_name=problem_names[g], engine_name=names[w],
-            knobs=_knobs_of(keys[w]), median_ms=float(median[w]), min_ms=_float(mins[w]), mad_ms=_float(mad[w]),
-            noisy=bool(noisy[w]), rule=rule, why=phrase, fastest=label(f), fastest_ms=float(median[f]),
-            default=label(df) if df >= 0 else None, default_ms=float(median[df]) if df >= 0 else None,
+        out[(sig, pkey)] = Winner(
+            signature=sig, problem_key=pkey, problem_name=problem_names[g], engine_name=c.names[w],
+            knobs=_knobs_of(c.keys[w]), median_ms=float(median[w]), min_ms=_float(mins[w]), mad_ms=_float(c.mad[w]),
+            noisy=bool(noisy[w]), rule=rule, why=phrase, fastest=c.label(f), fastest_ms=float(median[f]),
+            default=c.label(df) if df >= 0 else None, default_ms=float(median[df]) if df >= 0 else None,
             candidates=int(counts[g]), row=w)
-    return Decisions(table, winners, top, tuned, skipped, everything.num_rows)
+    return out
 
 
 def _in_groups(group: np.ndarray, flag: np.ndarray) -> np.ndarray:

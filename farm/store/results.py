@@ -180,7 +180,11 @@ class MeasurementContext:
 def result_row(result: AutotuneResult, problem: Problem, problem_name: str, run: RunContext,
                where: MeasurementContext) -> dict[str, Any]:
     """One Parquet row (partition columns included) for one AutotuneResult."""
-    dev = where.device
+    return {**_run_fields(result, run, where), **_device_fields(where.device), **_problem_fields(problem, problem_name),
+            **_candidate_fields(result), "device_signature": where.device.signature, "op": problem.op}
+
+
+def _run_fields(result: AutotuneResult, run: RunContext, where: MeasurementContext) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "job_id": run.job_id,
@@ -189,8 +193,16 @@ def result_row(result: AutotuneResult, problem: Problem, problem_name: str, run:
         "round": where.round,
         "run_started_at": _ts(run.run_started_at),
         "measured_at": _ts(result.started_at) or _ts(now_iso()),
-        "host": where.host or dev.host,
+        "host": where.host or where.device.host,
         "actor_id": where.actor_id,
+        "farm_version": __version__,
+        "workload_name": run.workload_name,
+        "workload_digest": run.workload_digest,
+    }
+
+
+def _device_fields(dev: DeviceProperties) -> dict[str, Any]:
+    return {
         "device_index": dev.index,
         "vendor": dev.vendor,
         "arch": dev.arch,
@@ -199,9 +211,11 @@ def result_row(result: AutotuneResult, problem: Problem, problem_name: str, run:
         "driver_version": dev.driver_version,
         "runtime_version": dev.runtime_version,
         "library_versions": [{"name": n, "version": v} for n, v in dev.libraries],
-        "farm_version": __version__,
-        "workload_name": run.workload_name,
-        "workload_digest": run.workload_digest,
+    }
+
+
+def _problem_fields(problem: Problem, problem_name: str) -> dict[str, Any]:
+    return {
         "problem_name": problem_name,
         "problem_key": problem.key,
         "problem_json": problem.canonical_json(),
@@ -212,6 +226,11 @@ def result_row(result: AutotuneResult, problem: Problem, problem_name: str, run:
         "tensors": [t.canonical() for t in problem.tensors],
         "criteria": [{"name": k, "value": v} for k, v in problem.criteria],
         "flops": problem.flops or None,
+    }
+
+
+def _candidate_fields(result: AutotuneResult) -> dict[str, Any]:
+    return {
         "engine_id": result.engine_id,
         "engine_name": result.engine_name,
         "knobs": knobs_to_structs(result.knobs),
@@ -239,8 +258,6 @@ def result_row(result: AutotuneResult, problem: Problem, problem_name: str, run:
         "max_rel_error": result.max_rel_error,
         "compile_ms": result.compile_ms,
         "tuning_ms": result.tuning_ms,
-        "device_signature": dev.signature,
-        "op": problem.op,
     }
 
 

@@ -225,22 +225,7 @@ class Autotuner:
             make = getattr(self.device.arrays, "make", None)
             tensors = make(self.problem, seed) if make is not None else make_tensors(self.problem, self.device.arrays, seed)
         self._check_tensors(tensors)
-        if self._built is not None:
-            if config.mode is TuneMode.EXHAUSTIVE:
-                raise UsageError("EXHAUSTIVE mode needs the plan-spec path; these plans were built already")
-            candidates = []
-            for i, (spec, engine, plan) in enumerate(self._built):
-                cand = self._candidate(i, spec)
-                cand.plan, cand.compile_ms = plan, 0.0
-                candidates.append(cand)
-        else:
-            if not self._collection.specs:
-                raise AutotuneError("no autotuning candidates: add engines first")
-            wanted = set(only) if only is not None else None
-            candidates = [self._candidate(i, s) for i, s in enumerate(self._collection.specs)
-                          if wanted is None or s in wanted]
-            if not candidates:
-                raise AutotuneError("no autotuning candidates left: every plan spec was excluded by 'only'")
+        candidates = self._candidates(config, only)
         t0 = time.perf_counter()
         log.info("autotune: start %s (key %s) on %s: %d candidate(s), mode %s, strategy %s",
                  self.problem.label(), self.problem.key, self.device.properties.name, len(candidates),
@@ -267,6 +252,26 @@ class Autotuner:
         return ranked
 
     # -- helpers --------------------------------------------------------------------
+    def _candidates(self, config: AutotuneConfig, only: Iterable[PlanSpec] | None) -> list[_Candidate]:
+        """The candidates of this call: the built plans, or the plan specs (those in ``only``, if given)."""
+        if self._built is not None:
+            if config.mode is TuneMode.EXHAUSTIVE:
+                raise UsageError("EXHAUSTIVE mode needs the plan-spec path; these plans were built already")
+            candidates = []
+            for i, (spec, engine, plan) in enumerate(self._built):
+                cand = self._candidate(i, spec)
+                cand.plan, cand.compile_ms = plan, 0.0
+                candidates.append(cand)
+            return candidates
+        if not self._collection.specs:
+            raise AutotuneError("no autotuning candidates: add engines first")
+        wanted = set(only) if only is not None else None
+        candidates = [self._candidate(i, s) for i, s in enumerate(self._collection.specs)
+                      if wanted is None or s in wanted]
+        if not candidates:
+            raise AutotuneError("no autotuning candidates left: every plan spec was excluded by 'only'")
+        return candidates
+
     def _candidate(self, index: int, spec: PlanSpec) -> _Candidate:
         engine = self.registry.get(spec.engine_id) if spec.engine_id in self.registry else None
         return _Candidate(index, spec, engine, self._collection.estimated_workspace(spec))

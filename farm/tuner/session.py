@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from farm.devices.arrays import make_tensors, relative_error
+from farm.devices.arrays import make_tensors
 from farm.devices.timing import timed_section
 from farm.errors import AutotuneError
 from farm.model import dtypes
@@ -25,7 +25,7 @@ from farm.model.measurement import summarize
 from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
 from farm.tuner.compile_claims import CompileQueue
-from farm.tuner.reference import has_reference, reference
+from farm.tuner.check import OutputCheck
 from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide, is_noisy, noise_sigma
 
 if TYPE_CHECKING:
@@ -35,11 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("farm.tuner.autotuner")
 
 
-# Above this many flops (or elements, for ops without a flop count) the float64
-# reference costs more than the tuning; "auto" checking then compares with the
-# first candidate that ran instead.
-REFERENCE_FLOP_LIMIT = 2e8
-REFERENCE_ELEMENT_LIMIT = 1 << 22
 
 
 @dataclass
@@ -93,14 +88,9 @@ class _Run:
         self.results: list[AutotuneResult] = []
         self._plans: dict[tuple[int, KnobSettings], tuple[PlanSpec, Engine, Plan]] = {}
         self._prebuilt = False
-        self._baseline: dict[str, Any] | None = None
-        self._baseline_source = ""
         self._best: tuple[float, float] | None = None  # (median, MAD) of the fastest candidate so far
         self._alone = False  # one candidate only: nothing to tie with
-        self._tolerance = max(dtypes.RELATIVE_TOLERANCE.get(tuner.problem.compute_dtype, 1e-2),
-                              max(dtypes.RELATIVE_TOLERANCE.get(tuner.problem.tensor(o).dtype, 1e-2)
-                                  for o in tuner.problem.output_ids))
-        self._prepare_reference()
+        self.check = OutputCheck(tuner.problem, tuner.device, tensors, config.check)
 
     @staticmethod
     def _rotations(tuner: "Autotuner", tensors: Mapping[str, Any], extra: int) -> list[Mapping[str, Any]]:
@@ -220,14 +210,8 @@ class _Run:
             self._finish(cand, Disposition.FAILED_COMPILE, error=cand.error)
             return
         ws = int(getattr(plan, "workspace_size", 0) or 0)
-        limit = self.cfg.workspace_limit
-        if limit is not None and ws > limit:
-            if cand.estimated_workspace is not None and cand.estimated_workspace <= limit:
-                log.warning("autotune: %s needs %d B of workspace after compile (estimate %d B): over the %d B limit",
-                            cand.spec.describe(self.t.registry), ws, cand.estimated_workspace, limit)
-            self._finish(cand, Disposition.EXCEEDS_WORKSPACE_LIMIT, error=f"workspace {ws} B > limit {limit} B", workspace=ws)
+        if self._over_workspace_limit(cand, ws):
             return
-        dev = self.t.device
         try:
             workspace = self.t.workspace_for(ws)
             finalize = getattr(plan, "finalize", None)
@@ -236,32 +220,10 @@ class _Run:
         except Exception as exc:
             self._finish(cand, Disposition.FAILED_FINALIZE, error=f"{cand.engine.name}: finalize: {_err(exc)}", workspace=ws)
             return
-
-        def once() -> None:
-            plan.run(self.tensors, workspace, dev.stream)
-
-        # untimed runs; the first is checked
-        checking = self.cfg.check is not ResultCheck.OFF
-        warmups = max(self.cfg.warmup_iterations, 1 if checking else 0)
-        max_err = None
-        try:
-            dev.synchronize()
-            for i in range(warmups):
-                if i == 0 and checking:
-                    for out in self.t.problem.output_ids:
-                        if self.t.problem.tensor(out).dtype in dtypes.FLOAT_DTYPES:
-                            dev.arrays.fill(self.tensors[out], float("nan"))
-                once()
-                if i == 0 and checking:
-                    dev.synchronize()
-                    max_err, problem_text = self._check(cand)
-                    if problem_text:
-                        self._finish(cand, Disposition.WRONG_RESULT, error=problem_text, workspace=ws, warmups=1, max_err=max_err)
-                        return
-            dev.synchronize()
-        except Exception as exc:
-            self._finish(cand, Disposition.FAILED_WARMUP, error=f"{cand.engine.name}: warmup: {_err(exc)}", workspace=ws)
+        warmed = self._warm_up(cand, plan, workspace, ws)
+        if warmed is None:
             return
+        warmups, max_err = warmed
         timed, per_call, note = self._timed_call(plan, workspace, cand)
         samples: list[float] = []
         try:
@@ -277,6 +239,44 @@ class _Run:
         self._finish(cand, Disposition.SUCCEEDED, workspace=ws, warmups=warmups, samples=samples,
                      converged=converged, max_err=max_err, error="; ".join(x for x in (cand.note, note) if x))
         self._plans[(cand.spec.engine_id, cand.spec.knobs)] = (cand.spec, cand.engine, plan)
+
+    def _over_workspace_limit(self, cand: _Candidate, ws: int) -> bool:
+        """Finish the candidate when its compiled plan needs more workspace than the limit."""
+        limit = self.cfg.workspace_limit
+        if limit is None or ws <= limit:
+            return False
+        if cand.estimated_workspace is not None and cand.estimated_workspace <= limit:
+            log.warning("autotune: %s needs %d B of workspace after compile (estimate %d B): over the %d B limit",
+                        cand.spec.describe(self.t.registry), ws, cand.estimated_workspace, limit)
+        self._finish(cand, Disposition.EXCEEDS_WORKSPACE_LIMIT, error=f"workspace {ws} B > limit {limit} B", workspace=ws)
+        return True
+
+    def _warm_up(self, cand: _Candidate, plan: Plan, workspace: Any, ws: int) -> tuple[int, float | None] | None:
+        """The untimed runs; the first one's outputs are checked. (warmups, max error), or None: finished."""
+        dev = self.t.device
+        checking = self.cfg.check is not ResultCheck.OFF
+        warmups = max(self.cfg.warmup_iterations, 1 if checking else 0)
+        max_err = None
+        try:
+            dev.synchronize()
+            for i in range(warmups):
+                if i == 0 and checking:
+                    for out in self.t.problem.output_ids:
+                        if self.t.problem.tensor(out).dtype in dtypes.FLOAT_DTYPES:
+                            dev.arrays.fill(self.tensors[out], float("nan"))
+                plan.run(self.tensors, workspace, dev.stream)
+                if i == 0 and checking:
+                    dev.synchronize()
+                    max_err, problem_text = self.check.compare(cand.spec.describe(self.t.registry))
+                    if problem_text:
+                        self._finish(cand, Disposition.WRONG_RESULT, error=problem_text, workspace=ws, warmups=1,
+                                     max_err=max_err)
+                        return None
+            dev.synchronize()
+        except Exception as exc:
+            self._finish(cand, Disposition.FAILED_WARMUP, error=f"{cand.engine.name}: warmup: {_err(exc)}", workspace=ws)
+            return None
+        return warmups, max_err
 
     def _sample(self, timed: Callable[[int], Callable[[], None]], per_call: int, samples: list[float]) -> bool:
         """Timed runs appended to ``samples`` until the stop rule (counted from this call) says stop."""
@@ -348,53 +348,6 @@ class _Run:
         return timed, 1, note
 
     # -- numerical check ---------------------------------------------------------------
-    def _prepare_reference(self) -> None:
-        p = self.t.problem
-        mode = self.cfg.check
-        small = (p.flops <= REFERENCE_FLOP_LIMIT if p.flops else
-                 sum(t.numel for t in p.tensors) <= REFERENCE_ELEMENT_LIMIT)
-        if mode is ResultCheck.REFERENCE or (mode is ResultCheck.AUTO and small and has_reference(p.op)):
-            arrays = self.t.device.arrays
-            inputs = {tid: arrays.to_numpy(self.tensors[tid]) for tid in p.input_ids}
-            self._baseline = reference(p, inputs)
-            self._baseline_source = "the float64 reference"
-
-    def _check(self, cand: _Candidate) -> tuple[float | None, str]:
-        """(max relative error, description of a mismatch or '').
-
-        Against the float64 reference the outputs come to the host; against the
-        first candidate they stay on the device when the array backend can compare
-        there (``clone``/``relative_error``), so large GPU outputs are not copied.
-        """
-        p = self.t.problem
-        arrays = self.t.device.arrays
-        on_device = self._baseline_source != "the float64 reference" and hasattr(arrays, "relative_error")
-        if self._baseline is None:
-            # first candidate that runs becomes the baseline (TunableOp compares with the default)
-            if on_device:
-                outputs = {o: arrays.clone(self.tensors[o]) for o in p.output_ids}
-                bad = [o for o, v in outputs.items() if arrays.relative_error(v, v) == float("inf")]
-            else:
-                outputs = {o: arrays.to_numpy(self.tensors[o]) for o in p.output_ids}
-                bad = [o for o, v in outputs.items() if not np.isfinite(v).all()]
-            if bad:
-                return None, f"output {bad[0]} has NaN or unwritten elements"
-            self._baseline = outputs
-            self._baseline_source = f"{cand.spec.describe(self.t.registry)} (first candidate)"
-            return None, ""
-        worst, worst_out = 0.0, ""
-        for o in p.output_ids:
-            if on_device:
-                e = arrays.relative_error(self.tensors[o], self._baseline[o])
-            else:
-                e = relative_error(arrays.to_numpy(self.tensors[o]), self._baseline[o])
-            if e > worst or not worst_out:
-                worst, worst_out = e, o
-        if worst > self._tolerance:
-            return worst, (f"wrong result: output {worst_out} differs from {self._baseline_source} by "
-                           f"{worst:.3g} (relative norm) > tolerance {self._tolerance:g}")
-        return worst, ""
-
     # -- bookkeeping -----------------------------------------------------------------
     def _finish(self, cand: _Candidate, disposition: Disposition, *, error: str = "", workspace: int | None = None,
                 warmups: int = 0, samples: Sequence[float] = (), converged: bool = False,

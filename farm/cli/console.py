@@ -1,0 +1,64 @@
+"""The CLI's output: consoles that never print a control character from a file, JSON, and log lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from typing import Any, Iterable
+
+from rich.console import Console
+from rich.segment import Segment
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class _SafeConsole(Console):
+    """A console that prints the text of names and messages with their control characters made visible:
+    a name from a file (workload, results, override file) cannot move the cursor or retitle the terminal."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            seg if seg.control else Segment(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", seg.text), seg.style)
+            for seg in buffer)
+
+
+def _console(stderr: bool = False) -> Console:
+    probe = Console(stderr=stderr)
+    # piped output (logs, CI) gets wide tables rather than 80-column wrapping
+    return _SafeConsole(stderr=stderr, highlight=False, width=None if probe.is_terminal else 200)
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time (it may be replaced after setup, e.g. by test capture)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+class _SafeFormatter(logging.Formatter):
+    """Log lines with control characters made visible (names in them come from files)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+                         for line in super().format(record).split("\n"))
+
+
+def _setup_logging(verbosity: int) -> None:
+    level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    handler = _StderrHandler()
+    handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("farm")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False

@@ -1,0 +1,241 @@
+"""The ``farm`` command line. The only module that prints."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any, Sequence
+
+from rich.markup import escape
+
+from farm._version import __version__
+from farm.errors import FarmError, InputError
+
+log = logging.getLogger("farm.cli")
+from farm.cli.args import _positive_int
+from farm.cli.console import _console, _print_json, _setup_logging
+from farm.cli.tune import add_tune_parser
+
+
+# -- farm engines ---------------------------------------------------------------------------
+def cmd_engines(args: argparse.Namespace) -> int:
+    from farm.cli.render import engine_dict, engines_table
+    from farm.model.engine import default_engine_registry, engine_priority
+
+    registry = default_engine_registry()
+    engines = sorted((e for e in registry if args.op is None or args.op in e.ops),
+                     key=lambda e: (sorted(e.ops), engine_priority(e), e.name))
+    if args.op is not None and not engines:
+        from farm.model.op_catalog import op_spec
+
+        op_spec(args.op)  # unknown op -> clear error; known op with no engine -> empty list
+    if args.json:
+        _print_json([engine_dict(registry, e) for e in engines])
+    else:
+        _console().print(engines_table(registry, engines))
+    return 0
+
+
+# -- farm devices ---------------------------------------------------------------------------
+def cmd_devices(args: argparse.Namespace) -> int:
+    from farm.cli.render import devices_table
+    from farm.devices.device import probe
+
+    probes = probe()
+    if args.json:
+        _print_json({
+            "devices": [d.to_dict() for p in probes for d in p.devices],
+            "runtimes": [{"runtime": p.runtime, "devices": len(p.devices), "note": p.note} for p in probes],
+        })
+    else:
+        _console().print(devices_table(probes))
+    return 0
+
+
+# -- farm reduce ----------------------------------------------------------------------------
+def cmd_reduce(args: argparse.Namespace) -> int:
+    from farm.cli.render import reduce_dict, reduce_table
+    from farm.store.reduce import reduce_results
+
+    report = reduce_results(args.results, args.out, top_k=args.top_k, mode=args.mode, tunableop_csv=args.tunableop_csv,
+                            incumbents=args.incumbents)
+    if args.json:
+        _print_json(reduce_dict(report))
+    else:
+        console = _console()
+        for path, reason in report.skipped_files:
+            _console(stderr=True).print(f"[yellow]skipped[/] {escape(path)}: {escape(reason)}")
+        console.print(reduce_table(report))
+    if not any(s.entries for s in report.signatures):
+        _console(stderr=True).print(f"nothing to reduce: no successful measurement in {escape(str(args.results))} "
+                                    f"({report.rows} rows read)")
+        return 1
+    return 0
+
+
+# -- farm policies --------------------------------------------------------------------------
+def cmd_policies(args: argparse.Namespace) -> int:
+    from farm.cli.render import policies_table
+    from farm.replay.selection import DEFAULT_ORDER, ORDER_ENV, PolicyRegistry, resolve_order
+
+    registry = PolicyRegistry.default()
+    order = [p.name for p in resolve_order(registry)]
+    if args.json:
+        _print_json({"policies": [{"name": i.name, "id": i.id, "api_version": list(i.api_version), "origin": i.origin}
+                                  for i in registry.info()],
+                     "rejected": [{"where": w, "reason": r} for w, r in registry.rejected],
+                     "order": order, "order_from": ORDER_ENV if os.environ.get(ORDER_ENV) else "default",
+                     "default_order": list(DEFAULT_ORDER)})
+        return 0
+    console = _console()
+    console.print(policies_table(registry, order))
+    for where, reason in registry.rejected:
+        console.print(f"[yellow]rejected[/] {escape(where)}: {escape(reason)}")
+    return 0
+
+
+# -- farm publish ---------------------------------------------------------------------------
+def cmd_publish(args: argparse.Namespace) -> int:
+    from farm.cli.render import publish_dict, publish_tables
+    from farm.store.publish import publish
+
+    if not args.to.strip():
+        raise InputError("the publishing root must not be empty", field="--to", value=args.to)
+    reports = publish(args.overrides, args.to, force=args.force, replace=args.replace, dry_run=args.dry_run)
+    if args.json:
+        _print_json(publish_dict(reports))
+    else:
+        console = _console()
+        for table in publish_tables(reports, args.dry_run):
+            console.print(table)
+        for r in reports:
+            if r.refused:
+                _console(stderr=True).print(f"[bold red]refused[/] {escape(r.signature)}: {escape(r.refused)}")
+    return 1 if any(r.refused for r in reports) else 0
+
+
+# -- farm report ----------------------------------------------------------------------------
+def cmd_report(args: argparse.Namespace) -> int:
+    from farm.analysis.report import build_report, report_dict, write_html
+    from farm.cli.render import report_tables
+
+    report = build_report(args.results)
+    if args.html:
+        write_html(report, args.html)
+    if args.json:
+        _print_json(report_dict(report))
+    else:
+        console = _console()
+        for table in report_tables(report):
+            console.print(table)
+        if args.html:
+            console.print(f"plots: {escape(args.html)}")
+    return 0 if report.signatures else 1
+
+
+# -- farm diff ------------------------------------------------------------------------------
+def cmd_diff(args: argparse.Namespace) -> int:
+    from farm.analysis.diff import diff_dict, diff_paths
+    from farm.cli.render import diff_table
+
+    rows = diff_paths(args.a, args.b)
+    if args.json:
+        _print_json(diff_dict(rows))
+    else:
+        _console().print(diff_table(rows, args.a, args.b, show_same=args.all))
+    return 0
+
+
+# -- entry point ----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="farm", description="tunefarm: autotune GPU (and CPU) kernels and publish the winners.")
+    parser.add_argument("--version", action="version", version=f"tunefarm {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v: autotune lines, -vv: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("engines", help="list engines, the ops they serve and their knobs")
+    p.add_argument("--op", help="only engines implementing this op")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_engines)
+
+    p = sub.add_parser("devices", help="list visible devices (GPUs and the CPU), their properties and signatures")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_devices)
+
+    add_tune_parser(sub)
+    _add_result_commands(sub)
+    return parser
+
+
+def _add_result_commands(sub: Any) -> None:
+    """farm reduce, policies, publish, report and diff."""
+    p = sub.add_parser("reduce", help="turn a results dataset into one override file per device signature")
+    p.add_argument("results", help="results folder (e.g. runs/x/results)")
+    p.add_argument("--out", required=True, help="folder for <device_signature>.json files")
+    p.add_argument("--top-k", type=_positive_int, default=3, help="ranking depth kept in the metadata (default 3)")
+    p.add_argument("--mode", choices=("append", "replace", "new"), default="append",
+                   help="append: replace matching entries, keep the rest (default); replace: start over; "
+                        "new: refuse to touch an existing file")
+    p.add_argument("--tunableop-csv", action="store_true", help="also write TunableOp-style CSV files")
+    p.add_argument("--incumbents", metavar="PATH",
+                   help="override file, folder or published root: its winners are kept when a new candidate "
+                        "is faster only within noise (default: none)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_reduce)
+
+    p = sub.add_parser("policies", help="list the selection policies loaded (built-in and plugins) and the order in force")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_policies)
+
+    p = sub.add_parser("publish", help="publish override files per architecture under a root (folder, s3://, gs://)")
+    p.add_argument("overrides", help="folder of <device_signature>.json override files (e.g. runs/x/overrides)")
+    p.add_argument("--to", required=True, help="publishing root: ROOT/<arch>/<signature>.json and ROOT/index.json")
+    p.add_argument("--force", action="store_true", help="publish even winners measured slower than the ones they replace")
+    p.add_argument("--replace", action="store_true", help="replace each published file instead of merging into it")
+    p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_publish)
+
+    p = sub.add_parser("report", help="summarise a results folder: failures, speed-ups, noise, device disagreement")
+    p.add_argument("results", help="results folder (e.g. runs/x/results)")
+    p.add_argument("--html", help="also write a self-contained HTML page with plots (needs matplotlib)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("diff", help="compare two results folders or two override files: winners and times")
+    p.add_argument("a", help="the old side: a results folder (or run folder) or an override file")
+    p.add_argument("b", help="the new side, of the same kind")
+    p.add_argument("--all", action="store_true", help="also list problems whose winner did not change (or by < 3 %%)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_diff)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for a restart (farm tune --in-process)
+    _setup_logging(args.verbose)
+    try:
+        return int(args.func(args) or 0)
+    except FarmError as exc:
+        # one line, however narrow the terminal: scripts grep it, people read it whole
+        _console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False,
+                                    soft_wrap=True)
+        return 2
+    except OSError as exc:
+        # a path the user gave that cannot be made, read or written (a file where a folder should be, a
+        # read-only mount, a full disk): name it in one line; nothing written before is touched
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f) or "a file"
+        _console(stderr=True).print(f"[bold red]error:[/] {escape(where)}: {escape(exc.strerror or str(exc))}",
+                                    markup=True, highlight=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        _console(stderr=True).print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""farm tune: one workload on every device (Ray) or in this process, with its tables, restarts and --dry-run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import Any
+
+from rich.markup import escape
+
+from farm.cli.args import _positive_int, _positive_seconds
+from farm.cli.console import _console, _print_json
+from farm.errors import InputError
+
+
+# -- farm tune ------------------------------------------------------------------------------
+def cmd_tune(args: argparse.Namespace) -> int:
+    from farm.model.engine import default_engine_registry
+    from farm.model.workload import load_workload
+
+    registry = default_engine_registry()
+    workload = load_workload(args.workload, registry)  # every input error surfaces here, before any device time
+    out = args.out or f"runs/{_folder_name(workload.name)}"
+    if args.dry_run:
+        return _dry_run(workload, _local_device(args.devices), registry, args.json)
+    if args.in_process:
+        return _tune_in_process(args, workload, out, registry)
+    return _tune_on_ray(args, workload, out)
+
+
+def _check_fits(workload: Any, props: Any) -> None:
+    """A problem whose tensors cannot fit in the device's memory is a workload error, before any device time."""
+    from farm.tuner.problem_tuning import memory_shortfall
+
+    for i, wp in enumerate(workload.problems):
+        too_big = memory_shortfall(wp.problem, props)
+        if too_big:
+            raise InputError(f"{wp.name}: {too_big}", field=f"problems[{i}].tensors", source=workload.source)
+
+
+def _folder_name(name: str) -> str:
+    """A workload's name as one folder under runs/: no separators, no '..', no control characters."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "workload"
+    return safe[:100]
+
+
+def _local_device(spec: str) -> Any:
+    from farm.devices.device import open_device
+    from farm.fleet.cluster import DeviceRequest
+
+    request = DeviceRequest.parse(spec)
+    if request.kind == "sim":
+        from farm.devices.sim import sim_device
+
+        group, _ = request.sim.slots()[0]
+        return sim_device(request.sim, group, 0)
+    if request.kind == "cpu":
+        return open_device("cpu")
+    return open_device("auto")
+
+
+def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry: Any) -> int:
+    from farm.cli.render import local_dict, results_table, summary_table, where_table
+    from farm.fleet.job import run_local
+
+    device = _local_device(args.devices)
+    _check_fits(workload, device.properties)
+    console = _console()
+    total = len(workload.problems)
+    if not args.json:
+        console.print(f"tuning [bold]{escape(workload.name)}[/] ({total} problem(s)) in-process on "
+                      f"{escape(device.properties.name)} [dim]{device.signature}[/] into {escape(out)}")
+    done = 0
+
+    def show(outcome: Any) -> None:
+        nonlocal done
+        done += 1
+        if not args.json:
+            console.print(results_table(outcome, f"[{done}/{total}]"))
+            console.print()
+
+    report = run_local(workload, out, device, registry, on_problem=show, reduce=not args.no_reduce, top_k=args.top_k,
+                       incumbents=args.incumbents, candidate_timeout_s=args.candidate_timeout,
+                       on_hang=lambda message: _restart(args, message))
+    if args.json:
+        _print_json(local_dict(workload, out, device, report))
+    else:
+        console.print(summary_table(report.outcomes, report.wall_s,
+                                    lambda key: report.summary.winner(device.signature, key)))
+        console.print(where_table(out, report.summary))
+    return report.summary.exit_code
+
+
+MAX_RESTARTS = 50
+
+
+def _restart(args: argparse.Namespace, message: str) -> None:
+    """A candidate hung in this process: start the same command again; it resumes after that candidate."""
+    restarts = int(os.environ.get("FARM_IN_PROCESS_RESTARTS", "0") or 0) + 1
+    err = _console(stderr=True)
+    if restarts > MAX_RESTARTS:
+        err.print(f"[bold red]error:[/] {escape(message)}; {MAX_RESTARTS} restarts already, giving up "
+                  "(run the same command to go on)", soft_wrap=True)
+        os._exit(3)
+    err.print(f"[yellow]{escape(message)}[/]; restarting to go on ({restarts})", soft_wrap=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.environ["FARM_IN_PROCESS_RESTARTS"] = str(restarts)
+    os.execv(sys.executable, [sys.executable, "-m", "farm", *args.argv])
+
+
+def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
+    from farm.cli.progress import ProgressView
+    from farm.cli.render import farm_dict, farm_tables, where_table
+    from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
+
+    request = DeviceRequest.parse(args.devices)
+    if request.kind == "cpu" and not (args.address or os.environ.get("RAY_ADDRESS")):
+        _check_fits(workload, _local_device("cpu").properties)  # the workers run on this host
+    options = FarmOptions(shard_size=args.shard_size, finalist_k=args.finalist_k,
+                          candidate_timeout_s=args.candidate_timeout, cpu_threads=args.cpu_threads,
+                          reduce=not args.no_reduce, top_k=args.top_k, keep_results=True, incumbents=args.incumbents)
+    address = args.address or os.environ.get("RAY_ADDRESS") or None
+    console = _console()
+    view = None if args.json else ProgressView(console, workload.name, interval_s=args.progress_every)
+    if view is not None:
+        console.print(f"tuning [bold]{escape(workload.name)}[/] ({len(workload.problems)} problem(s)) on "
+                      f"{'Ray cluster ' + escape(address) if address else 'a local Ray instance'}, "
+                      f"devices: {escape(args.devices)}, into {escape(out)}")
+    try:
+        report = run_farm(workload, out, devices=request, address=address, options=options,
+                          progress=view.update if view else None)
+    finally:
+        if view is not None:
+            view.close()
+    if args.json:
+        _print_json(farm_dict(workload, out, report))
+    else:
+        for table in farm_tables(workload, report):
+            console.print(table)
+        console.print(where_table(out, report.summary))
+    return report.summary.exit_code
+
+
+def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool) -> int:
+    from rich.table import Table
+    from rich.text import Text
+
+    from farm.tuner.autotuner import Autotuner
+    from farm.tuner.problem_tuning import plan_specs_for
+
+    rows = []
+    for wp in workload.problems:
+        tuner = Autotuner(wp.problem, device, registry=registry)
+        specs = plan_specs_for(wp, tuner)
+        rows.append((wp, [s.describe(registry) for s in specs],
+                     [f"{c.engine_name}: {c.reason}" for c in registry.explain(wp.problem, device) if not c.applicable]
+                     + [f"{label}: {reason}" for label, reason in tuner._collection.dropped]))
+    if as_json:
+        _print_json([{"name": wp.name, "problem_key": wp.problem.key, "label": wp.problem.label(),
+                      "candidates": specs, "not_applicable": skipped} for wp, specs, skipped in rows])
+        return 0
+    table = Table(title=f"{workload.name}: candidates per problem (dry run, nothing measured)", show_lines=True)
+    for col in ("problem", "candidates", "not applicable here"):
+        table.add_column(col)
+    for wp, specs, skipped in rows:
+        table.add_row(Text(f"{wp.name}\n{wp.problem.label()}"), Text(f"{len(specs)}: " + ", ".join(specs)),
+                      Text("\n".join(skipped) or "-"))
+    _console().print(table)
+    return 0
+
+
+def add_tune_parser(sub: Any) -> None:
+    """The farm tune subcommand and its options."""
+    p = sub.add_parser("tune", help="tune every problem of a workload file on every device (Ray)")
+    p.add_argument("workload", help="workload YAML file (see docs/workload.md)")
+    p.add_argument("--out", help="output folder: results/ (Parquet), overrides/, job.json (default runs/<workload name>); "
+                                 "an existing one is resumed")
+    p.add_argument("--devices", default="auto",
+                   help="auto (GPUs if any, else the CPU), gpu, cpu[:N], sim:N or sim:FILE.yaml (default auto)")
+    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray instance)")
+    p.add_argument("--in-process", action="store_true", help="no Ray: tune on one local device in this process")
+    p.add_argument("--shard-size", type=_positive_int, default=128,
+                   help="split problems with more candidates across devices, then re-measure finalists (default 128)")
+    p.add_argument("--finalist-k", type=_positive_int, default=3, help="finalists per shard (default 3)")
+    p.add_argument("--candidate-timeout", type=_positive_seconds, default=120.0,
+                   help="seconds without a result before a worker counts as hung and is restarted (default 120)")
+    p.add_argument("--cpu-threads", type=_positive_int, default=None,
+                   help="BLAS threads of each CPU worker (default: what production uses: this process's count on a "
+                        "local Ray instance, the host's usable cores on a cluster); part of the CPU device signature")
+    p.add_argument("--progress-every", type=_positive_seconds, default=10.0,
+                   help="seconds between progress lines when output is not a terminal (default 10)")
+    p.add_argument("--top-k", type=_positive_int, default=3, help="ranking depth kept in the override metadata (default 3)")
+    p.add_argument("--no-reduce", action="store_true", help="write results only, no override files")
+    p.add_argument("--incumbents", metavar="PATH",
+                   help="override file, folder or published root: its winners are kept when a new candidate "
+                        "is faster only within noise (default: none)")
+    p.add_argument("--json", action="store_true", help="print results as JSON instead of tables")
+    p.add_argument("--dry-run", action="store_true", help="validate and list the candidates, measure nothing")
+    p.set_defaults(func=cmd_tune)
