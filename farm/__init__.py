@@ -18,7 +18,8 @@ from farm.model.problem import Problem, TensorDesc
 from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
 from farm.model.workload import Workload, load_workload
 from farm.replay.selection import POLICY_API_VERSION, Choice, NoSelection, PolicyRegistry, Selector
-from farm.replay.tunable_runtime import TunableRuntime, TunableSettings
+from farm.replay.tunable_runtime import TunableRuntime
+from farm.replay.tunable_settings import TunableSettings
 from farm.tuner.autotuner import Autotuner
 
 __all__ = [

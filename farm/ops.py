@@ -29,11 +29,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from farm.devices.arrays import NUMPY_DTYPES
-from farm.devices.device import Device, cpu_device, gpu_device
+from farm.devices.device import Device
+from farm.devices.open import open_device
 from farm.errors import InputError
 from farm.model.dtypes import canonical_dtype
 from farm.model.problem import Problem
-from farm.replay.tunable_runtime import Bound, TunableRuntime, TunableSettings
+from farm.replay.tunable_runtime import Bound, TunableRuntime
+from farm.replay.tunable_settings import TunableSettings
 
 __all__ = ["matmul", "sdpa", "conv2d", "enable", "tuning_enable", "record_untuned_enable", "set_verbose",
            "set_filename", "runtime", "choices", "reset"]
@@ -93,9 +95,9 @@ class RuntimeRegistry:
 def _devices(kind: str, index: int) -> tuple[Device, Device]:
     """(the device tuning measures on, the device plans run on)."""
     if kind == "cpu":
-        d = cpu_device(index)
+        d = open_device("cpu", index)
         return d, d
-    tuning = gpu_device(kind, index)
+    tuning = open_device(kind, index)
     # replayed plans run on the caller's current torch stream, not the tuner's private one
     return tuning, dataclasses.replace(tuning, stream=None)
 

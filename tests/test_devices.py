@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from fakes import fake_props
-from farm.devices.device import cpu_device, open_device, probe
+from farm.devices.device import cpu_device, probe
+from farm.devices.open import open_device
 from farm.devices.properties import DeviceProperties
 from farm.errors import InputError
 
@@ -71,7 +72,7 @@ def test_cpu_device_and_probe():
     assert probes["cpu"].devices[0].signature == dev.signature
     for name in ("cuda", "hip"):
         assert probes[name].devices or probes[name].note  # a reason whenever nothing is visible
-    with pytest.raises(InputError, match="unknown runtime"):
+    with pytest.raises(InputError, match="device kind.*expected one of auto, gpu, cuda, hip, cpu, sim"):
         open_device("tpu")
 
 

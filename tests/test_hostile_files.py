@@ -18,7 +18,8 @@ import farm.ops as ops
 from farm.cli import main as farm_main
 from farm.devices.device import cpu_device
 from farm.model.problem import Problem
-from farm.replay.tunable_runtime import TunableRuntime, TunableSettings
+from farm.replay.tunable_runtime import TunableRuntime
+from farm.replay.tunable_settings import TunableSettings
 
 PROBLEM = Problem.create("matmul", {"A": [24, 20], "B": [20, 12]}, dtype="fp32")
 

@@ -10,7 +10,8 @@ import farm.ops as ops
 from farm.devices.device import cpu_device
 from farm.store.overrides import OverrideEntry
 from farm.store.override_files import load_overrides, write_overrides
-from farm.replay.tunable_runtime import TunableRuntime, TunableSettings, with_ordinal
+from farm.replay.tunable_runtime import TunableRuntime
+from farm.replay.tunable_settings import TunableSettings, with_ordinal
 from farm.model.workload import load_workload
 from tests.fakes import fake_props, matmul_problem
 

@@ -98,7 +98,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
 # -- farm publish ---------------------------------------------------------------------------
 def cmd_publish(args: argparse.Namespace) -> int:
-    from farm.cli.render import publish_dict, publish_tables
+    from farm.cli.render_reports import publish_dict, publish_tables
     from farm.store.publish import publish
 
     if not args.to.strip():
@@ -119,7 +119,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 # -- farm report ----------------------------------------------------------------------------
 def cmd_report(args: argparse.Namespace) -> int:
     from farm.analysis.report import build_report, report_dict, write_html
-    from farm.cli.render import report_tables
+    from farm.cli.render_reports import report_tables
 
     report = build_report(args.results)
     if args.html:
@@ -138,7 +138,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 # -- farm diff ------------------------------------------------------------------------------
 def cmd_diff(args: argparse.Namespace) -> int:
     from farm.analysis.diff import diff_dict, diff_paths
-    from farm.cli.render import diff_table
+    from farm.cli.render_reports import diff_table
 
     rows = diff_paths(args.a, args.b)
     if args.json:

@@ -47,18 +47,13 @@ def _folder_name(name: str) -> str:
 
 
 def _local_device(spec: str) -> Any:
-    from farm.devices.device import open_device
-    from farm.fleet.cluster import DeviceRequest
+    from farm.devices.open import open_device
+    from farm.fleet.options import DeviceRequest
 
     request = DeviceRequest.parse(spec)
     if request.kind == "sim":
-        from farm.devices.sim import sim_device
-
-        group, _ = request.sim.slots()[0]
-        return sim_device(request.sim, group, 0)
-    if request.kind == "cpu":
-        return open_device("cpu")
-    return open_device("auto")
+        return open_device("sim", 0, sim=request.sim)
+    return open_device("cpu" if request.kind == "cpu" else "auto")
 
 
 def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry: Any) -> int:

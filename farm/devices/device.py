@@ -117,22 +117,6 @@ def torch_graph(device: Device, fn: Any, repeats: int) -> Any:
     return replay
 
 
-def open_device(kind: str = "auto", index: int = 0) -> Device:
-    """A device by runtime name ("cpu", "cuda", "hip"), or "auto": the first GPU runtime with a device, else the CPU."""
-    if kind == "cpu":
-        return cpu_device(index)
-    if kind != "auto":
-        return gpu_device(kind, index)
-    from farm.devices.runtimes import RuntimeUnavailable
-
-    for name in ("cuda", "hip"):
-        try:
-            return gpu_device(name, index)
-        except RuntimeUnavailable:
-            continue
-    return cpu_device(index)
-
-
 @dataclass(frozen=True)
 class RuntimeProbe:
     """What one runtime sees here: its devices, or why none."""

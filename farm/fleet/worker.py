@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 from farm.devices.device import Device
+from farm.devices.open import open_device
 from farm.devices.properties import DeviceProperties
+from farm.devices.runtimes import RuntimeUnavailable
 from farm.devices.sim import SimConfig
 from farm.errors import AutotuneError, FarmError
 from farm.fleet.scheduler import Candidate, Task
@@ -197,31 +199,12 @@ class DeviceWorkerImpl:
 
 
 def _open(kind: str, slot: int, sim: SimConfig | None) -> Device:
-    if kind == "sim":
-        from farm.devices.sim import sim_device
-
-        assert sim is not None
-        group, index = sim.slots()[slot]
-        return sim_device(sim, group, slot)
-    if kind == "cpu":
-        from farm.devices.device import cpu_device
-
-        return cpu_device(slot)
+    if kind in ("sim", "cpu"):
+        return open_device(kind, slot, sim=sim)
     import ray
 
-    from farm.devices.device import gpu_device
-    from farm.devices.runtimes import RuntimeUnavailable
-
-    errors = []
-    for runtime in ("cuda", "hip"):
-        try:
-            dev = gpu_device(runtime, 0)  # Ray made the assigned GPU the only visible one
-        except RuntimeUnavailable as exc:
-            errors.append(str(exc))
-            continue
-        ids = ray.get_gpu_ids()
-        physical = int(ids[0]) if ids and str(ids[0]).isdigit() else dev.properties.index
-        dev.properties = dataclasses.replace(dev.properties, index=physical)
-        dev.index = 0
-        return dev
-    raise WorkerFailed("a GPU worker found no GPU: " + "; ".join(errors))
+    ids = ray.get_gpu_ids()  # Ray made the assigned GPU the only visible one: index 0 here
+    try:
+        return open_device("gpu", 0, physical_index=int(ids[0]) if ids and str(ids[0]).isdigit() else None)
+    except RuntimeUnavailable as exc:
+        raise WorkerFailed(f"a GPU worker found no GPU: {exc}") from None

@@ -1,0 +1,99 @@
+"""Tables of farm report, farm diff and farm publish."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from farm.cli.render import fmt_ms
+
+
+def _change_line(c: Any) -> str:
+    if not c.old_engine:
+        return f"+ {c.key}: {c.new_engine} {fmt_ms(c.new_ms)}"
+    if not c.new_engine:
+        return f"- {c.key}: {c.old_engine} {fmt_ms(c.old_ms)}"
+    return f"~ {c.key}: {c.old_engine} {fmt_ms(c.old_ms)} -> {c.new_engine} {fmt_ms(c.new_ms)}"
+
+
+def publish_tables(reports: Sequence[Any], dry_run: bool = False) -> list[Table]:
+    summary = Table(title="Published" + (" (dry run: nothing written)" if dry_run else ""), title_justify="left")
+    for col, justify in (("device signature", "left"), ("added", "right"), ("winner changed", "right"),
+                         ("removed", "right"), ("unchanged", "right"), ("status", "left"), ("file", "left")):
+        summary.add_column(col, justify=justify)  # type: ignore[arg-type]
+    details = Table(title="Changes", title_justify="left", show_header=False)
+    details.add_column("change")
+    for r in reports:
+        status = Text("refused", style="red") if r.refused else Text("written" if r.written else "not written")
+        summary.add_row(Text(r.signature), str(len(r.added)), str(len(r.changed)), str(len(r.removed)),
+                        str(r.unchanged), status, Text(r.path))
+        for c in r.added + r.changed + r.removed:
+            details.add_row(Text(_change_line(c)))
+        for c in r.regressions:
+            details.add_row(Text("! slower: " + _change_line(c), style="red"))
+    return [summary] + ([details] if details.row_count else [])
+
+
+def publish_dict(reports: Sequence[Any]) -> dict[str, Any]:
+    def change(c: Any) -> dict[str, Any]:
+        return {"problem": c.key, "old_engine": c.old_engine or None, "new_engine": c.new_engine or None,
+                "old_ms": c.old_ms, "new_ms": c.new_ms}
+
+    return {"files": [{"signature": r.signature, "path": r.path, "written": r.written, "refused": r.refused or None,
+                       "added": [change(c) for c in r.added], "changed": [change(c) for c in r.changed],
+                       "removed": [change(c) for c in r.removed], "unchanged": r.unchanged,
+                       "regressions": [change(c) for c in r.regressions]} for r in reports]}
+
+
+def report_tables(report: Any) -> list[Table]:
+    tables = []
+    for s in report.signatures:
+        t = Table(title=f"{s.device_name}  {s.signature}", title_justify="left", show_header=False)
+        t.add_column("what")
+        t.add_column("value")
+        worst = s.worst
+        geo = s.geomean_speedup
+        t.add_row("devices", Text(", ".join(s.devices)))
+        t.add_row("problems tuned", str(len(s.problems)))
+        t.add_row("candidates measured", f"{sum(p.candidates for p in s.problems)} ({s.rows} rows)")
+        t.add_row("failures", Text(", ".join(f"{k} {v}" for k, v in s.failures.items()) or "none"))
+        t.add_row("tuning time", f"{s.tuning_s:.1f} s")
+        t.add_row("winner vs default", f"geomean {geo:.3f}x, worst {worst.speedup:.3f}x ({worst.name})" if geo and worst
+                  else "no default candidate to compare with")
+        t.add_row("noisiest (CoV of the winner)", Text(", ".join(f"{p.name} {100 * p.cov:.1f} %" for p in s.noisiest())))
+        dis = s.disagreements()
+        t.add_row("devices disagree on", Text("; ".join(f"{p.name}: " + ", ".join(f"{d} {c}" for d, c in
+                                                                                     p.device_winners.items())
+                                                        for p in dis) or "nothing"))
+        tables.append(t)
+        per = Table(title="per problem", title_justify="left")
+        for col, justify in (("problem", "left"), ("cand", "right"), ("winner", "left"), ("ms", "right"),
+                             ("default", "left"), ("ms", "right"), ("speed-up", "right"), ("CoV", "right"),
+                             ("device spread", "right"), ("why", "left")):
+            per.add_column(col, justify=justify)  # type: ignore[arg-type]
+        for p in s.problems:
+            per.add_row(Text(p.name), str(p.candidates), Text(p.winner), fmt_ms(p.winner_ms), Text(p.default),
+                        fmt_ms(p.default_ms), f"{p.speedup:.3f}" if p.speedup else "-", f"{100 * p.cov:.1f} %",
+                        f"{p.spread:.3f}", Text(p.why, style="dim"))
+        tables.append(per)
+    return tables
+
+
+def diff_table(rows: Sequence[Any], a: str, b: str, show_same: bool = False) -> Table:
+    from farm.analysis.diff import STATUSES
+
+    counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
+    table = Table(title=f"{a} -> {b}: " + ", ".join(f"{v} {k}" for k, v in counts.items()), title_justify="left")
+    for col, justify in (("signature", "left"), ("problem", "left"), ("change", "left"), ("old winner", "left"),
+                         ("old ms", "right"), ("new winner", "left"), ("new ms", "right"), ("new / old", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        if r.status in ("same winner", "near tie") and not show_same:
+            continue
+        ratio = r.ratio
+        style = "green" if ratio is not None and ratio < 0.97 else "red" if ratio is not None and ratio > 1.03 else ""
+        table.add_row(Text(r.signature), Text(r.problem), r.status, Text(r.old_winner or "-"), fmt_ms(r.old_ms),
+                      Text(r.new_winner or "-"), fmt_ms(r.new_ms), Text(f"{ratio:.3f}" if ratio else "-", style=style))
+    return table

@@ -1,0 +1,83 @@
+"""The replay runtime's settings: FARM_TUNABLE_* environment variables, checked, and the per-device file name."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+log = logging.getLogger("farm.replay.tunable_runtime")
+
+
+ENV_PREFIX = "FARM_TUNABLE_"
+
+
+DEFAULT_FILENAME = "farm_tunable_results.json"
+
+
+@dataclass(frozen=True)
+class TunableSettings:
+    enabled: bool = False
+    tuning: bool = True
+    record_untuned: bool = False
+    verbose: bool = False
+    max_tuning_duration_ms: float = 30.0
+    max_tuning_samples: int = 100
+    filename: str = DEFAULT_FILENAME
+
+    @staticmethod
+    def from_env(environ: Mapping[str, str] | None = None) -> "TunableSettings":
+        env = os.environ if environ is None else environ
+        s = TunableSettings()
+        changes: dict[str, Any] = {}
+        for field, parse in (("enabled", _bool), ("tuning", _bool), ("record_untuned", _bool), ("verbose", _bool),
+                             ("max_tuning_duration_ms", _positive_float), ("max_tuning_samples", _positive_int),
+                             ("filename", _nonempty)):
+            name = ENV_PREFIX + field.upper()
+            if name not in env:
+                continue
+            try:
+                changes[field] = parse(env[name])
+            except ValueError as exc:
+                log.warning("autotune: %s=%r ignored: %s", name, env[name], exc)
+        return dataclasses.replace(s, **changes)
+
+
+def _bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected 1/0, true/false, yes/no or on/off")
+
+
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise ValueError("must be > 0")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise ValueError("must be an integer >= 1")
+    return v
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+def with_ordinal(filename: str, ordinal: int) -> str:
+    """``results.json`` -> ``results0.json``; ``{ordinal}`` in the name is replaced instead."""
+    if "{ordinal}" in filename:
+        return filename.replace("{ordinal}", str(ordinal))
+    p = Path(filename)
+    return str(p.with_name(f"{p.stem}{ordinal}{p.suffix}"))
