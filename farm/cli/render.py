@@ -106,7 +106,7 @@ def results_table(outcome: ProblemOutcome, position: str = "") -> Table:
 def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: Any = None) -> Table:
     """One row per problem: the reducer's winner (what the override file replays) and why, when it is not the fastest.
 
-    ``winner_of(problem_key)`` returns the :class:`~farm.store.reduce.Winner` of a problem, or None.
+    ``winner_of(problem_key)`` returns the :class:`~farm.store.decisions.Winner` of a problem, or None.
     """
     table = Table(title=f"Summary: {len(outcomes)} problem(s) in {wall_s:.1f} s", title_justify="left")
     for col, justify in (("problem", "left"), ("op", "left"), ("candidates", "right"), ("failed", "right"),
