@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="the GPU engines need torch")
 
 from farm import AutotuneConfig, Autotuner, EngineSweep, Problem  # noqa: E402
 from farm.devices.arrays import make_tensors, relative_error  # noqa: E402
-from farm.tuner.autotuner import Disposition  # noqa: E402
+from farm.model.records import Disposition  # noqa: E402
 from farm.model.dtypes import RELATIVE_TOLERANCE  # noqa: E402
 from farm.tuner.reference import reference  # noqa: E402
 
