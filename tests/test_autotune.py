@@ -1,5 +1,6 @@
 """The in-process autotuner: dispositions, ranking, modes, strategies, budgets, API guards."""
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -400,12 +401,11 @@ def test_rotating_buffers_give_each_timed_run_other_inputs():
 def test_graph_timing_divides_by_the_runs_in_the_graph_and_falls_back_without_capture():
     calls = {"capture": 0}
 
-    def capture(fn, repeats):
+    def capture(device, fn, repeats):
         calls["capture"] += 1
         return lambda: [fn() for _ in range(repeats)]
 
-    dev = fake_device(ScriptedTimer([8.0]))
-    dev.extras["capture_graph"] = capture
+    dev = dataclasses.replace(fake_device(ScriptedTimer([8.0])), extras={"capture_graph": capture})
     t = Autotuner(matmul_problem(), dev, registry=registry_of(FakeEngine("g")))
     t.add_all_engines()
     (r,) = t.autotune(config=AutotuneConfig(strategy="fixed_average", timed_iterations=3, graph_repeats=4))
@@ -429,8 +429,7 @@ def test_first_candidate_comparison_can_stay_on_the_device():
             calls["device"] += 1
             return relative_error(out, ref)
 
-    dev = fake_device()
-    dev.arrays = DeviceSideArrays()
+    dev = dataclasses.replace(fake_device(), arrays=DeviceSideArrays())
     t = Autotuner(matmul_problem(), dev, registry=registry_of(FakeEngine("good"), FakeEngine("wrong", wrong=True)))
     t.add_all_engines()
     results = t.autotune(config=AutotuneConfig(strategy="single_shot", check="first"))

@@ -16,9 +16,10 @@ if TYPE_CHECKING:
     from farm.devices.timing import Timer
 
 
-@dataclass
+@dataclass(frozen=True)
 class Device:
-    """The handle a tuner (or a Ray actor) holds: a runtime, a device index, and its properties."""
+    """The handle a tuner (or a Ray actor) holds: a runtime, a device index, and its properties (never changed
+    after it is made: ``dataclasses.replace`` makes a variant)."""
 
     runtime: "Runtime"
     index: int
@@ -65,9 +66,8 @@ def gpu_device(kind: str | Any, index: int = 0) -> Device:
     runtime.set_device(index)
     stream = runtime.create_stream()
     timer = EventTimer(runtime, stream, torch_lead(stream, index, props.clock_mhz))
-    device = Device(runtime, index, props, TorchArrays(index), timer, stream)
-    device.extras["capture_graph"] = lambda fn, repeats: torch_graph(device, fn, repeats)
-    return device
+    # capture_graph(device, fn, repeats): how the tuner replays a call with CUDA graphs on this device
+    return Device(runtime, index, props, TorchArrays(index), timer, stream, extras={"capture_graph": torch_graph})
 
 
 LEAD_US_ENV = "FARM_TIMER_LEAD_US"

@@ -224,11 +224,8 @@ def sim_properties(group: SimGroup, index: int) -> DeviceProperties:
 def sim_device(config: SimConfig, group: SimGroup, index: int) -> Device:
     props = sim_properties(group, index)
     runtime = SimRuntime(props)
-    device = Device(runtime, index, props, SimArrays(), EventTimer(runtime, None))
-    device.checks_numerics = False
-    device.extras["sim"] = config
-    device.extras["sim_group"] = group
-    return device
+    return Device(runtime, index, props, SimArrays(), EventTimer(runtime, None), checks_numerics=False,
+                  extras={"sim": config, "sim_group": group})
 
 
 def unit_hash(*parts: Any) -> float:

@@ -43,7 +43,9 @@ from farm.model.knobs import KnobValue, candidate_label
 from farm.model.plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection
 from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig, AutotuneResult, ResultCheck, TuneMode
-from farm.tuner.session import _Candidate, _close_plan, _err, _rank, _Run
+from farm.tuner.candidate import _Candidate, _close_plan, _err
+from farm.tuner.ranking import _rank
+from farm.tuner.session import _Run
 
 log = logging.getLogger("farm.tuner.autotuner")
 

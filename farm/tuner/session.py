@@ -6,11 +6,9 @@ The Autotuner (farm.tuner.autotuner) is its API; this module is the measuring se
 from __future__ import annotations
 
 import concurrent.futures
-import datetime as _dt
 import logging
 import queue
 import time
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -24,54 +22,16 @@ from farm.model.knobs import KnobSettings
 from farm.model.measurement import summarize
 from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
-from farm.tuner.compile_claims import CompileQueue
 from farm.tuner.check import OutputCheck
-from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide, is_noisy, noise_sigma
+from farm.tuner.compile_claims import CompileQueue
+from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, is_noisy, noise_sigma
 
 if TYPE_CHECKING:
     from farm.tuner.autotuner import Autotuner
 
 # the tuner's lines, wherever in the tuner they come from
 log = logging.getLogger("farm.tuner.autotuner")
-
-
-
-
-@dataclass
-class _Candidate:
-    """Per-candidate working state inside one autotune() call."""
-
-    index: int
-    spec: PlanSpec
-    engine: Engine | None
-    estimated_workspace: int | None = None
-    plan: Plan | None = None
-    compile_ms: float | None = None
-    error: str = ""
-    disposition: Disposition | None = None
-    ran_exhaustive: bool = False
-    note: str = ""
-    started: float = 0.0
-    started_at: str = ""
-    spent_ms: float = 0.0
-
-
-def _now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _err(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _close_plan(plan: Any) -> None:
-    close = getattr(plan, "close", None)
-    if callable(close):
-        try:
-            close()
-        except Exception as exc:
-            log.debug("autotune: closing a plan failed: %s", exc)
+from farm.tuner.candidate import _Candidate, _close_plan, _err, _now_iso
 
 
 class _Run:
@@ -329,7 +289,7 @@ class _Run:
         capture = dev.extras.get("capture_graph")
         if repeats and capture is not None:
             try:
-                replay = capture(lambda: call(self.tensors), repeats)
+                replay = capture(dev, lambda: call(self.tensors), repeats)
                 return (lambda i: replay), repeats, ""
             except Exception as exc:
                 note = f"graph capture failed, timed without graphs: {_err(exc)}"
@@ -413,36 +373,3 @@ class _Run:
                 _close_plan(entry[2])
 
 
-def _default_order(results: list[AutotuneResult]) -> list[AutotuneResult]:
-    """The farm's winner rule (farm.tuner.winner): the faster median wins; the default candidate is kept within noise."""
-    if not results:
-        return []
-    med = [r.median_ms if r.median_ms is not None else (r.min_ms if r.min_ms is not None else float("inf"))
-           for r in results]
-    d = decide(med, [r.mad_ms or 0.0 for r in results], [r.candidate for r in results],
-               default=_earliest_default(results))
-    return [results[i] for i in d.ranked]
-
-
-def _earliest_default(results: Sequence[AutotuneResult]) -> list[bool]:
-    defaults = [r.candidate for r in results if not r.knobs]
-    first = min(defaults) if defaults else None
-    return [not r.knobs and r.candidate == first for r in results]
-
-
-def _rank(results: list[AutotuneResult], ranking_fn: Callable[[list[AutotuneResult]], Any] | None) -> list[AutotuneResult]:
-    ok = [r for r in results if r.succeeded]
-    failed = [r for r in results if not r.succeeded]
-    ordered = _default_order(ok)
-    if ranking_fn is not None and ok:
-        proposal = list(ordered)
-        try:
-            returned = ranking_fn(proposal)
-            candidate = list(returned) if returned is not None else proposal
-            if sorted(map(id, candidate)) != sorted(map(id, ordered)):
-                raise ValueError("the ranking function must only reorder the results it was given")
-            ordered = candidate
-        except Exception as exc:
-            log.warning("autotune: ranking function failed (%s); ranked by the winner rule instead", _err(exc))
-    ranked = [replace(r, rank=i) for i, r in enumerate(ordered)]
-    return ranked + [replace(r, rank=-1) for r in failed]
