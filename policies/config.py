@@ -38,8 +38,9 @@ REMOTE_REFRESH_S = 60.0
 
 
 def config_path() -> str | None:
+    """The first of PATH_ENVS that holds a path; surrounding whitespace (a stray newline from a shell) is trimmed."""
     for name in PATH_ENVS:
-        value = os.environ.get(name)
+        value = (os.environ.get(name) or "").strip()
         if value:
             return value
     return None

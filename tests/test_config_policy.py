@@ -125,6 +125,18 @@ def test_hipdnn_variable_is_accepted(session, device, monkeypatch, tmp_path):
     assert ask(session, p).order[0] == EINSUM
 
 
+@pytest.mark.parametrize("pad", [" {} ", "{}\n", "\t{}", "  \n"])
+def test_the_path_is_trimmed_and_a_blank_farm_variable_gives_way(session, device, monkeypatch, tmp_path, pad):
+    p = matmul_problem()
+    path = write(tmp_path / "o.json", [entry(p, "cpu.matmul.einsum")], device.properties)
+    if "{}" in pad:
+        monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", pad.format(path))
+    else:  # blank: the hipDNN variable answers
+        monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", pad)
+        monkeypatch.setenv("HIPDNN_HEUR_CONFIG_PATH", f" {path}")
+    assert ask(session, p).order[0] == EINSUM
+
+
 def rule(tid, dims, strides=(), dtype="fp32"):
     return TensorRule(tid, tuple(dims), tuple(strides), dtype)
 

@@ -113,6 +113,31 @@ def test_a_token_is_an_id_only_when_it_parses_whole(monkeypatch):
     assert [p.name for p in resolve_order(reg)] == ["123abc"]
 
 
+@pytest.mark.parametrize("name", ["1_0", "0x10", "١٢", "+", "1e3", "99999999999999999999"])
+def test_only_a_whole_signed_decimal_int64_is_an_id(monkeypatch, name):
+    """Python's int() takes '1_0' and Arabic-Indic digits; the RFC's id does not: those are names."""
+    named = Scripted(name, lambda c, p: None)
+    reg = registry_with(named, Scripted("Test::Ten", lambda c, p: None))
+    monkeypatch.setenv(ORDER_ENV, name)
+    assert [p.name for p in resolve_order(reg)] == [name]
+    monkeypatch.setenv(ORDER_ENV, f"+{named.id}" if named.id >= 0 else str(named.id))
+    assert [p.name for p in resolve_order(reg)] == [name]  # a signed id still is one
+
+
+@pytest.mark.parametrize("value", [",", " , ,", "\t", " "])
+def test_an_order_of_blanks_and_separators_falls_through(monkeypatch, value):
+    reg = registry_with(Scripted("Test::B", lambda c, p: None))
+    monkeypatch.setenv(ORDER_ENV, value)
+    assert [p.name for p in resolve_order(reg, ["Test::B"])] == ["Test::B"]
+    assert [p.name for p in resolve_order(reg)] == list(DEFAULT_ORDER)
+
+
+def test_a_policy_named_twice_in_an_order_is_asked_once(monkeypatch):
+    reg = registry_with(Scripted("Test::A", lambda c, p: None))
+    monkeypatch.setenv(ORDER_ENV, f"Test::A,{STATIC_ORDERING},Test::A")
+    assert [p.name for p in resolve_order(reg)] == ["Test::A", STATIC_ORDERING]
+
+
 def test_unknown_names_and_ids_are_skipped_with_a_log_line(monkeypatch, caplog):
     reg = registry_with()
     monkeypatch.setenv(ORDER_ENV, f"Nope::Missing,42,{STATIC_ORDERING}")

@@ -36,6 +36,7 @@ import functools
 import importlib
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
@@ -53,6 +54,7 @@ POLICY_API_VERSION = (1, 0)
 ENTRY_POINT_GROUP = "farm.policies"
 BUILTIN_POLICY_MODULES: tuple[str, ...] = ("policies.config", "policies.static")
 ORDER_ENV = "FARM_HEUR_POLICY_ORDER"
+_DECIMAL_ID = re.compile(r"[+-]?[0-9]+")
 CONFIG = "SelectionHeuristic::Config"
 STATIC_ORDERING = "SelectionHeuristic::StaticOrdering"
 DEFAULT_ORDER = (CONFIG, STATIC_ORDERING)
@@ -161,14 +163,14 @@ class PolicyRegistry:
         return list(self._info.values())
 
     def find(self, token: str | int) -> Policy | None:
-        """A policy by name or id; a string is an id only if it parses whole as an integer."""
+        """A policy by name or id; a string is an id only when it is a whole signed decimal int64
+        (``-42``, ``+7``; not ``1_0``, ``0x10`` or other scripts' digits: those are names)."""
         if isinstance(token, int):
             return self._by_id.get(token)
         text = token.strip()
-        try:
+        if _DECIMAL_ID.fullmatch(text) and -2**63 <= int(text) < 2**63:
             return self._by_id.get(int(text))
-        except ValueError:
-            return self._by_id.get(policy_name_to_id(text)) if text else None
+        return self._by_id.get(policy_name_to_id(text)) if text else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -178,10 +180,10 @@ def default_policy_registry() -> PolicyRegistry:
 
 def resolve_order(registry: PolicyRegistry, order: Sequence[str | int] | None = None) -> list[Policy]:
     """Env FARM_HEUR_POLICY_ORDER > ``order`` > the default; unknown names or ids are skipped (logged)."""
-    env = os.environ.get(ORDER_ENV, "").strip()
-    if env:
-        tokens: Sequence[str | int] = [t for t in env.split(",") if t.strip()]
-        source = ORDER_ENV
+    env = [t for t in os.environ.get(ORDER_ENV, "").split(",") if t.strip()]
+    tokens: Sequence[str | int]
+    if env:  # a value of blanks and separators only says nothing: the next source answers
+        tokens, source = env, ORDER_ENV
     elif order:
         tokens, source = order, "the caller's order"
     else:
@@ -191,7 +193,7 @@ def resolve_order(registry: PolicyRegistry, order: Sequence[str | int] | None = 
         policy = registry.find(tok)
         if policy is None:
             log.warning("selection: %r in %s names no loaded policy; skipped", tok, source)
-        elif policy not in out:
+        elif policy not in out:  # a policy asked again would answer as it did the first time
             out.append(policy)
     return out
 
