@@ -126,16 +126,64 @@ def test_a_recorded_winner_that_no_longer_compiles_is_skipped_with_tuning_off(tm
     assert b.source == "SelectionHeuristic::StaticOrdering" and rt.measurements == 0
 
 
-def test_a_file_for_another_device_is_set_aside_with_a_warning(tmp_path, caplog):
+def test_a_file_for_another_device_is_skipped_and_left_where_it_is(tmp_path, caplog):
+    """A results file shared by a mixed fleet must survive every process that reads it (never renamed)."""
     p = matmul_problem()
     _record(tmp_path, p, "cpu.matmul.einsum", device=fake_props())
-    rt = TunableRuntime(cpu_device(), settings=quick(tmp_path, tuning=False))
+    before = (tmp_path / "results0.json").read_bytes()
+    rt = TunableRuntime(cpu_device(), settings=quick(tmp_path, tuning=False, verbose=True))
     with caplog.at_level(logging.WARNING, logger="farm.replay.tunable_runtime"):
         b = rt.bind(p.key, p)
     assert b.source != "recorded"
-    assert "moved aside" in caplog.text
-    assert not (tmp_path / "results0.json").exists()
-    assert any("other-device" in f.name for f in tmp_path.iterdir())
+    assert "not used here" in caplog.text and fake_props().signature in caplog.text
+    assert (tmp_path / "results0.json").read_bytes() == before
+    assert [f.name for f in tmp_path.iterdir() if not f.name.startswith(".")] == ["results0.json"]  # nothing set aside
+
+
+def test_the_runtime_api_is_tunableops(tmp_path):
+    rt = TunableRuntime(cpu_device(), settings=TunableSettings())
+    assert rt.get_filename() == ""  # empty until set or first used
+    for on, off, query in ((rt.enable, rt.disable, rt.is_enabled), (rt.tuning_enable, rt.tuning_disable, rt.tuning_is_enabled),
+                           (rt.record_untuned_enable, rt.record_untuned_disable, rt.record_untuned_is_enabled)):
+        on()
+        assert query()
+        off()
+        assert not query()
+    rt.set_verbose(True)
+    assert rt.is_verbose()
+    rt.set_max_tuning_duration(0)  # 0 turns the limit off (TunableOp)
+    rt.set_max_tuning_iterations(0)
+    assert rt.get_max_tuning_duration() == 0 and rt.get_max_tuning_iterations() == 0
+    with pytest.raises(ValueError):
+        rt.set_max_tuning_duration(-1)
+    rt.set_filename(str(tmp_path / "mine.json"))
+    assert rt.get_filename() == str(tmp_path / "mine0.json")
+    assert rt.untuned_filename() != rt.get_filename()
+
+
+def test_a_zero_budget_tunes_without_that_limit(tmp_path):
+    p = matmul_problem(8, 8, 8)
+    rt = TunableRuntime(cpu_device(), settings=quick(tmp_path, max_tuning_duration_ms=0, max_tuning_samples=0))
+    b = rt.bind(p.key, p)
+    assert b.source == "tuned" and rt.measurements == 1
+
+
+@pytest.mark.parametrize("name", ["results.json", "untuned.json", "tuned.yaml", "r"])
+def test_the_untuned_file_never_is_the_results_file(tmp_path, name):
+    rt = TunableRuntime(cpu_device(), settings=TunableSettings(filename=str(tmp_path / name)))
+    assert rt.untuned_filename() != rt.get_filename()
+
+
+def test_read_file_merges_into_what_is_recorded(tmp_path):
+    a, b = matmul_problem(12, 12, 12), matmul_problem(16, 16, 16)
+    rt = TunableRuntime(cpu_device(), settings=quick(tmp_path))
+    rt.bind(a.key, a)
+    rt.write_file(str(tmp_path / "a.json"))
+    other = TunableRuntime(cpu_device(), settings=quick(tmp_path, filename=str(tmp_path / "b.json")))
+    other.bind(b.key, b)
+    other.write_file(str(tmp_path / "b.json"))
+    rt.read_file(str(tmp_path / "b.json"))
+    assert sorted(r["problem_key"] for r in rt.get_results()) == sorted([a.key, b.key])
 
 
 def test_untuned_problems_become_a_workload_farm_tune_accepts(tmp_path):

@@ -47,7 +47,7 @@ from farm.store.overrides import OverrideEntry, OverrideFile
 from farm.tuner.autotuner import Autotuner
 
 log = logging.getLogger("farm.replay.tunable_runtime")
-from farm.replay.tunable_settings import TunableSettings, _positive_float, _positive_int, with_ordinal
+from farm.replay.tunable_settings import DEFAULT_FILENAME, TunableSettings, _budget_ms, _budget_samples, with_ordinal
 
 
 @dataclass
@@ -87,6 +87,8 @@ class TunableRuntime:
         self._warned: set[Any] = set()
         self.measurements = 0  # autotune() calls made (0 when everything replays)
         self._insert_ordinal = True  # the device ordinal goes into the results file name
+        # get_filename() is empty until the file is set (here, by set_filename or the environment) or used
+        self._filename_used = settings is not None and settings.filename != DEFAULT_FILENAME
 
     # -- settings (TunableOp's API) --------------------------------------------------------
     @property
@@ -109,11 +111,17 @@ class TunableRuntime:
     def enable(self, on: bool = True) -> None:
         self._set(enabled=on)
 
+    def disable(self) -> None:
+        self.enable(False)
+
     def is_enabled(self) -> bool:
         return self.settings.enabled
 
     def tuning_enable(self, on: bool = True) -> None:
         self._set(tuning=on)
+
+    def tuning_disable(self) -> None:
+        self.tuning_enable(False)
 
     def tuning_is_enabled(self) -> bool:
         return self.settings.tuning
@@ -121,28 +129,54 @@ class TunableRuntime:
     def record_untuned_enable(self, on: bool = True) -> None:
         self._set(record_untuned=on)
 
+    def record_untuned_disable(self) -> None:
+        self.record_untuned_enable(False)
+
+    def record_untuned_is_enabled(self) -> bool:
+        return self.settings.record_untuned
+
     def set_verbose(self, on: bool = True) -> None:
         self._set(verbose=on)
 
+    def is_verbose(self) -> bool:
+        return self.settings.verbose
+
     def set_max_tuning_duration(self, ms: float) -> None:
-        self._set(max_tuning_duration_ms=_positive_float(str(ms)))
+        """Per candidate, in ms; 0 turns the time limit off."""
+        self._set(max_tuning_duration_ms=_budget_ms(str(ms)))
+
+    def get_max_tuning_duration(self) -> float:
+        return self.settings.max_tuning_duration_ms
 
     def set_max_tuning_iterations(self, samples: int) -> None:
-        self._set(max_tuning_samples=_positive_int(str(samples)))
+        """Per candidate; 0 turns the sample limit off."""
+        self._set(max_tuning_samples=_budget_samples(str(samples)))
+
+    def get_max_tuning_iterations(self) -> int:
+        return self.settings.max_tuning_samples
 
     def set_filename(self, filename: str, insert_device_ordinal: bool = True) -> None:
         self._set(filename=filename if insert_device_ordinal else filename.replace("{ordinal}", ""))
         self._results_loaded = False
         self._insert_ordinal = insert_device_ordinal
+        self._filename_used = True
 
     def get_filename(self) -> str:
+        """The results file: empty until set (set_filename, FARM_TUNABLE_FILENAME) or first used (TunableOp's API)."""
+        return self._results_path() if self._filename_used or "FARM_TUNABLE_FILENAME" in os.environ else ""
+
+    def _results_path(self) -> str:
         if self._insert_ordinal:
             return with_ordinal(self.settings.filename, self.device.index)
         return self.settings.filename
 
     def untuned_filename(self) -> str:
-        p = Path(self.get_filename())
-        return str(p.with_name(p.stem.replace("results", "untuned") + ".yaml"))
+        """Beside the results file, never the same file whatever it is named."""
+        p = Path(self._results_path())
+        stem = p.stem.replace("results", "untuned")
+        if stem == p.stem:
+            stem = f"{p.stem}.untuned"
+        return str(p.with_name(stem + ".yaml"))
 
     def _warn_once(self, key: Any, message: str, *args: Any) -> None:
         if key not in self._warned:
@@ -155,10 +189,10 @@ class TunableRuntime:
     # -- the results file -------------------------------------------------------------------
     def read_file(self, filename: str | None = None) -> bool:
         """Load recorded winners; a file for another device or other library versions is set aside."""
-        path = filename or self.get_filename()
+        path = filename or self._results_path()
         with self._lock:
             self._results_loaded = True
-            self._results = None
+            self._filename_used = True
             if not os.path.exists(path):
                 return False
             try:
@@ -172,9 +206,11 @@ class TunableRuntime:
                 return False
             mismatch = self._mismatch(f)
             if mismatch:
-                moved = move_aside(Path(path), "other-device")
-                log.warning("autotune: results file %s is for %s; moved aside to %s", path, mismatch, moved)
+                # a results file shared by a mixed fleet must survive every process that reads it: skipped, never moved
+                self._say("results file %s is for %s; not used here", path, mismatch)
                 return False
+            if self._results is not None:  # merged into what this process has recorded
+                f = dataclasses.replace(self._results, entries=merge_entries(self._results.entries, f.entries)[0])
             self._results = f
             self._bound.clear()
             return True
@@ -192,7 +228,8 @@ class TunableRuntime:
     def write_file(self, filename: str | None = None) -> None:
         with self._lock:
             entries = self._results.entries if self._results else []
-            write_overrides(filename or self.get_filename(), entries, device=self._device_obj(), mode="replace")
+            self._filename_used = True
+            write_overrides(filename or self._results_path(), entries, device=self._device_obj(), mode="replace")
 
     def get_results(self) -> list[dict[str, Any]]:
         self._ensure_results()
@@ -286,8 +323,11 @@ class TunableRuntime:
         self.measurements += 1
         tuner = Autotuner(problem, self.device, registry=self.registry)
         tuner.add_all_engines()
-        cfg = AutotuneConfig(strategy="run_until_stable", max_iterations=max(3, s.max_tuning_samples),
-                             max_tuning_samples=s.max_tuning_samples, max_tuning_duration_ms=s.max_tuning_duration_ms)
+        # a budget of 0 turns that limit off (run_until_stable's own iteration cap still stops it)
+        cfg = AutotuneConfig(strategy="run_until_stable",
+                             max_iterations=max(3, s.max_tuning_samples) if s.max_tuning_samples else 100,
+                             max_tuning_samples=s.max_tuning_samples or None,
+                             max_tuning_duration_ms=s.max_tuning_duration_ms or None)
         try:
             results = tuner.autotune(config=cfg)
         except AutotuneError as exc:
@@ -303,11 +343,11 @@ class TunableRuntime:
         entry = OverrideEntry.for_problem(problem, w.engine_name, w.knobs, meta)
         with self._lock:
             entries = merge_entries(self._results.entries if self._results else [], [entry])[0]
-            self._results = OverrideFile(2, entries, self._device_obj(), {}, self.get_filename())
+            self._results = OverrideFile(2, entries, self._device_obj(), {}, self._results_path())
             try:
-                write_overrides(self.get_filename(), [entry], device=self._device_obj(), mode="append")
+                write_overrides(self._results_path(), [entry], device=self._device_obj(), mode="append")
             except FarmError as exc:
-                log.warning("autotune: could not record %s in %s: %s", w.engine_name, self.get_filename(), exc)
+                log.warning("autotune: could not record %s in %s: %s", w.engine_name, self._results_path(), exc)
         self._say("tuned %s: %s[%s] %.4f ms (recorded)", problem.label(), w.engine_name, format_settings(w.knobs), w.min_ms)
         bound = self._compile(problem, w.engine_name, w.knobs, "tuned")
         if bound is None:

@@ -24,8 +24,8 @@ class TunableSettings:
     tuning: bool = True
     record_untuned: bool = False
     verbose: bool = False
-    max_tuning_duration_ms: float = 30.0
-    max_tuning_samples: int = 100
+    max_tuning_duration_ms: float = 30.0  # per candidate; 0: no time limit
+    max_tuning_samples: int = 100  # per candidate; 0: no sample limit (run_until_stable still stops)
     filename: str = DEFAULT_FILENAME
 
     @staticmethod
@@ -34,7 +34,7 @@ class TunableSettings:
         s = TunableSettings()
         changes: dict[str, Any] = {}
         for field, parse in (("enabled", _bool), ("tuning", _bool), ("record_untuned", _bool), ("verbose", _bool),
-                             ("max_tuning_duration_ms", _positive_float), ("max_tuning_samples", _positive_int),
+                             ("max_tuning_duration_ms", _budget_ms), ("max_tuning_samples", _budget_samples),
                              ("filename", _nonempty)):
             name = ENV_PREFIX + field.upper()
             if name not in env:
@@ -55,17 +55,19 @@ def _bool(text: str) -> bool:
     raise ValueError("expected 1/0, true/false, yes/no or on/off")
 
 
-def _positive_float(text: str) -> float:
+def _budget_ms(text: str) -> float:
+    """A time budget in ms: >= 0, where 0 turns that limit off (TunableOp's meaning)."""
     v = float(text)
-    if not v > 0:
-        raise ValueError("must be > 0")
+    if not (v >= 0 and v != float("inf")):
+        raise ValueError("must be a number of milliseconds >= 0 (0: no limit)")
     return v
 
 
-def _positive_int(text: str) -> int:
+def _budget_samples(text: str) -> int:
+    """A sample budget: an integer >= 0, where 0 turns that limit off."""
     v = int(text)
-    if v < 1:
-        raise ValueError("must be an integer >= 1")
+    if v < 0:
+        raise ValueError("must be an integer >= 0 (0: no limit)")
     return v
 
 
