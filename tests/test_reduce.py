@@ -182,3 +182,23 @@ def test_reduce_cli_errors(tmp_path, repo_root):
     assert proc.returncode == 2 and "results folder not found" in proc.stderr and "Traceback" not in proc.stderr
 
 
+
+
+def test_metadata_says_whether_exhaustive_applies_and_stamps_whole_seconds(tmp_path):
+    """RFC metadata: supports_exhaustive, exhaustive_not_run_reason (empty unless EXHAUSTIVE did not prime),
+    timestamps as ISO 8601 seconds."""
+    import re
+
+    synthetic(tmp_path / "results")
+    reduce_results(tmp_path / "results", tmp_path / "out")
+    meta = load_overrides(tmp_path / "out" / f"{GPU_A.signature}.json").match(P2).metadata
+    assert meta["supports_exhaustive"] is False and meta["exhaustive_not_run_reason"] == ""
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta["timestamp"]), meta["timestamp"]
+    from farm.store.override_files import autotune_metadata
+
+    exhaustive = dict(rank=0, min_ms=1.0, avg_ms=1.0, stddev_ms=0.0, workspace=0, mode="exhaustive", strategy="single_shot",
+                      iterations=1, converged=True, device="sm_90", timestamp="2026-04-21T10:30:00.123+00:00")
+    assert autotune_metadata(**exhaustive, ran_exhaustive=True, supports_exhaustive=True)["exhaustive_not_run_reason"] == ""
+    unprimed = autotune_metadata(**exhaustive, ran_exhaustive=False, supports_exhaustive=True)
+    assert "did not run" in unprimed["exhaustive_not_run_reason"] and unprimed["timestamp"] == "2026-04-21T10:30:00Z"
+    assert "does not support" in autotune_metadata(**exhaustive, ran_exhaustive=False)["exhaustive_not_run_reason"]

@@ -338,7 +338,8 @@ class TunableRuntime:
         meta = autotune_metadata(rank=0, min_ms=w.min_ms, avg_ms=w.avg_ms, stddev_ms=w.stddev_ms,
                                  workspace=w.workspace_size or 0, mode=w.mode.value, ran_exhaustive=w.ran_exhaustive,
                                  strategy=w.strategy.value, iterations=w.iterations, converged=w.converged,
-                                 device=self.device.properties.arch, timestamp=w.started_at, median_time_ms=w.median_ms,
+                                 device=self.device.properties.arch, timestamp=w.started_at,
+                                 supports_exhaustive=w.supports_exhaustive, median_time_ms=w.median_ms,
                                  problem_key=problem.key, source="farm.replay.tunable_runtime")
         entry = OverrideEntry.for_problem(problem, w.engine_name, w.knobs, meta)
         with self._lock:

@@ -251,16 +251,44 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
 
 def autotune_metadata(*, rank: int, min_ms: float, avg_ms: float, stddev_ms: float, workspace: int, mode: str,
                       ran_exhaustive: bool, strategy: str, iterations: int, converged: bool, device: str,
-                      timestamp: str, **extra: Any) -> dict[str, Any]:
-    """The RFC's autotune_metadata (``converged`` only for run_until_stable), plus extra fields."""
+                      timestamp: str, supports_exhaustive: bool = False, **extra: Any) -> dict[str, Any]:
+    """The RFC's autotune_metadata (``converged`` only for run_until_stable), plus extra fields.
+
+    ``exhaustive_not_run_reason`` is empty unless EXHAUSTIVE mode did not prime the winner; ``timestamp``
+    is written as ISO 8601 in whole seconds, UTC (``2026-04-21T10:30:00Z``).
+    """
     meta: dict[str, Any] = {
         "rank": rank, "min_time_ms": min_ms, "avg_time_ms": avg_ms, "stddev_ms": stddev_ms,
-        "workspace_size": workspace, "mode": mode, "ran_exhaustive": ran_exhaustive, "strategy": strategy,
-        "iterations_run": iterations,
+        "workspace_size": workspace, "mode": mode, "ran_exhaustive": ran_exhaustive,
+        "supports_exhaustive": supports_exhaustive, "exhaustive_not_run_reason": _not_primed(mode, supports_exhaustive,
+                                                                                              ran_exhaustive),
+        "strategy": strategy, "iterations_run": iterations,
     }
     if strategy == "run_until_stable":
         meta["converged"] = converged
     meta["device"] = device
-    meta["timestamp"] = timestamp
+    meta["timestamp"] = iso_seconds(timestamp)
     meta.update(extra)
     return meta
+
+
+def _not_primed(mode: str, supports: bool, ran: bool) -> str:
+    if mode != "exhaustive" or ran:
+        return ""
+    return "priming did not run (benchmarked unprimed)" if supports else "the engine does not support exhaustive priming"
+
+
+def iso_seconds(timestamp: Any) -> str:
+    """``2026-04-21T10:30:00Z`` from a datetime or an ISO 8601 text (UTC assumed when it names no zone)."""
+    import datetime as dt
+
+    if isinstance(timestamp, dt.datetime):
+        value = timestamp
+    else:
+        try:
+            value = dt.datetime.fromisoformat(str(timestamp).replace("Z", "+00:00"))
+        except ValueError:
+            value = dt.datetime.now(dt.timezone.utc)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
