@@ -9,7 +9,7 @@ import pytest
 
 from farm.errors import InputError
 from farm.store.overrides import OverrideEntry, TensorRule
-from farm.store.override_files import autotune_metadata, load_overrides, parse_overrides, write_overrides
+from farm.store.override_files import render, autotune_metadata, load_overrides, parse_overrides, write_overrides
 from farm.model.problem import Problem
 
 DEVICE = {"signature": "nvidia-h200-sm90-132cu-abc", "properties": {"arch": "sm_90"}}
@@ -214,7 +214,9 @@ def test_wildcards_strides_and_order_rules():
     assert parse_overrides(json.dumps(exact_stride)).match(colmajor) is None
 
 
-def test_criteria_op_and_tensor_count_rejection():
+def test_the_match_key_is_the_rfcs_and_anything_we_add_is_optional():
+    """Conv rules key on X and W, matmul on A and B: outputs, our conv criteria and dtypes constrain only
+    when a rule states them."""
     doc = {"version": 2, "engine_overrides": [
         {"op": "conv_fprop", "engine_name": "padded", "criteria": {"pad_h": 1},
          "tensors": [{"tensor_id": t, "dim": [-1, -1, -1, -1]} for t in ("X", "W", "Y")]},
@@ -223,11 +225,54 @@ def test_criteria_op_and_tensor_count_rejection():
     ]}
     f = parse_overrides(json.dumps(doc))
     assert f.match(conv(pad_h=1)).engine_name == "padded"
-    assert f.match(conv()) is None  # criteria differ; the 2-tensor rule has the wrong tensor count
+    assert f.match(conv()).engine_name == "two-tensors"  # no criteria, no Y: neither constrains
     assert f.match(mm()).engine_name == "mm"
     bias = Problem.create("matmul", {"A": [2, 2], "B": [2, 2], "bias": [2]})
-    assert f.match(bias) is None  # 4 tensors vs 3
+    assert f.match(bias).engine_name == "mm"  # a bias the rule does not name is not constrained
     assert f.match(Problem.create("rmsnorm", {"X": [2, 2], "scale": [2]})) is None
+
+
+def test_the_rfc_example_file_matches_our_problems_of_its_shapes():
+    """RFC §6.5's example: a conv entry with X and W, a matmul entry with A and B only, no dtypes, v2."""
+    example = {"version": 2, "engine_overrides": [
+        {"op": "conv_fprop", "engine_name": "MIOPEN_ENGINE", "criteria": {},
+         "tensors": [{"tensor_id": "X", "dim": [1, 64, 56, 56], "stride": [200704, 3136, 56, 1]},
+                     {"tensor_id": "W", "dim": [64, 64, 3, 3], "stride": [576, 9, 3, 1]}],
+         "autotune_metadata": {"rank": 0, "min_time_ms": 0.5, "timestamp": "2026-04-21T10:30:00Z"}},
+        {"op": "matmul", "engine_name": "HIPBLASLT_ENGINE",
+         "tensors": [{"tensor_id": "A", "dim": [1024, 512]}, {"tensor_id": "B", "dim": [512, 256]}]},
+    ], "note": "written by hipDNN"}
+    f = parse_overrides(json.dumps(example))
+    c = Problem.create("conv_fprop", {"X": [1, 64, 56, 56], "W": [64, 64, 3, 3]}, criteria={"pad_h": 1, "pad_w": 1},
+                       dtype="fp16")
+    assert f.match(c).engine_name == "MIOPEN_ENGINE"
+    assert f.match(Problem.create("matmul", {"A": [1024, 512], "B": [512, 256]}, dtype="bf16")).engine_name == \
+        "HIPBLASLT_ENGINE"
+    assert f.match(Problem.create("matmul", {"A": [1024, 512], "B": [512, 128]})) is None
+    assert json.loads(render(f))["note"] == "written by hipDNN"  # foreign fields survive a rewrite
+
+
+def test_pointwise_reduction_and_resample_rules_must_state_their_mode():
+    def pw(mode, criteria):
+        return {"op": "pointwise", "engine_name": f"e{mode}", **({"criteria": criteria} if criteria is not None else {}),
+                "tensors": [{"tensor_id": "A", "dim": [4, 4]}, {"tensor_id": "B", "dim": [4, 4]}]}
+
+    add = Problem.create("pointwise", {"A": [4, 4], "B": [4, 4]}, criteria={"mode": 0})
+    mul = Problem.create("pointwise", {"A": [4, 4], "B": [4, 4]}, criteria={"mode": 1})
+    f = parse_overrides(json.dumps({"version": 2, "engine_overrides": [pw("none", None), pw("empty", {}),
+                                                                        pw("any", {"mode": -1}), pw(1, {"mode": 1})]}))
+    assert f.match(add) is None  # no mode, {} and -1 (not a wildcard for criteria) match no ADD
+    assert f.match(mul).engine_name == "e1"
+
+
+def test_v1_files_match_by_position_and_later_versions_are_read():
+    tensors = [{"tensor_id": "nonsense", "dim": [8, 8]}, {"tensor_id": "ids", "dim": [8, 8]}]
+    v1 = parse_overrides(json.dumps({"engine_overrides": [{"op": "matmul", "engine_name": "pos", "tensors": tensors}]}))
+    assert v1.match(mm(8, 8, 8)).engine_name == "pos"  # ids ignored: A then B by position
+    v3 = parse_overrides(json.dumps({"version": 3, "engine_overrides": [
+        {"op": "matmul", "engine_name": "named", "tensors": [{"tensor_id": "B", "dim": [8, 8]},
+                                                              {"tensor_id": "A", "dim": [8, 8]}]}]}))
+    assert v3.version == 3 and v3.match(mm(8, 8, 8)).engine_name == "named"
 
 
 def test_exact_lookup_is_a_hash_lookup_not_a_scan(monkeypatch):
@@ -257,7 +302,7 @@ def test_exact_lookup_is_a_hash_lookup_not_a_scan(monkeypatch):
      "engine_overrides[0].knobs[0].value"),
     ({"version": 2, "engine_overrides": [{**rule("a", [1], [1], [1]), "criteria": {"pad": "1"}}]},
      "engine_overrides[0].criteria.pad"),
-    ({"version": 7, "engine_overrides": []}, "version"),
+    ({"version": 0, "engine_overrides": []}, "version"),  # any version >= 1 is read (a newer one as v2)
     ({"version": 2, "engine_overrides": {}}, "engine_overrides"),
     ({"version": 2, "engine_overrides": [rule("a", [1, 2], [1], [1], strides=([1], None, None))]},
      "engine_overrides[0].tensors[0].stride"),

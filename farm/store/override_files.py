@@ -65,8 +65,9 @@ def _int_list(value: Any, path: str, *, allow_wildcard: bool) -> tuple[int, ...]
 def _parse_document(data: Any, source: str) -> OverrideFile:
     _need(isinstance(data, dict), "an override file is a JSON object with engine_overrides", "$", type(data).__name__)
     version = data.get("version", 1)
-    _need(isinstance(version, int) and not isinstance(version, bool) and version in (1, 2),
-          "unsupported version (1 and 2 are read)", "version", version)
+    # v1 matches tensors by position; any later version by tensor_id (a newer file is read, not refused)
+    _need(isinstance(version, int) and not isinstance(version, bool) and version >= 1,
+          "expected a version number >= 1", "version", version)
     device = data.get("device")
     _need(device is None or (isinstance(device, dict) and isinstance(device.get("signature", ""), str)),
           "expected an object with a signature", "device", device)
@@ -100,15 +101,15 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
         tid = t.get("tensor_id")
         if version >= 2:
             _need(isinstance(tid, str) and tid, "v2 tensors need a tensor_id", f"{tp}.tensor_id", tid)
-        elif tid is not None:
-            _need(isinstance(tid, str), "expected a string", f"{tp}.tensor_id", tid)
+        else:
+            tid = None  # v1 matches by position: its tensor ids are ignored
         _need("dim" in t, "missing dim", f"{tp}.dim", None)
         dims = _int_list(t["dim"], f"{tp}.dim", allow_wildcard=True)
         strides = _int_list(t.get("stride") or [], f"{tp}.stride", allow_wildcard=True)
         _need(not strides or len(strides) == len(dims), "stride needs one entry per dim (or [] for any)", f"{tp}.stride", list(strides))
         dtype = t.get("data_type")
         _need(dtype is None or isinstance(dtype, str), "expected a dtype name", f"{tp}.data_type", dtype)
-        tensors.append(TensorRule(tid if version >= 2 else tid, dims, strides, dtype))
+        tensors.append(TensorRule(tid, dims, strides, dtype))
     if version >= 2:
         ids = [t.tensor_id for t in tensors]
         _need(len(set(ids)) == len(ids), "tensor_id values must be unique", f"{path}.tensors", ids)

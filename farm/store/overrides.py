@@ -40,6 +40,17 @@ log = logging.getLogger("farm.store.overrides")
 
 OVERRIDE_VERSION = 2
 WRITE_MODES = ("new", "append", "replace")
+# the hipDNN RFC's match key per op: a rule names at least these tensors (the others, outputs included, and
+# our dtypes are optional: present they constrain the match, absent they do not) ...
+KEY_TENSORS: dict[str, tuple[str, ...]] = {"sdpa_bwd": ("Q", "K", "V")}  # every other op: its required inputs
+# ... and, for these ops, states these criteria: an ADD rule must not match a MUL graph
+KEY_CRITERIA: dict[str, tuple[str, ...]] = {"pointwise": ("mode",), "reduction": ("mode",), "resample": ("mode",)}
+
+
+def key_tensors(op: str) -> tuple[str, ...]:
+    """The tensors a rule for ``op`` must name (empty for an op this build does not know)."""
+    spec = OPS.get(op)
+    return KEY_TENSORS.get(op, spec.inputs if spec else ())
 _MEMO_LIMIT = 1 << 16  # distinct problems remembered per file before the memo starts over
 
 
@@ -93,8 +104,17 @@ class OverrideEntry:
 
     @property
     def exact(self) -> bool:
-        return (not self.positional and all(t.exact for t in self.tensors) and self.compute_data_type is not None
-                and self.op in OPS and set(dict(self.criteria)) == set(OPS[self.op].criteria))
+        """Every field of a problem given (so it is found by hash): all of the op's tensors, fully."""
+        spec = OPS.get(self.op)
+        return (spec is not None and not self.positional and all(t.exact for t in self.tensors)
+                and self.compute_data_type is not None and set(dict(self.criteria)) == set(spec.criteria)
+                and {t.tensor_id for t in self.tensors} >= set(spec.inputs) | set(spec.outputs))
+
+    @property
+    def states_key_criteria(self) -> bool:
+        """False for a rule of a pointwise, reduction or resample op that does not say its mode: it matches nothing."""
+        named = dict(self.criteria)
+        return all(k in named for k in KEY_CRITERIA.get(self.op, ()))
 
     def match_key(self) -> tuple[Any, ...]:
         """Identity for replace-on-append: (op, criteria, tensors by id ignoring order, compute dtype)."""
@@ -103,7 +123,7 @@ class OverrideEntry:
         return (self.op, tuple(sorted(_full_criteria(self.op, dict(self.criteria)).items())), tensors, self.compute_data_type)
 
     def matches(self, problem: Problem) -> bool:
-        if problem.op != self.op or len(problem.tensors) != len(self.tensors):
+        if problem.op != self.op or len(problem.tensors) < len(self.tensors) or not self.states_key_criteria:
             return False
         if self.compute_data_type is not None and self.compute_data_type != problem.compute_dtype:
             return False
@@ -192,7 +212,7 @@ def _pattern(e: OverrideEntry) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
 def _project(problem: Problem, pattern: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """The values ``problem`` has in the fields ``pattern`` fixes; None when it cannot match the pattern at all."""
     positional, count, rules, names, has_compute = pattern
-    if len(problem.tensors) != count:
+    if len(problem.tensors) < count:  # a rule may leave out tensors (outputs...): those are not constrained
         return None
     if positional:
         ordered = [problem.tensor(t) for t in problem.spec.tensor_ids if problem.has_tensor(t)]
@@ -240,7 +260,10 @@ class OverrideFile:
         self._patterns: dict[str, dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, OverrideEntry]]]] = {}
         self._memo: dict[str, OverrideEntry | None] = {}  # problem key -> answer (the file never changes)
         for i, e in enumerate(self.entries):
-            if e.exact:
+            if not e.states_key_criteria:
+                log.info("overrides: %s: rule %d for %s states no %s; it matches nothing", self.source, i, e.op,
+                         "/".join(KEY_CRITERIA[e.op]))
+            elif e.exact:
                 key = (e.op, tuple(sorted(dict(e.criteria).items())),
                        frozenset((t.tensor_id, t.dims, t.strides, t.data_type) for t in e.tensors), e.compute_data_type)
                 self._exact.setdefault(key, e)  # declaration order: the first one wins
