@@ -124,7 +124,7 @@ class _Session:
         if stamp != self._stamp:
             self._stamp = stamp
             try:
-                self._file = load_overrides(target)
+                self._file = load_overrides(target, strict=False)  # an unusable rule is skipped, not the file
             except FarmError as exc:
                 self._file = None
                 self._once(stamp, "declines: %s", exc, level=logging.WARNING)  # every tuned winner is lost

@@ -1,5 +1,6 @@
 """SelectionHeuristic::Config: every decline path, exact/wildcard/stride/criteria matching, reloads, published roots."""
 
+import json
 import logging
 import os
 import random
@@ -207,7 +208,7 @@ def test_unchanged_file_is_not_read_again(session, device, monkeypatch, tmp_path
     monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", write(tmp_path / "o.json", [entry(p, "cpu.matmul.einsum")], device.properties))
     reads = []
     real = config.load_overrides
-    monkeypatch.setattr(config, "load_overrides", lambda path: reads.append(path) or real(path))
+    monkeypatch.setattr(config, "load_overrides", lambda path, **kw: reads.append(path) or real(path, **kw))
     for _ in range(50):
         ask(session, p)
     assert len(reads) == 1
@@ -274,3 +275,21 @@ def test_indexed_matching_agrees_with_a_linear_scan():
                         or next((e for e in entries if e.matches(p)), None)
                     assert f.match(p) is expected, p.label()
                     assert f.match(p) is expected  # memoised answer is the same
+
+
+@pytest.mark.parametrize("bad", [
+    {"tensor_id": "A", "dim": [48, 40], "stride": [40]},  # a stride list shorter than its dims
+    {"tensor_id": "A", "dim": [48, -2]},  # a dim below -1
+    {"tensor_id": "A", "dim": "48x40"},
+])
+def test_a_rule_the_reader_cannot_use_is_skipped_and_the_rest_loads(session, device, monkeypatch, tmp_path, caplog, bad):
+    p = matmul_problem()
+    good = entry(p, "cpu.matmul.einsum").to_json()
+    broken = {"op": "matmul", "engine_name": "cpu.matmul.blocked", "tensors": [bad, {"tensor_id": "B", "dim": [-1, -1]}]}
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps({"version": 2, "device": {"signature": device.signature},
+                                "engine_overrides": [broken, good]}))
+    monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", str(path))
+    with caplog.at_level(logging.WARNING):
+        assert ask(session, p).order[0] == EINSUM
+    assert "that rule is skipped" in caplog.text and "engine_overrides[0]" in caplog.text

@@ -196,7 +196,7 @@ class TunableRuntime:
             if not os.path.exists(path):
                 return False
             try:
-                f = load_overrides(path)
+                f = load_overrides(path, strict=False)  # an unusable rule is skipped, not the file
             except FarmError as exc:
                 if os.path.isfile(path):  # kept for a person to look at; a later write_file would replace it
                     moved = move_aside(Path(path))

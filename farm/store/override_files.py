@@ -20,15 +20,20 @@ log = logging.getLogger("farm.store.overrides")
 
 
 # -- reading -------------------------------------------------------------------------------
-def load_overrides(path: str | Path) -> OverrideFile:
-    """Parse an override file; a malformed one raises InputError naming the file and JSON path."""
-    return parse_overrides(read_text_file(path, "override file"), source=str(path))
+def load_overrides(path: str | Path, *, strict: bool = True) -> OverrideFile:
+    """Parse an override file; a malformed one raises InputError naming the file and JSON path.
+
+    With ``strict=False`` (what production readers use, as hipDNN's reader does) a rule that cannot be used
+    (a stride list of another length than its dims, a dim below -1, a field of the wrong type) is skipped
+    with a warning and the rest of the file loads; the file itself must still be an override document.
+    """
+    return parse_overrides(read_text_file(path, "override file"), source=str(path), strict=strict)
 
 
-def parse_overrides(text: str, *, source: str = "<overrides>") -> OverrideFile:
+def parse_overrides(text: str, *, source: str = "<overrides>", strict: bool = True) -> OverrideFile:
     data = load_json(text, source)
     try:
-        return _parse_document(data, source)
+        return _parse_document(data, source, strict)
     except InputError as exc:
         raise exc.within(source=source) from None
 
@@ -62,7 +67,7 @@ def _int_list(value: Any, path: str, *, allow_wildcard: bool) -> tuple[int, ...]
     return tuple(out)
 
 
-def _parse_document(data: Any, source: str) -> OverrideFile:
+def _parse_document(data: Any, source: str, strict: bool = True) -> OverrideFile:
     _need(isinstance(data, dict), "an override file is a JSON object with engine_overrides", "$", type(data).__name__)
     version = data.get("version", 1)
     # v1 matches tensors by position; any later version by tensor_id (a newer file is read, not refused)
@@ -73,7 +78,14 @@ def _parse_document(data: Any, source: str) -> OverrideFile:
           "expected an object with a signature", "device", device)
     raw_entries = data.get("engine_overrides")
     _need(isinstance(raw_entries, list), "expected a list", "engine_overrides", raw_entries)
-    entries = [_parse_entry(e, f"engine_overrides[{i}]", version) for i, e in enumerate(raw_entries)]
+    entries = []
+    for i, e in enumerate(raw_entries):
+        try:
+            entries.append(_parse_entry(e, f"engine_overrides[{i}]", version))
+        except InputError as exc:
+            if strict:
+                raise
+            log.warning("overrides: %s: %s; that rule is skipped, the others load", source, exc)
     extra = {k: v for k, v in data.items() if k not in ("version", "device", "engine_overrides")}
     return OverrideFile(version, entries, device, extra, source)
 
