@@ -4,7 +4,7 @@ import pytest
 
 from fakes import EXTRA, MODE, SPLIT, TILE, FakeEngine, fake_device, matmul_problem, registry_of
 from farm.model.engine import engine_id
-from farm.errors import InputError
+from farm.errors import InputError, UsageError
 from farm.model.knobs import BENCHMARKING_KNOB
 from farm.model.plans import (EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection, SWEEP_ERROR_LIMIT,
                         cartesian_product)
@@ -66,23 +66,40 @@ def test_engine_that_does_not_serve_the_op_is_refused():
         col.add_engine("fake.conv")
 
 
-def test_batch_calls_skip_invalid_entries_with_a_warning(setup, caplog):
+def test_the_first_bad_variant_is_an_error_and_the_earlier_ones_are_kept(setup):
+    col, *_ = setup
+    with pytest.raises(InputError, match=r"variants\[1\]\.engine.*ghost"):
+        col.add_engine_variants([EngineVariant("fake.a", {"tile": 32}), EngineVariant("ghost", {}),
+                                 EngineVariant("fake.b", {"tile": 128})])
+    assert [s.knobs for s in col.specs] == [(("tile", 32),)]
+    with pytest.raises(InputError, match=r"variants\[0\].*tile.*33"):
+        col.add_engine_variants([EngineVariant("fake.a", {"tile": 33})])
+    with pytest.raises(InputError, match=r"variants\[0\].*nope"):
+        col.add_engine_variants([EngineVariant("fake.a", {"nope": 1})])
+
+
+def test_a_sweep_value_out_of_range_is_an_error_naming_the_entry(setup):
+    col, *_ = setup
+    with pytest.raises(InputError, match=r"sweeps\[0\] entry \{'split_k': 99\}.*99"):
+        col.add_engine_sweep([EngineSweep("fake.a", {"split_k": [1, 2, 99]})])
+    with pytest.raises(InputError, match=r"sweeps\[0\]\.engine.*ghost"):
+        col.add_engine_sweep([EngineSweep("ghost", {"x": [1]})])
+
+
+def test_an_empty_axis_is_dropped_and_the_benchmarking_knob_stripped_before_the_product(setup, caplog):
     col, *_ = setup
     with caplog.at_level(logging.WARNING, logger="farm.model.plans"):
-        n = col.add_engine_variants([
-            EngineVariant("fake.a", {"tile": 32}),
-            EngineVariant("ghost", {}),
-            EngineVariant("fake.a", {"tile": 33}),
-            EngineVariant("fake.b", {"tile": 128}),
-        ])
-    assert n == 2
-    assert len([r for r in caplog.records if "skipped" in r.message]) == 2
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="farm.model.plans"):
-        n = col.add_engine_sweep([EngineSweep("fake.a", {"split_k": [1, 2, 99]}), EngineSweep("ghost", {"x": [1]})])
-    assert n == 2  # split_k=1 (the default-knob spec) and split_k=2; 99 is out of range
-    assert any("ghost" in r.message for r in caplog.records)
-    assert any("99" in r.message for r in caplog.records)
+        n = col.add_engine_sweep([EngineSweep("fake.a", {"split_k": [1, 2], "tile": [], BENCHMARKING_KNOB: [0, 1]})])
+    assert n == 2  # split_k 1 and 2: the empty axis does not empty the sweep
+    warnings = [r.message for r in caplog.records]
+    assert sum("no values; dropped" in m for m in warnings) == 1
+    assert sum(BENCHMARKING_KNOB in m and "stripped" in m for m in warnings) == 1  # once, not per combination
+
+
+def test_estimated_max_workspace_needs_plan_specs(setup):
+    col, *_ = setup
+    with pytest.raises(UsageError):
+        col.estimated_max_workspace()
 
 
 def test_benchmarking_knob_is_stripped_with_a_warning(setup, caplog):
@@ -147,7 +164,8 @@ def test_deselect_engines_accumulates_and_workspace_ceiling_last_write_wins(setu
 
 def test_estimated_max_workspace_over_all_candidates(setup):
     col, *_ = setup
-    assert col.estimated_max_workspace() == 0
+    with pytest.raises(UsageError):  # nothing to estimate yet (RFC: an error, not 0)
+        col.estimated_max_workspace()
     col.add_all_engines()
     col.add_engine("fake.a", {"extra": 24})
     assert col.estimated_max_workspace() == 1024

@@ -201,19 +201,21 @@ class PlanSpecCollection:
         return added
 
     def add_engine_variants(self, variants: Sequence[EngineVariant]) -> int:
-        """Explicit (engine, knobs) candidates; invalid ones are skipped with a warning."""
+        """Explicit (engine, knobs) candidates. An unknown engine, an unknown knob or a value out of range is an
+        InputError naming the first bad variant (those before it are kept); one that does not apply here is
+        left out (logged)."""
         self._check_unlocked()
         if not variants:
             raise InputError("no variants given", field="variants", value=[])
         added = 0
         for i, v in enumerate(variants):
+            eng = self._engine_for(v.engine, where=f"variants[{i}].engine")
             try:
-                eng = self._engine_for(v.engine, where=f"variants[{i}].engine")
                 spec = PlanSpec(engine_id(eng), self._normalize(eng, v.knobs))
-                if self._applies(eng, spec):
-                    added += self._store(spec)
             except InputError as exc:
-                log.warning("autotune: variant %d skipped: %s", i, exc)
+                raise exc.within(prefix=f"variants[{i}]") from None
+            if self._applies(eng, spec):
+                added += self._store(spec)
         return added
 
     def add_engine_sweep(self, sweeps: Sequence[EngineSweep]) -> int:
@@ -223,23 +225,33 @@ class PlanSpecCollection:
             raise InputError("no sweeps given", field="sweeps", value=[])
         added = 0
         for i, sw in enumerate(sweeps):
-            combos = cartesian_product(sw.axes)  # raises above the limit
+            eng = self._engine_for(sw.engine, where=f"sweeps[{i}].engine")
+            combos = cartesian_product(self._sweep_axes(eng, sw.axes, i))  # raises above the limit
             if len(combos) > SWEEP_WARN_LIMIT:
                 log.warning("autotune: sweep %d on %s expands to %d plan specs", i, sw.engine, len(combos))
-            try:
-                eng = self._engine_for(sw.engine, where=f"sweeps[{i}].engine")
-            except InputError as exc:
-                log.warning("autotune: sweep %d skipped: %s", i, exc)
-                continue
             for combo in combos:
                 merged = {**dict(sw.fixed), **combo}
                 try:
                     spec = PlanSpec(engine_id(eng), self._normalize(eng, merged))
-                    if self._applies(eng, spec):
-                        added += self._store(spec)
-                except InputError as exc:
-                    log.warning("autotune: sweep %d entry %s skipped: %s", i, combo, exc)
+                except InputError as exc:  # the first bad entry stops the sweep: a typo must not pass as tuned
+                    raise exc.within(prefix=f"sweeps[{i}] entry {combo}") from None
+                if self._applies(eng, spec):
+                    added += self._store(spec)
         return added
+
+    def _sweep_axes(self, engine: Engine, axes: Mapping[str, Sequence[Any]], index: int) -> dict[str, Sequence[Any]]:
+        """The axes to multiply: the benchmarking knob stripped (the tuner sets it) and empty axes dropped,
+        each with one warning, before the product (so neither counts toward the sweep limit)."""
+        out = {}
+        for name, values in dict(axes).items():
+            if name == BENCHMARKING_KNOB:
+                log.warning("autotune: sweep %d: knob %s on engine %s stripped: the tuner sets it in EXHAUSTIVE mode",
+                            index, name, engine.name)
+            elif isinstance(values, Sequence) and not isinstance(values, (str, bytes)) and len(values) == 0:
+                log.warning("autotune: sweep %d: axis %s on engine %s has no values; dropped", index, name, engine.name)
+            else:
+                out[name] = values
+        return out
 
     def add_all_engines(self) -> int:
         configs = self.registry.discover(self.problem, self.device)
@@ -283,6 +295,8 @@ class PlanSpecCollection:
 
     def estimated_max_workspace(self) -> int:
         """Largest pre-compile workspace estimate over the candidates not barred."""
+        if not self._specs:
+            raise UsageError("no plan specs yet: add engines, variants or sweeps first")
         best = 0
         for spec in self._specs:
             if self.barred_reason(spec) is None:
