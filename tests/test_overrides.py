@@ -114,9 +114,20 @@ def test_corrupt_file_is_moved_aside_never_over_an_earlier_one(tmp_path):
     assert r1.moved_aside and os.path.basename(r1.moved_aside).startswith("o.json.corrupt-")
     assert open(r1.moved_aside).read() == "{ not json"
     assert load_overrides(path).match(mm()).engine_name == "e"
-    path.write_text('{"version": 2, "engine_overrides": [{"op": 1}]}')  # structurally broken
+    path.write_text("\xff not json either")
     r2 = write_overrides(path, [e], device=DEVICE)
     assert r2.moved_aside != r1.moved_aside and os.path.exists(r1.moved_aside) and os.path.exists(r2.moved_aside)
+
+
+def test_valid_json_that_is_no_override_document_is_refused_and_left_alone(tmp_path):
+    """Only a file that is not JSON is corrupt; someone's JSON of another shape is theirs: refused, untouched."""
+    path = tmp_path / "o.json"
+    for text in ('{"version": 2, "engine_overrides": [{"op": 1}]}', "[1, 2, 3]", '{"results": []}'):
+        path.write_text(text)
+        with pytest.raises(InputError, match="not an override document"):
+            write_overrides(path, [OverrideEntry.for_problem(mm(), "e", (), meta())], device=DEVICE)
+        assert path.read_text() == text
+    assert not [p for p in os.listdir(tmp_path) if "corrupt" in p]
 
 
 @pytest.mark.parametrize("content, fragment", [

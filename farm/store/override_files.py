@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from filelock import FileLock
 
 from farm.errors import InputError
-from farm.fsutil import atomic_write_text, move_aside, read_text_file
+from farm.fsutil import MAX_TEXT_BYTES, atomic_write_text, move_aside, read_text_file
 from farm.model.knobs import KnobSettings, KnobType
 from farm.model.problem import INT64_MAX
 from farm.store.overrides import OVERRIDE_VERSION, WRITE_MODES, OverrideEntry, OverrideFile, TensorRule
@@ -222,7 +222,9 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
     same match key, keep the rest; creates the file if missing), ``replace``
     (delete everything already there). Appending to a v1 or hand-written (non-autotune)
     file, or to a file of another device signature, is refused and writes nothing.
-    A corrupt file met in append mode is moved aside to ``<file>.corrupt-<epoch>``.
+    In append mode only a file that is not valid JSON is corrupt: it is moved aside to
+    ``<file>.corrupt-<epoch>`` (if that fails, a warning, and it is overwritten). Valid JSON that is not an
+    override document is refused: nothing written, the file untouched.
     """
     if mode not in WRITE_MODES:
         raise InputError(f"write mode must be one of {', '.join(WRITE_MODES)}", field="mode", value=mode)
@@ -236,13 +238,17 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
             if mode == "new":
                 raise InputError("refusing to overwrite an existing file in mode 'new'", source=str(path))
             if mode == "append":
-                try:
-                    old = load_overrides(path)
-                except InputError as exc:
-                    moved = str(move_aside(path))
-                    log.warning("overrides: %s is corrupt (%s); moved aside to %s, writing a fresh file",
-                                path, exc.reason, moved)
+                data = _existing_json(path)
+                old = None
+                if data is _CORRUPT:
+                    moved = _set_aside(path)
                 else:
+                    try:
+                        old = _parse_document(data, str(path))
+                    except InputError as exc:  # valid JSON of another shape: someone's file, left as it is
+                        raise InputError(f"refusing to append to a file that is not an override document "
+                                         f"({exc.field}: {exc.reason}); nothing written", source=str(path)) from None
+                if old is not None:
                     if old.version != OVERRIDE_VERSION:
                         raise InputError(f"refusing to append to a version {old.version} (legacy) override file; "
                                          "write to a new file or use mode 'replace'", source=str(path))
@@ -260,6 +266,36 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
                            {**old_extra, **(extra or {})}, str(path))
         atomic_write_text(path, render(doc))
     return WriteReport(str(path), mode, len(merged), replaced, added, moved)
+
+
+_CORRUPT = object()
+
+
+def _existing_json(path: Path) -> Any:
+    """The JSON an existing file holds, or _CORRUPT when it is not JSON (not UTF-8 included); a FIFO, a
+    folder or a file too large is an InputError (never opened, never replaced)."""
+    text_or_error: Any
+    try:
+        text_or_error = read_text_file(path, "override file")
+    except InputError as exc:
+        if path.is_file() and path.stat().st_size <= MAX_TEXT_BYTES:
+            return _CORRUPT  # a regular file of the right size that does not decode: not JSON
+        raise exc
+    try:
+        return load_json(text_or_error, str(path))
+    except InputError:
+        return _CORRUPT
+
+
+def _set_aside(path: Path) -> str:
+    """Move a corrupt file aside (an error in the log); when that fails, it is overwritten with a warning."""
+    try:
+        moved = str(move_aside(path))
+    except OSError as exc:
+        log.warning("overrides: %s is not valid JSON and could not be moved aside (%s); overwriting it", path, exc)
+        return ""
+    log.error("overrides: %s is not valid JSON; moved aside to %s, writing a fresh file", path, moved)
+    return moved
 
 
 def autotune_metadata(*, rank: int, min_ms: float, avg_ms: float, stddev_ms: float, workspace: int, mode: str,
