@@ -193,16 +193,10 @@ def _key_mismatch(problem_json: Any, problem_key: Any) -> Any:
     return pc.fill_null(pc.not_equal(expected, _str(problem_key)), False)
 
 
-def _is_null(col: Any) -> Any:
-    return pc.is_null(col)
-
 
 def _infinite(col: Any) -> Any:
     return pc.fill_null(pc.is_inf(col), False)
 
-
-def _json_object(text: str) -> bool:
-    return isinstance(json.loads(text), dict)
 
 
 # the columns readers rely on, and what makes a value one no tunefarm writer produces
@@ -211,9 +205,9 @@ _ROW_CHECKS: dict[str, Any] = {
     "problem_json": _bad_strings(lambda v: Problem.from_canonical(json.loads(v)) is not None),
     "device_json": _bad_strings(lambda v: DeviceProperties.from_dict(json.loads(v)) is not None),
     "problem_key": _bad_strings(lambda v: bool(v)),
-    "measured_at": _is_null,
-    "candidate_index": _is_null,
-    "iterations": _is_null,
+    "measured_at": pc.is_null,
+    "candidate_index": pc.is_null,
+    "iterations": pc.is_null,
     **{c: _infinite for c in ("min_ms", "avg_ms", "stddev_ms", "median_ms", "mad_ms")},
 }
 

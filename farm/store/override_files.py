@@ -274,15 +274,14 @@ _CORRUPT = object()
 def _existing_json(path: Path) -> Any:
     """The JSON an existing file holds, or _CORRUPT when it is not JSON (not UTF-8 included); a FIFO, a
     folder or a file too large is an InputError (never opened, never replaced)."""
-    text_or_error: Any
     try:
-        text_or_error = read_text_file(path, "override file")
-    except InputError as exc:
+        text = read_text_file(path, "override file")
+    except InputError:
         if path.is_file() and path.stat().st_size <= MAX_TEXT_BYTES:
             return _CORRUPT  # a regular file of the right size that does not decode: not JSON
-        raise exc
+        raise
     try:
-        return load_json(text_or_error, str(path))
+        return load_json(text, str(path))
     except InputError:
         return _CORRUPT
 
