@@ -35,9 +35,10 @@ def test_knob_serialization_per_type(tmp_path):
     path = tmp_path / "o.json"
     write_overrides(path, [e], device=DEVICE)
     raw = json.loads(path.read_text())["engine_overrides"][0]
-    assert raw["knobs"] == [{"knob_id": "BLOCK_M", "type": "int", "value": 128},
-                            {"knob_id": "alpha", "type": "double", "value": 0.5},
-                            {"knob_id": "layout", "type": "string", "value": "nt"}]
+    assert "knobs" not in raw  # the RFC's place is the metadata: nothing hipDNN does not know beside it
+    assert raw["autotune_metadata"]["knobs"] == [{"knob_id": "BLOCK_M", "type": "int", "value": 128},
+                                                 {"knob_id": "alpha", "type": "double", "value": 0.5},
+                                                 {"knob_id": "layout", "type": "string", "value": "nt"}]
     back = load_overrides(path).entries[0]
     assert back.knobs == (("BLOCK_M", 128), ("alpha", 0.5), ("layout", "nt"))
     assert isinstance(dict(back.knobs)["alpha"], float)
@@ -46,7 +47,7 @@ def test_knob_serialization_per_type(tmp_path):
 def test_entry_construction_conditional_fields(tmp_path):
     rus = OverrideEntry.for_problem(mm(), "e", (), meta("run_until_stable")).to_json()
     fixed = OverrideEntry.for_problem(mm(32), "e", (), meta("fixed_average")).to_json()
-    assert "knobs" not in rus  # default-knob winner
+    assert "knobs" not in rus and "knobs" not in rus["autotune_metadata"]  # default-knob winner
     assert rus["autotune_metadata"]["converged"] is True
     assert "converged" not in fixed["autotune_metadata"]
     for m in (rus["autotune_metadata"], fixed["autotune_metadata"]):
@@ -132,8 +133,7 @@ def test_valid_json_that_is_no_override_document_is_refused_and_left_alone(tmp_p
 
 @pytest.mark.parametrize("content, fragment", [
     ({"engine_overrides": [{"op": "matmul", "engine_name": "x", "tensors": [{"dim": [1]}]}]}, "version 1"),
-    ({"version": 2, "engine_overrides": [{"op": "matmul", "engine_name": "x",
-                                          "tensors": [{"tensor_id": "A", "dim": [1]}]}]}, "not written by autotuning"),
+    ({"version": 3, "engine_overrides": []}, "version 3"),
     ({"version": 2, "device": {"signature": "other-device"}, "engine_overrides": []}, "file for device other-device"),
 ])
 def test_append_refusals_write_nothing(tmp_path, content, fragment):
@@ -334,3 +334,91 @@ def test_invalid_json_and_missing_file(tmp_path):
         load_overrides(p)
     with pytest.raises(InputError, match="not found"):
         load_overrides(tmp_path / "none.json")
+
+
+# -- interop with hipDNN's files (RFC §6.5) -------------------------------------------------------
+RFC_EXAMPLE = os.path.join(os.path.dirname(__file__), "data", "rfc_6_5_example.json")
+
+
+def _foreign_fields(doc):
+    """Every field of ``doc`` this build does not write itself, with where it sits."""
+    out = {"top": {k: v for k, v in doc.items() if k not in ("version", "device", "engine_overrides")}}
+    for i, e in enumerate(doc["engine_overrides"]):
+        out[f"entry{i}"] = {k: v for k, v in e.items() if k not in ("op", "engine_name", "criteria", "tensors",
+                                                                    "compute_data_type", "autotune_metadata")}
+        out[f"entry{i}.meta"] = e.get("autotune_metadata")
+        out[f"entry{i}.tensors"] = e["tensors"]
+    return out
+
+
+def test_the_rfc_example_file_round_trips_through_our_reader_and_writer(tmp_path):
+    """Read: its conv and matmul rules match our problems of those shapes. Append: our entry joins it.
+    Read back: every field hipDNN wrote (document, entry, tensor, metadata and knob level) is intact."""
+    path = tmp_path / "hipdnn.json"
+    path.write_text(open(RFC_EXAMPLE).read())
+    original = json.loads(path.read_text())
+    f = load_overrides(path)
+    c = Problem.create("conv_fprop", {"X": [1, 64, 56, 56], "W": [64, 64, 3, 3]}, criteria={"pad_h": 1, "pad_w": 1},
+                       dtype="fp16")
+    hit = f.match(c)
+    assert hit.engine_name == "MIOPEN_ENGINE"
+    assert hit.knobs == (("KERNEL_NAME", "igemm_fwd_gtcx3"), ("SOLVER_ID", 86), ("SPLIT_K", 1.0))
+    assert f.match(Problem.create("matmul", {"A": [1024, 512], "B": [512, 256]}, dtype="bf16")).engine_name == \
+        "HIPBLASLT_ENGINE"
+    assert f.match(Problem.create("matmul", {"A": [1024, 512], "B": [512, 128]})) is None
+
+    ours = OverrideEntry.for_problem(mm(), "cpu.matmul.blas", (("order", "transposed"),), meta())
+    report = write_overrides(path, [ours], device=DEVICE)
+    assert (report.added, report.replaced, report.moved_aside) == (1, 0, "")
+    back_doc = json.loads(path.read_text())
+    # hipDNN's entries, field for field (a missing criteria is written as {}, which the RFC reads the same)
+    assert back_doc["engine_overrides"][:2] == [{"criteria": {}, **e} for e in original["engine_overrides"]]
+    assert _foreign_fields(back_doc)["top"] == _foreign_fields(original)["top"]
+    back = load_overrides(path)
+    assert [e.engine_name for e in back.entries] == ["MIOPEN_ENGINE", "HIPBLASLT_ENGINE", "cpu.matmul.blas"]
+    assert back.match(c).knobs == hit.knobs and back.match(mm()).knobs == (("order", "transposed"),)
+
+
+def test_ours_carry_nothing_beside_the_rfc_fields_a_hipdnn_reader_looks_for():
+    """Knobs in autotune_metadata.knobs with the RFC's types; no entry-level field the RFC does not define
+    except our documented dtype additions."""
+    e = OverrideEntry.for_problem(mm(), "triton.gemm", (("BLOCK_M", 128), ("use_tma", True)), meta()).to_json()
+    assert set(e) == {"op", "engine_name", "criteria", "tensors", "compute_data_type", "autotune_metadata"}
+    knobs = e["autotune_metadata"]["knobs"]
+    assert all(set(k) == {"knob_id", "type", "value"} and k["type"] in ("int", "double", "string") for k in knobs)
+    assert {"knob_id": "use_tma", "type": "int", "value": 1} in knobs  # a bool is written as the int it is
+
+
+def test_knobs_beside_the_metadata_are_read_and_moved_into_it_on_rewrite(tmp_path):
+    old_style = {**OverrideEntry.for_problem(mm(), "e", (), meta()).to_json(),
+                 "knobs": [{"knob_id": "tile", "type": "int", "value": 64}]}
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps({"version": 2, "device": DEVICE, "engine_overrides": [old_style]}))
+    assert load_overrides(path).entries[0].knobs == (("tile", 64),)
+    write_overrides(path, [OverrideEntry.for_problem(mm(8), "e", (), meta())], device=DEVICE)
+    rewritten = json.loads(path.read_text())["engine_overrides"][0]
+    assert "knobs" not in rewritten and rewritten["autotune_metadata"]["knobs"] == old_style["knobs"]
+
+
+@pytest.mark.parametrize("tensors, field", [
+    ((TensorRule("A", (64, 16), (16, 1)), TensorRule("A", (16, 32), (32, 1))), "engine_overrides[0].tensors"),
+    ((TensorRule(None, (64, 16)), TensorRule("B", (16, 32))), "engine_overrides[0].tensors[0].tensor_id"),
+    ((TensorRule("A", (64, 16), (1,)), TensorRule("B", (16, 32))), "engine_overrides[0].tensors[0].stride"),
+    ((TensorRule("A", (64, -2)), TensorRule("B", (16, 32))), "engine_overrides[0].tensors[0].dim[1]"),
+])
+def test_the_writer_never_writes_what_its_reader_refuses(tmp_path, tensors, field):
+    path = tmp_path / "o.json"
+    good = OverrideEntry.for_problem(mm(), "e", (), meta())
+    write_overrides(path, [good], device=DEVICE)
+    before = path.read_text()
+    bad = OverrideEntry("matmul", "e", tensors, metadata=meta())
+    with pytest.raises(InputError) as info:
+        write_overrides(path, [bad], device=DEVICE)
+    # appended after the good entry, so it is the file's second
+    assert info.value.field == field.replace("[0]", "[1]", 1) and str(path) in str(info.value)
+    assert "nothing written" in str(info.value)
+    assert path.read_text() == before
+    with pytest.raises(InputError) as info:
+        write_overrides(tmp_path / "fresh.json", [bad], device=DEVICE)
+    assert info.value.field == field
+    assert not (tmp_path / "fresh.json").exists()

@@ -290,3 +290,19 @@ def test_ops_follow_the_environment_like_tunableop(tmp_path, monkeypatch):
     ops.matmul(np.ones((6, 6), np.float32), np.ones((6, 6), np.float32))
     data = json.loads((tmp_path / "env_0.json").read_text())
     assert len(data["engine_overrides"]) == 1
+
+
+def test_a_file_in_the_rfc_layout_replays_with_its_knobs(tmp_path):
+    """hipDNN writes knobs in autotune_metadata.knobs; replay here applies them (docs/overrides.md)."""
+    a = np.random.default_rng(2).standard_normal((12, 12)).astype(np.float32)
+    rule = {"op": "matmul", "engine_name": "cpu.matmul.blas", "criteria": {},
+            "tensors": [{"tensor_id": "A", "dim": [12, 12]}, {"tensor_id": "B", "dim": [12, 12]}],
+            "autotune_metadata": {"rank": 0, "min_time_ms": 0.01, "timestamp": "2026-04-21T10:30:00Z",
+                                  "knobs": [{"knob_id": "order", "type": "string", "value": "transposed"}]}}
+    (tmp_path / "hipdnn0.json").write_text(json.dumps({"version": 2, "engine_overrides": [rule]}))
+    ops.enable()
+    ops.tuning_enable(False)
+    ops.set_filename(str(tmp_path / "hipdnn.json"))  # device 0 reads hipdnn0.json, as TunableOp names it
+    np.testing.assert_allclose(ops.matmul(a, a), a @ a, rtol=1e-4, atol=1e-4)
+    (choice,) = ops.choices()
+    assert (choice["engine"], choice["knobs"], choice["source"]) == ("cpu.matmul.blas", {"order": "transposed"}, "recorded")

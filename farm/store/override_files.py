@@ -91,6 +91,7 @@ def _parse_document(data: Any, source: str, strict: bool = True) -> OverrideFile
 
 
 _KNOWN_ENTRY_FIELDS = {"op", "engine_name", "criteria", "tensors", "knobs", "autotune_metadata", "compute_data_type"}
+_KNOWN_TENSOR_FIELDS = {"tensor_id", "dim", "stride", "data_type"}
 
 
 def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
@@ -121,13 +122,16 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
         _need(not strides or len(strides) == len(dims), "stride needs one entry per dim (or [] for any)", f"{tp}.stride", list(strides))
         dtype = t.get("data_type")
         _need(dtype is None or isinstance(dtype, str), "expected a dtype name", f"{tp}.data_type", dtype)
-        tensors.append(TensorRule(tid, dims, strides, dtype))
+        tensors.append(TensorRule(tid, dims, strides, dtype, {k: v for k, v in t.items() if k not in _KNOWN_TENSOR_FIELDS}))
     if version >= 2:
         ids = [t.tensor_id for t in tensors]
         _need(len(set(ids)) == len(ids), "tensor_id values must be unique", f"{path}.tensors", ids)
-    knobs = _parse_knobs(obj.get("knobs"), f"{path}.knobs")
     meta = obj.get("autotune_metadata")
     _need(meta is None or isinstance(meta, dict), "expected an object", f"{path}.autotune_metadata", meta)
+    if meta is not None and "knobs" in meta:  # the RFC's place (the list stays in the metadata, as written)
+        knobs = _parse_knobs(meta["knobs"], f"{path}.autotune_metadata.knobs")
+    else:  # earlier tunefarm files carry them beside the metadata
+        knobs = _parse_knobs(obj.get("knobs"), f"{path}.knobs")
     cdt = obj.get("compute_data_type")
     _need(cdt is None or isinstance(cdt, str), "expected a dtype name", f"{path}.compute_data_type", cdt)
     extra = {k: v for k, v in obj.items() if k not in _KNOWN_ENTRY_FIELDS}
@@ -220,8 +224,9 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
 
     Modes: ``new`` (the file must not exist), ``append`` (replace entries with the
     same match key, keep the rest; creates the file if missing), ``replace``
-    (delete everything already there). Appending to a v1 or hand-written (non-autotune)
-    file, or to a file of another device signature, is refused and writes nothing.
+    (delete everything already there). Appending to a file of another version than 2, or of another device
+    signature, is refused and writes nothing; a v2 file keeps its entries (hand-written ones too) and fields.
+    What is written is first read back with the strict reader: an entry it would refuse is an InputError.
     In append mode only a file that is not valid JSON is corrupt: it is moved aside to
     ``<file>.corrupt-<epoch>`` (if that fails, a warning, and it is overwritten). Valid JSON that is not an
     override document is refused: nothing written, the file untouched.
@@ -250,11 +255,9 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
                                          f"({exc.field}: {exc.reason}); nothing written", source=str(path)) from None
                 if old is not None:
                     if old.version != OVERRIDE_VERSION:
-                        raise InputError(f"refusing to append to a version {old.version} (legacy) override file; "
+                        raise InputError(f"refusing to append to a version {old.version} override file (this build writes "
+                                         f"version {OVERRIDE_VERSION}); "
                                          "write to a new file or use mode 'replace'", source=str(path))
-                    if not old.is_autotune_file:
-                        raise InputError("refusing to append to an override file that was not written by autotuning "
-                                         "(entries without autotune_metadata); use a separate file", source=str(path))
                     new_sig = (device or {}).get("signature")
                     if old.device_signature and new_sig and old.device_signature != new_sig:
                         raise InputError(f"refusing to append results of device {new_sig} to a file for device "
@@ -264,11 +267,24 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
         merged, replaced, added = merge_entries(current, entries)
         doc = OverrideFile(OVERRIDE_VERSION, merged, dict(device) if device is not None else None,
                            {**old_extra, **(extra or {})}, str(path))
-        atomic_write_text(path, render(doc))
+        text = render(doc)
+        _check_written(text, path)
+        atomic_write_text(path, text)
     return WriteReport(str(path), mode, len(merged), replaced, added, moved)
 
 
 _CORRUPT = object()
+
+
+def _check_written(text: str, path: Path) -> None:
+    """Read what is about to be written as strictly as publish does: the writer never produces a file its
+    reader refuses (an entry without tensor ids, ids repeated, a stride list of another length...)."""
+    try:
+        _parse_document(json.loads(text), str(path))
+    except InputError as exc:
+        value = {"value": exc.value} if exc.has_value else {}
+        raise InputError(f"{exc.reason}: refusing to write what the reader would refuse; nothing written",
+                         field=exc.field, source=str(path), **value) from None
 
 
 def _existing_json(path: Path) -> Any:

@@ -7,8 +7,8 @@
         {"op": "matmul", "engine_name": "...", "criteria": {...},
          "tensors": [{"tensor_id": "A", "dim": [...], "stride": [...], "data_type": "fp32"}, ...],
          "compute_data_type": "fp32",
-         "knobs": [{"knob_id": "tile", "type": "int", "value": 64}],   # omitted for default knobs
-         "autotune_metadata": {...}}
+         "autotune_metadata": {"rank": 0, ...,
+                               "knobs": [{"knob_id": "tile", "type": "int", "value": 64}]}}  # omitted for default knobs
       ]
     }
 
@@ -19,6 +19,10 @@ matches any layout, ``-1`` any element), and every criterion it names equal.
 ``data_type`` and ``compute_data_type`` (our additions, so fp16 and fp32 rules of
 one shape never collide) match when present. Exact entries are found by a hash
 lookup; wildcard entries are tried after them, in declaration order.
+
+Knobs live in ``autotune_metadata.knobs`` as the RFC lays them out (an entry-level ``knobs`` list, which
+files of older tunefarm versions carry, is still read). Fields this build does not know, at any level,
+are kept and written back unchanged.
 
 Reading and writing the files: farm.store.override_files. Writes are atomic
 (temp file + rename) and serialised across processes by a file lock, so
@@ -60,6 +64,7 @@ class TensorRule:
     dims: tuple[int, ...]  # -1: any size
     strides: tuple[int, ...] = ()  # (): any layout; -1: any element
     data_type: str | None = None  # None: any
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)  # unknown fields, kept
 
     @property
     def exact(self) -> bool:
@@ -74,6 +79,7 @@ class TensorRule:
         out["stride"] = list(self.strides)
         if self.data_type is not None:
             out["data_type"] = self.data_type
+        out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
 
 
@@ -153,10 +159,14 @@ class OverrideEntry:
         out["tensors"] = [t.to_json() for t in self.tensors]
         if self.compute_data_type is not None:
             out["compute_data_type"] = self.compute_data_type
-        if self.knobs:
-            out["knobs"] = [{"knob_id": k, "type": knob_type_of(v).value, "value": v} for k, v in self.knobs]
-        if self.metadata is not None:
-            out["autotune_metadata"] = dict(self.metadata)
+        if self.metadata is not None or self.knobs:
+            meta = dict(self.metadata or {})
+            if not self.knobs:
+                meta.pop("knobs", None)  # omitted for default knobs
+            elif not _describes(meta.get("knobs"), self.knobs):  # else the file's own list, with its fields
+                meta["knobs"] = [{"knob_id": k, "type": knob_type_of(v).value, "value": int(v) if isinstance(v, bool) else v}
+                                 for k, v in self.knobs]
+            out["autotune_metadata"] = meta
         out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
 
@@ -187,6 +197,13 @@ class OverrideEntry:
             compute_data_type=problem.compute_dtype,
             metadata=dict(metadata) if metadata is not None else None,
         )
+
+
+def _describes(raw: Any, knobs: KnobSettings) -> bool:
+    """True when ``raw`` (a metadata knob list as read) names exactly these settings."""
+    if not isinstance(raw, list) or not all(isinstance(k, dict) for k in raw):
+        return False
+    return len(raw) == len(knobs) and {k.get("knob_id"): k.get("value") for k in raw} == dict(knobs)
 
 
 def _full_criteria(op: str, criteria: Mapping[str, int]) -> dict[str, int]:
