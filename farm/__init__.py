@@ -15,7 +15,15 @@ from farm.model.measurement import Strategy
 from farm.model.op_catalog import OpCategory, core_op
 from farm.model.plans import EngineSweep, EngineVariant, PlanSpec
 from farm.model.problem import Problem, TensorDesc
-from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
+from farm.model.records import (
+    AutotuneConfig,
+    AutotuneResult,
+    BuildPolicy,
+    Disposition,
+    PrimingFailurePolicy,
+    ResultCheck,
+    TuneMode,
+)
 from farm.model.workload import Workload, load_workload
 from farm.replay.selection import POLICY_API_VERSION, Choice, NoSelection, PolicyRegistry, Selector
 from farm.replay.tunable_runtime import TunableRuntime
@@ -32,6 +40,7 @@ __all__ = [
     "DeviceProperties",
     "Disposition",
     "Engine",
+    "BuildPolicy",
     "EngineConfig",
     "EngineRegistry",
     "EngineSweep",

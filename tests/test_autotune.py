@@ -8,7 +8,7 @@ import pytest
 
 from fakes import EXTRA, TILE, FakeEngine, ScriptedTimer, fake_device, matmul_problem, registry_of, tensors_for
 from farm.tuner.autotuner import Autotuner
-from farm.model.records import AutotuneConfig, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
+from farm.model.records import AutotuneConfig, BuildPolicy, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
 from farm.model.engine import engine_id
 from farm.errors import AutotuneError, InputError, UsageError
 from farm.model.knobs import BENCHMARKING_KNOB
@@ -162,7 +162,11 @@ def test_priming_failure_abort_and_benchmark_unprimed():
                                                priming_failure=PrimingFailurePolicy.BENCHMARK_UNPRIMED))
     ex = by_name(results)["ex[default]"]
     assert ex.succeeded and not ex.ran_exhaustive
-    assert "priming failed, benchmarked unprimed" in ex.error and "cannot build priming plan" in ex.error
+    assert ex.error == ""  # the RFC: a success with its error empty ...
+    assert "priming failed, benchmarked unprimed" in ex.exhaustive_not_run_reason  # ... and the reason here
+    assert "cannot build priming plan" in ex.exhaustive_not_run_reason
+    plain = by_name(results)["plain[default]"]
+    assert plain.exhaustive_not_run_reason == "the engine does not support exhaustive priming"
 
 
 def test_priming_skipped_for_workspace_is_not_a_failure():
@@ -172,6 +176,8 @@ def test_priming_skipped_for_workspace_is_not_a_failure():
     results = t.autotune(config=AutotuneConfig(mode="exhaustive", strategy="single_shot", workspace_limit=100))
     assert by_name(results)["big[default]"].disposition is Disposition.EXCEEDS_WORKSPACE_LIMIT
     assert big.primed_runs == 0
+    assert by_name(results)["big[default]"].exhaustive_not_run_reason == \
+        "priming skipped: workspace 10000 B over the limit 100 B"
 
 
 def test_run_until_stable_with_scripted_timings():
@@ -260,17 +266,24 @@ def test_manual_path():
     a, b = FakeEngine("a", estimate=8), FakeEngine("b", estimate=16)
     t = tuner_with(a, b, FakeEngine("broken", fail_at="compile"))
     t.add_all_engines()
-    assert t.build_plans() == 2  # the broken one is left out
-    assert t.plan_count == 2
-    assert [t.plan_name_at_index(i) for i in range(2)] == ["a[default]", "b[default]"]
-    assert t.workspace_size_at_index(1) == 16
+    assert t.check_support() == 3
+    assert t.build_plans() == 2  # the broken one keeps its slot, with its reason
+    assert t.plan_count == 3
+    assert [t.plan_name_at_index(i) for i in range(3)] == ["a[default]", "b[default]", "broken[default]"]
+    assert t.workspace_size_at_index(1) == 16 and t.get_autotune_workspace_size() == 16
+    assert "failed to build" in t.excluded_reason(2)
     tensors = tensors_for(t.problem)
     t.execute_plan_at_index(1, tensors)
     assert b.calls.run == 1
+    with pytest.raises(InputError, match="invalid value: plan 2"):
+        t.execute_plan_at_index(2, tensors)
+    with pytest.raises(UsageError, match="no plan selected"):
+        t.workspace_size_at_index(-1)
     t.build_plan_at_index(0)
+    assert t.workspace_size_at_index(-1) == 8  # -1: the plan execute() runs
     t.execute(tensors)
     assert a.calls.run == 1
-    for bad in (-1, 2, "0", True):
+    for bad in (-2, 3, "0", True):
         with pytest.raises(UsageError, match="out of range"):
             t.execute_plan_at_index(bad, tensors)
     with pytest.raises(UsageError, match="after build_plans"):
@@ -278,9 +291,89 @@ def test_manual_path():
     with pytest.raises(UsageError, match="EXHAUSTIVE"):
         t.autotune(config=AutotuneConfig(mode="exhaustive"))
     results = t.autotune(config=AutotuneConfig(strategy="single_shot"))  # compiled-plan path, STANDARD
-    assert len(results) == 2 and all(r.succeeded for r in results)
-    t.deselect_workspace_greater_than(10)
-    assert t.plan_count == 1
+    assert [(r.candidate, r.disposition) for r in sorted(results, key=lambda r: r.candidate)] == \
+        [(0, Disposition.SUCCEEDED), (1, Disposition.SUCCEEDED), (2, Disposition.FAILED_COMPILE)]
+
+
+def test_compiled_plan_path_deselect_keeps_indices_and_bars_on_both_paths():
+    """RFC §6.3: deselecting after build excludes plans in place (indices and plan_count unchanged); running
+    one is an invalid-value error; autotune gives excluded plans a barred result, as the plan-spec path does."""
+    a, b, c = FakeEngine("a", estimate=8), FakeEngine("b", estimate=16), FakeEngine("c", estimate=4)
+    t = tuner_with(a, b, c)
+    t.add_all_engines()
+    t.build_plans()
+    t.deselect_engines(["a"]).deselect_workspace_greater_than(10)
+    assert t.plan_count == 3 and [t.plan_name_at_index(i) for i in range(3)] == ["a[default]", "b[default]", "c[default]"]
+    tensors = tensors_for(t.problem)
+    with pytest.raises(InputError, match="engine deselected"):
+        t.execute_plan_at_index(0, tensors)
+    with pytest.raises(InputError, match="exceeds the deselect ceiling 10 B"):
+        t.build_plan_at_index(1)
+    t.execute_plan_at_index(2, tensors)
+    assert t.get_autotune_workspace_size() == 4
+    by = {r.candidate: r for r in t.autotune(config=AutotuneConfig(strategy="single_shot"))}
+    assert (by[0].disposition, by[1].disposition, by[2].disposition) == \
+        (Disposition.BARRED_BY_DESELECT, Disposition.BARRED_BY_DESELECT, Disposition.SUCCEEDED)
+    # the plan-spec path: the same deselections, the same barred results
+    t2 = tuner_with(FakeEngine("a", estimate=8), FakeEngine("b", estimate=16), FakeEngine("c", estimate=4))
+    t2.add_all_engines()
+    t2.deselect_engines(["a"]).deselect_workspace_greater_than(10)
+    by2 = {r.candidate: r for r in t2.autotune(config=AutotuneConfig(strategy="single_shot"))}
+    assert [by2[i].disposition for i in range(3)] == [by[i].disposition for i in range(3)]
+    assert "workspace 16 B exceeds the deselect ceiling 10 B" == by2[1].error
+
+
+def test_the_workspace_ceiling_is_the_compiled_plans_not_the_estimate():
+    under_est = FakeEngine("liar", estimate=4, actual=64)  # estimate under the ceiling, real workspace over
+    over_est = FakeEngine("modest", estimate=64, actual=4)  # estimate over, real workspace under
+    t = tuner_with(under_est, over_est)
+    t.add_all_engines()
+    t.deselect_workspace_greater_than(32)
+    by = by_name(t.autotune(config=AutotuneConfig(strategy="single_shot")))
+    assert by["liar[default]"].disposition is Disposition.BARRED_BY_DESELECT and by["liar[default]"].workspace_size == 64
+    assert by["modest[default]"].succeeded
+
+
+def test_build_plans_all_or_the_heuristic_choice():
+    first_broken = FakeEngine("broken", fail_at="compile", priority=1)
+    a, b = FakeEngine("a", priority=2), FakeEngine("b", priority=3)
+    t = tuner_with(first_broken, a, b)
+    t.add_all_engines()
+    assert t.build_plans("heuristics_choice") == 1  # the first that compiles, in heuristic order
+    assert t.plan_count == 3 and len(b.calls.compile) == 0
+    with pytest.raises(UsageError, match="not built"):
+        t.execute_plan_at_index(2, tensors_for(t.problem))
+    t.build_plan_at_index(2)  # built on demand
+    assert len(b.calls.compile) == 1
+    t = tuner_with(FakeEngine("broken", fail_at="compile", priority=1), FakeEngine("a", priority=2),
+                   FakeEngine("b", priority=3))
+    t.add_all_engines()
+    assert t.build_plans(BuildPolicy.ALL) == 2
+    with pytest.raises(ValueError):
+        t.build_plans("fastest")
+
+
+def test_check_support_names_why_nothing_applies():
+    t = tuner_with(FakeEngine("no", applicable=False))
+    t.add_engine("no")
+    with pytest.raises(AutotuneError, match="not supported here: no does not apply: fake says no"):
+        t.check_support()
+
+
+def test_log_lines_follow_the_rfc(caplog):
+    """Per-engine start and result, per-iteration times with CoV progress, priming summary, failures at WARNING."""
+    t = tuner_with(FakeEngine("ex", exhaustive=True), FakeEngine("broken", fail_at="run"),
+                   timer=ScriptedTimer([1.0, 1.0, 1.0, 1.0]))
+    t.add_all_engines()
+    with caplog.at_level(logging.DEBUG, logger="farm.tuner.autotuner"):
+        t.autotune(config=AutotuneConfig(mode="exhaustive", window=3))
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert all(m.startswith("autotune: ") for _, m in lines)
+    assert ("INFO", "autotune: [2/2] ex[default]: start") in lines
+    assert any(m.startswith("autotune: primed 1 of 2 candidate(s)") for _, m in lines)
+    assert any(lvl == "DEBUG" and "iteration 3: 1.0000 ms, CoV of the last 3 0.0% (target 5%)" in m for lvl, m in lines)
+    assert any(lvl == "INFO" and m.startswith("autotune: ex[default]: 1.0000 ms min") for lvl, m in lines)
+    assert any(lvl == "WARNING" and "broken[default] failed_" in m for lvl, m in lines)
 
 
 def test_api_guards():

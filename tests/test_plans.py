@@ -152,12 +152,12 @@ def test_deselect_engines_accumulates_and_workspace_ceiling_last_write_wins(setu
     assert col.barred_reason(specs[1]) == "engine deselected"
     assert col.barred_reason(specs[0]) is None
     col.deselect_workspace_greater_than(10)
-    assert "exceeds the deselect ceiling" in col.barred_reason(specs[0])
+    assert col.barred_reason(specs[0]) is None  # the ceiling is for compiled plans: estimates decide nothing
+    assert col.ceiling_reason(11) == "workspace 11 B exceeds the deselect ceiling 10 B"
     col.deselect_workspace_greater_than(2000)  # last write wins
-    assert col.barred_reason(specs[0]) is None
-    assert "6000 B" in col.barred_reason(specs[2])
+    assert col.ceiling_reason(11) is None and "6000 B" in col.ceiling_reason(6000)
     assert col.barred_reason(specs[1]) == "engine deselected"  # engine bars stay
-    assert col.estimated_max_workspace() == 1000
+    assert col.estimated_max_workspace() == 6000
     with pytest.raises(InputError):
         col.deselect_workspace_greater_than(-1)
 

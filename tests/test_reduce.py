@@ -202,3 +202,16 @@ def test_metadata_says_whether_exhaustive_applies_and_stamps_whole_seconds(tmp_p
     unprimed = autotune_metadata(**exhaustive, ran_exhaustive=False, supports_exhaustive=True)
     assert "did not run" in unprimed["exhaustive_not_run_reason"] and unprimed["timestamp"] == "2026-04-21T10:30:00Z"
     assert "does not support" in autotune_metadata(**exhaustive, ran_exhaustive=False)["exhaustive_not_run_reason"]
+
+
+def test_the_tuners_reason_for_not_priming_reaches_the_override_file(tmp_path):
+    """BENCHMARK_UNPRIMED and a priming workspace skip record why in the row; the reducer writes that reason."""
+    from farm.store.override_files import autotune_metadata
+
+    exhaustive = dict(rank=0, min_ms=1.0, avg_ms=1.0, stddev_ms=0.0, workspace=0, mode="exhaustive", strategy="single_shot",
+                      iterations=1, converged=True, device="sm_90", timestamp="2026-04-21T10:30:00Z")
+    reason = "priming skipped: workspace 4096 B over the limit 1024 B"
+    meta = autotune_metadata(**exhaustive, ran_exhaustive=False, supports_exhaustive=True, not_run_reason=reason)
+    assert meta["exhaustive_not_run_reason"] == reason
+    standard = autotune_metadata(**{**exhaustive, "mode": "standard"}, ran_exhaustive=False, not_run_reason=reason)
+    assert standard["exhaustive_not_run_reason"] == ""  # empty unless EXHAUSTIVE did not prime

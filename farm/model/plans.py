@@ -8,7 +8,7 @@ the tuner's to set, so it is stripped from user input with a warning.
 
 Deselection does not delete: a deselected candidate still gets one result row
 ("barred by deselect"). Engine deselections accumulate; the workspace ceiling
-is the last one given.
+is the last one given and applies to a compiled plan's real workspace.
 """
 
 from __future__ import annotations
@@ -270,19 +270,21 @@ class PlanSpecCollection:
                 self._barred_ids.add(int(key))
 
     def deselect_workspace_greater_than(self, nbytes: int) -> None:
-        """Bar candidates whose estimated workspace exceeds ``nbytes`` (last call wins)."""
-        if nbytes < 0:
-            raise InputError("must be >= 0", field="workspace", value=nbytes)
+        """Bar candidates whose compiled plan needs more than ``nbytes`` of workspace (last call wins)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise InputError("must be an integer >= 0 (bytes)", field="workspace", value=nbytes)
         self._workspace_ceiling = int(nbytes)
 
     def barred_reason(self, spec: PlanSpec) -> str | None:
-        """Why ``spec`` is deselected, or None."""
+        """Why ``spec`` is deselected before compile (its engine is), or None."""
         if spec.engine_id in self._barred_ids:
             return "engine deselected"
-        if self._workspace_ceiling is not None:
-            est = self.estimated_workspace(spec)
-            if est is not None and est > self._workspace_ceiling:
-                return f"estimated workspace {est} B exceeds the deselect ceiling {self._workspace_ceiling} B"
+        return None
+
+    def ceiling_reason(self, workspace: int) -> str | None:
+        """Why a compiled plan needing ``workspace`` bytes is deselected, or None."""
+        if self._workspace_ceiling is not None and workspace > self._workspace_ceiling:
+            return f"workspace {workspace} B exceeds the deselect ceiling {self._workspace_ceiling} B"
         return None
 
     # -- queries -------------------------------------------------------------------

@@ -22,6 +22,13 @@ class PrimingFailurePolicy(str, enum.Enum):
     BENCHMARK_UNPRIMED = "benchmark_unprimed"
 
 
+class BuildPolicy(str, enum.Enum):
+    """Which plans build_plans() compiles (cuDNN's build policies)."""
+
+    ALL = "all"
+    HEURISTICS_CHOICE = "heuristics_choice"  # the first plan in heuristic order that compiles
+
+
 class ResultCheck(str, enum.Enum):
     AUTO = "auto"  # float64 reference for small problems, else the first candidate's output
     REFERENCE = "reference"
@@ -160,6 +167,7 @@ class AutotuneResult:
     estimated_workspace: int | None = None
     ran_exhaustive: bool = False
     supports_exhaustive: bool = False
+    exhaustive_not_run_reason: str = ""  # EXHAUSTIVE mode only: why it was not primed (the error stays empty)
     device_name: str = ""
     max_rel_error: float | None = None
     compile_ms: float | None = None

@@ -33,7 +33,7 @@ _DICT_COLUMNS = ("problem_json", "problem_name", "engine_name", "device_json", "
 _COLUMNS = ("device_signature", "problem_key", "candidate_key", "candidate_index", "engine_name", "problem_json",
             "problem_name", "device_json", "round", "session_id", "mode", "strategy", "job_id", "measured_at", "min_ms", "avg_ms",
             "stddev_ms", "median_ms", "mad_ms", "iterations", "converged", "workspace_bytes", "ran_exhaustive",
-            "supports_exhaustive")
+            "supports_exhaustive", "exhaustive_not_run_reason")
 
 
 @dataclass(frozen=True)

@@ -315,17 +315,20 @@ def _set_aside(path: Path) -> str:
 
 def autotune_metadata(*, rank: int, min_ms: float, avg_ms: float, stddev_ms: float, workspace: int, mode: str,
                       ran_exhaustive: bool, strategy: str, iterations: int, converged: bool, device: str,
-                      timestamp: str, supports_exhaustive: bool = False, **extra: Any) -> dict[str, Any]:
+                      timestamp: str, supports_exhaustive: bool = False, not_run_reason: str | None = None,
+                      **extra: Any) -> dict[str, Any]:
     """The RFC's autotune_metadata (``converged`` only for run_until_stable), plus extra fields.
 
-    ``exhaustive_not_run_reason`` is empty unless EXHAUSTIVE mode did not prime the winner; ``timestamp``
+    ``exhaustive_not_run_reason`` is empty unless EXHAUSTIVE mode did not prime the winner: the tuner's
+    reason (``not_run_reason``) when it recorded one, else what mode and support imply; ``timestamp``
     is written as ISO 8601 in whole seconds, UTC (``2026-04-21T10:30:00Z``).
     """
     meta: dict[str, Any] = {
         "rank": rank, "min_time_ms": min_ms, "avg_time_ms": avg_ms, "stddev_ms": stddev_ms,
         "workspace_size": workspace, "mode": mode, "ran_exhaustive": ran_exhaustive,
-        "supports_exhaustive": supports_exhaustive, "exhaustive_not_run_reason": _not_primed(mode, supports_exhaustive,
-                                                                                              ran_exhaustive),
+        "supports_exhaustive": supports_exhaustive, "exhaustive_not_run_reason":
+            (not_run_reason or _not_primed(mode, supports_exhaustive, ran_exhaustive)) if mode == "exhaustive" and not ran_exhaustive
+            else "",
         "strategy": strategy, "iterations_run": iterations,
     }
     if strategy == "run_until_stable":

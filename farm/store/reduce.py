@@ -126,7 +126,7 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
             workspace=int(row["workspace_bytes"] or 0), mode=row["mode"], ran_exhaustive=bool(row["ran_exhaustive"]),
             strategy=row["strategy"], iterations=int(row["iterations"]), converged=bool(row["converged"]),
             device=device.get("arch", ""), timestamp=row["measured_at"],
-            supports_exhaustive=bool(row["supports_exhaustive"]),
+            supports_exhaustive=bool(row["supports_exhaustive"]), not_run_reason=row.get("exhaustive_not_run_reason"),
             median_time_ms=w.median_ms, mad_ms=_float(row["mad_ms"]), problem_key=row["problem_key"],
             problem_name=row["problem_name"], job_id=row["job_id"], selection=selection,
             top_k=[{"rank": r, **brief(i)} for r, i in enumerate(decisions.top[(w.signature, w.problem_key)][:top_k])],

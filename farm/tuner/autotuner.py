@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from farm.devices.arrays import make_tensors
@@ -42,12 +42,20 @@ from farm.model.engine import (
 from farm.model.knobs import KnobValue, candidate_label
 from farm.model.plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection
 from farm.model.problem import Problem
-from farm.model.records import AutotuneConfig, AutotuneResult, ResultCheck, TuneMode
+from farm.model.records import AutotuneConfig, AutotuneResult, BuildPolicy, ResultCheck, TuneMode
 from farm.tuner.candidate import _Candidate, _close_plan, _err
 from farm.tuner.ranking import _rank
 from farm.tuner.session import _Run
 
 log = logging.getLogger("farm.tuner.autotuner")
+
+
+@dataclass
+class _Slot:
+    """One entry of the compiled-plan list: its plan spec and build state (``cand.plan``, ``cand.error``)."""
+
+    spec: PlanSpec
+    cand: _Candidate
 
 
 class Autotuner:
@@ -58,7 +66,7 @@ class Autotuner:
         self.device = device or cpu_device()
         self.registry = registry or default_engine_registry()
         self._collection = PlanSpecCollection(problem, self.device, self.registry)
-        self._built: list[tuple[PlanSpec, Engine, Plan]] | None = None  # compiled-plan path
+        self._built: list[_Slot] | None = None  # compiled-plan path: one slot per plan spec
         self._active: tuple[PlanSpec, Engine, Plan] | None = None
         self._workspace: Any = None
         self._workspace_size = 0
@@ -96,18 +104,19 @@ class Autotuner:
         return self._collection.add_engine_sweep(sweeps)
 
     def deselect_engines(self, engines: Iterable[int | str]) -> "Autotuner":
+        """Bar engines by name or id. After build_plans() their plans stay in the list (indices do not move)
+        but are excluded: executing one is an error, autotune() gives them a barred result."""
         self._collection.deselect_engines(engines)
-        if self._built is not None:
-            self._built = [b for b in self._built if self._collection.barred_reason(b[0]) is None]
         return self
 
     def deselect_workspace_greater_than(self, nbytes: int) -> "Autotuner":
+        """Bar plans whose workspace is above ``nbytes``: the compiled plan's real workspace (the estimate
+        before compile decides nothing). On the plan-spec path it is checked after each compile."""
         self._collection.deselect_workspace_greater_than(nbytes)
-        if self._built is not None:
-            self._built = [b for b in self._built if b[2].workspace_size <= nbytes]
         return self
 
     def estimated_max_workspace(self) -> int:
+        """The largest pre-compile workspace estimate of the candidates not barred (UsageError with none)."""
         return self._collection.estimated_max_workspace()
 
     @property
@@ -118,59 +127,120 @@ class Autotuner:
         if self._built is not None:
             raise UsageError("cannot add plan specs after build_plans(): the plan-spec and compiled-plan paths are exclusive")
 
-    # -- compiled-plan path and the manual loop -----------------------------------------
-    def build_plans(self) -> int:
-        """Compile every candidate not barred (the manual path); returns the plan count.
+    def check_support(self) -> int:
+        """How many plan specs an applicable engine serves; AutotuneError naming each reason when none."""
+        if not self._collection.specs:
+            raise AutotuneError("no plan specs to check: add engines first")
+        reasons, supported = [], 0
+        for spec in self._collection.specs:
+            cand = self._candidate(0, spec)
+            why = self.unsupported_reason(cand)
+            if why is None:
+                supported += 1
+            else:
+                reasons.append(why)
+        if not supported:
+            raise AutotuneError(f"{self.problem.label()} is not supported here: " + "; ".join(dict.fromkeys(reasons)))
+        return supported
 
-        Candidates that fail to compile are logged and left out, as cuDNN's
-        build_plans(ALL) does.
+    # -- compiled-plan path and the manual loop -----------------------------------------
+    def build_plans(self, policy: BuildPolicy | str = BuildPolicy.ALL) -> int:
+        """Make the plan list (one slot per plan spec, in order) and compile into it; returns the plans built.
+
+        ``ALL`` compiles every slot not barred; ``HEURISTICS_CHOICE`` stops at the first one that compiles
+        (the others can be built later with build_plan_at_index). A slot that fails to compile keeps its
+        index, with the reason; ``plan_count`` counts every slot.
         """
+        policy = BuildPolicy(policy) if not isinstance(policy, BuildPolicy) else policy
         if not self._collection.specs:
             raise AutotuneError("no plan specs to build: add engines first")
-        built = []
-        for spec in self._collection.specs:
-            if self._collection.barred_reason(spec) is not None:
+        if self._built is None:
+            self._built = [_Slot(spec, self._candidate(i, spec)) for i, spec in enumerate(self._collection.specs)]
+            self._collection.lock("plans were built (compiled-plan path)")
+        built = 0
+        for slot in self._built:
+            if self.barred_reason(slot.spec) is not None:
                 continue
-            cand = self._candidate(0, spec)
-            self.compile_candidate(cand)
-            if cand.plan is not None:
-                built.append((spec, cand.engine, cand.plan))
-            else:
-                log.warning("autotune: %s not built: %s", spec.describe(self.registry), cand.error)
-        self._built = built
-        self._collection.lock("plans were built (compiled-plan path)")
-        return len(built)
+            if slot.cand.plan is None and not slot.cand.error:
+                self.compile_candidate(slot.cand)
+                if slot.cand.plan is None:
+                    log.warning("autotune: %s not built: %s", slot.spec.describe(self.registry), slot.cand.error)
+            built += slot.cand.plan is not None
+            if policy is BuildPolicy.HEURISTICS_CHOICE and built:
+                break
+        log.info("autotune: built %d of %d plan(s) for %s (%s)", built, len(self._built), self.problem.label(), policy.value)
+        return built
 
     @property
     def plan_count(self) -> int:
+        """Every slot of the plan list, excluded and failed ones included (indices never move)."""
         return len(self._require_built())
 
-    def _require_built(self) -> list[tuple[PlanSpec, Engine, Plan]]:
+    def _require_built(self) -> list[_Slot]:
         if self._built is None:
             raise UsageError("no compiled plans: call build_plans() first")
         return self._built
 
-    def _at(self, index: int) -> tuple[PlanSpec, Engine, Plan]:
+    def _slot(self, index: int) -> _Slot:
         built = self._require_built()
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(built):
-            raise UsageError(f"plan index {index!r} out of range: {len(built)} plan(s) built")
+            raise UsageError(f"plan index {index!r} out of range: {len(built)} plan(s) in the list")
         return built[index]
 
+    def excluded_reason(self, index: int) -> str | None:
+        """Why plan ``index`` may not run (deselected, over the workspace ceiling, failed to build), or None."""
+        slot = self._slot(index)
+        reason = self.barred_reason(slot.spec)
+        if reason is None and slot.cand.plan is not None:
+            reason = self.ceiling_reason(int(slot.cand.plan.workspace_size))
+        if reason is None and slot.cand.error:
+            reason = f"failed to build: {slot.cand.error}"
+        return reason
+
+    def _runnable(self, index: int) -> tuple[PlanSpec, Engine, Plan]:
+        slot = self._slot(index)
+        reason = self.excluded_reason(index)
+        if reason is not None:
+            raise InputError(f"invalid value: plan {index} ({self.plan_name_at_index(index)}) is excluded: {reason}",
+                             field="index", value=index)
+        if slot.cand.plan is None:
+            raise UsageError(f"plan {index} ({self.plan_name_at_index(index)}) is not built: call build_plan_at_index({index})")
+        return slot.spec, slot.cand.engine, slot.cand.plan
+
     def workspace_size_at_index(self, index: int) -> int:
-        return int(self._at(index)[2].workspace_size)
+        """The workspace plan ``index`` needs (compiled, else the estimate); -1: the plan execute() runs."""
+        if index == -1 and not isinstance(index, bool):
+            if self._active is None:
+                raise UsageError("no plan selected: run autotune() or build_plan_at_index() first")
+            return int(self._active[2].workspace_size)
+        slot = self._slot(index)
+        if slot.cand.plan is not None:
+            return int(slot.cand.plan.workspace_size)
+        return int(slot.cand.estimated_workspace or 0)
+
+    def get_autotune_workspace_size(self) -> int:
+        """The workspace autotune() needs on the compiled-plan path: the largest of the runnable built plans."""
+        built = self._require_built()
+        return max((int(s.cand.plan.workspace_size) for i, s in enumerate(built)
+                    if s.cand.plan is not None and self.excluded_reason(i) is None), default=0)
 
     def plan_name_at_index(self, index: int) -> str:
-        spec, engine, _ = self._at(index)
-        return candidate_label(engine.name, spec.knobs)
+        slot = self._slot(index)
+        name = slot.cand.engine.name if slot.cand.engine is not None else str(slot.spec.engine_id)
+        return candidate_label(name, slot.spec.knobs)
 
     def execute_plan_at_index(self, index: int, tensors: Mapping[str, Any]) -> None:
-        _, _, plan = self._at(index)
+        """Run plan ``index`` (an excluded one is an InputError: invalid value)."""
+        _, _, plan = self._runnable(index)
         self._check_tensors(tensors)
         plan.run(tensors, self.workspace_for(plan.workspace_size), self.device.stream)
 
     def build_plan_at_index(self, index: int) -> None:
-        """Make plan ``index`` the one :meth:`execute` runs."""
-        self._active = self._at(index)
+        """Build plan ``index`` if it is not yet, and make it the one :meth:`execute` runs."""
+        slot = self._slot(index)
+        if slot.cand.plan is None and not slot.cand.error and self.barred_reason(slot.spec) is None:
+            self.compile_candidate(slot.cand)
+        self._active = self._runnable(index)
 
     # -- execution ------------------------------------------------------------------
     def execute(self, tensors: Mapping[str, Any]) -> None:
@@ -187,9 +257,11 @@ class Autotuner:
 
     def close(self) -> None:
         """Release plans and the workspace."""
-        for entry in self._built or []:
-            _close_plan(entry[2])
-        if self._active is not None:
+        built = {id(s.cand.plan) for s in self._built or [] if s.cand.plan is not None}
+        for slot in self._built or []:
+            if slot.cand.plan is not None:
+                _close_plan(slot.cand.plan)
+        if self._active is not None and id(self._active[2]) not in built:
             _close_plan(self._active[2])
         self._active = None
         self._built = None
@@ -259,12 +331,7 @@ class Autotuner:
         if self._built is not None:
             if config.mode is TuneMode.EXHAUSTIVE:
                 raise UsageError("EXHAUSTIVE mode needs the plan-spec path; these plans were built already")
-            candidates = []
-            for i, (spec, engine, plan) in enumerate(self._built):
-                cand = self._candidate(i, spec)
-                cand.plan, cand.compile_ms = plan, 0.0
-                candidates.append(cand)
-            return candidates
+            return [slot.cand for slot in self._built]  # every slot, indices as built; unbuilt ones compile
         if not self._collection.specs:
             raise AutotuneError("no autotuning candidates: add engines first")
         wanted = set(only) if only is not None else None
@@ -280,8 +347,19 @@ class Autotuner:
 
     # -- used by the measuring session (farm.tuner.session) ---------------------------------
     def barred_reason(self, spec: PlanSpec) -> str | None:
-        """Why a deselect rule bars this plan spec (None: it may run)."""
+        """Why an engine deselection bars this plan spec (None: it may run)."""
         return self._collection.barred_reason(spec)
+
+    def ceiling_reason(self, workspace: int) -> str | None:
+        """Why a compiled plan of this workspace is over the deselect ceiling (None: it is not)."""
+        return self._collection.ceiling_reason(workspace)
+
+    def unsupported_reason(self, cand: _Candidate) -> str | None:
+        """Why no engine can build this candidate here (None: it applies)."""
+        if cand.engine is None:
+            return f"unknown engine id {cand.spec.engine_id}"
+        support = self.registry.config_for(cand.engine, self.problem, self.device)
+        return None if support.applicable else f"{cand.engine.name} does not apply: {support.reason}"
 
     def compile_key(self, cand: _Candidate) -> str | None:
         """The host-wide key of the artifact compiling ``cand`` produces, if its engine declares one."""
@@ -297,12 +375,9 @@ class Autotuner:
     def compile_candidate(self, cand: _Candidate, *, benchmarking: bool = False) -> Plan | None:
         """Compile (or, with ``benchmarking``, build a priming plan). Sets cand.error on failure."""
         engine = cand.engine
-        if engine is None:
-            cand.error = f"unknown engine id {cand.spec.engine_id}"
-            return None
-        support = self.registry.config_for(engine, self.problem, self.device)
-        if not support.applicable:
-            cand.error = f"{engine.name} does not apply: {support.reason}"
+        why = self.unsupported_reason(cand)
+        if why is not None:
+            cand.error = why
             return None
         t0 = time.perf_counter()
         self.in_flight[cand.spec] = time.monotonic()

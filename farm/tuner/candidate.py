@@ -27,6 +27,7 @@ class _Candidate:
     error: str = ""
     disposition: Disposition | None = None
     ran_exhaustive: bool = False
+    not_primed: str = ""  # EXHAUSTIVE mode: why this candidate was not primed
     note: str = ""
     started: float = 0.0
     started_at: str = ""

@@ -65,10 +65,12 @@ class _Run:
     # -- the pipeline ----------------------------------------------------------------
     def execute(self, candidates: list[_Candidate], *, prebuilt: bool) -> list[AutotuneResult]:
         self._prebuilt = prebuilt
+        self._total = len(candidates)
         todo: list[_Candidate] = []
         for cand in candidates:
             cand.started, cand.started_at = time.perf_counter(), _now_iso()
-            reason = None if prebuilt else self.t.barred_reason(cand.spec)
+            cand.spent_ms, cand.note, cand.not_primed, cand.ran_exhaustive = 0.0, "", "", False  # a slot is measured again
+            reason = self.t.barred_reason(cand.spec)
             if reason is not None:
                 self._finish(cand, Disposition.BARRED_BY_DESELECT, error=reason)
             elif self.cfg.engine_id_filter and cand.spec.engine_id not in self.cfg.engine_id_filter:
@@ -81,13 +83,16 @@ class _Run:
         if self.cfg.mode is TuneMode.EXHAUSTIVE:
             for cand in todo:
                 self._prime(cand)
+            primed = sum(c.ran_exhaustive for c in todo)
+            log.info("autotune: primed %d of %d candidate(s); %d not primed", primed, len(todo), len(todo) - primed)
         if prebuilt or self.cfg.compile_workers == 0:
-            if not prebuilt:
+            unbuilt = [c for c in todo if c.plan is None and not c.error]  # the plan-spec path: all of them
+            if unbuilt:
                 t0 = time.perf_counter()
-                for cand in todo:
+                for cand in unbuilt:
                     self.t.compile_candidate(cand)
-                ok = sum(c.plan is not None for c in todo)
-                log.info("autotune: compiled %d of %d candidate(s) in %.0f ms", ok, len(todo), (time.perf_counter() - t0) * 1e3)
+                ok = sum(c.plan is not None for c in unbuilt)
+                log.info("autotune: compiled %d of %d candidate(s) in %.0f ms", ok, len(unbuilt), (time.perf_counter() - t0) * 1e3)
             for cand in todo:
                 self._measure(cand)
         else:
@@ -134,15 +139,20 @@ class _Run:
     def _prime(self, cand: _Candidate) -> None:
         """EXHAUSTIVE mode: build a plan with the benchmarking knob, run it once, discard it."""
         engine = cand.engine
-        if engine is None or not engine.supports_exhaustive:
+        if engine is None:
+            return
+        if not engine.supports_exhaustive:
+            cand.not_primed = "the engine does not support exhaustive priming"
             return
         t0 = time.perf_counter()
         plan = self.t.compile_candidate(cand, benchmarking=True)
         failure = ""
+        over = self._workspace_bar(int(plan.workspace_size)) if plan is not None else None
         if plan is None:
             failure, cand.error = cand.error, ""
-        elif self.cfg.workspace_limit is not None and plan.workspace_size > self.cfg.workspace_limit:
-            log.info("autotune: priming of %s skipped: workspace %d B over the limit", cand.spec.describe(self.t.registry), plan.workspace_size)
+        elif over is not None:
+            cand.not_primed = f"priming skipped: {over}"
+            log.info("autotune: priming of %s skipped: %s", cand.spec.describe(self.t.registry), over)
         else:
             try:
                 plan.run(self.tensors, self.t.workspace_for(plan.workspace_size), self.t.device.stream)
@@ -157,19 +167,24 @@ class _Run:
             if self.cfg.priming_failure is PrimingFailurePolicy.ABORT:
                 raise AutotuneError(f"priming failed for {cand.spec.describe(self.t.registry)}: {failure} "
                                     "(priming_failure=abort; use benchmark_unprimed to continue)", self.results)
-            cand.note = f"priming failed, benchmarked unprimed: {failure}"
-            log.warning("autotune: %s", cand.note)
+            cand.not_primed = f"priming failed, benchmarked unprimed: {failure}"
+            log.warning("autotune: %s: %s", cand.spec.describe(self.t.registry), cand.not_primed)
 
     def _measure(self, cand: _Candidate) -> None:
         # the candidate's own time starts here (its compile is counted apart): with compiles
         # pipelined, the time since the batch began would include other candidates' work
         cand.started, cand.started_at = time.perf_counter(), _now_iso()
         self.t.in_flight[cand.spec] = time.monotonic()
+        log.info("autotune: [%d/%d] %s: start", cand.index + 1, self._total, cand.spec.describe(self.t.registry))
         plan = cand.plan
         if plan is None:
             self._finish(cand, Disposition.FAILED_COMPILE, error=cand.error)
             return
         ws = int(getattr(plan, "workspace_size", 0) or 0)
+        ceiling = self.t.ceiling_reason(ws)
+        if ceiling is not None:  # the real workspace, now the plan is compiled
+            self._finish(cand, Disposition.BARRED_BY_DESELECT, error=ceiling, workspace=ws)
+            return
         if self._over_workspace_limit(cand, ws):
             return
         try:
@@ -187,10 +202,11 @@ class _Run:
         timed, per_call, note = self._timed_call(plan, workspace, cand)
         samples: list[float] = []
         try:
-            converged = self._sample(timed, per_call, samples)
+            label = cand.spec.describe(self.t.registry)
+            converged = self._sample(timed, per_call, samples, label)
             if self._noisy_near_top(samples):
                 # its noise would decide ties: measure again rather than promote or demote it on noise
-                converged = self._sample(timed, per_call, samples)
+                converged = self._sample(timed, per_call, samples, label)
                 note = "; ".join(x for x in (note, f"noisy near the top: re-measured ({len(samples)} samples)") if x)
         except Exception as exc:
             self._finish(cand, Disposition.FAILED_RUN, error=f"{cand.engine.name}: run {len(samples) + 1}: {_err(exc)}",
@@ -199,6 +215,13 @@ class _Run:
         self._finish(cand, Disposition.SUCCEEDED, workspace=ws, warmups=warmups, samples=samples,
                      converged=converged, max_err=max_err, error="; ".join(x for x in (cand.note, note) if x))
         self._plans[(cand.spec.engine_id, cand.spec.knobs)] = (cand.spec, cand.engine, plan)
+
+    def _workspace_bar(self, ws: int) -> str | None:
+        """Why a plan of this workspace may not run (deselect ceiling or the config's limit), or None."""
+        limit = self.cfg.workspace_limit
+        if limit is not None and ws > limit:
+            return f"workspace {ws} B over the limit {limit} B"
+        return self.t.ceiling_reason(ws)
 
     def _over_workspace_limit(self, cand: _Candidate, ws: int) -> bool:
         """Finish the candidate when its compiled plan needs more workspace than the limit."""
@@ -238,7 +261,7 @@ class _Run:
             return None
         return warmups, max_err
 
-    def _sample(self, timed: Callable[[int], Callable[[], None]], per_call: int, samples: list[float]) -> bool:
+    def _sample(self, timed: Callable[[int], Callable[[], None]], per_call: int, samples: list[float], label: str = "") -> bool:
         """Timed runs appended to ``samples`` until the stop rule (counted from this call) says stop."""
         dev = self.t.device
         first = len(samples)
@@ -249,8 +272,20 @@ class _Run:
                     dev.runtime.flush_l2(dev.stream)
                 samples.append(dev.timer.measure(timed(len(samples))) / per_call)
                 stop, converged = self.rule.done(samples[first:], (time.perf_counter() - t0) * 1e3)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("autotune: %s iteration %d: %.4f ms%s", label, len(samples), samples[-1],
+                              self._cov_progress(samples[first:]))
                 if stop:
                     return converged
+
+    def _cov_progress(self, samples: Sequence[float]) -> str:
+        """', CoV of the last W x.x % (target y %)' under run_until_stable, once a window is full."""
+        w = self.cfg.window
+        if self.cfg.strategy.value != "run_until_stable" or len(samples) < w:
+            return ""
+        tail = np.asarray(samples[-w:])
+        cov = float(tail.std() / tail.mean()) if tail.mean() > 0 else float("inf")
+        return f", CoV of the last {w} {cov:.1%} (target {self.cfg.stability_threshold:.0%})"
 
     def _noisy_near_top(self, samples: Sequence[float]) -> bool:
         """Noisy, and within noise of (or faster than) the best candidate measured so far."""
@@ -339,6 +374,8 @@ class _Run:
             estimated_workspace=cand.estimated_workspace,
             ran_exhaustive=cand.ran_exhaustive,
             supports_exhaustive=bool(engine.supports_exhaustive) if engine is not None else False,
+            exhaustive_not_run_reason=cand.not_primed if self.cfg.mode is TuneMode.EXHAUSTIVE and not cand.ran_exhaustive
+            else "",
             device_name=self.t.device.properties.name,
             max_rel_error=max_err,
             compile_ms=cand.compile_ms,
@@ -355,8 +392,9 @@ class _Run:
         elif disposition in (Disposition.BARRED_BY_DESELECT, Disposition.EXCLUDED_BY_FILTER):
             log.debug("autotune: %s %s: %s", result.label, disposition.value, error)
         else:
-            # an expected outcome recorded as a result row, not an incident
-            log.info("autotune: %s %s: %s", result.label, disposition.value, error)
+            # the RFC's failures at WARNING; a limit that skips a candidate is no failure
+            level = logging.INFO if disposition is Disposition.EXCEEDS_WORKSPACE_LIMIT else logging.WARNING
+            log.log(level, "autotune: %s %s: %s", result.label, disposition.value, error)
             if cand.plan is not None and not self._prebuilt:
                 _close_plan(cand.plan)
         if self.listener is not None:
