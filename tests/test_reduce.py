@@ -128,7 +128,8 @@ def test_tunableop_csv(tmp_path):
     results = [r for r in rows if r[0] != "Validator"]
     assert len(results) == 2 and all(len(r) == 4 for r in results)
     fast = next(r for r in results if r[2].startswith("fast"))
-    assert fast[0] == "matmul_fp32" and fast[1].startswith("A16x5_B5x6_C16x6") and fast[2] == "fast[tile=128]"
+    # TunableOp's own GEMM line: BLAS's column-major view, C^T (6x16) = B^T A^T with K = 5, dense leading dims
+    assert fast[:3] == ["GemmTunableOp_float_NN", "nn_6_16_5_ld_6_5_6", "fast[tile=128]"]
     assert float(fast[3]) == pytest.approx(1.0)
 
 

@@ -44,6 +44,7 @@ from farm.model.records import AutotuneConfig
 from farm.replay.selection import Selector
 from farm.store.override_files import autotune_metadata, load_overrides, merge_entries, write_overrides
 from farm.store.overrides import OverrideEntry, OverrideFile
+from farm.store.tunableop_csv import DEFAULT_KERNEL, is_tunableop_csv, load_tunableop_csv, write_tunableop_csv
 from farm.tuner.autotuner import Autotuner
 
 log = logging.getLogger("farm.replay.tunable_runtime")
@@ -196,7 +197,8 @@ class TunableRuntime:
             if not os.path.exists(path):
                 return False
             try:
-                f = load_overrides(path, strict=False)  # an unusable rule is skipped, not the file
+                # TunableOp's CSV by its suffix; in JSON an unusable rule is skipped, not the file
+                f = load_tunableop_csv(path) if is_tunableop_csv(path) else load_overrides(path, strict=False)
             except FarmError as exc:
                 if os.path.isfile(path):  # kept for a person to look at; a later write_file would replace it
                     moved = move_aside(Path(path))
@@ -229,7 +231,15 @@ class TunableRuntime:
         with self._lock:
             entries = self._results.entries if self._results else []
             self._filename_used = True
-            write_overrides(filename or self._results_path(), entries, device=self._device_obj(), mode="replace")
+            self._write(filename or self._results_path(), entries, "replace")
+
+    def _write(self, path: str, entries: list[OverrideEntry], mode: str) -> None:
+        """Write in the file's format: TunableOp's CSV for a ``.csv`` name (what it held otherwise kept), else JSON."""
+        if is_tunableop_csv(path):
+            write_tunableop_csv(path, entries, device=self._device_obj(), mode=mode,
+                                extra=self._results.extra if self._results is not None else None)
+        else:
+            write_overrides(path, entries, device=self._device_obj(), mode=mode)
 
     def get_results(self) -> list[dict[str, Any]]:
         self._ensure_results()
@@ -268,6 +278,10 @@ class TunableRuntime:
         if s.enabled:
             self._ensure_results()
             entry = self._results.match(problem) if self._results else None
+            if entry is not None and entry.engine_name == DEFAULT_KERNEL:
+                # TunableOp's "Default": the library's own choice, tuning on or off
+                self._say("recorded Default for %s: the heuristic's choice", problem.label())
+                return self._select(problem, candidates)
             if entry is not None:
                 bound = self._compile(problem, entry.engine_name, entry.knobs, "recorded",
                                       origin=self._results.source if self._results else "")
@@ -346,7 +360,7 @@ class TunableRuntime:
             entries = merge_entries(self._results.entries if self._results else [], [entry])[0]
             self._results = OverrideFile(2, entries, self._device_obj(), {}, self._results_path())
             try:
-                write_overrides(self._results_path(), [entry], device=self._device_obj(), mode="append")
+                self._write(self._results_path(), [entry], "append")
             except FarmError as exc:
                 log.warning("autotune: could not record %s in %s: %s", w.engine_name, self._results_path(), exc)
         self._say("tuned %s: %s[%s] %.4f ms (recorded)", problem.label(), w.engine_name, format_settings(w.knobs), w.min_ms)

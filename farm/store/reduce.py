@@ -17,8 +17,6 @@ Outputs, per signature, in the output folder:
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 from dataclasses import dataclass, field
@@ -30,12 +28,13 @@ import pyarrow.parquet as pq
 
 from farm._version import __version__
 from farm.errors import InputError
-from farm.fsutil import atomic_write_text, fsync_dir, temp_path
+from farm.fsutil import fsync_dir, temp_path
 from farm.model.ids import engine_name_to_id
 from farm.store.dataset import ResultsDataset, safe_signature
 from farm.store.override_files import WriteReport, autotune_metadata, write_overrides
 from farm.store.overrides import OverrideEntry
 from farm.store.results import KNOB_TYPE, candidate_key, knobs_to_structs
+from farm.store.tunableop_csv import write_tunableop_csv
 from farm.tuner.winner import Rule
 
 log = logging.getLogger("farm.store.reduce")
@@ -94,7 +93,8 @@ def reduce_results(results_dir: str | Path, out_dir: str | Path, *, top_k: int =
             rep.winners_path = str(write_winners_table(out / f"{signature}{WINNERS_SUFFIX}", decisions, picked))
             if tunableop_csv:
                 rep.csv_path = str(out / f"tunableop_results_{signature}.csv")
-                write_tunableop_csv(rep.csv_path, signature, device, entries)
+                write_tunableop_csv(rep.csv_path, entries, device={"signature": signature, "properties": device},
+                                    mode="replace")
         reports.append(rep)
     return ReduceReport(reports, decisions.skipped_files, decisions.rows, decisions)
 
@@ -174,26 +174,3 @@ def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winne
     return path
 
 
-def write_tunableop_csv(path: str | Path, signature: str, device: dict[str, Any], entries: Sequence[OverrideEntry]) -> None:
-    """TunableOp-style results: Validator lines, then ``op,params,kernel,time_ms`` per problem."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["Validator", "FARM_VERSION", __version__])
-    w.writerow(["Validator", "DEVICE_SIGNATURE", signature])
-    w.writerow(["Validator", "DEVICE_NAME", device.get("name", "")])
-    w.writerow(["Validator", "ARCH", device.get("arch", "")])
-    if device.get("driver_version"):
-        w.writerow(["Validator", "DRIVER_VERSION", device["driver_version"]])
-    if device.get("runtime_version"):
-        w.writerow(["Validator", "RUNTIME_VERSION", device["runtime_version"]])
-    for name, version in sorted((device.get("libraries") or {}).items()):
-        w.writerow(["Validator", f"{name.upper()}_VERSION", version])
-    for e in entries:
-        dtype = next((t.data_type for t in e.tensors if t.data_type), "")
-        params = "_".join(f"{t.tensor_id}{'x'.join(map(str, t.dims))}" for t in e.tensors)
-        crit = "_".join(f"{k}{v}" for k, v in e.criteria if v)
-        kernel = e.engine_name + ("[" + ";".join(f"{k}={v}" for k, v in e.knobs) + "]" if e.knobs else "")
-        time_ms = (e.metadata or {}).get("median_time_ms") or (e.metadata or {}).get("min_time_ms")
-        w.writerow([f"{e.op}_{dtype}", params + (f"_{crit}" if crit else ""), kernel, f"{time_ms:.6f}" if time_ms else ""])
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, buf.getvalue())

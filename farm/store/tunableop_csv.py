@@ -1,0 +1,259 @@
+"""PyTorch TunableOp's results file, read and written: ``Validator`` lines, then ``op,params,kernel,time_ms``.
+
+    Validator,PT_VERSION,2.13.0
+    Validator,DEVICE_SIGNATURE,nvidia-h200-sm90-132cu-490820f783
+    GemmTunableOp_Half_NN,nn_4096_1024_512_ld_4096_512_4096,triton.gemm[BLOCK_M=128;BLOCK_N=64],0.0123
+    GemmTunableOp_float_TN,tn_64_32_16,Default,0.0
+    conv_fprop,X:1x64x56x56:200704x3136x56x1:fp16;W:64x64x3x3:576x9x3x1:fp16;pad_h=1;compute=fp32,cpu.conv.im2col,0.41
+
+A 2-D matmul (no bias, the dtype's default compute type) is written as TunableOp writes a GEMM: BLAS's
+column-major view of ``C = A @ B`` on row-major tensors, ``C^T = B^T A^T`` (m = N, n = M, k = K; the first
+operand is B), ``GemmTunableOp_<type>_<TA><TB>`` and ``<ta><tb>_m_n_k_ld_lda_ldb_ldc``; lines without the
+``_ld_`` part (older PyTorch) are read as dense. Every other problem gets a line of our own: the op name,
+then its tensors (``id:dims:strides:dtype``), criteria (``name=value``) and compute type, separated by ``;``
+so no comma breaks TunableOp's reader. The kernel is ``engine[knob=value;...]``; ``Default`` is the
+heuristic's top choice. Lines this build cannot map (another TunableOp op, a malformed line) and validators
+are kept and written back, so a TunableOp user's file survives a round trip.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import logging
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from filelock import FileLock
+
+from farm._version import __version__
+from farm.errors import InputError
+from farm.fsutil import atomic_write_text, move_aside, read_text_file
+from farm.model import dtypes
+from farm.model.knobs import KnobSettings
+from farm.model.op_catalog import OPS
+from farm.store.override_files import lock_path, merge_entries
+from farm.store.overrides import OVERRIDE_VERSION, OverrideEntry, OverrideFile, TensorRule
+
+log = logging.getLogger("farm.store.tunableop_csv")
+
+DEFAULT_KERNEL = "Default"  # TunableOp's name for the library's own (heuristic) choice
+VALIDATORS = "tunableop_validators"  # OverrideFile.extra keys: what is kept for the rewrite
+FOREIGN = "tunableop_lines"
+_LINE = "tunableop_line"  # OverrideEntry.extra: the line an entry was read from
+_TYPE_NAMES = {"fp32": "float", "fp64": "double", "fp16": "Half", "bf16": "BFloat16"}
+_FROM_TYPE = {v: k for k, v in _TYPE_NAMES.items()}
+_GEMM_OP = re.compile(r"GemmTunableOp_(float|double|Half|BFloat16)_([NT])([NT])")
+_GEMM_PARAMS = re.compile(r"([nt])([nt])_(\d+)_(\d+)_(\d+)(?:_ld_(\d+)_(\d+)_(\d+))?")
+
+
+def is_tunableop_csv(path: str | Path) -> bool:
+    return str(path).lower().endswith(".csv")
+
+
+# -- reading -------------------------------------------------------------------------------------
+def load_tunableop_csv(path: str | Path) -> OverrideFile:
+    return parse_tunableop_csv(read_text_file(path, "TunableOp results file"), source=str(path))
+
+
+def parse_tunableop_csv(text: str, *, source: str = "<tunableop>") -> OverrideFile:
+    """Entries for the lines this build maps; validators and the other lines kept in ``extra``."""
+    validators: list[list[str]] = []
+    foreign: list[list[str]] = []
+    entries: list[OverrideEntry] = []
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise InputError(f"not a TunableOp results file: {exc}", source=source) from None
+    for lineno, row in enumerate(rows, 1):
+        if not row or not "".join(row).strip():
+            continue
+        if row[0] == "Validator":
+            if len(row) < 3:
+                raise InputError("a Validator line needs a name and a value", field=f"line {lineno}", value=",".join(row),
+                                 source=source)
+            validators.append(row[:3])
+            continue
+        if len(row) < 4:
+            raise InputError("expected op,params,kernel,time", field=f"line {lineno}", value=",".join(row), source=source)
+        try:
+            entry = _entry(row)
+        except (InputError, ValueError) as exc:
+            log.info("tunableop: %s line %d kept as it is (%s)", source, lineno, str(exc).splitlines()[0])
+            entry = None
+        if entry is None:
+            foreign.append(row[:4])
+        else:  # written back as it was read, unless replaced
+            entries.append(dataclasses.replace(entry, extra={_LINE: list(row[:4])}))
+    device = {"signature": v} if (v := dict((k, val) for _, k, val in validators).get("DEVICE_SIGNATURE")) else None
+    return OverrideFile(OVERRIDE_VERSION, entries, device, {VALIDATORS: validators, FOREIGN: foreign}, source)
+
+
+def _entry(row: Sequence[str]) -> OverrideEntry | None:
+    op_name, params, kernel, time_text = (c.strip() for c in row[:4])
+    time_ms = float(time_text) if time_text else 0.0
+    meta = {"min_time_ms": time_ms, "median_time_ms": time_ms, "source": "tunableop"}
+    engine, knobs = _parse_kernel(kernel)
+    gemm = _GEMM_OP.fullmatch(op_name)
+    if gemm is not None:
+        p = _GEMM_PARAMS.fullmatch(params)
+        if p is None or (p.group(1).upper(), p.group(2).upper()) != gemm.group(2, 3):
+            return None
+        dtype = _FROM_TYPE[gemm.group(1)]
+        ta, tb = p.group(1), p.group(2)
+        m, n, k = (int(x) for x in p.group(3, 4, 5))
+        lda, ldb, ldc = (int(x) for x in p.group(6, 7, 8)) if p.group(6) else (m if ta == "n" else k, k if tb == "n" else n, m)
+        # column-major C^T (m x n) = B^T A^T: M = n, N = m, K = k; the first operand is B
+        b_strides = (lda, 1) if ta == "n" else (1, lda)
+        a_strides = (ldb, 1) if tb == "n" else (1, ldb)
+        tensors = (TensorRule("A", (n, k), a_strides, dtype), TensorRule("B", (k, m), b_strides, dtype),
+                   TensorRule("C", (n, m), (ldc, 1), dtype))
+        return OverrideEntry("matmul", engine, tensors, (), knobs, dtypes.default_compute_dtype(dtype), meta)
+    if op_name not in OPS:
+        return None
+    tensors_l, criteria, compute = [], [], None
+    for token in params.split(";"):
+        if token.startswith("compute="):
+            compute = token.split("=", 1)[1]
+        elif "=" in token:
+            name, value = token.split("=", 1)
+            criteria.append((name, int(value)))
+        else:
+            tid, dims, strides, dtype = token.split(":")
+            tensors_l.append(TensorRule(tid, _ints(dims), _ints(strides), dtype or None))
+    return OverrideEntry(op_name, engine, tuple(tensors_l), tuple(sorted(criteria)), knobs, compute, meta)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("x")) if text else ()
+
+
+def _parse_kernel(kernel: str) -> tuple[str, KnobSettings]:
+    """``engine[k=v;k2=v2]`` -> (engine, knobs); a value is an int, else a float, else a string."""
+    m = re.fullmatch(r"([^\[\]]+)(?:\[(.*)\])?", kernel)
+    if m is None or not m.group(1):
+        raise InputError("expected engine[knob=value;...]", field="kernel", value=kernel)
+    knobs = []
+    for part in filter(None, (m.group(2) or "").split(";")):
+        name, _, value = part.partition("=")
+        knobs.append((name, _typed(value)))
+    return m.group(1), tuple(sorted(knobs))
+
+
+def _typed(text: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+# -- writing -------------------------------------------------------------------------------------
+def gemm_signature(e: OverrideEntry) -> tuple[str, str] | None:
+    """TunableOp's (op, params) for a dense 2-D matmul entry; None for anything it has no GEMM line for."""
+    by_id = {t.tensor_id: t for t in e.tensors}
+    a, b, c = by_id.get("A"), by_id.get("B"), by_id.get("C")
+    if e.op != "matmul" or set(by_id) - {"A", "B", "C"} or e.criteria or a is None or b is None:
+        return None
+    dtype = a.data_type
+    if dtype not in _TYPE_NAMES or b.data_type != dtype or (c is not None and c.data_type not in (None, dtype)):
+        return None
+    if e.compute_data_type not in (None, dtypes.default_compute_dtype(dtype)):
+        return None
+    if len(a.dims) != 2 or len(b.dims) != 2 or -1 in a.dims + b.dims:
+        return None
+    (mm, kk), (_, nn) = a.dims, b.dims
+    ta, lda = _blas_operand(b.strides, nn, kk)
+    tb, ldb = _blas_operand(a.strides, kk, mm)
+    ldc = nn
+    if c is not None and c.strides:
+        if len(c.strides) != 2 or c.strides[1] != 1:
+            return None
+        ldc = c.strides[0]
+    if ta is None or tb is None:
+        return None
+    return (f"GemmTunableOp_{_TYPE_NAMES[dtype]}_{ta.upper()}{tb.upper()}",
+            f"{ta}{tb}_{nn}_{mm}_{kk}_ld_{lda}_{ldb}_{ldc}")
+
+
+def _blas_operand(strides: Sequence[int], cols: int, rows: int) -> tuple[str | None, int]:
+    """('n' | 't', leading dimension) of a row-major-view operand with these strides, (None, 0) if neither."""
+    if not strides:
+        return "n", cols
+    if len(strides) == 2 and strides[1] == 1 and strides[0] >= max(cols, 1):
+        return "n", strides[0]
+    if len(strides) == 2 and strides[0] == 1 and strides[1] >= max(rows, 1):
+        return "t", strides[1]
+    return None, 0
+
+
+def _line(e: OverrideEntry) -> list[str]:
+    if isinstance(e.extra.get(_LINE), list):
+        return list(e.extra[_LINE])
+    sig = gemm_signature(e)
+    if sig is None:
+        tokens = [f"{t.tensor_id}:{'x'.join(map(str, t.dims))}:{'x'.join(map(str, t.strides))}:{t.data_type or ''}"
+                  for t in e.tensors]
+        tokens += [f"{k}={v}" for k, v in e.criteria]
+        if e.compute_data_type:
+            tokens.append(f"compute={e.compute_data_type}")
+        sig = (e.op, ";".join(tokens))
+    kernel = e.engine_name + ("[" + ";".join(f"{k}={v}" for k, v in e.knobs) + "]" if e.knobs else "")
+    meta = e.metadata or {}
+    time_ms = meta.get("median_time_ms") or meta.get("min_time_ms")
+    return [sig[0], sig[1], kernel, f"{time_ms:.6f}" if isinstance(time_ms, (int, float)) else "0"]
+
+
+def device_validators(device: Mapping[str, Any] | None) -> list[list[str]]:
+    """Our Validator lines for a device (``{"signature", "properties"}``)."""
+    props = (device or {}).get("properties") or {}
+    out = [["Validator", "FARM_VERSION", __version__]]
+    if (device or {}).get("signature"):
+        out.append(["Validator", "DEVICE_SIGNATURE", device["signature"]])
+    for key, name in (("name", "DEVICE_NAME"), ("arch", "ARCH"), ("driver_version", "DRIVER_VERSION"),
+                      ("runtime_version", "RUNTIME_VERSION")):
+        if props.get(key):
+            out.append(["Validator", name, str(props[key])])
+    for lib, version in sorted((props.get("libraries") or {}).items()):
+        out.append(["Validator", f"{lib.upper()}_VERSION", str(version)])
+        if lib == "torch":
+            out.append(["Validator", "PT_VERSION", str(version)])  # the name TunableOp checks
+    return out
+
+
+def render_tunableop_csv(doc: OverrideFile) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    kept = [v for v in doc.extra.get(VALIDATORS, []) if isinstance(v, list)]
+    ours = device_validators(doc.device)
+    names = {v[1] for v in ours}
+    for v in ours + [v for v in kept if v[1] not in names]:  # ours first; a TunableOp user's others kept
+        w.writerow(v)
+    for e in doc.entries:
+        w.writerow(_line(e))
+    for row in doc.extra.get(FOREIGN, []):
+        w.writerow(row)
+    return buf.getvalue()
+
+
+def write_tunableop_csv(path: str | Path, entries: Iterable[OverrideEntry], *, device: Mapping[str, Any] | None,
+                        mode: str = "append", extra: Mapping[str, Any] | None = None, lock_timeout: float = 120.0) -> None:
+    """Write entries as TunableOp's CSV: ``append`` merges into an existing file (same problem replaced; its
+    validators and other lines kept), ``replace`` writes only these (with the validators and foreign lines of
+    ``extra``, what a parse kept). An unreadable file is moved aside."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock_path(path)), timeout=lock_timeout):
+        old = OverrideFile(OVERRIDE_VERSION, [], None, dict(extra or {}), str(path))
+        if mode == "append" and path.exists():
+            try:
+                old = load_tunableop_csv(path)
+            except InputError as exc:
+                moved = move_aside(path)
+                log.error("tunableop: %s unreadable (%s); moved aside to %s, writing a fresh file", path, exc, moved)
+        merged = merge_entries(old.entries, entries)[0]
+        doc = OverrideFile(OVERRIDE_VERSION, merged, dict(device) if device is not None else old.device, old.extra, str(path))
+        atomic_write_text(path, render_tunableop_csv(doc))
