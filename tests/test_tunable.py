@@ -306,3 +306,21 @@ def test_a_file_in_the_rfc_layout_replays_with_its_knobs(tmp_path):
     np.testing.assert_allclose(ops.matmul(a, a), a @ a, rtol=1e-4, atol=1e-4)
     (choice,) = ops.choices()
     assert (choice["engine"], choice["knobs"], choice["source"]) == ("cpu.matmul.blas", {"order": "transposed"}, "recorded")
+
+
+def test_no_measurement_while_a_graph_is_being_captured(tmp_path):
+    """During CUDA graph capture the heuristic's choice is used (no tuning) and stays pinned after the capture."""
+    import dataclasses
+
+    capturing = {"now": True}
+    dev = cpu_device()
+    dev = dataclasses.replace(dev, extras={**dev.extras, "is_capturing": lambda d: capturing["now"]})
+    rt = TunableRuntime(dev, settings=quick(tmp_path))
+    p = matmul_problem()
+    during = rt.bind(p.key, p)
+    assert rt.measurements == 0 and during.source not in ("tuned", "recorded")
+    assert not (tmp_path / "results0.json").exists()  # nothing measured, nothing recorded
+    capturing["now"] = False
+    assert rt.bind(p.key, p) is during and rt.measurements == 0  # pinned: the graph holds this choice
+    other = matmul_problem(m=12)
+    assert rt.bind(other.key, other).source == "tuned" and rt.measurements == 1  # outside capture: tuned as usual

@@ -66,8 +66,10 @@ def gpu_device(kind: str | Any, index: int = 0) -> Device:
     runtime.set_device(index)
     stream = runtime.create_stream()
     timer = EventTimer(runtime, stream, torch_lead(stream, index, props.clock_mhz))
-    # capture_graph(device, fn, repeats): how the tuner replays a call with CUDA graphs on this device
-    return Device(runtime, index, props, TorchArrays(index), timer, stream, extras={"capture_graph": torch_graph})
+    # capture_graph(device, fn, repeats): how the tuner replays a call with CUDA graphs on this device;
+    # is_capturing(device): whether the caller's stream is capturing a graph now (replay must not measure then)
+    return Device(runtime, index, props, TorchArrays(index), timer, stream,
+                  extras={"capture_graph": torch_graph, "is_capturing": torch_is_capturing})
 
 
 LEAD_US_ENV = "FARM_TIMER_LEAD_US"
@@ -96,6 +98,17 @@ def torch_lead(stream: Any, index: int, clock_mhz: int) -> Any:
             torch.cuda._sleep(cycles)
 
     return lead
+
+
+def torch_is_capturing(device: Device) -> bool:
+    """True while the current torch stream of this device is capturing a CUDA/HIP graph (False without torch)."""
+    import sys
+
+    torch = sys.modules.get("torch")  # a process that never imported torch captures no torch graph
+    if torch is None:
+        return False
+    with torch.cuda.device(device.index):
+        return bool(torch.cuda.is_current_stream_capturing())
 
 
 def torch_graph(device: Device, fn: Any, repeats: int) -> Any:

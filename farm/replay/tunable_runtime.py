@@ -289,11 +289,20 @@ class TunableRuntime:
                     self._say("replay %s: %s[%s]", problem.label(), entry.engine_name, format_settings(entry.knobs))
                     return bound
                 self._say("recorded winner %s for %s no longer compiles here; not used", entry.engine_name, problem.label())
+            if s.tuning and self._capturing():
+                # measuring would launch work into the graph being captured: the heuristic's choice, kept
+                # for this shape for the life of the process (the graph holds it)
+                self._say("%s met during graph capture: no measurement; the heuristic's choice is pinned", problem.label())
+                return self._select(problem, candidates)
             if s.tuning:
                 return self._tune(problem)
             if s.record_untuned:
                 self._record_untuned(problem)
         return self._select(problem, candidates)
+
+    def _capturing(self) -> bool:
+        check = self.exec_device.extras.get("is_capturing")
+        return bool(check is not None and check(self.exec_device))
 
     def _select(self, problem: Problem, candidates: list[int]) -> Bound:
         if self._selector is None:

@@ -151,3 +151,29 @@ def test_replaying_a_triton_winner_on_a_cold_cache_starts_no_process(tmp_path, r
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(path.read_text())["engine_overrides"][0]["engine_name"] == "triton.gemm"
+
+
+def test_no_measurement_during_cuda_graph_capture(tmp_path):
+    """Tuning on, a new shape met inside torch.cuda.graph: the heuristic's choice is captured (no timing runs
+    launched into the graph), pinned afterwards; the graph's replay computes the right answer."""
+    ops.enable()
+    ops.set_filename(str(tmp_path / "results.json"))
+    ops.set_max_tuning_duration(2)
+    warm = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+    ops.matmul(warm, warm)  # outside capture: opens the runtime and tunes this shape
+    rt = ops.runtime("cuda", 0)
+    assert rt.measurements == 1
+    a = torch.randn(384, 256, device="cuda", dtype=torch.float16)
+    b = torch.randn(256, 128, device="cuda", dtype=torch.float16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c = ops.matmul(a, b)
+    assert rt.measurements == 1  # nothing measured during the capture
+    a.copy_(torch.randn_like(a))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(c.float(), (a @ b).float(), rtol=2e-2, atol=2e-2)
+    during = [x for x in ops.choices() if x["problem"].startswith("matmul A[384,256]")]
+    assert len(during) == 1 and during[0]["source"] not in ("tuned", "recorded")
+    ops.matmul(a, b)  # after the capture: still the pinned choice, still not measured
+    assert rt.measurements == 1
