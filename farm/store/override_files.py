@@ -165,8 +165,9 @@ def _parse_knobs(raw: Any, path: str) -> KnobSettings:
 
 
 # -- writing -------------------------------------------------------------------------------
-def render(doc: OverrideFile) -> str:
-    """JSON text with one entry per line: readable, diff-friendly, and written by json's C encoder."""
+def render(doc: OverrideFile, entries: Sequence[dict[str, Any]] | None = None) -> str:
+    """JSON text with one entry per line: readable, diff-friendly, and written by json's C encoder.
+    ``entries``: the entries' JSON objects when the caller has them already."""
     head: dict[str, Any] = {"version": doc.version}
     if doc.device is not None:
         head["device"] = dict(doc.device)
@@ -174,7 +175,8 @@ def render(doc: OverrideFile) -> str:
     lines = ["{"]
     for k, v in head.items():
         lines.append(f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)},")
-    entries = [e.to_json() for e in doc.entries]
+    if entries is None:
+        entries = [e.to_json() for e in doc.entries]
     if not entries:
         lines.append('  "engine_overrides": []')
     else:
@@ -267,20 +269,25 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
         merged, replaced, added = merge_entries(current, entries)
         doc = OverrideFile(OVERRIDE_VERSION, merged, dict(device) if device is not None else None,
                            {**old_extra, **(extra or {})}, str(path))
-        text = render(doc)
-        _check_written(text, path)
-        atomic_write_text(path, text)
+        rendered = [e.to_json() for e in merged]
+        _check_written(merged, rendered, entries, path)
+        atomic_write_text(path, render(doc, rendered))
     return WriteReport(str(path), mode, len(merged), replaced, added, moved)
 
 
 _CORRUPT = object()
 
 
-def _check_written(text: str, path: Path) -> None:
-    """Read what is about to be written as strictly as publish does: the writer never produces a file its
-    reader refuses (an entry without tensor ids, ids repeated, a stride list of another length...)."""
+def _check_written(merged: Sequence[OverrideEntry], rendered: Sequence[dict[str, Any]], new: Sequence[OverrideEntry],
+                   path: Path) -> None:
+    """Read the new entries as they will be written, as strictly as publish does: the writer never produces a
+    file its reader refuses (an entry without tensor ids, ids repeated, a stride list of another length...).
+    The entries already in the file were read strictly when it was opened."""
+    fresh = {id(e) for e in new}
     try:
-        _parse_document(json.loads(text), str(path))
+        for i, (e, obj) in enumerate(zip(merged, rendered)):
+            if id(e) in fresh:
+                _parse_entry(obj, f"engine_overrides[{i}]", OVERRIDE_VERSION)
     except InputError as exc:
         value = {"value": exc.value} if exc.has_value else {}
         raise InputError(f"{exc.reason}: refusing to write what the reader would refuse; nothing written",
