@@ -80,3 +80,65 @@ def read_text_file(path: str | Path, what: str = "file", max_bytes: int = MAX_TE
     except UnicodeDecodeError as exc:
         hint = " (it looks like UTF-16: save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
         raise InputError(f"not UTF-8 text: byte {exc.start} is 0x{data[exc.start]:02x}{hint}", source=str(path)) from None
+
+
+class LockTimeout(TimeoutError):
+    """Another process held the lock for longer than the timeout."""
+
+
+class PathLock:
+    """An exclusive lock on ``path`` (a hidden lock file beside what it guards), removed when released.
+
+    ``filelock`` leaves its lock files behind on Linux, and removing one after release is a race (a waiter
+    may hold the old file while a newcomer locks a new one). This lock removes it while still holding it,
+    and a process that gets the lock checks the file it locked is still the one at the path, else retries:
+    a folder keeps no ``.lock`` once its writers are done. ``timeout=0`` tries once.
+    """
+
+    def __init__(self, path: str | Path, timeout: float = 120.0, poll_s: float = 0.05) -> None:
+        self.path = str(path)
+        self.timeout = timeout
+        self.poll_s = poll_s
+        self._fd: int | None = None
+
+    def acquire(self) -> "PathLock":
+        import fcntl
+
+        deadline = time.monotonic() + self.timeout
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                if time.monotonic() >= deadline:
+                    raise LockTimeout(f"{self.path} is held by another process") from None
+                time.sleep(self.poll_s)
+                continue
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._fd = fd
+                return self
+            os.close(fd)  # the holder before us removed that file: lock the one at the path now
+
+    def release(self) -> None:
+        import fcntl
+
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> "PathLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -7,7 +7,10 @@ mtime, inode), and matches are memoised per problem, so a steady-state
 selection is a few dictionary lookups. The policy declines, and says why in the
 log once, when: the variable is unset, the file is missing or unparsable, the
 problem bytes are malformed, nothing matches, the matched engine is not a
-candidate, or the file is for another device signature.
+candidate, or the file is for another device signature. A path that gives no
+file this device can use (missing, unreadable, another device's) costs every
+tuned winner: that is one WARNING per process and path, whatever the number of
+devices or sessions; ``farm policies`` shows the path in force and whether it loaded.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 import time
 from typing import Any, Sequence
 
@@ -35,6 +39,24 @@ from farm.plugin import (
 log = logging.getLogger("farm.policies.config")
 PATH_ENVS = ("FARM_HEUR_CONFIG_PATH", "HIPDNN_HEUR_CONFIG_PATH")
 REMOTE_REFRESH_S = 60.0
+
+
+class _SaidOnce:
+    """The registry of warnings this process has given (one per message and path, over every session)."""
+
+    def __init__(self) -> None:
+        self._said: set[tuple[str, Any]] = set()
+        self._lock = threading.Lock()
+
+    def first(self, message: str, key: Any) -> bool:
+        with self._lock:
+            if (message, key) in self._said:
+                return False
+            self._said.add((message, key))
+            return True
+
+
+WARNINGS = _SaidOnce()
 
 
 def config_path() -> str | None:
@@ -63,11 +85,18 @@ class _Session:
         self._root: tuple[Any, str | None] | None = None  # (index.json stamp, file) of a published root
         self._from_root = False  # the file came from a published root (same-arch fallbacks allowed)
         self._said: set[tuple[str, Any]] = set()
+        self.why = ""  # the last reason the file could not be used here ("" when it could)
 
     def _once(self, key: Any, message: str, *args: Any, level: int = logging.INFO) -> None:
         if (message, key) not in self._said:
             self._said.add((message, key))
             log.log(level, "autotune: Config " + message, *args)
+
+    def _unusable(self, key: Any, message: str, *args: Any) -> None:
+        """The configured path gives nothing this device can use: a WARNING once per process and path."""
+        self.why = message % args
+        if WARNINGS.first(message, key):
+            log.warning("autotune: Config %s: no tuned winner from it is used", self.why)
 
     def _valid_knobs(self, entry: Any, source: str) -> Any:
         """The entry's knobs validated like a workload's, or None: declined, with one warning per entry."""
@@ -101,7 +130,7 @@ class _Session:
         found = find_published(root, self.props)
         target = None
         if found is None:
-            self._once(root, "declines: %s holds no file for %s", root, self.props.signature, level=logging.WARNING)
+            self._unusable((root, self.props.signature), "%s holds no file for %s", root, self.props.signature)
         else:
             target, note = found
             if note:
@@ -116,8 +145,8 @@ class _Session:
             return None
         try:
             st = os.stat(target)
-        except OSError:
-            self._once(target, "declines: %s does not exist", target, level=logging.WARNING)
+        except OSError as exc:
+            self._unusable(target, "%s: %s", target, exc.strerror or "cannot be read")
             self._file, self._stamp = None, None
             return None
         stamp = (target, st.st_size, st.st_mtime_ns, st.st_ino)
@@ -125,10 +154,31 @@ class _Session:
             self._stamp = stamp
             try:
                 self._file = load_overrides(target, strict=False)  # an unusable rule is skipped, not the file
+                self.why = ""
             except FarmError as exc:
                 self._file = None
-                self._once(stamp, "declines: %s", exc, level=logging.WARNING)  # every tuned winner is lost
+                self._unusable(stamp, "%s", exc)  # every tuned winner is lost
         return self._file
+
+    def status(self) -> dict[str, Any]:
+        """What the configured path gives this device: for ``farm policies``."""
+        env = next((n for n in PATH_ENVS if (os.environ.get(n) or "").strip()), None)
+        path = config_path()
+        out: dict[str, Any] = {"env": env, "path": path, "file": None, "loaded": False, "rules": 0, "detail": ""}
+        if path is None:
+            out["detail"] = f"{PATH_ENVS[0]} is not set: the Config policy declines, no tuned winner is used"
+            return out
+        f = self._load(path)
+        if f is not None:
+            sig = f.device_signature
+            if sig and sig != self.signature and not self._from_root:
+                self._unusable((f.source, sig), "%s is for device %s, this is %s", f.source, sig, self.signature)
+            else:
+                out.update(file=f.source, loaded=True, rules=len(f.entries))
+                out["detail"] = f"{len(f.entries)} rule(s), for {sig or 'any device'}"
+                return out
+        out["detail"] = self.why or "not used"
+        return out
 
     def order(self, candidates: Sequence[int], problem: bytes) -> Choice | None:
         path = config_path()
@@ -139,8 +189,7 @@ class _Session:
             return None
         sig = f.device_signature
         if sig and sig != self.signature and not self._from_root:
-            self._once((f.source, sig), "declines: %s is for device %s, this is %s", f.source, sig, self.signature,
-                       level=logging.WARNING)
+            self._unusable((f.source, sig), "%s is for device %s, this is %s", f.source, sig, self.signature)
             return None
         try:
             p = _problem(problem)

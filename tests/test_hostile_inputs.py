@@ -197,15 +197,18 @@ def test_publish_to_an_empty_root_is_a_one_line_error(tmp_path, repo_root):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-# -- jobs where nothing succeeds finish, say so, and exit 1 ------------------------------------------
+# -- jobs where some problems get no winner finish, say so, and exit 3 ---------------------------------
 @pytest.mark.parametrize("executor", [["--in-process"], ["--devices", "cpu:1"]])
-def test_a_job_where_no_candidate_can_run_finishes_with_exit_code_1(tmp_path, repo_root, executor):
+def test_a_job_where_no_candidate_can_run_finishes_with_exit_code_3(tmp_path, repo_root, executor):
     """An int8 matmul on the CPU (no engine applies) ended in IndexError and a job.json saying 'running'."""
     (tmp_path / "w.yaml").write_text("name: int8\nproblems:\n"
                                      "  - {name: mm8, op: matmul, dtype: int8, tensors: {A: [8, 4], B: [4, 8]}}\n")
     proc = _farm(repo_root, "tune", tmp_path / "w.yaml", "--out", tmp_path / "o", *executor)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
     assert "no winner" in proc.stdout and "mm8" in proc.stdout
+    assert "0 of 1 problem(s) have a winner, 1 have none: mm8" in " ".join(proc.stderr.split())
+    again = _farm(repo_root, "tune", tmp_path / "w.yaml", "--out", tmp_path / "o", "--allow-partial", *executor)
+    assert again.returncode == 3  # nothing at all to accept
     run = json.loads((tmp_path / "o" / "job.json").read_text())["runs"][-1]
     assert run["state"] == "finished" and run["winners"] == 0 and "mm8" in next(iter(run["no_winner"].values()))
     # and reducing that folder (or an empty one) says there was nothing to reduce

@@ -123,9 +123,9 @@ def test_a_cpu_worker_runs_with_the_threads_it_is_given_or_the_hosts_cores(repo_
     script = (
         "import os\n"
         "from farm.fleet.worker import DeviceWorkerImpl\n"
-        "from farm.devices.runtimes.cpu import _usable_cores, blas_threads_in_force\n"
+        "from farm.devices.runtimes.cpu import usable_cores, blas_threads_in_force\n"
         "w = DeviceWorkerImpl('cpu', 0, cpu_threads=int(os.environ['WANT']) or None)\n"
-        "print(blas_threads_in_force(), w.device.properties.compute_units, _usable_cores())\n")
+        "print(blas_threads_in_force(), w.device.properties.compute_units, usable_cores())\n")
     for want in ("1", "0"):
         env = dict(os.environ, PYTHONPATH=repo_root, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", WANT=want)
         proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)

@@ -47,7 +47,8 @@ def test_report_summarises_failures_speedups_noise_and_disagreement(tmp_path, ca
     assert per["p2"]["speedup"] == pytest.approx(4.0 / 1.1) and per["p2"]["why"] == ""
     assert sig["speedup_geomean"] == pytest.approx((2.0 * 4.0 / 1.1) ** 0.5)
     assert sig["speedup_worst_problem"] == "p1"
-    assert sig["noisiest"][0]["problem"] == "p2" and sig["noisiest"][0]["cov"] == pytest.approx(0.1 / 1.1)
+    # the winner rule's robust noise, 1.4826 x MAD / median: p2's winner has median 1.1 and MAD 0.1
+    assert sig["noisiest"][0]["problem"] == "p2" and sig["noisiest"][0]["noise"] == pytest.approx(1.4826 * 0.1 / 1.1)
     # GPU 0 finds tuned.fast fastest for p1, GPU 1 the default: a disagreement within one signature
     [dis] = sig["disagreements"]
     assert dis["problem"] == "p1" and set(dis["device_winners"].values()) == {"tuned.fast[tile=64]", "lib.default[default]"}
@@ -104,3 +105,44 @@ def test_diff_of_two_override_files(tmp_path, capsys):
     [changed] = [r for r in data["rows"] if r["status"] == "winner changed"]
     assert (changed["problem"], changed["ratio"]) == ("p1", 0.5)
     assert main(["diff", str(tmp_path / "a.json"), str(tmp_path)]) == 2
+
+
+def test_one_outlier_does_not_make_a_problem_noisy_and_untrustworthy_winners_are_flagged(tmp_path, capsys):
+    """A CoV made 141 % of one outlier; the report uses the reducer's robust noise, and flags a noisy winner
+    with other candidates inside its noise band ("re-run")."""
+    steady = (1.0,) * 9 + (30.0,)  # one outlier: CoV ~ 2.7, MAD 0
+    shaky = (1.0, 1.3, 0.8, 1.25, 0.85, 1.0)  # median 1.0, MAD 0.2: noise ~ 30 %
+    write_results(tmp_path / "r", {GPU0: [
+        (P1, "p1", [fake_result(P1, "lib.default", (2.0,) * 5, candidate=0),
+                    fake_result(P1, "tuned.fast", steady, candidate=1)]),
+        (P2, "p2", [fake_result(P2, "lib.default", (1.05, 1.3, 0.8, 1.3, 0.8, 1.05), candidate=0),
+                    fake_result(P2, "tuned.shaky", shaky, candidate=1)]),
+    ]})
+    assert main(["report", str(tmp_path / "r"), "--json"]) == 0
+    [sig] = json.loads(capsys.readouterr().out)["signatures"]
+    per = {p["problem"]: p for p in sig["per_problem"]}
+    assert per["p1"]["noise"] == 0.0 and not per["p1"]["untrusted"]
+    assert per["p2"]["noise"] > 0.05 and per["p2"]["within_noise_of"] == 1 and per["p2"]["untrusted"]
+    assert [u["problem"] for u in sig["untrusted"]] == ["p2"]
+    assert sig["noisiest"][0]["problem"] == "p2"
+    assert main(["report", str(tmp_path / "r")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "re-run, winner within noise of 1 other(s)" in text
+
+
+@pytest.mark.parametrize("columns", ["80", "100", "120"])
+def test_report_never_cuts_a_name_short_at_common_widths(tmp_path, repo_root, columns):
+    import os
+    import subprocess
+    import sys
+
+    long = "vendor.matmul.splitk_streamk"
+    write_results(tmp_path / "r", {GPU0: [(P1, "p1", [
+        fake_result(P1, "lib.default", (2.0,) * 3, candidate=0),
+        fake_result(P1, long, (1.0,) * 3, knobs=(("BLOCK_M", 128), ("num_warps", 8)), candidate=1)])]})
+    env = dict(os.environ, PYTHONPATH=repo_root, COLUMNS=columns, TERM="xterm")
+    out = subprocess.run([sys.executable, "-m", "farm", "report", str(tmp_path / "r")], env=env, capture_output=True,
+                         text=True, timeout=120).stdout
+    assert "…" not in out  # nothing elided
+    cells = "".join(ch for ch in out if ch not in "│ \n")  # a folded name reads whole once the borders go
+    assert f"{long}[BLOCK_M=128,num_warps=8]" in cells and "lib.default[default]" in cells

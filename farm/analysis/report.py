@@ -22,10 +22,11 @@ from typing import Any
 
 from farm.store.dataset import ResultsDataset
 from farm.store.decisions import Decisions, Winner
+from farm.tuner.winner import NOISE_SIGMAS, NOISY_RELATIVE, RELATIVE_FLOOR, noise_sigma
 
 _COLUMNS = ["device_signature", "device_name", "host", "device_index", "problem_key", "problem_name", "problem_label",
             "candidate_key", "candidate_index", "engine_name", "knobs", "disposition", "succeeded", "median_ms",
-            "avg_ms", "stddev_ms", "samples_ms", "tuning_ms", "measured_at", "round"]
+            "avg_ms", "stddev_ms", "mad_ms", "samples_ms", "tuning_ms", "measured_at", "round"]
 
 
 @dataclass
@@ -39,7 +40,8 @@ class ProblemSummary:
     default: str
     default_ms: float | None
     why: str  # '' when the winner is the fastest measured candidate
-    cov: float  # the winner's coefficient of variation (stddev / mean of its samples)
+    noise: float  # the winner's robust noise: 1.4826 x MAD / median (what the winner rule uses), median over devices
+    near: int  # other candidates within the winner's noise band (the rule's "within noise")
     device_winners: dict[str, str]  # device -> its own fastest candidate
     spread: float  # the winner's slowest device / fastest device
     samples: dict[str, list[float]] = field(default_factory=dict)  # candidate -> samples (all devices)
@@ -47,6 +49,11 @@ class ProblemSummary:
     @property
     def speedup(self) -> float | None:
         return self.default_ms / self.winner_ms if self.default_ms and self.winner_ms else None
+
+    @property
+    def untrusted(self) -> bool:
+        """The winner is noisy and others are within its noise: measure again before trusting it."""
+        return self.noise > NOISY_RELATIVE and self.near > 0
 
     @property
     def disagree(self) -> bool:
@@ -62,7 +69,7 @@ class SignatureSummary:
     problems: list[ProblemSummary]
     failures: dict[str, int]
     tuning_s: float
-    device_cov: dict[str, list[float]]  # device -> CoV of every successful candidate it measured
+    device_noise: dict[str, list[float]]  # device -> robust noise of every successful candidate it measured
 
     @property
     def speedups(self) -> list[float]:
@@ -79,7 +86,10 @@ class SignatureSummary:
         return min(with_speedup, key=lambda p: p.speedup) if with_speedup else None  # type: ignore[arg-type, return-value]
 
     def noisiest(self, n: int = 5) -> list[ProblemSummary]:
-        return sorted(self.problems, key=lambda p: -p.cov)[:n]
+        return sorted(self.problems, key=lambda p: -p.noise)[:n]
+
+    def untrusted(self) -> list[ProblemSummary]:
+        return [p for p in self.problems if p.untrusted]
 
     def disagreements(self) -> list[ProblemSummary]:
         return [p for p in self.problems if p.disagree]
@@ -99,11 +109,12 @@ def _candidate(row: dict[str, Any]) -> str:
     return candidate_label(row["engine_name"], spec_of(row["candidate_key"]).knobs)
 
 
-def _cov(samples: list[float]) -> float:
-    if len(samples) < 2:
+def _noise(row: dict[str, Any]) -> float:
+    """1.4826 x MAD / median of one row: one outlier among its samples does not move it (a CoV it would)."""
+    median, mad = row["median_ms"], row["mad_ms"]
+    if not median or median <= 0 or mad is None:
         return 0.0
-    mean = statistics.fmean(samples)
-    return statistics.pstdev(samples) / mean if mean > 0 else 0.0
+    return float(noise_sigma([mad])[0]) / median
 
 
 def build_report(results_dir: str | Path, decisions: Decisions | None = None) -> Report:
@@ -122,7 +133,7 @@ def build_report(results_dir: str | Path, decisions: Decisions | None = None) ->
 
 def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> SignatureSummary:
     failures: dict[str, int] = {}
-    device_cov: dict[str, list[float]] = {}
+    device_noise: dict[str, list[float]] = {}
     latest: dict[tuple[str, str, str], dict[str, Any]] = {}  # (problem, candidate, device) -> latest success
     for r in rows:
         if not r["succeeded"]:
@@ -135,13 +146,13 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
     per_problem: dict[str, list[dict[str, Any]]] = {}
     for (pk, _, dev), r in latest.items():
         per_problem.setdefault(pk, []).append({**r, "_device": dev})
-        device_cov.setdefault(dev, []).append(_cov(r["samples_ms"] or []))
+        device_noise.setdefault(dev, []).append(_noise(r))
     problems = [_problem(rs, decisions.winners[(sig, pk)]) for pk, rs in per_problem.items()
                 if (sig, pk) in decisions.winners]
     problems.sort(key=lambda p: p.name)
     devices = sorted({f"{r['host']}:{r['device_index']}" for r in rows})
     return SignatureSummary(sig, rows[0]["device_name"], devices, len(rows), problems, dict(sorted(failures.items())),
-                            sum(r["tuning_ms"] or 0.0 for r in rows) / 1e3, device_cov)
+                            sum(r["tuning_ms"] or 0.0 for r in rows) / 1e3, device_noise)
 
 
 def _problem(rows: list[dict[str, Any]], winner: Winner) -> ProblemSummary:
@@ -155,12 +166,22 @@ def _problem(rows: list[dict[str, Any]], winner: Winner) -> ProblemSummary:
         if r["_device"] not in device_best or r["median_ms"] < device_best[r["_device"]][0]:
             device_best[r["_device"]] = (r["median_ms"], _candidate(r))
     win_times = [r["median_ms"] for r in win_rows] or [winner.median_ms]
+    noise = statistics.median(_noise(r) for r in win_rows) if win_rows else 0.0
+    sigma_w = noise * winner.median_ms
+    near = 0
+    for label, rs in by_label.items():
+        if label == winner.label:
+            continue
+        other = statistics.median(r["median_ms"] for r in rs)
+        sigma_c = statistics.median(_noise(r) for r in rs) * other
+        band = NOISE_SIGMAS * math.sqrt(sigma_w ** 2 + sigma_c ** 2) + RELATIVE_FLOOR * winner.median_ms
+        near += abs(other - winner.median_ms) <= band
     first = rows[0]
     return ProblemSummary(
         key=first["problem_key"], name=first["problem_name"], label=first["problem_label"], candidates=len(cands),
         winner=winner.label, winner_ms=winner.median_ms, default=winner.default or "-", default_ms=winner.default_ms,
         why=winner.why,
-        cov=statistics.median(_cov(r["samples_ms"] or []) for r in win_rows) if win_rows else 0.0,
+        noise=noise, near=near,
         device_winners={d: c for d, (_, c) in device_best.items()},
         spread=max(win_times) / min(win_times) if min(win_times) > 0 else 1.0,
         samples={_candidate(rs[0]): [s for r in rs for s in (r["samples_ms"] or [r["median_ms"]])] for rs in cands.values()},
@@ -177,11 +198,14 @@ def report_dict(report: Report) -> dict[str, Any]:
             "failures": s.failures, "tuning_s": round(s.tuning_s, 3),
             "speedup_geomean": s.geomean_speedup, "speedup_worst": worst.speedup if worst else None,
             "speedup_worst_problem": worst.name if worst else None,
-            "noisiest": [{"problem": p.name, "cov": p.cov, "winner": p.winner} for p in s.noisiest()],
+            "noisiest": [{"problem": p.name, "noise": p.noise, "winner": p.winner} for p in s.noisiest()],
+            "untrusted": [{"problem": p.name, "winner": p.winner, "noise": p.noise, "within_noise_of": p.near}
+                          for p in s.untrusted()],
             "disagreements": [{"problem": p.name, "device_winners": p.device_winners} for p in s.disagreements()],
             "per_problem": [{"problem": p.name, "label": p.label, "problem_key": p.key, "candidates": p.candidates,
                              "winner": p.winner, "winner_ms": p.winner_ms, "why": p.why, "default": p.default,
-                             "default_ms": p.default_ms, "speedup": p.speedup, "cov": p.cov,
+                             "default_ms": p.default_ms, "speedup": p.speedup, "noise": p.noise,
+                             "within_noise_of": p.near, "untrusted": p.untrusted,
                              "device_spread": p.spread} for p in s.problems],
         })
     return {"results": report.root, "signatures": out,
@@ -209,7 +233,7 @@ def write_html(report: Report, path: str | Path, *, max_problems: int = 24) -> l
                      f"{len(s.devices)} device(s), {s.tuning_s:.1f} s of tuning; winner over default: "
                      f"geomean {geo:.3f}x</p>" if geo else "<p>no default candidates to compare with</p>")
         for title, fig in (("Speed-up of the winner over the default engine", _speedup_figure(plt, s)),
-                           ("Per-device noise (CoV of every candidate's samples)", _noise_figure(plt, s))):
+                           ("Per-device noise (1.4826 x MAD / median of every candidate)", _noise_figure(plt, s))):
             if fig is not None:
                 titles.append(title)
                 parts.append(f"<h3>{title}</h3>{_png(plt, fig)}")
@@ -264,12 +288,12 @@ def _speedup_figure(plt: Any, s: SignatureSummary) -> Any:
 
 
 def _noise_figure(plt: Any, s: SignatureSummary) -> Any:
-    devs = [d for d in sorted(s.device_cov) if s.device_cov[d]]
+    devs = [d for d in sorted(s.device_noise) if s.device_noise[d]]
     if not devs:
         return None
     fig, ax = plt.subplots(figsize=(10, 0.5 * len(devs) + 1.2))
-    ax.boxplot([[100 * c for c in s.device_cov[d]] for d in devs], orientation="horizontal", tick_labels=devs)
-    ax.set_xlabel("coefficient of variation of a candidate's samples (%)")
+    ax.boxplot([[100 * c for c in s.device_noise[d]] for d in devs], orientation="horizontal", tick_labels=devs)
+    ax.set_xlabel("noise of a candidate: 1.4826 x MAD / median (%)")
     return fig
 
 

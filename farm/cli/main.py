@@ -21,6 +21,7 @@ from farm.cli.tune import add_tune_parser
 
 # -- farm engines ---------------------------------------------------------------------------
 def cmd_engines(args: argparse.Namespace) -> int:
+    from farm.cli.engines_here import local_devices, runs_here
     from farm.cli.render import engine_dict, engines_table
     from farm.model.engine import default_engine_registry, engine_priority
 
@@ -31,10 +32,11 @@ def cmd_engines(args: argparse.Namespace) -> int:
         from farm.model.op_catalog import op_spec
 
         op_spec(args.op)  # unknown op -> clear error; known op with no engine -> empty list
+    here = runs_here(registry, engines, local_devices())
     if args.json:
-        _print_json([engine_dict(registry, e) for e in engines])
+        _print_json([{**engine_dict(registry, e), "runs_here": here[e.name]} for e in engines])
     else:
-        _console().print(engines_table(registry, engines))
+        _console().print(engines_table(registry, engines, here))
     return 0
 
 
@@ -82,18 +84,39 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
     registry = PolicyRegistry.default()
     order = [p.name for p in resolve_order(registry)]
+    configs = _config_status(registry)
     if args.json:
         _print_json({"policies": [{"name": i.name, "id": i.id, "api_version": list(i.api_version), "origin": i.origin}
                                   for i in registry.info()],
                      "rejected": [{"where": w, "reason": r} for w, r in registry.rejected],
                      "order": order, "order_from": ORDER_ENV if os.environ.get(ORDER_ENV) else "default",
-                     "default_order": list(DEFAULT_ORDER)})
+                     "default_order": list(DEFAULT_ORDER), "config": configs})
         return 0
     console = _console()
     console.print(policies_table(registry, order))
     for where, reason in registry.rejected:
         console.print(f"[yellow]rejected[/] {escape(where)}: {escape(reason)}")
+    for c in configs:
+        where = f"{c['env']}={c['path']}" if c["path"] else "no override file"
+        state = "[green]loaded[/]" if c["loaded"] else "[yellow]not loaded[/]"
+        console.print(f"Config on {escape(c['device'])}: {escape(where)}: {state}: {escape(c['detail'])}", soft_wrap=True)
     return 0
+
+
+def _config_status(registry: Any) -> list[dict[str, Any]]:
+    """What FARM_HEUR_CONFIG_PATH gives each device of this machine (the Config policy's own answer)."""
+    from farm.cli.engines_here import local_devices
+    from farm.devices.fb import encode_device_properties
+    from farm.replay.selection import CONFIG
+
+    policy = registry.find(CONFIG)
+    out = []
+    for device in local_devices():
+        session = policy.session(encode_device_properties(device.properties)) if policy is not None else None
+        status = getattr(session, "status", None)
+        if status is not None:
+            out.append({"device": f"{device.runtime.name}:{device.index} {device.signature}", **status()})
+    return out
 
 
 # -- farm publish ---------------------------------------------------------------------------
@@ -217,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for a restart (farm tune --in-process)
-    _setup_logging(args.verbose)
+    _setup_logging(args.verbose + getattr(args, "tune_verbose", 0))
     try:
         return int(args.func(args) or 0)
     except FarmError as exc:

@@ -12,11 +12,26 @@ from rich.table import Table
 from rich.text import Text
 
 
-def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "?"
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+def clock(seconds: float) -> str:
+    """``0:07``, ``12:30``, ``1:02:03``: a duration as a clock reads (never a bracket that looks like a terminal code)."""
+    s = max(int(seconds), 0)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def progress_line(status: Any) -> str:
+    """One plain line: counts, elapsed time, and what is left (``done`` at the end, never an unknown ETA there)."""
+    busy = sum(w.state == "busy" for w in status.workers)
+    restarting = sum(w.state == "restarting" for w in status.workers)
+    pct = 100 * status.finished / status.total if status.total else 100.0
+    if status.phase == "done" or (status.total and status.finished >= status.total):
+        left = "done"
+    elif status.eta_s is None:
+        left = "time left: estimating"
+    else:
+        left = f"about {clock(status.eta_s)} left"
+    return (f"{status.finished}/{status.total} candidates ({pct:.0f} %) in {clock(status.elapsed_s)}: "
+            f"{status.remeasured} re-measured, {status.failed} failed; {busy}/{len(status.workers)} workers busy"
+            f"{f', {restarting} restarting' if restarting else ''}; {left}")
 
 
 class ProgressView:
@@ -44,13 +59,7 @@ class ProgressView:
         if now - self._last_line < self.interval_s and status.phase != "done":
             return
         self._last_line = now
-        busy = sum(w.state == "busy" for w in status.workers)
-        restarting = sum(w.state == "restarting" for w in status.workers)
-        pct = 100 * status.finished / status.total if status.total else 100.0
-        line = (f"[{_fmt_s(status.elapsed_s)}] {status.finished}/{status.total} candidates ({pct:.0f} %), "
-                f"{status.remeasured} re-measured, {status.failed} failed; {busy}/{len(status.workers)} workers busy"
-                f"{f', {restarting} restarting' if restarting else ''}; ETA {_fmt_s(status.eta_s)}")
-        self.console.print(Text(line), soft_wrap=True)
+        self.console.print(Text(progress_line(status)), soft_wrap=True)
 
     def _workers(self, status: Any) -> Table:
         t = Table(show_header=True, header_style="dim", box=None)

@@ -35,18 +35,24 @@ def fmt_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
-def engines_table(registry: EngineRegistry, engines: Iterable[Engine]) -> Table:
+def engines_table(registry: EngineRegistry, engines: Iterable[Engine], here: dict[str, str] | None = None) -> Table:
     table = Table(title="Engines", show_lines=True)
     table.add_column("engine", style="bold")
     table.add_column("id", justify="right")
     table.add_column("ops")
-    table.add_column("knobs (type, range, default)")
+    table.add_column("knobs (type, range, default)", no_wrap=True)
     table.add_column("exhaustive", justify="center")
     table.add_column("from")
+    if here is not None:
+        table.add_column("runs here")
     for e in engines:
         knobs = "\n".join(k.describe() for k in user_knobs(e)) or "-"
-        table.add_row(Text(e.name), str(engine_id(e)), Text(", ".join(sorted(e.ops))), Text(knobs),
-                      "yes" if e.supports_exhaustive else "no", Text(registry.origin(e)))
+        row = [Text(e.name), str(engine_id(e)), Text(", ".join(sorted(e.ops))), Text(knobs),
+               "yes" if e.supports_exhaustive else "no", Text(registry.origin(e))]
+        if here is not None:
+            answer = here.get(e.name, "")
+            row.append(Text(answer, style="green" if answer.startswith("yes") else "dim"))
+        table.add_row(*row)
     return table
 
 

@@ -62,21 +62,29 @@ def report_tables(report: Any) -> list[Table]:
         t.add_row("tuning time", f"{s.tuning_s:.1f} s")
         t.add_row("winner vs default", f"geomean {geo:.3f}x, worst {worst.speedup:.3f}x ({worst.name})" if geo and worst
                   else "no default candidate to compare with")
-        t.add_row("noisiest (CoV of the winner)", Text(", ".join(f"{p.name} {100 * p.cov:.1f} %" for p in s.noisiest())))
+        t.add_row("noisiest (the winner's 1.4826 x MAD / median)",
+                  Text(", ".join(f"{p.name} {100 * p.noise:.1f} %" for p in s.noisiest())))
+        shaky = s.untrusted()
+        t.add_row("too noisy to trust", Text("; ".join(f"{p.name}: re-run, winner within noise of {p.near} other(s)"
+                                                       for p in shaky) or "nothing",
+                                             style="yellow" if shaky else ""))
         dis = s.disagreements()
         t.add_row("devices disagree on", Text("; ".join(f"{p.name}: " + ", ".join(f"{d} {c}" for d, c in
                                                                                      p.device_winners.items())
                                                         for p in dis) or "nothing"))
         tables.append(t)
         per = Table(title="per problem", title_justify="left")
+        # names wrap onto more lines rather than lose their ends ("cpu.matmu…") on a narrow terminal
         for col, justify in (("problem", "left"), ("cand", "right"), ("winner", "left"), ("ms", "right"),
-                             ("default", "left"), ("ms", "right"), ("speed-up", "right"), ("CoV", "right"),
+                             ("default", "left"), ("ms", "right"), ("speed-up", "right"), ("noise", "right"),
                              ("device spread", "right"), ("why", "left")):
-            per.add_column(col, justify=justify)  # type: ignore[arg-type]
+            per.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
         for p in s.problems:
+            why = "; ".join(x for x in (p.why, f"re-run: winner within noise of {p.near} other(s)" if p.untrusted
+                                        else "") if x)
             per.add_row(Text(p.name), str(p.candidates), Text(p.winner), fmt_ms(p.winner_ms), Text(p.default),
-                        fmt_ms(p.default_ms), f"{p.speedup:.3f}" if p.speedup else "-", f"{100 * p.cov:.1f} %",
-                        f"{p.spread:.3f}", Text(p.why, style="dim"))
+                        fmt_ms(p.default_ms), f"{p.speedup:.3f}" if p.speedup else "-", f"{100 * p.noise:.1f} %",
+                        f"{p.spread:.3f}", Text(why, style="yellow" if p.untrusted else "dim"))
         tables.append(per)
     return tables
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -85,7 +86,7 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
         console.print(summary_table(report.outcomes, report.wall_s,
                                     lambda key: report.summary.winner(device.signature, key)))
         console.print(where_table(out, report.summary))
-    return report.summary.exit_code
+    return _finish(args, report.summary)
 
 
 MAX_RESTARTS = 50
@@ -106,6 +107,30 @@ def _restart(args: argparse.Namespace, message: str) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "farm", *args.argv])
 
 
+def _warn_oversubscribed(workers: int) -> None:
+    """More CPU workers than cores: they measure at the same time and slow each other down."""
+    from farm.devices.runtimes.cpu import usable_cores
+
+    cores = usable_cores()
+    if workers > cores:
+        _console(stderr=True).print(
+            f"[yellow]warning:[/] --devices cpu:{workers} starts {workers} measuring workers on {cores} usable "
+            f"core(s): they run at once and slow each other down, so their timings are slower and noisier than "
+            f"production's; use cpu:{cores} or fewer", soft_wrap=True)
+
+
+def _finish(args: argparse.Namespace, summary: Any) -> int:
+    """The closing line (stderr, so --json stays clean) and the exit status."""
+    code = summary.exit_code(allow_partial=args.allow_partial)
+    if summary.missing:
+        names = [f"{name} ({why})" for problems in summary.no_winner.values() for name, why in problems.items()]
+        shown = "; ".join(names[:5]) + (f"; and {len(names) - 5} more" if len(names) > 5 else "")
+        verdict = "accepted (--allow-partial)" if code == 0 else f"exit status {code}; --allow-partial accepts that"
+        _console(stderr=True).print(f"[yellow]finished:[/] {summary.winners} of {summary.problems} problem(s) have a "
+                                    f"winner, {summary.missing} have none: {escape(shown)} ({verdict})", soft_wrap=True)
+    return code
+
+
 def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     from farm.cli.progress import ProgressView
     from farm.cli.render import farm_dict, farm_tables, where_table
@@ -114,9 +139,14 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     request = DeviceRequest.parse(args.devices)
     if request.kind == "cpu" and not (args.address or os.environ.get("RAY_ADDRESS")):
         _check_fits(workload, _local_device("cpu").properties)  # the workers run on this host
+        _warn_oversubscribed(request.count or 1)
     options = FarmOptions(shard_size=args.shard_size, finalist_k=args.finalist_k,
                           candidate_timeout_s=args.candidate_timeout, cpu_threads=args.cpu_threads,
-                          reduce=not args.no_reduce, top_k=args.top_k, keep_results=True, incumbents=args.incumbents)
+                          reduce=not args.no_reduce, top_k=args.top_k, keep_results=True, incumbents=args.incumbents,
+                          log_level=logging.getLogger("farm").getEffectiveLevel())
+    if not sys.stderr.isatty():
+        # the workers' lines Ray forwards here go to a file or a pipe: no colour codes in their prefix
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     address = args.address or os.environ.get("RAY_ADDRESS") or None
     console = _console()
     view = None if args.json else ProgressView(console, workload.name, interval_s=args.progress_every)
@@ -136,7 +166,7 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
         for table in farm_tables(workload, report):
             console.print(table)
         console.print(where_table(out, report.summary))
-    return report.summary.exit_code
+    return _finish(args, report.summary)
 
 
 def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool) -> int:
@@ -147,29 +177,51 @@ def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool) -> int:
     from farm.tuner.problem_tuning import plan_specs_for
 
     rows = []
+    reasons: dict[str, set[str]] = {}  # engine -> why it does not apply, over every problem it was asked about
+    applies: set[str] = set()
     for wp in workload.problems:
         tuner = Autotuner(wp.problem, device, registry=registry)
         specs = plan_specs_for(wp, tuner)
+        configs = registry.explain(wp.problem, device)
+        for c in configs:
+            if c.applicable:
+                applies.add(c.engine_name)
+            else:
+                reasons.setdefault(c.engine_name, set()).add(c.reason)
         rows.append((wp, [s.describe(registry) for s in specs],
-                     [f"{c.engine_name}: {c.reason}" for c in registry.explain(wp.problem, device) if not c.applicable]
-                     + [f"{label}: {reason}" for label, reason in tuner._collection.dropped]))
+                     [(c.engine_name, c.reason) for c in configs if not c.applicable]
+                     + list(tuner._collection.dropped)))
     if as_json:
         _print_json([{"name": wp.name, "problem_key": wp.problem.key, "label": wp.problem.label(),
-                      "candidates": specs, "not_applicable": skipped} for wp, specs, skipped in rows])
+                      "candidates": specs, "not_applicable": [f"{e}: {r}" for e, r in skipped]}
+                     for wp, specs, skipped in rows])
         return 0
+    # an engine that applies to no problem here, for one reason (another kind of device, a library missing)
+    # is listed once below the table, not on every problem's row
+    here = {e: next(iter(r)) for e, r in reasons.items() if e not in applies and len(r) == 1}
     table = Table(title=f"{workload.name}: candidates per problem (dry run, nothing measured)", show_lines=True)
-    for col in ("problem", "candidates", "not applicable here"):
+    for col in ("problem", "candidates", "not applicable to this problem"):
         table.add_column(col)
     for wp, specs, skipped in rows:
+        own = [f"{e}: {r}" for e, r in skipped if e not in here]
         table.add_row(Text(f"{wp.name}\n{wp.problem.label()}"), Text(f"{len(specs)}: " + ", ".join(specs)),
-                      Text("\n".join(skipped) or "-"))
-    _console().print(table)
+                      Text("\n".join(own) or "-"))
+    console = _console()
+    console.print(table)
+    by_reason: dict[str, list[str]] = {}
+    for engine, why in sorted(here.items()):
+        by_reason.setdefault(why, []).append(engine)
+    for why, names in by_reason.items():
+        console.print(Text(f"not on {device.properties.name} ({device.runtime.name}): {', '.join(names)}: {why}"),
+                      soft_wrap=True)
     return 0
 
 
 def add_tune_parser(sub: Any) -> None:
     """The farm tune subcommand and its options."""
     p = sub.add_parser("tune", help="tune every problem of a workload file on every device (Ray)")
+    p.add_argument("-v", "--verbose", action="count", default=0, dest="tune_verbose",
+                   help="log more, as farm -v tune does (-v: the tuner's autotune: lines, -vv: debug)")
     p.add_argument("workload", help="workload YAML file (see docs/workload.md)")
     p.add_argument("--out", help="output folder: results/ (Parquet), overrides/, job.json (default runs/<workload name>); "
                                  "an existing one is resumed")
@@ -192,6 +244,8 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--incumbents", metavar="PATH",
                    help="override file, folder or published root: its winners are kept when a new candidate "
                         "is faster only within noise (default: none)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="exit 0 when the run finished but some problems have no winner (default: exit 3)")
     p.add_argument("--json", action="store_true", help="print results as JSON instead of tables")
     p.add_argument("--dry-run", action="store_true", help="validate and list the candidates, measure nothing")
     p.set_defaults(func=cmd_tune)

@@ -86,16 +86,21 @@ def run_farm(
     started_ray = False
     handles: list[Any] = []
     try:
-        if not ray.is_initialized():
-            _init_ray(address, request)
-            started_ray = True
         if options.cpu_threads is None and address is None:
             from farm.devices.runtimes.cpu import blas_threads_in_force
 
             # the embedded instance runs on this host: production here runs with this process's threads
             options = dataclasses.replace(options, cpu_threads=blas_threads_in_force())
-        handles, infos = _start_workers(request, options, workload.problems)
-        report = _drive(workload, jr, handles, infos, options, config, progress)
+        finished = _finished_here(workload, jr, request, options) if address is None and not ray.is_initialized() \
+            else None
+        if finished is not None:
+            report = finished
+        else:
+            if not ray.is_initialized():
+                _init_ray(address, request)
+                started_ray = True
+            handles, infos = _start_workers(request, options, workload.problems)
+            report = _drive(workload, jr, handles, infos, options, config, progress)
     except BaseException as exc:
         jr.fail(exc)
         raise
@@ -162,16 +167,19 @@ def _start_workers(request: DeviceRequest, options: FarmOptions,
         n = int(ray.cluster_resources().get("GPU", 0))
         if n < 1:
             raise FarmFailed("--devices gpu: the cluster has no GPUs")
-        handles = [actor.options(num_gpus=1, num_cpus=1, **opts).remote("gpu", i, None, list(problems))
+        handles = [actor.options(num_gpus=1, num_cpus=1, **opts).remote("gpu", i, None, list(problems),
+                                                                         log_level=options.log_level)
                    for i in range(n)]
     elif kind == "cpu":
         n = request.count or 1
-        handles = [actor.options(num_cpus=1, **opts).remote("cpu", i, None, (), None, options.cpu_threads)
+        handles = [actor.options(num_cpus=1, **opts).remote("cpu", i, None, (), None, options.cpu_threads,
+                                                             log_level=options.log_level)
                    for i in range(n)]
     else:
         assert request.sim is not None
         n = request.sim.device_count
-        handles = [actor.options(num_cpus=0, **opts).remote("sim", i, request.sim) for i in range(n)]
+        handles = [actor.options(num_cpus=0, **opts).remote("sim", i, request.sim, log_level=options.log_level)
+                   for i in range(n)]
     try:
         infos = ray.get([h.info.remote() for h in handles], timeout=options.startup_timeout_s)
     except ray.exceptions.GetTimeoutError:
@@ -248,6 +256,60 @@ def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[Worke
     return FarmReport(jr.run.job_id, jr.run.run_id, infos, [w.status for w in workers], skipped, jr.counts,
                       wall_s=tuning, total=sched.total, remeasured=sched.remeasured, tuning_s=tuning,
                       results=driver.results)
+
+
+def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, options: FarmOptions) -> FarmReport | None:
+    """A resume with nothing left to measure, on local devices (the CPU, simulated ones): found by the
+    workers' own planning, run here, so no Ray instance starts to do nothing. None: there is work (or
+    the devices are GPUs, which only Ray's workers open)."""
+    from farm.devices.open import open_device
+    from farm.devices.runtimes import RuntimeUnavailable, runtime_for
+    from farm.fleet.worker import expand_problems
+    from farm.model.engine import default_engine_registry
+
+    if not jr.job.results.exists():
+        return None
+    kind = request.kind
+    if kind == "auto":
+        for gpu in ("cuda", "hip"):
+            try:
+                if runtime_for(gpu).device_count():
+                    return None
+            except RuntimeUnavailable:
+                pass
+        kind = "cpu"
+    if kind == "cpu":
+        devices = [open_device("cpu", 0)]  # every CPU worker of this host has this signature
+    elif kind == "sim" and request.sim is not None:
+        devices = [open_device("sim", i, sim=request.sim) for i in range(request.sim.device_count)]
+    else:
+        return None
+    by_sig = {d.signature: d for d in devices}
+    sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes)
+    dataset = ResultsDataset(jr.job.results)
+    problems = list(enumerate(workload.problems))
+    registry = default_engine_registry()
+    skipped: dict[str, dict[str, str]] = {}
+    plans = {sig: expand_problems(problems, device, registry) for sig, device in by_sig.items()}
+    for sig, expanded in plans.items():
+        prior = _prior_rows(dataset, sig)
+        for index, wp in problems:
+            if not isinstance(expanded[index], str):
+                sched.add_problem(sig, index, wp, expanded[index], prior.get(wp.problem.key, ()))
+    if sched.total or not sched.done:
+        return None
+    for sig, expanded in plans.items():
+        jr.tuning(sig)
+        for index, wp in problems:
+            if isinstance(expanded[index], str):
+                skipped.setdefault(sig, {})[wp.name] = expanded[index]
+                jr.skip(sig, wp.name, expanded[index])
+    log.info("farm: nothing left to measure in %s; no Ray instance started", jr.job.root)
+    infos = [WorkerInfo(f"{kind}:{d.properties.index}", "", "", socket.gethostname(), os.getpid(), d.properties)
+             for d in by_sig.values()]
+    statuses = [WorkerStatus(i.name, i.signature, i.properties.name, i.host, WorkerState.IDLE.value) for i in infos]
+    return FarmReport(jr.run.job_id, jr.run.run_id, infos, statuses, skipped, jr.counts, wall_s=0.0, total=0,
+                      remeasured=0)
 
 
 def _plan(workload: Workload, jr: JobRun, sched: Scheduler, workers: Sequence[WorkerHandle]) -> dict[str, dict[str, str]]:

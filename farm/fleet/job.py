@@ -117,18 +117,21 @@ class JobDir:
 
 def _lock_job_folder(job: JobDir) -> Any:
     """One run at a time writes into a job folder: a second one gets a clear error, not doubled measurements."""
-    from filelock import FileLock, Timeout
+    from farm.fsutil import LockTimeout, PathLock
 
     if job.root.exists() and not job.root.is_dir():
         raise InputError("--out must be a folder", source=str(job.root))
     job.root.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(job.root / ".job.lock"))
+    lock = PathLock(job.root / ".job.lock", timeout=0)
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
+        lock.acquire()
+    except LockTimeout:
         raise InputError("another farm tune is running into this folder; wait for it to finish or use another --out",
                          source=str(job.root)) from None
     return lock
+
+
+NO_WINNER_EXIT = 3  # farm tune's exit status: finished, but some problems have no winner
 
 
 @dataclass
@@ -150,9 +153,16 @@ class JobSummary:
         return self.problems - sum(len(v) for v in self.no_winner.values())
 
     @property
-    def exit_code(self) -> int:
-        """0 when some problem has a winner (or there was nothing to do), 1 when none has."""
-        return 1 if self.problems and not self.winners else 0
+    def missing(self) -> int:
+        """Problems (per signature) that ended with no winner."""
+        return sum(len(v) for v in self.no_winner.values())
+
+    def exit_code(self, *, allow_partial: bool = False) -> int:
+        """0 when every problem has a winner; NO_WINNER_EXIT when the run finished but some have none
+        (0 with ``allow_partial``, as long as one has a winner)."""
+        if not self.missing or (allow_partial and self.winners):
+            return 0
+        return NO_WINNER_EXIT
 
     def winner(self, signature: str, problem_key: str) -> Winner | None:
         return self.decisions.winners.get((signature, problem_key))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -57,6 +58,7 @@ class FarmOptions:
     top_k: int = 3  # ranked candidates per override entry
     keep_results: bool = False  # keep every AutotuneResult in the report (the CLI's tables)
     incumbents: str | None = None  # an override file or published root whose winners are kept within noise
+    log_level: int = logging.WARNING  # what the workers log of farm.* (INFO: the tuner's autotune: lines)
 
     def __post_init__(self) -> None:
         for name in ("shard_size", "finalist_k", "max_strikes", "top_k"):
@@ -67,6 +69,8 @@ class FarmOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise InputError("must be a positive, finite number of seconds", field=name, value=value)
+        if isinstance(self.log_level, bool) or not isinstance(self.log_level, int):
+            raise InputError("must be a logging level (an integer)", field="log_level", value=self.log_level)
         if self.cpu_threads is not None and (isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int)
                                              or self.cpu_threads < 1):
             raise InputError("must be an integer >= 1 (or None)", field="cpu_threads", value=self.cpu_threads)

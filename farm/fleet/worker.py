@@ -70,20 +70,45 @@ class TaskEnd:
     wall_ms: float = 0.0
 
 
+class _ProblemName(logging.Filter):
+    """Puts the name of the problem this worker is tuning into its log records (``%(problem)s``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name_now = "-"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.problem = self.name_now
+        return True
+
+
+def _worker_logging(level: int) -> _ProblemName:
+    """farm.* lines of this worker process, at ``level``, each naming the problem (Ray forwards them to the driver)."""
+    names = _ProblemName()
+    handler = logging.StreamHandler()
+    handler.addFilter(names)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(problem)s: %(message)s"))
+    root = logging.getLogger("farm")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+    return names
+
+
 class DeviceWorkerImpl:
     """Holds one device, its runtime handle, properties and signature; tunes tasks on it."""
 
     def __init__(self, kind: str, slot: int, sim: SimConfig | None = None,
                  problems: Sequence[WorkloadProblem] = (), registry: EngineRegistry | None = None,
-                 cpu_threads: int | None = None) -> None:
-        logging.basicConfig(level=logging.WARNING)
+                 cpu_threads: int | None = None, log_level: int = logging.WARNING) -> None:
+        self._log_names = _worker_logging(log_level)
         self.kind = kind
         if kind == "cpu":
             # Ray starts an actor with OMP_NUM_THREADS=1; production runs with the host's threads, so
             # measure with those (the count is part of the CPU's device signature: compute_units)
-            from farm.devices.runtimes.cpu import _usable_cores, set_blas_threads
+            from farm.devices.runtimes.cpu import usable_cores, set_blas_threads
 
-            set_blas_threads(cpu_threads or _usable_cores())
+            set_blas_threads(cpu_threads or usable_cores())
         self.registry = registry or default_engine_registry()
         # before the device opens (torch's import, CUDA's start: seconds), so a compile pool's
         # processes start alongside it rather than during this worker's first task
@@ -100,25 +125,7 @@ class DeviceWorkerImpl:
 
     def expand(self, problems: Sequence[tuple[int, WorkloadProblem]]) -> dict[int, list[Candidate] | str]:
         """Discovery where the signature lives: each problem's candidates here, or why there are none."""
-        out: dict[int, list[Candidate] | str] = {}
-        for index, wp in problems:
-            tuner = Autotuner(wp.problem, self.device, registry=self.registry)
-            try:
-                specs = plan_specs_for(wp, tuner)
-            except FarmError as exc:
-                out[index] = str(exc)
-                continue
-            if not specs:
-                reasons = "; ".join(f"{c.engine_name}: {c.reason}" for c in self.registry.explain(wp.problem, self.device)
-                                    if wp.engines.selects(c.engine_name)) or "no engine implements this op"
-                out[index] = f"no applicable engine ({reasons})"
-                continue
-            cands = []
-            for i, s in enumerate(specs):
-                engine = self.registry.get(s.engine_id)
-                cands.append(Candidate(s, engine.name, i, bool(engine.supports_exhaustive),
-                                       tuner._collection.estimated_workspace(s)))
-            out[index] = cands
+        out = expand_problems(problems, self.device, self.registry)
         self._prepare(c.engine_name for cands in out.values() if not isinstance(cands, str) for c in cands)
         return out
 
@@ -136,6 +143,7 @@ class DeviceWorkerImpl:
             seed: int, stream_interval_s: float) -> Iterator[TaskStarted | list[AutotuneResult] | TaskEnd]:
         """Tune the task's candidates; stream TaskStarted, results (each alone in careful mode), then TaskEnd."""
         yield TaskStarted(os.getpid())
+        self._log_names.name_now = wp.name
         t0 = time.perf_counter()
         self._prepare(c.engine_name for c in candidates)  # discovery ran on one worker of the signature only
         index = {c.spec: c.index for c in candidates}
@@ -196,6 +204,31 @@ class DeviceWorkerImpl:
 
     def close(self) -> None:
         self.device.runtime.synchronize()
+
+
+def expand_problems(problems: Sequence[tuple[int, WorkloadProblem]], device: Device,
+                    registry: EngineRegistry) -> dict[int, list[Candidate] | str]:
+    """Each problem's candidates on ``device``, or why there are none."""
+    out: dict[int, list[Candidate] | str] = {}
+    for index, wp in problems:
+        tuner = Autotuner(wp.problem, device, registry=registry)
+        try:
+            specs = plan_specs_for(wp, tuner)
+        except FarmError as exc:
+            out[index] = str(exc)
+            continue
+        if not specs:
+            reasons = "; ".join(f"{c.engine_name}: {c.reason}" for c in registry.explain(wp.problem, device)
+                                if wp.engines.selects(c.engine_name)) or "no engine implements this op"
+            out[index] = f"no applicable engine ({reasons})"
+            continue
+        cands = []
+        for i, s in enumerate(specs):
+            engine = registry.get(s.engine_id)
+            cands.append(Candidate(s, engine.name, i, bool(engine.supports_exhaustive),
+                                   tuner._collection.estimated_workspace(s)))
+        out[index] = cands
+    return out
 
 
 def _open(kind: str, slot: int, sim: SimConfig | None) -> Device:

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from filelock import FileLock
-
 from farm.errors import InputError
-from farm.fsutil import MAX_TEXT_BYTES, atomic_write_text, move_aside, read_text_file
+from farm.fsutil import (MAX_TEXT_BYTES, PathLock, atomic_write_text,
+                         move_aside, read_text_file)
 from farm.model.knobs import KnobSettings, KnobType
 from farm.model.problem import INT64_MAX
-from farm.store.overrides import OVERRIDE_VERSION, WRITE_MODES, OverrideEntry, OverrideFile, TensorRule
+from farm.store.overrides import (OVERRIDE_VERSION, WRITE_MODES, OverrideEntry,
+                                  OverrideFile, TensorRule)
 
 log = logging.getLogger("farm.store.overrides")
 
@@ -237,7 +237,7 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
         raise InputError(f"write mode must be one of {', '.join(WRITE_MODES)}", field="mode", value=mode)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(lock_path(path)), timeout=lock_timeout):
+    with PathLock(lock_path(path), timeout=lock_timeout):
         moved = ""
         current: list[OverrideEntry] = []
         old_extra: dict[str, Any] = {}

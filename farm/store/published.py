@@ -13,10 +13,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from farm.devices.properties import DeviceProperties
 from farm.errors import FarmError, InputError
+from farm.fsutil import PathLock
 
 log = logging.getLogger("farm.store.publish")
 
@@ -104,7 +103,7 @@ class Store:
 
     def lock(self) -> Any:
         if self.local:
-            return FileLock(self.join(".publish.lock"), timeout=300)
+            return PathLock(self.join(".publish.lock"), timeout=300)
         return _AdvisoryLock(self)
 
 

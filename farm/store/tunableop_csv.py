@@ -26,16 +26,15 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from filelock import FileLock
-
 from farm._version import __version__
 from farm.errors import InputError
-from farm.fsutil import atomic_write_text, move_aside, read_text_file
+from farm.fsutil import PathLock, atomic_write_text, move_aside, read_text_file
 from farm.model import dtypes
 from farm.model.knobs import KnobSettings
 from farm.model.op_catalog import OPS
 from farm.store.override_files import lock_path, merge_entries
-from farm.store.overrides import OVERRIDE_VERSION, OverrideEntry, OverrideFile, TensorRule
+from farm.store.overrides import (OVERRIDE_VERSION, OverrideEntry,
+                                  OverrideFile, TensorRule)
 
 log = logging.getLogger("farm.store.tunableop_csv")
 
@@ -246,7 +245,7 @@ def write_tunableop_csv(path: str | Path, entries: Iterable[OverrideEntry], *, d
     ``extra``, what a parse kept). An unreadable file is moved aside."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(lock_path(path)), timeout=lock_timeout):
+    with PathLock(lock_path(path), timeout=lock_timeout):
         old = OverrideFile(OVERRIDE_VERSION, [], None, dict(extra or {}), str(path))
         if mode == "append" and path.exists():
             try:

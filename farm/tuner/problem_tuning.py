@@ -68,7 +68,8 @@ def plan_specs_for(wp: WorkloadProblem, tuner: Autotuner) -> list[PlanSpec]:
     for sweep in sel.sweeps:
         if str(sweep.engine) in applicable:
             sweeps.append(sweep)
-        elif sel.selects(str(sweep.engine)):
+        elif sel.selects(str(sweep.engine)) and str(sweep.engine) in {e.name for e in tuner.registry.for_op(wp.problem.op)}:
+            # a top-level sweep meets problems of other ops too: only an engine that serves this op is news
             log.info("autotune: sweep of %s skipped for %s: not applicable on %s", sweep.engine, wp.name,
                      tuner.device.properties.name)
     if sweeps:

@@ -116,7 +116,7 @@ def _total_memory() -> int:
         return 0
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -128,9 +128,9 @@ def blas_threads_in_force() -> int:
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
-        return _usable_cores()
+        return usable_cores()
     counts = [int(e.get("num_threads") or 0) for e in threadpool_info() if e.get("user_api") == "blas"]
-    return max(counts) if counts and max(counts) > 0 else _usable_cores()
+    return max(counts) if counts and max(counts) > 0 else usable_cores()
 
 
 def set_blas_threads(threads: int) -> None:

@@ -1,0 +1,111 @@
+"""Every command in README.md and docs/ runs as written after the Quick start.
+
+The bash and python blocks of the Markdown are extracted and run, in order, in a checkout-like folder
+where the Quick start has run (`.venv`, `runs/quick`). A block that cannot run here says why on the line
+before its fence (``<!-- not run by tests: ... -->``); the README's cluster sequence is run by
+tests/test_ray_job.py, against a real ``ray start`` head (``<!-- run by tests/test_ray_job.py -->``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "deploy" / "README.md"]
+NOT_RUN = "<!-- not run by tests:"
+RAY_JOB = "<!-- run by tests/test_ray_job.py -->"
+VENV = Path(sys.executable).parents[1]
+LINKED = ("examples", "engines", "farm", "policies", "jobs", "pyproject.toml", "deploy", "benchmarks")
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int
+    lang: str
+    text: str
+    marker: str  # the comment line before the fence ('' when none)
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(REPO)}:{self.line}"
+
+
+def blocks(path: Path) -> list[Block]:
+    out, lines = [], path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^```(\w*)\s*$", lines[i])
+        if m is None:
+            i += 1
+            continue
+        start, body = i, []
+        i += 1
+        while i < len(lines) and not lines[i].startswith("```"):
+            body.append(lines[i])
+            i += 1
+        before = next((lines[j].strip() for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        out.append(Block(path, start + 1, m.group(1), "\n".join(body) + "\n", before if before.startswith("<!--") else ""))
+        i += 1
+    return out
+
+
+ALL = [b for p in DOCS for b in blocks(p)]
+COMMANDS = [b for b in ALL if b.lang in ("bash", "python")]
+
+
+def test_every_command_block_runs_or_says_why_not():
+    """No command block is silently left out: each one runs here, or its marker names a reason or its test."""
+    for b in COMMANDS:
+        if b.marker.startswith(NOT_RUN):
+            assert len(b.marker[len(NOT_RUN):].strip(" ->")) > 10, f"{b.where}: say why it is not run"
+        else:
+            assert b.marker in ("", RAY_JOB), f"{b.where}: unknown marker {b.marker!r}"
+    for b in ALL:  # shell commands are in bash blocks (so they are run), not in unlabelled ones
+        if b.lang == "":
+            assert not re.match(r"^\s*(\.venv/bin/|farm |ray |python3? )", b.text), f"{b.where}: label it bash"
+    assert sum(1 for b in COMMANDS if not b.marker) >= 10
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory):
+    """A folder laid out as the checkout is after the Quick start (its .venv, its runs/quick)."""
+    if not (VENV / "bin" / "farm").exists():
+        pytest.skip(f"not running from the Quick start's venv ({VENV} has no bin/farm)")
+    work = tmp_path_factory.mktemp("checkout")
+    for name in LINKED:
+        (work / name).symlink_to(REPO / name)
+    (work / ".venv").symlink_to(VENV)
+    env = _env(work)
+    quick = subprocess.run([str(VENV / "bin" / "farm"), "tune", "examples/cpu-quick.yaml", "--out", "runs/quick"],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert quick.returncode == 0, quick.stdout[-2000:] + quick.stderr[-2000:]
+    return work
+
+
+def _env(work: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FARM_", "RAY_", "PYTORCH_TUNABLEOP"))}
+    env.pop("PYTHONPATH", None)  # as a user's shell: the venv's own install finds the code
+    env.update(HOME=str(work / "home"), COLUMNS="120")
+    (work / "home").mkdir(exist_ok=True)
+    return env
+
+
+@pytest.mark.parametrize("block", [b for b in COMMANDS if not b.marker], ids=lambda b: b.where)
+def test_the_block_runs_as_written(block, checkout):
+    env = _env(checkout)
+    if block.lang == "bash":
+        cmd = ["bash", "-e", "-o", "pipefail", "-c", block.text]
+    else:
+        cmd = [str(checkout / ".venv" / "bin" / "python"), "-c", block.text]
+    proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{block.where}\n{block.text}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n" \
+                                 f"{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
