@@ -163,6 +163,9 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     if args.json:
         _print_json(farm_dict(workload, out, report))
     else:
+        if report.total == 0 and not report.rows_written and not report.workers_started:
+            console.print(f"nothing left to measure in {escape(out)}: every candidate has a result (no Ray instance "
+                          "was started); the winners are decided again from what is there")
         for table in farm_tables(workload, report):
             console.print(table)
         console.print(where_table(out, report.summary))

@@ -55,6 +55,7 @@ class FarmReport:
     remeasured: int
     tuning_s: float = 0.0  # from the workers' start to the last result (busy fractions are of this)
     results: dict[tuple[str, str], list[AutotuneResult]] = field(default_factory=dict)  # (signature, problem name)
+    workers_started: bool = True  # False: a resume with nothing to measure, found without Ray
     summary: JobSummary | None = None  # how the run ended (set once it has)
     reduce: ReduceReport | None = None
 
@@ -309,7 +310,7 @@ def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, optio
              for d in by_sig.values()]
     statuses = [WorkerStatus(i.name, i.signature, i.properties.name, i.host, WorkerState.IDLE.value) for i in infos]
     return FarmReport(jr.run.job_id, jr.run.run_id, infos, statuses, skipped, jr.counts, wall_s=0.0, total=0,
-                      remeasured=0)
+                      remeasured=0, workers_started=False)
 
 
 def _plan(workload: Workload, jr: JobRun, sched: Scheduler, workers: Sequence[WorkerHandle]) -> dict[str, dict[str, str]]:
