@@ -14,9 +14,12 @@ from farm.model.problem import Problem
 
 _NCHW = [1, 8, 16, 16]
 _PAD = {"pad_h": 1, "pad_w": 1}
-# a small problem per op (outputs the shapes do not determine are given)
-_EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
-    "matmul": ({"A": [64, 64], "B": [64, 64]}, {}),
+# small problems per op (outputs the shapes do not determine are given); a GEMM of odd sizes too, for the
+# engines made for those
+_EXAMPLES: dict[str, list[tuple[dict[str, Any], dict[str, int]]]] = {
+    "matmul": [({"A": [64, 64], "B": [64, 64]}, {}), ({"A": [4095, 4097], "B": [4097, 4093]}, {})],
+}
+_ONE: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
     "conv_fprop": ({"X": _NCHW, "W": [8, 8, 3, 3]}, _PAD),
     "conv_dgrad": ({"dY": _NCHW, "W": [8, 8, 3, 3], "dX": _NCHW}, _PAD),
     "conv_wgrad": ({"X": _NCHW, "dY": _NCHW, "dW": [8, 8, 3, 3]}, _PAD),
@@ -29,18 +32,20 @@ _EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
     "resample": ({"X": _NCHW, "Y": [1, 8, 8, 8]}, {"mode": 0}),
     "pointwise": ({"A": [64, 64], "B": [64, 64]}, {"mode": 0}),
 }
+for _op, _example_one in _ONE.items():
+    _EXAMPLES[_op] = [_example_one]
 
 
-def _example(op: str, engine: Engine) -> Problem | None:
-    shapes, criteria = _EXAMPLES.get(op, (None, {}))
-    if shapes is None:
-        return None
+def _examples(op: str, engine: Engine) -> list[Problem]:
     stored = sorted(getattr(engine, "storage_dtypes", ()) or ())
     dtype = "fp16" if "fp16" in stored else "fp32" if "fp32" in stored or not stored else stored[0]
-    try:
-        return Problem.create(op, shapes, criteria=criteria, dtype=dtype)
-    except FarmError:
-        return None
+    out = []
+    for shapes, criteria in _EXAMPLES.get(op, []):
+        try:
+            out.append(Problem.create(op, shapes, criteria=criteria, dtype=dtype))
+        except FarmError:
+            continue
+    return out
 
 
 def local_devices() -> list[Any]:
@@ -66,14 +71,12 @@ def runs_here(registry: EngineRegistry, engines: Iterable[Engine], devices: list
     for engine in engines:
         yes, why = [], []
         for device in devices:
-            for op in sorted(engine.ops):
-                problem = _example(op, engine)
-                if problem is None:
-                    continue
-                support = registry.config_for(engine, problem, device)
-                if support.applicable:
-                    yes.append(f"{device.runtime.name}:{device.index}")
-                    break
-                why.append(support.reason)
-        out[engine.name] = f"yes: {', '.join(yes)}" if yes else f"no: {why[0] if why else 'no example problem'}"
+            problems = [p for op in sorted(engine.ops) for p in _examples(op, engine)]
+            answers = [registry.config_for(engine, p, device) for p in problems]
+            if any(a.applicable for a in answers):
+                yes.append(f"{device.runtime.name}:{device.index}")
+            elif answers:
+                why.append(answers[-1].reason)
+        # the reason of the last device asked: the GPUs come after the CPU, and their reason is the telling one
+        out[engine.name] = f"yes: {', '.join(yes)}" if yes else f"no: {why[-1] if why else 'no example problem'}"
     return out

@@ -145,8 +145,12 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
                           reduce=not args.no_reduce, top_k=args.top_k, keep_results=True, incumbents=args.incumbents,
                           log_level=logging.getLogger("farm").getEffectiveLevel())
     if not sys.stderr.isatty():
-        # the workers' lines Ray forwards here go to a file or a pipe: no colour codes in their prefix
+        # the workers' lines Ray forwards here go to a file or a pipe: no colour codes in their prefix, and no
+        # "[repeated Nx across cluster]" summaries (which carry colour codes of their own)
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if options.log_level < logging.WARNING:
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # -v asked for every line: Ray would fold repeats away
     address = args.address or os.environ.get("RAY_ADDRESS") or None
     console = _console()
     view = None if args.json else ProgressView(console, workload.name, interval_s=args.progress_every)

@@ -75,10 +75,10 @@ class _ProblemName(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.name_now = "-"
+        self.name_now = ""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.problem = self.name_now
+        record.problem = f"{self.name_now}: " if self.name_now else ""
         return True
 
 
@@ -87,7 +87,7 @@ def _worker_logging(level: int) -> _ProblemName:
     names = _ProblemName()
     handler = logging.StreamHandler()
     handler.addFilter(names)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(problem)s: %(message)s"))
+    handler.setFormatter(logging.Formatter("%(levelname)s %(problem)s%(message)s"))
     root = logging.getLogger("farm")
     root.handlers[:] = [handler]
     root.setLevel(level)
