@@ -58,6 +58,7 @@ def test_layout_index_and_merge_with_a_diff(tmp_path, capsys):
     assert report["changed"] == [{"problem": "p2", "old_engine": "torch.matmul[default]",
                                   "new_engine": "triton.gemm[default]", "old_ms": 2.0, "new_ms": 1.5}]
     assert report["removed"] == [] and report["unchanged"] == 1
+    assert not [p for p in root.rglob("*") if p.name.endswith(".lock")]  # the publish lock goes with its holder
     merged = load_overrides(published)
     assert sorted(e.metadata["problem_name"] for e in merged.entries) == ["p1", "p2", "p3"]
     assert json.loads((root / "index.json").read_text())["files"][props.signature]["entries"] == 3
