@@ -422,3 +422,28 @@ def test_the_writer_never_writes_what_its_reader_refuses(tmp_path, tensors, fiel
         write_overrides(tmp_path / "fresh.json", [bad], device=DEVICE)
     assert info.value.field == field
     assert not (tmp_path / "fresh.json").exists()
+
+
+def test_a_files_own_dtype_spelling_matches_ours_and_is_written_back_as_it_was(tmp_path):
+    """hipDNN may spell data types its own way (HALF, FLOAT, HIPDNN_DATA_TYPE_BFLOAT16): they match our fp16,
+    fp32 and bf16 problems, and a rewrite keeps the file's spelling; an unknown name matches nothing."""
+    def rule(engine, dtype, cdt=None):
+        r = {"op": "matmul", "engine_name": engine,
+             "tensors": [{"tensor_id": t, "dim": d, "data_type": dtype} for t, d in (("A", [64, 16]), ("B", [16, 32]))],
+             "autotune_metadata": {"rank": 0}}
+        if cdt:
+            r["compute_data_type"] = cdt
+        return r
+
+    path = tmp_path / "hipdnn.json"
+    path.write_text(json.dumps({"version": 2, "engine_overrides": [
+        rule("half", "HALF", "FLOAT"), rule("bf", "HIPDNN_DATA_TYPE_BFLOAT16"), rule("odd", "FP8_E4M3")]}))
+    f = load_overrides(path)
+    assert f.match(mm(dtype="fp16")).engine_name == "half"
+    assert f.match(mm(dtype="bf16")).engine_name == "bf"
+    assert f.match(mm(dtype="fp32")) is None
+    write_overrides(path, [OverrideEntry.for_problem(mm(8), "ours", (), meta())], device=DEVICE)
+    back = json.loads(path.read_text())["engine_overrides"]
+    assert [t["data_type"] for t in back[0]["tensors"]] == ["HALF", "HALF"] and back[0]["compute_data_type"] == "FLOAT"
+    assert back[1]["tensors"][0]["data_type"] == "HIPDNN_DATA_TYPE_BFLOAT16"
+    assert back[3]["tensors"][0]["data_type"] == "fp32" and not any("\x00" in k for e in back for k in e)

@@ -9,12 +9,19 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from farm.errors import InputError
-from farm.fsutil import (MAX_TEXT_BYTES, PathLock, atomic_write_text,
-                         move_aside, read_text_file)
+from farm.fsutil import MAX_TEXT_BYTES, PathLock, atomic_write_text, move_aside, read_text_file
+from farm.model.dtypes import canonical_dtype
 from farm.model.knobs import KnobSettings, KnobType
 from farm.model.problem import INT64_MAX
-from farm.store.overrides import (OVERRIDE_VERSION, WRITE_MODES, OverrideEntry,
-                                  OverrideFile, TensorRule)
+from farm.store.overrides import (
+    OVERRIDE_VERSION,
+    RAW_COMPUTE_DATA_TYPE,
+    RAW_DATA_TYPE,
+    WRITE_MODES,
+    OverrideEntry,
+    OverrideFile,
+    TensorRule,
+)
 
 log = logging.getLogger("farm.store.overrides")
 
@@ -122,7 +129,11 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
         _need(not strides or len(strides) == len(dims), "stride needs one entry per dim (or [] for any)", f"{tp}.stride", list(strides))
         dtype = t.get("data_type")
         _need(dtype is None or isinstance(dtype, str), "expected a dtype name", f"{tp}.data_type", dtype)
-        tensors.append(TensorRule(tid, dims, strides, dtype, {k: v for k, v in t.items() if k not in _KNOWN_TENSOR_FIELDS}))
+        extra = {k: v for k, v in t.items() if k not in _KNOWN_TENSOR_FIELDS}
+        canonical = _dtype_name(dtype)
+        if canonical != dtype:
+            extra[RAW_DATA_TYPE] = dtype  # matched as ours, written back as the file spelled it
+        tensors.append(TensorRule(tid, dims, strides, canonical, extra))
     if version >= 2:
         ids = [t.tensor_id for t in tensors]
         _need(len(set(ids)) == len(ids), "tensor_id values must be unique", f"{path}.tensors", ids)
@@ -135,7 +146,25 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
     cdt = obj.get("compute_data_type")
     _need(cdt is None or isinstance(cdt, str), "expected a dtype name", f"{path}.compute_data_type", cdt)
     extra = {k: v for k, v in obj.items() if k not in _KNOWN_ENTRY_FIELDS}
+    if _dtype_name(cdt, compute=True) != cdt:
+        extra[RAW_COMPUTE_DATA_TYPE] = cdt
+        cdt = _dtype_name(cdt, compute=True)
     return OverrideEntry(op, engine, tuple(tensors), tuple(sorted(criteria.items())), knobs, cdt, meta, extra)
+
+
+def _dtype_name(name: str | None, *, compute: bool = False) -> str | None:
+    """Our name of a dtype a file spells its own way (``HALF``, ``float``, ``HIPDNN_DATA_TYPE_BFLOAT16``);
+    a name we do not know is kept as it is (it then matches no problem)."""
+    if name is None:
+        return None
+    key = name.strip()
+    for prefix in ("HIPDNN_DATA_TYPE_", "hipdnn_data_type_", "DATA_TYPE_", "data_type_"):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    try:
+        return canonical_dtype(key, compute=compute)
+    except InputError:
+        return name
 
 
 def _parse_knobs(raw: Any, path: str) -> KnobSettings:

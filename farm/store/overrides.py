@@ -51,6 +51,11 @@ KEY_TENSORS: dict[str, tuple[str, ...]] = {"sdpa_bwd": ("Q", "K", "V")}  # every
 KEY_CRITERIA: dict[str, tuple[str, ...]] = {"pointwise": ("mode",), "reduction": ("mode",), "resample": ("mode",)}
 
 
+# extra-field keys holding a file's own spelling of a dtype (``HALF``) we match by our name (``fp16``)
+RAW_DATA_TYPE = "\x00data_type"
+RAW_COMPUTE_DATA_TYPE = "\x00compute_data_type"
+
+
 def key_tensors(op: str) -> tuple[str, ...]:
     """The tensors a rule for ``op`` must name (empty for an op this build does not know)."""
     spec = OPS.get(op)
@@ -78,8 +83,8 @@ class TensorRule:
         out["dim"] = list(self.dims)
         out["stride"] = list(self.strides)
         if self.data_type is not None:
-            out["data_type"] = self.data_type
-        out.update({k: v for k, v in self.extra.items() if k not in out})
+            out["data_type"] = self.extra.get(RAW_DATA_TYPE, self.data_type)
+        out.update({k: v for k, v in self.extra.items() if k not in out and k != RAW_DATA_TYPE})
         return out
 
 
@@ -158,7 +163,7 @@ class OverrideEntry:
         out["criteria"] = dict(self.criteria)
         out["tensors"] = [t.to_json() for t in self.tensors]
         if self.compute_data_type is not None:
-            out["compute_data_type"] = self.compute_data_type
+            out["compute_data_type"] = self.extra.get(RAW_COMPUTE_DATA_TYPE, self.compute_data_type)
         if self.metadata is not None or self.knobs:
             meta = dict(self.metadata or {})
             if not self.knobs:
@@ -167,7 +172,7 @@ class OverrideEntry:
                 meta["knobs"] = [{"knob_id": k, "type": knob_type_of(v).value, "value": int(v) if isinstance(v, bool) else v}
                                  for k, v in self.knobs]
             out["autotune_metadata"] = meta
-        out.update({k: v for k, v in self.extra.items() if k not in out})
+        out.update({k: v for k, v in self.extra.items() if k not in out and k != RAW_COMPUTE_DATA_TYPE})
         return out
 
     @staticmethod

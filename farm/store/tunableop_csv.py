@@ -33,8 +33,7 @@ from farm.model import dtypes
 from farm.model.knobs import KnobSettings
 from farm.model.op_catalog import OPS
 from farm.store.override_files import lock_path, merge_entries
-from farm.store.overrides import (OVERRIDE_VERSION, OverrideEntry,
-                                  OverrideFile, TensorRule)
+from farm.store.overrides import OVERRIDE_VERSION, OverrideEntry, OverrideFile, TensorRule
 
 log = logging.getLogger("farm.store.tunableop_csv")
 
