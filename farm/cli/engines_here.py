@@ -14,10 +14,11 @@ from farm.model.problem import Problem
 
 _NCHW = [1, 8, 16, 16]
 _PAD = {"pad_h": 1, "pad_w": 1}
-# small problems per op (outputs the shapes do not determine are given); a GEMM of odd sizes too, for the
-# engines made for those
+# small problems per op (outputs the shapes do not determine are given); GEMMs of odd sizes and a skinny
+# one too, for the engines made for those
 _EXAMPLES: dict[str, list[tuple[dict[str, Any], dict[str, int]]]] = {
-    "matmul": [({"A": [64, 64], "B": [64, 64]}, {}), ({"A": [4095, 4097], "B": [4097, 4093]}, {})],
+    "matmul": [({"A": [64, 64], "B": [64, 64]}, {}), ({"A": [4095, 4097], "B": [4097, 4093]}, {}),
+               ({"A": [16, 4096], "B": [4096, 4096]}, {})],  # and a skinny one (decode)
 }
 _ONE: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
     "conv_fprop": ({"X": _NCHW, "W": [8, 8, 3, 3]}, _PAD),

@@ -215,3 +215,39 @@ def test_triton_compile_key_names_the_kernel_not_the_shape(dev):
     fp16 = Problem.create("matmul", {"A": [1024, 1024], "B": [1024, 1024]}, dtype="fp16")
     assert key(sq1) == key(sq2)  # one binary serves both shapes: a second worker must not compile it again
     assert len({key(sq1), key(odd), key(fp16), key(sq1, BLOCK_M=128)}) == 4
+
+
+SPLITK = EngineSweep("triton.gemm_splitk", {"SPLIT_K": [2, 8, 32], "BLOCK_N": [64, 128]}, {"BLOCK_K": 128})
+
+
+@pytest.mark.parametrize("problem", [
+    Problem.create("matmul", {"A": [1, 4096], "B": [4096, 4096]}, dtype="bf16"),  # decode, one token
+    Problem.create("matmul", {"A": [16, 1000], "B": [1000, 333], "bias": [333]}, dtype="fp16"),  # odd K, N; bias
+    Problem.create("matmul", {"A": [64, 2048], "B": {"dims": [2048, 256], "strides": [1, 2048]}},
+                   compute_dtype="tf32"),  # column-major B, tf32
+    Problem.create("matmul", {"A": [128, 4096], "B": [4096, 200], "C": {"dims": [128, 200], "strides": [208, 1]}},
+                   dtype="bf16"),  # C with a padded row stride, written in place
+], ids=lambda p: p.label())
+def test_split_k_gemm_is_right_for_skinny_problems(dev, problem):
+    t, results = tune(dev, problem, [SPLITK])
+    split = [r for r in results if r.engine_name == "triton.gemm_splitk"]
+    assert len(split) == 1 + 6  # the default and the sweep's six
+    bad = [(r.label, r.disposition.value, r.error) for r in split if not r.succeeded]
+    assert not bad, bad
+    assert all(r.max_rel_error is not None for r in split)  # checked against the float64 reference
+    t2 = Autotuner(problem, dev)
+    t2.add_engine("triton.gemm_splitk", {"SPLIT_K": 32, "BLOCK_N": 64})
+    t2.autotune(config=AutotuneConfig(check="reference", **FAST))
+    assert_winner_correct(dev, t2, problem)
+
+
+def test_split_k_applies_to_skinny_problems_only(dev):
+    from farm.model.engine import default_engine_registry
+
+    reg = default_engine_registry()
+    wide = Problem.create("matmul", {"A": [512, 4096], "B": [4096, 4096]}, dtype="bf16")
+    short = Problem.create("matmul", {"A": [16, 256], "B": [256, 4096]}, dtype="bf16")
+    batched = Problem.create("matmul", {"A": [4, 16, 4096], "B": [4096, 4096]}, dtype="bf16")
+    reasons = {p.label(): reg.config_for(reg.get("triton.gemm_splitk"), p, dev).reason for p in (wide, short, batched)}
+    assert "M <= 256" in reasons[wide.label()] and "K >= 512" in reasons[short.label()]
+    assert "2-D A and B only" in reasons[batched.label()]
