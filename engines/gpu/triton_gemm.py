@@ -185,6 +185,27 @@ def _kernel() -> Any:
     return gemm_kernel
 
 
+def triton_dot_support(problem: Problem) -> Support:
+    """What a Triton GEMM needs of any problem: Triton installed, and a dtype its fp32-accumulating dot serves."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return Support.no("triton is not installed (pip install 'tunefarm[triton]')")
+    if problem.dtype == "fp32" and problem.compute_dtype != "tf32":
+        return Support.no("Triton's fp32 dot is TF32; strict fp32 problems are left to cuBLAS")
+    if problem.compute_dtype not in ("fp32", "tf32"):
+        return Support.no(f"accumulates in fp32, not {problem.compute_dtype}")
+    return Support.yes()
+
+
+def load_binary(compiled: Any) -> None:
+    """Load a compiled kernel's binary: too much shared memory or too many registers raise here, at compile time."""
+    init = getattr(compiled, "_init_handles", None)
+    if callable(init):
+        with gil_heavy_section():
+            init()
+
+
 def _strides(dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int, int]:
     """(batch, row, column) strides; batch 0 for a 2-D (shared) operand."""
     return (strides[0] if len(dims) == 3 else 0, strides[-2], strides[-1])
@@ -244,14 +265,9 @@ class TritonGemm(GpuEngine):
     )
 
     def supports(self, problem: Problem, device: Device) -> Support:
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return Support.no("triton is not installed (pip install 'tunefarm[triton]')")
-        if problem.dtype == "fp32" and problem.compute_dtype != "tf32":
-            return Support.no("Triton's fp32 dot is TF32; strict fp32 problems are left to cuBLAS")
-        if problem.compute_dtype not in ("fp32", "tf32"):
-            return Support.no(f"accumulates in fp32, not {problem.compute_dtype}")
+        base = triton_dot_support(problem)
+        if not base:
+            return base
         a, b = problem.tensor("A"), problem.tensor("B")
         if len(a.dims) > 3 or len(b.dims) > 3:
             return Support.no("at most one batch dimension")
@@ -328,10 +344,7 @@ class TritonGemm(GpuEngine):
                         self._procs.saw_compile(time.perf_counter() - t0)
                 finally:
                     TRITON_COMPILE_LOCK.release()
-        init = getattr(compiled, "_init_handles", None)
-        if callable(init):
-            with gil_heavy_section():
-                init()  # loads the binary: too much shared memory or too many registers raise here, at compile time
+        load_binary(compiled)
         launch = kernel[grid]
 
         def run(a: Any, b: Any, c: Any, bias: Any) -> None:

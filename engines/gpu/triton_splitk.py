@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from farm.plugin import Device, Knob, KnobValue, Problem, Support, gil_heavy_section
 
 from ._common import TRITON_COMPILE_LOCK, GpuEngine, TorchPlan, torch_dtype, torch_module
+from .triton_gemm import load_binary, triton_dot_support
 
 MAX_M = 256  # above this an output-tiled GEMM has tiles enough: the plain Triton GEMM and cuBLAS apply
 MIN_K = 512  # below this there is little K to split
@@ -99,14 +100,9 @@ class TritonSplitK(GpuEngine):
     )
 
     def supports(self, problem: Problem, device: Device) -> Support:
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return Support.no("triton is not installed (pip install 'tunefarm[triton]')")
-        if problem.dtype == "fp32" and problem.compute_dtype != "tf32":
-            return Support.no("Triton's fp32 dot is TF32; strict fp32 problems are left to cuBLAS")
-        if problem.compute_dtype not in ("fp32", "tf32"):
-            return Support.no(f"accumulates in fp32, not {problem.compute_dtype}")
+        base = triton_dot_support(problem)
+        if not base:
+            return base
         a, b = problem.tensor("A"), problem.tensor("B")
         if len(a.dims) != 2 or len(b.dims) != 2:
             return Support.no("2-D A and B only (a batch has rows enough for a tiled GEMM)")
@@ -151,9 +147,7 @@ class TritonSplitK(GpuEngine):
             compiled = (partial.warmup(torch_dtype(a.dtype), torch_dtype(b.dtype), f32, *scalars1, grid=grid1, **meta1),
                         reduce.warmup(f32, torch_dtype(c.dtype), bias_dtype, *scalars2, grid=grid2, **meta2))
             for kernel in compiled:
-                init = getattr(kernel, "_init_handles", None)
-                if callable(init):
-                    init()  # loads the binary: too much shared memory or too many registers raise here
+                load_binary(kernel)
         parts = torch.empty((splits, m, n), dtype=f32, device=torch.device("cuda", device.index))
         launch1, launch2 = partial[grid1], reduce[grid2]
 

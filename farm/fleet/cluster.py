@@ -290,21 +290,11 @@ def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, optio
     dataset = ResultsDataset(jr.job.results)
     problems = list(enumerate(workload.problems))
     registry = default_engine_registry()
-    skipped: dict[str, dict[str, str]] = {}
     plans = {sig: expand_problems(problems, device, registry) for sig, device in by_sig.items()}
-    for sig, expanded in plans.items():
-        prior = _prior_rows(dataset, sig)
-        for index, wp in problems:
-            if not isinstance(expanded[index], str):
-                sched.add_problem(sig, index, wp, expanded[index], prior.get(wp.problem.key, ()))
+    skipped = _schedule(problems, plans, sched, dataset)
     if sched.total or not sched.done:
         return None
-    for sig, expanded in plans.items():
-        jr.tuning(sig)
-        for index, wp in problems:
-            if isinstance(expanded[index], str):
-                skipped.setdefault(sig, {})[wp.name] = expanded[index]
-                jr.skip(sig, wp.name, expanded[index])
+    _record_plan(jr, plans, skipped)
     log.info("farm: nothing left to measure in %s; no Ray instance started", jr.job.root)
     infos = [WorkerInfo(f"{kind}:{d.properties.index}", "", "", socket.gethostname(), os.getpid(), d.properties)
              for d in by_sig.values()]
@@ -320,19 +310,34 @@ def _plan(workload: Workload, jr: JobRun, sched: Scheduler, workers: Sequence[Wo
         by_sig.setdefault(w.info.signature, []).append(w)
     problems = list(enumerate(workload.problems))
     dataset = ResultsDataset(jr.job.results) if jr.job.results.exists() else None
+    plans = {sig: _expand([w.actor for w in members], problems, sig) for sig, members in by_sig.items()}
+    skipped = _schedule(problems, plans, sched, dataset)
+    _record_plan(jr, plans, skipped)
+    return skipped
+
+
+def _schedule(problems: Sequence[tuple[int, WorkloadProblem]], plans: dict[str, dict[int, Any]], sched: Scheduler,
+              dataset: ResultsDataset | None) -> dict[str, dict[str, str]]:
+    """Give the scheduler every problem discovery found candidates for (with its rows from earlier runs);
+    -> signature -> problem name -> why it has none."""
     skipped: dict[str, dict[str, str]] = {}
-    for sig, members in by_sig.items():
-        jr.tuning(sig)
-        expanded = _expand([w.actor for w in members], problems, sig)
+    for sig, expanded in plans.items():
         prior = _prior_rows(dataset, sig)
         for index, wp in problems:
             cands = expanded[index]
             if isinstance(cands, str):
                 skipped.setdefault(sig, {})[wp.name] = cands
-                jr.skip(sig, wp.name, cands)
-                continue
-            sched.add_problem(sig, index, wp, cands, prior.get(wp.problem.key, ()))
+            else:
+                sched.add_problem(sig, index, wp, cands, prior.get(wp.problem.key, ()))
     return skipped
+
+
+def _record_plan(jr: JobRun, plans: dict[str, Any], skipped: dict[str, dict[str, str]]) -> None:
+    """The job record learns the signatures tuned and the problems they cannot tune."""
+    for sig in plans:
+        jr.tuning(sig)
+        for name, why in skipped.get(sig, {}).items():
+            jr.skip(sig, name, why)
 
 
 def _event_loop(driver: Driver, workload: Workload, config: AutotuneConfig, options: FarmOptions,

@@ -15,8 +15,6 @@ from farm.model.knobs import KnobSettings, KnobType
 from farm.model.problem import INT64_MAX
 from farm.store.overrides import (
     OVERRIDE_VERSION,
-    RAW_COMPUTE_DATA_TYPE,
-    RAW_DATA_TYPE,
     WRITE_MODES,
     OverrideEntry,
     OverrideFile,
@@ -130,10 +128,8 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
         dtype = t.get("data_type")
         _need(dtype is None or isinstance(dtype, str), "expected a dtype name", f"{tp}.data_type", dtype)
         extra = {k: v for k, v in t.items() if k not in _KNOWN_TENSOR_FIELDS}
-        canonical = _dtype_name(dtype)
-        if canonical != dtype:
-            extra[RAW_DATA_TYPE] = dtype  # matched as ours, written back as the file spelled it
-        tensors.append(TensorRule(tid, dims, strides, canonical, extra))
+        canonical = _dtype_name(dtype)  # matched as ours, written back as the file spelled it
+        tensors.append(TensorRule(tid, dims, strides, canonical, extra, dtype if canonical != dtype else None))
     if version >= 2:
         ids = [t.tensor_id for t in tensors]
         _need(len(set(ids)) == len(ids), "tensor_id values must be unique", f"{path}.tensors", ids)
@@ -146,10 +142,9 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
     cdt = obj.get("compute_data_type")
     _need(cdt is None or isinstance(cdt, str), "expected a dtype name", f"{path}.compute_data_type", cdt)
     extra = {k: v for k, v in obj.items() if k not in _KNOWN_ENTRY_FIELDS}
-    if _dtype_name(cdt, compute=True) != cdt:
-        extra[RAW_COMPUTE_DATA_TYPE] = cdt
-        cdt = _dtype_name(cdt, compute=True)
-    return OverrideEntry(op, engine, tuple(tensors), tuple(sorted(criteria.items())), knobs, cdt, meta, extra)
+    canonical_cdt = _dtype_name(cdt, compute=True)
+    return OverrideEntry(op, engine, tuple(tensors), tuple(sorted(criteria.items())), knobs, canonical_cdt, meta, extra,
+                         cdt if canonical_cdt != cdt else None)
 
 
 def _dtype_name(name: str | None, *, compute: bool = False) -> str | None:

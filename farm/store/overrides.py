@@ -51,11 +51,6 @@ KEY_TENSORS: dict[str, tuple[str, ...]] = {"sdpa_bwd": ("Q", "K", "V")}  # every
 KEY_CRITERIA: dict[str, tuple[str, ...]] = {"pointwise": ("mode",), "reduction": ("mode",), "resample": ("mode",)}
 
 
-# extra-field keys holding a file's own spelling of a dtype (``HALF``) we match by our name (``fp16``)
-RAW_DATA_TYPE = "\x00data_type"
-RAW_COMPUTE_DATA_TYPE = "\x00compute_data_type"
-
-
 def key_tensors(op: str) -> tuple[str, ...]:
     """The tensors a rule for ``op`` must name (empty for an op this build does not know)."""
     spec = OPS.get(op)
@@ -70,6 +65,7 @@ class TensorRule:
     strides: tuple[int, ...] = ()  # (): any layout; -1: any element
     data_type: str | None = None  # None: any
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)  # unknown fields, kept
+    spelled: str | None = field(default=None, compare=False)  # the file's own name of data_type (HALF), kept
 
     @property
     def exact(self) -> bool:
@@ -83,8 +79,8 @@ class TensorRule:
         out["dim"] = list(self.dims)
         out["stride"] = list(self.strides)
         if self.data_type is not None:
-            out["data_type"] = self.extra.get(RAW_DATA_TYPE, self.data_type)
-        out.update({k: v for k, v in self.extra.items() if k not in out and k != RAW_DATA_TYPE})
+            out["data_type"] = self.spelled or self.data_type
+        out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
 
 
@@ -104,6 +100,7 @@ class OverrideEntry:
     compute_data_type: str | None = None
     metadata: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)  # unknown fields, kept on rewrite
+    compute_spelled: str | None = field(default=None, compare=False)  # the file's own name of compute_data_type
 
     @property
     def engine_id(self) -> int:
@@ -163,7 +160,7 @@ class OverrideEntry:
         out["criteria"] = dict(self.criteria)
         out["tensors"] = [t.to_json() for t in self.tensors]
         if self.compute_data_type is not None:
-            out["compute_data_type"] = self.extra.get(RAW_COMPUTE_DATA_TYPE, self.compute_data_type)
+            out["compute_data_type"] = self.compute_spelled or self.compute_data_type
         if self.metadata is not None or self.knobs:
             meta = dict(self.metadata or {})
             if not self.knobs:
@@ -172,7 +169,7 @@ class OverrideEntry:
                 meta["knobs"] = [{"knob_id": k, "type": knob_type_of(v).value, "value": int(v) if isinstance(v, bool) else v}
                                  for k, v in self.knobs]
             out["autotune_metadata"] = meta
-        out.update({k: v for k, v in self.extra.items() if k not in out and k != RAW_COMPUTE_DATA_TYPE})
+        out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
 
     @staticmethod
