@@ -199,7 +199,8 @@ def triton_dot_support(problem: Problem) -> Support:
 
 
 def load_binary(compiled: Any) -> None:
-    """Load a compiled kernel's binary: too much shared memory or too many registers raise here, at compile time."""
+    """Load a compiled kernel's binary: too much shared memory or too many registers raise here, at compile time.
+    Call it outside gil_heavy_section(), which it enters (the section is not reentrant)."""
     init = getattr(compiled, "_init_handles", None)
     if callable(init):
         with gil_heavy_section():

@@ -146,8 +146,8 @@ class TritonSplitK(GpuEngine):
         with TRITON_COMPILE_LOCK, gil_heavy_section():
             compiled = (partial.warmup(torch_dtype(a.dtype), torch_dtype(b.dtype), f32, *scalars1, grid=grid1, **meta1),
                         reduce.warmup(f32, torch_dtype(c.dtype), bias_dtype, *scalars2, grid=grid2, **meta2))
-            for kernel in compiled:
-                load_binary(kernel)
+        for kernel in compiled:
+            load_binary(kernel)  # takes the GIL-heavy section itself (it is not reentrant)
         parts = torch.empty((splits, m, n), dtype=f32, device=torch.device("cuda", device.index))
         launch1, launch2 = partial[grid1], reduce[grid2]
 
