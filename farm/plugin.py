@@ -19,6 +19,7 @@ from farm.model.engine import (
     Engine,
     KnobAware,
     Plan,
+    PlanListing,
     Preparable,
     Prioritized,
     Support,
@@ -39,7 +40,7 @@ from farm.tuner.reference import EPS
 __all__ = [
     # the engine contract and its optional capabilities
     "Engine", "Plan", "Support", "Knob", "KnobType", "KnobValue", "KnobAware", "CompileKeyed", "Preparable",
-    "Prioritized", "engine_id", "engine_priority", "engine_name_to_id", "default_engine_registry", "file_knobs",
+    "PlanListing", "Prioritized", "engine_id", "engine_priority", "engine_name_to_id", "default_engine_registry", "file_knobs",
     # what an engine is given
     "Problem", "TensorDesc", "contiguous_strides", "itemsize", "Device", "DeviceProperties",
     # helpers engines use

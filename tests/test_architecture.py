@@ -80,7 +80,7 @@ def test_the_cycle_finder_finds_cycles():
 
 PLUGIN_NAMES = {
     "Engine", "Plan", "Support", "Knob", "KnobType", "KnobValue", "KnobAware", "CompileKeyed", "Preparable",
-    "Prioritized", "engine_id", "engine_priority", "engine_name_to_id", "default_engine_registry", "file_knobs",
+    "PlanListing", "Prioritized", "engine_id", "engine_priority", "engine_name_to_id", "default_engine_registry", "file_knobs",
     "Problem", "TensorDesc", "contiguous_strides", "itemsize", "Device", "DeviceProperties",
     "gil_heavy_section", "unit_hash", "EPS",
     "Choice", "POLICY_API_VERSION", "CONFIG", "STATIC_ORDERING", "policy_name_to_id", "OverrideFile",
@@ -119,13 +119,14 @@ def test_built_in_engines_and_policies_import_only_the_plugin_facade():
 
 def test_optional_engine_capabilities_are_protocols_the_built_ins_satisfy():
     from farm.model.engine import default_engine_registry
-    from farm.plugin import CompileKeyed, Engine, KnobAware, Preparable, Prioritized
+    from farm.plugin import CompileKeyed, Engine, KnobAware, PlanListing, Preparable, Prioritized
 
     engines = list(default_engine_registry())
     assert all(isinstance(e, Engine) for e in engines)
     names = {cap.__name__: {e.name for e in engines if isinstance(e, cap)}
-             for cap in (KnobAware, CompileKeyed, Preparable, Prioritized)}
+             for cap in (KnobAware, CompileKeyed, Preparable, PlanListing, Prioritized)}
     assert "torch.sdpa" in names["KnobAware"] and "triton.gemm" in names["CompileKeyed"]
+    assert names["PlanListing"] == {"cudnn.graph", "cublaslt"}
     assert "triton.gemm" in names["Preparable"] and names["Prioritized"]
 
 

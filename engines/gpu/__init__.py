@@ -9,11 +9,16 @@ triton.gemm_padded  the Triton GEMM on zero-padded aligned copies of A and B (od
 triton.gemm_splitk  a split-K Triton GEMM for skinny A (M <= 256: LLM decode), the split a knob
 torch.sdpa     attention with the backend forced (flash, efficient, cudnn, math) or auto
 torch.conv     cuDNN convolutions (fprop, dgrad, wgrad): layout, determinism, benchmark priming
+cudnn.graph    cuDNN's own execution plans (graph API, nvidia-cudnn-frontend): convolutions, matmul,
+               forward attention; each listed plan a candidate, named by engine id and knobs
+cublaslt       cuBLASLt's algorithms (planned with nvmath-python): each listed algorithm a candidate
 
-torch and triton are imported only when an engine is used on a GPU device.
+torch, triton, cudnn and nvmath are imported only when an engine is used on a GPU device.
 """
 
 from .conv import TorchConv
+from .cublaslt import CublasLt
+from .cudnn_graph import CudnnGraph
 from .matmul import TorchBlas, TorchMatmul, TorchMatmulPadded
 from .sdpa import TorchSdpa
 from .triton_gemm import TritonGemm, TritonGemmPadded
@@ -21,6 +26,6 @@ from .triton_splitk import TritonSplitK
 
 _TRITON = TritonGemm()
 ENGINES = (TorchMatmul(), TorchBlas(), TorchMatmulPadded(), _TRITON, TritonGemmPadded(_TRITON.compile_pool),
-           TritonSplitK(), TorchSdpa(), TorchConv())
+           TritonSplitK(), TorchSdpa(), TorchConv(), CudnnGraph(), CublasLt())
 
 __all__ = ["ENGINES"]

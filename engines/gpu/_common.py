@@ -83,6 +83,15 @@ class GpuEngine:
         return f"<engine {self.name}>"
 
 
+def current_raw_stream(torch: Any) -> Callable[[int], int]:
+    """``f(device index)`` -> the caller's current CUDA stream as an integer handle: torch's raw getter
+    (what Inductor's generated code calls, no Stream object made) where this torch has it."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
 def device_stream(device: Device) -> Any:
     """The device's runtime stream as a torch stream, or None for "torch's current stream at run time"."""
     torch = torch_module()

@@ -108,6 +108,15 @@ class Preparable(Protocol):
 
 
 @runtime_checkable
+class PlanListing(Protocol):
+    """An engine whose library lists its own plans for a problem (cuDNN's execution plans, cuBLASLt's
+    algorithms): each listed knob setting is a candidate beside the engine's defaults. Runs where the
+    device is; the list must be the same for the same problem, device and library (resume relies on it)."""
+
+    def list_plans(self, problem: "Problem", device: "Device") -> Sequence[Mapping[str, KnobValue]]: ...
+
+
+@runtime_checkable
 class Prioritized(Protocol):
     """A static preference, lower first (StaticOrdering); engines without one count as 100."""
 

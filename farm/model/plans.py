@@ -24,6 +24,7 @@ from farm.model.engine import (
     EngineConfig,
     EngineRegistry,
     KnobAware,
+    PlanListing,
     Support,
     engine_id,
     settings_to_resolved,
@@ -198,6 +199,24 @@ class PlanSpecCollection:
         added = 0
         for cfg in configs:
             added += self._store(PlanSpec(cfg.engine_id, ()))
+            engine = self.registry.get(cfg.engine_id)
+            if isinstance(engine, PlanListing):
+                added += self._add_listed(engine)
+        return added
+
+    def _add_listed(self, engine: PlanListing) -> int:
+        """The plans the engine's library lists for this problem; a listing that fails costs only them."""
+        try:
+            listed = list(engine.list_plans(self.problem, self.device))
+        except Exception as exc:  # the library said no: the engine's default candidate still runs
+            reason = f"{type(exc).__name__}: {exc}"
+            self.dropped.append((f"{engine.name}[listed]", reason))
+            log.warning("autotune: %s lists no plans here: %s", engine.name, reason)
+            return 0
+        added = 0
+        for knobs in listed:
+            added += self._store(PlanSpec(engine_id(engine), self._normalize(engine, knobs)))
+        log.info("autotune: %s lists %d plans for %s", engine.name, len(listed), self.problem.label())
         return added
 
     def add_engine_variants(self, variants: Sequence[EngineVariant]) -> int:

@@ -1,0 +1,136 @@
+"""cudnn.graph and cublaslt: the libraries' listed plans are candidates, right, and replay by their knobs."""
+
+import pytest
+
+from .conftest import cuda_or_skip
+
+pytestmark = pytest.mark.gpu
+RT, COUNT = cuda_or_skip()
+torch = pytest.importorskip("torch", reason="the GPU engines need torch")
+
+from farm import AutotuneConfig, Autotuner, Problem  # noqa: E402
+from farm.errors import AutotuneError  # noqa: E402
+from farm.model.engine import default_engine_registry  # noqa: E402
+
+from .test_gpu_engines import FAST, assert_winner_correct  # noqa: E402
+
+CONV = {"pad_h": 1, "pad_w": 1}
+
+
+def nhwc(n, c, h, w):
+    return {"dims": [n, c, h, w], "strides": [c * h * w, 1, w * c, c]}
+
+
+CUDNN = [
+    Problem.create("conv_fprop", {"X": nhwc(8, 64, 28, 28), "W": nhwc(64, 64, 3, 3)}, dtype="fp16", criteria=CONV),
+    Problem.create("conv_fprop", {"X": [4, 32, 30, 30], "W": [48, 32, 1, 1]}, dtype="bf16",
+                   criteria={"stride_h": 2, "stride_w": 2}),
+    Problem.create("conv_dgrad", {"dY": nhwc(8, 64, 14, 14), "W": nhwc(64, 32, 3, 3), "dX": nhwc(8, 32, 14, 14)},
+                   dtype="fp16", criteria=CONV),
+    Problem.create("conv_wgrad", {"X": nhwc(8, 32, 14, 14), "dY": nhwc(8, 64, 14, 14), "dW": nhwc(64, 32, 3, 3)},
+                   dtype="fp16", criteria=CONV),
+    Problem.create("matmul", {"A": [16, 1024], "B": [1024, 2048]}, dtype="bf16"),
+    Problem.create("matmul", {"A": [4, 128, 256], "B": [4, 256, 192]}, dtype="fp16"),
+    Problem.create("sdpa_fwd", {"Q": [2, 8, 256, 64], "K": [2, 2, 256, 64], "V": [2, 2, 256, 64]}, dtype="bf16",
+                   criteria={"causal": 1}),
+]
+CUBLASLT = [
+    Problem.create("matmul", {"A": [1, 4096], "B": [4096, 4096]}, dtype="bf16"),
+    Problem.create("matmul", {"A": [64, 4096], "B": [4096, 1024]}, dtype="fp16"),
+    Problem.create("matmul", {"A": [3, 96, 160], "B": [3, 160, 72]}, dtype="bf16"),
+    Problem.create("matmul", {"A": [200, 300], "B": {"dims": [300, 160], "strides": [1, 300]}}, compute_dtype="tf32"),
+    Problem.create("matmul", {"A": [128, 256], "B": [256, 64]}),  # strict fp32
+    Problem.create("matmul", {"A": [300, 129], "B": [129, 200], "C": {"dims": [300, 200], "strides": [208, 1]}},
+                   dtype="bf16"),
+]
+
+
+@pytest.fixture(scope="module")
+def dev():
+    from farm.devices.device import gpu_device
+
+    return gpu_device("cuda", 0)
+
+
+def listed_and_tuned(dev, problem, engine):
+    reg = default_engine_registry()
+    support = reg.config_for(reg.get(engine), problem, dev)
+    if not support.applicable and "not installed" in support.reason:
+        pytest.skip(support.reason)
+    assert support.applicable, support.reason
+    t = Autotuner(problem, dev)
+    t.add_engine_configs([c for c in t.engine_configs() if c.engine_name == engine])
+    results = t.autotune(config=AutotuneConfig(check="reference", **FAST))
+    return t, [r for r in results if r.engine_name == engine]
+
+
+@pytest.mark.parametrize("engine,problem", [("cudnn.graph", p) for p in CUDNN] + [("cublaslt", p) for p in CUBLASLT],
+                         ids=lambda x: x if isinstance(x, str) else x.label())
+def test_each_listed_plan_is_a_checked_candidate_and_the_winner_rebuilds_from_its_knobs(dev, engine, problem):
+    t, rows = listed_and_tuned(dev, problem, engine)
+    listed = [r for r in rows if r.knobs]
+    assert len(listed) >= 2, [(r.label, r.error) for r in rows]  # the library offers choices
+    ok = [r for r in rows if r.succeeded]
+    assert len(ok) >= max(2, len(rows) // 2), [(r.label, r.error) for r in rows if not r.succeeded]
+    assert all(r.max_rel_error is not None for r in ok)  # each checked against the float64 reference
+    best = min(ok, key=lambda r: r.median_ms)
+    again = Autotuner(problem, dev)  # a fresh tuner: the plan rebuilt from the recorded knobs alone
+    again.add_engine(engine, dict(best.knobs))
+    again.autotune(config=AutotuneConfig(check="reference", **FAST))
+    assert_winner_correct(dev, again, problem)
+
+
+def test_a_plan_cudnn_does_not_list_fails_with_the_reason(dev):
+    problem = CUDNN[0]
+    t = Autotuner(problem, dev)
+    t.add_engine("cudnn.graph", {"engine": 9999, "TILE_SIZE": 1})
+    with pytest.raises(AutotuneError) as info:
+        t.autotune(config=AutotuneConfig(check="reference", **FAST))
+    assert "cuDNN lists no plan engine=9999,TILE_SIZE=1" in info.value.results[0].error
+
+
+def test_library_engines_say_why_they_do_not_apply(dev):
+    reg = default_engine_registry()
+    biased = Problem.create("matmul", {"A": [16, 64], "B": [64, 32], "bias": [32]}, dtype="bf16")
+    odd_head = Problem.create("sdpa_fwd", {"Q": [1, 2, 64, 100], "K": [1, 2, 64, 100], "V": [1, 2, 64, 100]},
+                              dtype="fp16")
+    fp32_conv = Problem.create("conv_fprop", {"X": [2, 8, 16, 16], "W": [8, 8, 3, 3]}, criteria=CONV)
+    why = {(e, p.label()): reg.config_for(reg.get(e), p, dev).reason
+           for e, p in (("cublaslt", biased), ("cudnn.graph", biased), ("cudnn.graph", odd_head),
+                        ("cudnn.graph", fp32_conv))}
+    assert all(why.values()), why
+    assert "bias" in why[("cublaslt", biased.label())] and "head dim 100" in why[("cudnn.graph", odd_head.label())]
+
+
+def test_farm_ops_replays_a_cudnn_plan_from_an_override_file(dev, tmp_path, monkeypatch):
+    """The published winner replays through farm.ops: the plan is built once and each call runs it."""
+    import farm.ops as ops
+    from farm.store.override_files import write_overrides
+    from farm.store.overrides import OverrideEntry
+
+    problem = Problem.create("conv_fprop", {"X": nhwc(4, 16, 32, 32), "W": nhwc(32, 16, 3, 3),
+                                            "Y": nhwc(4, 32, 32, 32)}, dtype="fp16", criteria=CONV)
+    t, rows = listed_and_tuned(dev, problem, "cudnn.graph")
+    best = min((r for r in rows if r.succeeded and r.knobs), key=lambda r: r.median_ms)
+    path = tmp_path / "overrides.json"
+    props = dev.properties
+    write_overrides(path, [OverrideEntry.for_problem(problem, "cudnn.graph", best.knobs, {"rank": 0})],
+                    device={"signature": props.signature, "properties": props.to_dict()}, mode="replace")
+    monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", str(path))
+    ops.reset()
+    try:
+        cl = torch.channels_last  # channels-last in, channels-last out: the problem that was tuned
+        x = torch.randn(4, 16, 32, 32, device="cuda", dtype=torch.float16).to(memory_format=cl)
+        w = torch.randn(32, 16, 3, 3, device="cuda", dtype=torch.float16).to(memory_format=cl)
+        for _ in range(3):
+            y = ops.conv2d(x, w, padding=1)
+        chosen = ops.choices()[0]
+        assert chosen["engine"] == "cudnn.graph" and dict(chosen["knobs"]) == dict(best.knobs), chosen
+        ref = torch.nn.functional.conv2d(x, w, padding=1)
+        assert y.is_contiguous(memory_format=cl)
+        assert (y.float() - ref.float()).norm() / ref.float().norm() < 1e-2
+        given = torch.empty(ref.shape, device="cuda", dtype=torch.float16)  # an NCHW out: written right too
+        assert ops.conv2d(x, w, padding=1, out=given) is given
+        assert (given.float() - ref.float()).norm() / ref.float().norm() < 1e-2
+    finally:
+        ops.reset()
