@@ -33,7 +33,7 @@ from farm.devices.device import Device
 from farm.devices.open import open_device
 from farm.errors import InputError
 from farm.model.dtypes import canonical_dtype
-from farm.model.problem import Problem
+from farm.model.problem import Problem, contiguous_strides
 from farm.replay.tunable_runtime import Bound, TunableRuntime
 from farm.replay.tunable_settings import TunableSettings
 
@@ -50,6 +50,7 @@ class _Cached:
     produce: Callable[[Mapping[str, Any]], Any] | None  # returns the library's own output (no out= given)
     framework: "_Framework"
     back: Callable[[Any], Any] | None  # results back to the caller's type (torch CPU tensors); None: as they are
+    out_strides: tuple[int, ...] = ()
 
 
 class RuntimeRegistry:
@@ -159,7 +160,7 @@ class _Framework:
     """How one tensor library describes and allocates tensors."""
 
     def describe(self, t: Any) -> tuple[tuple[int, ...], tuple[int, ...], str]: ...
-    def empty(self, like: Any, dims: tuple[int, ...], dtype: str) -> Any: ...
+    def empty(self, like: Any, dims: tuple[int, ...], dtype: str, strides: tuple[int, ...] = ()) -> Any: ...
 
 
 class _Numpy(_Framework):
@@ -170,8 +171,8 @@ class _Numpy(_Framework):
                              field="strides", value=t.strides)
         return t.shape, tuple(s // item for s in t.strides), canonical_dtype(t.dtype.name)
 
-    def empty(self, like: Any, dims: tuple[int, ...], dtype: str) -> np.ndarray:
-        return np.empty(dims, dtype=NUMPY_DTYPES[dtype])
+    def empty(self, like: Any, dims: tuple[int, ...], dtype: str, strides: tuple[int, ...] = ()) -> np.ndarray:
+        return np.empty(dims, dtype=NUMPY_DTYPES[dtype])  # numpy problems keep contiguous outputs
 
 
 class _Torch(_Framework):
@@ -181,9 +182,11 @@ class _Torch(_Framework):
     def describe(self, t: Any) -> tuple[tuple[int, ...], tuple[int, ...], str]:
         return tuple(t.shape), tuple(t.stride()), canonical_dtype(str(t.dtype))
 
-    def empty(self, like: Any, dims: tuple[int, ...], dtype: str) -> Any:
+    def empty(self, like: Any, dims: tuple[int, ...], dtype: str, strides: tuple[int, ...] = ()) -> Any:
         from engines.gpu._common import torch_dtype
 
+        if strides and strides != contiguous_strides(dims):
+            return self.torch.empty_strided(dims, strides, dtype=torch_dtype(dtype), device=like.device)
         return self.torch.empty(dims, dtype=torch_dtype(dtype), device=like.device)
 
 
@@ -244,10 +247,17 @@ def _run(op: str, tensors: Mapping[str, Any], params: Any, criteria: Callable[[]
         if cached.produce is not None:
             result = cached.produce(tensors)
             return result if cached.back is None else cached.back(result)
-        out = cached.framework.empty(next(iter(tensors.values())), cached.out_dims, cached.out_dtype)
-    elif cached.framework.describe(out)[0] != cached.out_dims:
-        raise InputError(f"out must have shape {list(cached.out_dims)}", field="out",
-                         value=list(cached.framework.describe(out)[0]))
+        out = cached.framework.empty(next(iter(tensors.values())), cached.out_dims, cached.out_dtype,
+                                     cached.out_strides)
+    else:
+        dims, strides, _ = cached.framework.describe(out)
+        if dims != cached.out_dims:
+            raise InputError(f"out must have shape {list(cached.out_dims)}", field="out", value=list(dims))
+        if cached.back is None and isinstance(cached.framework, _Torch) and strides != cached.out_strides:
+            # the plan writes the layout it was tuned for: into a buffer of that layout, then into out
+            given, out = out, cached.framework.empty(out, cached.out_dims, cached.out_dtype, cached.out_strides)
+            cached.bound.run({**tensors, cached.out_id: out})
+            return given.copy_(out)
     cached.bound.run({**tensors, cached.out_id: out})
     return out if cached.back is None else cached.back(out)
 
@@ -258,15 +268,32 @@ def _bind(op: str, tensors: Mapping[str, Any], criteria: tuple[tuple[str, int], 
     if back is not None:
         tensors = {k: v.numpy() for k, v in tensors.items()}
     described = {k: fw.describe(v) for k, v in tensors.items()}
-    problem = Problem.create(op, {k: {"dims": d, "strides": s, "dtype": t} for k, (d, s, t) in described.items()},
-                             criteria=dict(criteria), compute_dtype=compute_dtype)
+    spec = {k: {"dims": d, "strides": s, "dtype": t} for k, (d, s, t) in described.items()}
+    problem = Problem.create(op, spec, criteria=dict(criteria), compute_dtype=compute_dtype)
+    if op == "conv_fprop" and isinstance(fw, _Torch) and _channels_last(*described["X"][:2]):
+        # a channels-last input gives a channels-last output, as torch's conv2d does (and the engines are
+        # tuned for: an NCHW output from NHWC inputs is another, slower problem)
+        dims = problem.tensor("Y").dims
+        spec["Y"] = {"dims": dims, "strides": _nhwc_strides(dims), "dtype": described["X"][2]}
+        problem = Problem.create(op, spec, criteria=dict(criteria), compute_dtype=compute_dtype)
     rt = RUNTIMES.get(kind, index)
     bound = rt.bind(problem.key, problem)
     out_id = problem.output_ids[0]
     desc = problem.tensor(out_id)
-    cached = _Cached(bound, out_id, desc.dims, desc.dtype, bound.produce, fw, back)
+    cached = _Cached(bound, out_id, desc.dims, desc.dtype, bound.produce, fw, back, desc.strides)
     RUNTIMES.cache[key] = cached
     return cached
+
+
+def _nhwc_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
+    n, c, h, w = dims
+    return (c * h * w, 1, w * c, c)
+
+
+def _channels_last(dims: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Stored NHWC (and not also plain NCHW, as a 1x1 image or one channel is)."""
+    return len(dims) == 4 and tuple(strides) == _nhwc_strides(tuple(dims)) and \
+        tuple(strides) != contiguous_strides(tuple(dims))
 
 
 def _pair(value: int | tuple[int, int], name: str) -> tuple[int, int]:
@@ -297,7 +324,8 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool = False, out: Any = None) -> An
 
 def conv2d(x: Any, w: Any, *, stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
            dilation: int | tuple[int, int] = 1, groups: int = 1, out: Any = None) -> Any:
-    """2-D convolution, NCHW input, KCRS filter (no bias)."""
+    """2-D convolution, NCHW input, KCRS filter (no bias); a channels-last input gives a channels-last
+    output, as torch's conv2d does."""
     params = (stride, padding, dilation, groups)
     try:
         hash(params)

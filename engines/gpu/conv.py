@@ -1,8 +1,8 @@
 """PyTorch / cuDNN (MIOpen on ROCm) convolutions: forward, data gradient, weight gradient.
 
-Knobs: the memory layout the convolution runs in (channels-last converts
-inputs that are not stored that way, and that copy is part of the time) and
-cuDNN's deterministic mode. EXHAUSTIVE mode primes with cuDNN's own benchmark
+Knobs: the memory layout the convolution runs in (``native``, the default, runs the tensors as they
+are stored, which is what PyTorch does; ``nchw`` and ``nhwc`` convert inputs that are not stored that
+way, and that copy is part of the time) and cuDNN's deterministic mode. EXHAUSTIVE mode primes with cuDNN's own benchmark
 search (``torch.backends.cudnn.benchmark``): the priming run searches and
 caches the fastest algorithm for the shape, and the primed plan keeps benchmark
 mode on so it runs that algorithm; STANDARD plans use cuDNN's heuristics.
@@ -24,7 +24,8 @@ class TorchConv(GpuEngine):
     priority = 10
     supports_exhaustive = True
     knobs = (
-        Knob.str("layout", "nchw", choices=("nchw", "nhwc"), doc="memory format the convolution runs in"),
+        Knob.str("layout", "native", choices=("native", "nchw", "nhwc"),
+                 doc="memory format the convolution runs in (native: as the tensors are stored)"),
         Knob.int("deterministic", 0, choices=(0, 1), doc="cuDNN deterministic algorithms only"),
     )
 
@@ -38,6 +39,7 @@ class TorchConv(GpuEngine):
         c = problem.criteria_dict
         stride, pad = (c["stride_h"], c["stride_w"]), (c["pad_h"], c["pad_w"])
         dil, groups = (c["dilation_h"], c["dilation_w"]), c["groups"]
+        native = knobs["layout"] == "native"
         fmt = torch.channels_last if knobs["layout"] == "nhwc" else torch.contiguous_format
         key = (problem.key, (knobs["layout"], knobs["deterministic"]))
         priming = bool(knobs.get("global.benchmarking", 0))
@@ -48,11 +50,12 @@ class TorchConv(GpuEngine):
         settings = {"benchmark": benchmark, "deterministic": bool(knobs["deterministic"])}
 
         def fmt_(x: Any) -> Any:
-            return x.contiguous(memory_format=fmt)  # returns x itself when it is laid out so already
+            return x if native else x.contiguous(memory_format=fmt)  # contiguous() returns x when laid out so
 
         produce = None
         if problem.op == "conv_fprop":
-            if knobs["layout"] == "nchw" and problem.tensor("X").is_contiguous and problem.tensor("W").is_contiguous:
+            if native or (knobs["layout"] == "nchw" and problem.tensor("X").is_contiguous
+                          and problem.tensor("W").is_contiguous):
                 def produce(t: Mapping[str, Any]) -> Any:  # the caller's own F.conv2d: replay hands its output back
                     return F.conv2d(t["X"], t["W"], None, stride, pad, dil, groups)
             else:

@@ -14,7 +14,7 @@ import functools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from farm.plugin import Device, Knob, KnobValue, Problem, Support, contiguous_strides, gil_heavy_section
 
@@ -24,6 +24,7 @@ from ._common import (
     GpuEngine,
     TorchPlan,
     ZeroPaddedAB,
+    current_raw_stream,
     gemm_mkn,
     round_up,
     torch_module,
@@ -207,6 +208,35 @@ def load_binary(compiled: Any) -> None:
             init()
 
 
+def direct_launcher(jit_fn: Any, compiled: Any, grid: tuple[int, int, int], meta: Mapping[str, Any],
+                    device_index: int) -> Callable[..., None]:
+    """``launch(*args)``: the compiled kernel launched straight through its launcher on the caller's stream,
+    without the JIT's per-call argument binding and cache lookup (a few microseconds a launch, which a
+    replayed skinny GEMM notices). ``args`` are the non-constexpr arguments; the compile-time ones come
+    from ``meta``. Falls back to ``jit_fn[grid]`` where this Triton's objects differ or a launch hook is
+    set (a profiler's)."""
+    names = list(getattr(jit_fn, "arg_names", ()))
+    given = [n for n in names if n not in meta]
+    tail = tuple(meta[n] for n in names[len(given):]) if names[:len(given)] == given else None
+    run, function, packed = (getattr(compiled, a, None) for a in ("run", "function", "packed_metadata"))
+    try:
+        from triton import knobs as triton_knobs
+
+        hooked = triton_knobs.runtime.launch_enter_hook is not None or triton_knobs.runtime.launch_exit_hook is not None
+    except (ImportError, AttributeError):
+        hooked = True
+    raw_stream = current_raw_stream(torch_module())
+    if tail is None or run is None or function is None or packed is None or hooked:
+        slow = jit_fn[grid]
+        return lambda *args: slow(*args, **meta)
+    g0, g1, g2 = grid
+
+    def launch(*args: Any) -> None:
+        run(g0, g1, g2, raw_stream(device_index), function, packed, None, None, None, *args, *tail)
+
+    return launch
+
+
 def _strides(dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int, int]:
     """(batch, row, column) strides; batch 0 for a 2-D (shared) operand."""
     return (strides[0] if len(dims) == 3 else 0, strides[-2], strides[-1])
@@ -320,7 +350,7 @@ class TritonGemm(GpuEngine):
         return tuple(TORCH_DTYPES[d] for d in (problem.tensor("A").dtype, problem.tensor("B").dtype,
                                                problem.tensor("C").dtype, bias))
 
-    def _launcher(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> Any:
+    def _launcher(self, problem: Problem, knobs: Mapping[str, KnobValue], device: Device) -> Any:
         """Compile the configuration (pool or in-process) and return ``launch(A, B, C, bias)``."""
         kernel = _kernel()
         grid, meta, scalars = self._call(problem, knobs)
@@ -346,15 +376,15 @@ class TritonGemm(GpuEngine):
                 finally:
                     TRITON_COMPILE_LOCK.release()
         load_binary(compiled)
-        launch = kernel[grid]
+        launch = direct_launcher(kernel, compiled, grid, meta, device.index)
 
         def run(a: Any, b: Any, c: Any, bias: Any) -> None:
-            launch(a, b, c, bias, *scalars, **meta)
+            launch(a, b, c, bias, *scalars)
 
         return run
 
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
-        launch = self._launcher(problem, knobs)
+        launch = self._launcher(problem, knobs, device)
         has_bias = problem.has_tensor("bias")
 
         def fn(t: Mapping[str, Any]) -> None:
@@ -405,7 +435,7 @@ class TritonGemmPadded(TritonGemm):
         return ZeroPaddedAB.nbytes(problem, *self._shapes(problem))
 
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
-        launch = self._launcher(problem, knobs)
+        launch = self._launcher(problem, knobs, device)
         ab = ZeroPaddedAB(problem, device, *self._shapes(problem))
         ab.use_pad_kernel()
         has_bias = problem.has_tensor("bias")

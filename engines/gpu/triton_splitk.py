@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from farm.plugin import Device, Knob, KnobValue, Problem, Support, gil_heavy_section
 
 from ._common import TRITON_COMPILE_LOCK, GpuEngine, TorchPlan, torch_dtype, torch_module
-from .triton_gemm import load_binary, triton_dot_support
+from .triton_gemm import direct_launcher, load_binary, triton_dot_support
 
 MAX_M = 256  # above this an output-tiled GEMM has tiles enough: the plain Triton GEMM and cuBLAS apply
 MIN_K = 512  # below this there is little K to split
@@ -149,11 +149,12 @@ class TritonSplitK(GpuEngine):
         for kernel in compiled:
             load_binary(kernel)  # takes the GIL-heavy section itself (it is not reentrant)
         parts = torch.empty((splits, m, n), dtype=f32, device=torch.device("cuda", device.index))
-        launch1, launch2 = partial[grid1], reduce[grid2]
+        launch1 = direct_launcher(partial, compiled[0], grid1, meta1, device.index)
+        launch2 = direct_launcher(reduce, compiled[1], grid2, meta2, device.index)
 
         def fn(t: Mapping[str, Any]) -> None:
-            launch1(t["A"], t["B"], parts, *scalars1, **meta1)
-            launch2(parts, t["C"], t["bias"] if has_bias else t["C"], *scalars2, **meta2)
+            launch1(t["A"], t["B"], parts, *scalars1)
+            launch2(parts, t["C"], t["bias"] if has_bias else t["C"], *scalars2)
 
         plan = TorchPlan(fn, device)
         plan.partials = parts  # held as long as the plan
