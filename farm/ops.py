@@ -185,7 +185,7 @@ class _Torch(_Framework):
     def empty(self, like: Any, dims: tuple[int, ...], dtype: str, strides: tuple[int, ...] = ()) -> Any:
         from engines.gpu._common import torch_dtype
 
-        if strides and strides != contiguous_strides(dims):
+        if strides:
             return self.torch.empty_strided(dims, strides, dtype=torch_dtype(dtype), device=like.device)
         return self.torch.empty(dims, dtype=torch_dtype(dtype), device=like.device)
 

@@ -12,9 +12,7 @@ in place), on the caller's stream, with the algorithm's workspace allocated once
 
 from __future__ import annotations
 
-import functools
 import logging
-import threading
 from typing import Any, Mapping, Sequence
 
 from farm.plugin import Device, KnobValue, Problem, Support
@@ -31,7 +29,6 @@ ALGO_FIELDS = {"algo": "id", "tile": "tile_id", "stages": "stages_id", "split_k"
 ALIGNMENT = 16  # bytes: the alignment the planned algorithms assume of every operand (torch allocates at 256)
 
 
-@functools.lru_cache(maxsize=1)
 def nvmath_or_reason() -> tuple[Any, str]:
     return import_or_reason("nvmath.linalg.advanced", "nvmath-python")
 
@@ -56,7 +53,6 @@ class _Planned:
         self.algorithms = tuple(algorithms)
         self.settings = [algorithm_knobs(a) for a in self.algorithms]
         self.operands = operands  # the tensors it was planned on: its layouts refer to their shapes
-        self.lock = threading.Lock()
 
     def index_of(self, knobs: Mapping[str, KnobValue]) -> int:
         if int(knobs.get("algo", UNSET)) == UNSET:

@@ -13,7 +13,6 @@ plan on the caller's stream, with the plan's workspace allocated when it was bui
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import re
@@ -57,7 +56,6 @@ def parse_plan_name(name: str) -> dict[str, int] | None:
     return out
 
 
-@functools.lru_cache(maxsize=1)
 def cudnn_or_reason() -> tuple[Any, str]:
     return import_or_reason("cudnn", "nvidia-cudnn-frontend")
 
@@ -89,8 +87,6 @@ class _Graph:
         self.uids = uids  # tensor id -> the graph tensor's uid
         self.names = names  # cuDNN's plans, best first (modes A, B, then fallback; each once)
         self.settings = [parse_plan_name(n) for n in names]
-        self.built: dict[int, int] = {}  # plan index -> workspace bytes
-        self.lock = threading.Lock()
 
     def index_of(self, knobs: Mapping[str, KnobValue]) -> int:
         if int(knobs.get("engine", UNSET)) == UNSET:
@@ -104,11 +100,9 @@ class _Graph:
                            "a plan recorded with another cuDNN version may be gone")
 
     def build(self, index: int) -> int:
-        with self.lock:
-            if index not in self.built:
-                self.graph.build_plan_at_index(index)
-                self.built[index] = int(self.graph.get_workspace_size_plan_at_index(index))
-            return self.built[index]
+        """Build plan ``index`` (it becomes the graph's plan to run); returns its workspace bytes."""
+        self.graph.build_plan_at_index(index)
+        return int(self.graph.get_workspace_size_plan_at_index(index))
 
 
 class CudnnGraph(GpuEngine):
@@ -163,7 +157,8 @@ class CudnnGraph(GpuEngine):
         listed = self._graph(problem, device)
         index = listed.index_of(knobs)
         # A graph of its own for the plan: cuDNN runs a graph's built ("candidate") plan through a variant
-        # pack prepared once, so a call passes only the pointers (execute_plan_at_index builds one per call).
+        # pack prepared once, so a call passes only the pointers (execute_plan_at_index builds one per call;
+        # frontend 1.26, the pinned one, has both).
         g = self._make_graph(problem, device)
         if g.names[index] != listed.names[index]:
             raise RuntimeError(f"cuDNN listed {g.names[index]!r} where it listed {listed.names[index]!r} before")
@@ -173,22 +168,13 @@ class CudnnGraph(GpuEngine):
         ws_ptr = workspace.data_ptr()
         handles, dev_index, raw_stream = self._handles, device.index, current_raw_stream(torch)
         graph = g.graph
-        fast = getattr(graph, "_execute_with_ptrs", None)
-        if fast is not None:
-            graph._prepare_variant_pack_template()
-            by_uid = {uid: tid for tid, uid in g.uids.items()}
-            order = tuple(by_uid[uid] for uid in graph._get_variant_pack_uids_sorted())
+        graph._prepare_variant_pack_template()
+        by_uid = {uid: tid for tid, uid in g.uids.items()}
+        order = tuple(by_uid[uid] for uid in graph._get_variant_pack_uids_sorted())
+        execute = graph._execute_with_ptrs  # the pointers in uid order, the workspace, the handle
 
-            def fn(t: Mapping[str, Any]) -> None:
-                handle = handles.get(cudnn, dev_index, raw_stream(dev_index))
-                fast([t[tid].data_ptr() for tid in order], ws_ptr, handle)
-        else:  # an older frontend: the per-call variant pack
-            pairs = tuple(g.uids.items())
-            execute = graph._execute_plan_at_index
-
-            def fn(t: Mapping[str, Any]) -> None:
-                handle = handles.get(cudnn, dev_index, raw_stream(dev_index))
-                execute({uid: t[tid].data_ptr() for tid, uid in pairs}, ws_ptr, index, handle, None, None, None)
+        def fn(t: Mapping[str, Any]) -> None:
+            execute([t[tid].data_ptr() for tid in order], ws_ptr, handles.get(cudnn, dev_index, raw_stream(dev_index)))
 
         plan = TorchPlan(fn, device, ws_bytes)
         plan.keep = (g, workspace)  # the built plan and its workspace live as long as the plan
