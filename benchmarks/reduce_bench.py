@@ -2,18 +2,22 @@
 
     python benchmarks/reduce_bench.py                  # 1,000,000 rows, 4 signatures, 10,000 problems
     python benchmarks/reduce_bench.py --rows 100000    # smaller
+    python benchmarks/reduce_bench.py --rows 5000000 --signatures 8 --problems 20000 --ray   # also on Ray
 
 The rows are written in the real schema and layout (hive partitions, 40 files per
 signature, 5 samples per row, a third of candidates with knobs, 2 % failures).
 The reduce runs in a fresh subprocess, so its peak RSS is the reducer's own.
 Target on a 2-core machine: under 10 s and under 2 GB for 1,000,000 rows.
+With ``--ray`` the same data is also reduced by ``farm.fleet.distributed_reduce`` on a local Ray
+instance (one task per signature, as many at a time as there are cores), in a fresh process: its wall
+time, each task's peak RSS (every task in a fresh worker process), and whether the override files and
+winners tables are byte for byte the single process's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -39,8 +43,12 @@ ENGINES = ["blas", "cublaslt", "triton.gemm", "einsum", "blocked"]
 def devices(n: int) -> list[DeviceProperties]:
     names = [("NVIDIA H200", "sm_90", 132), ("NVIDIA H100", "sm_90", 132), ("AMD Instinct MI300X", "gfx942", 304),
              ("NVIDIA A100", "sm_80", 108)]
-    return [DeviceProperties("nvidia" if "NVIDIA" in nm else "amd", nm, arch, cu, 80 * 2**30, 50 * 2**20, 1800, 32,
-                             "580.1", "13.0", (("torch", "2.11.0"),)) for nm, arch, cu in names[:n]]
+    out = []
+    for i in range(n):  # beyond four: the same kinds under other drivers (other signatures)
+        nm, arch, cu = names[i % len(names)]
+        out.append(DeviceProperties("nvidia" if "NVIDIA" in nm else "amd", nm, arch, cu, 80 * 2**30, 50 * 2**20, 1800,
+                                    32, f"580.{1 + i // len(names)}", "13.0", (("torch", "2.11.0"),)))
+    return out
 
 
 def problems(n: int) -> list[Problem]:
@@ -133,12 +141,45 @@ def write_signature(root: Path, dev: DeviceProperties, probs: list[Problem], can
     return n
 
 
+def ray_child(work: Path) -> None:
+    """Reduce ``work/results`` on a local Ray instance; compare with ``work/overrides``; print JSON."""
+    t0 = time.perf_counter()
+    import ray
+
+    from farm.fleet.distributed_reduce import reduce_on_ray, reduce_signature
+    from farm.store.dataset import partition_signatures
+
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    start_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    reduce_on_ray(work / "results", work / "ray-overrides")
+    wall = time.perf_counter() - t1
+
+    @ray.remote(num_cpus=1, max_calls=1)  # a fresh worker process per task: its peak RSS is that task's
+    def measured(results: str, sig: str) -> float:
+        reduce_signature(results, sig, None, 3, "append", False, None)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    sigs = partition_signatures(work / "results")
+    rss = ray.get([measured.remote(str(work / "results"), s) for s in sigs])
+    names = sorted(p.name for p in (work / "overrides").iterdir() if not p.name.startswith("."))
+    same = names == sorted(p.name for p in (work / "ray-overrides").iterdir() if not p.name.startswith(".")) and all(
+        (work / "overrides" / n).read_bytes() == (work / "ray-overrides" / n).read_bytes() for n in names)
+    print(json.dumps({"wall_s": wall, "start_s": start_s, "task_rss_mb": rss, "identical": same, "files": len(names),
+                      "cpus": int(ray.cluster_resources().get("CPU", 0))}))
+    ray.shutdown()
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--ray-child":
+        ray_child(Path(sys.argv[2]))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--signatures", type=int, default=4)
     ap.add_argument("--problems", type=int, default=10_000)
     ap.add_argument("--keep", action="store_true", help="keep the generated dataset")
+    ap.add_argument("--ray", action="store_true", help="also reduce on a local Ray instance, a task per signature")
     args = ap.parse_args()
     cands = max(1, args.rows // (args.signatures * args.problems))
     work = Path(tempfile.mkdtemp(prefix="reduce-bench-"))
@@ -164,6 +205,19 @@ def main() -> None:
           f"{float(inner_s):>9.2f} {wall:>10.2f} {peak_mb:>12.0f} {'< 10 s, < 2048 MB':>18}")
     print(f"(dataset generated in {gen_s:.1f} s; peak RSS includes the Python interpreter and imports; "
           f"before={before / 1024:.0f} MB)")
+    if args.ray:
+        proc = subprocess.run([sys.executable, __file__, "--ray-child", str(work)], capture_output=True, text=True)
+        if proc.returncode:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(1)
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        print()
+        print(f"{'reducer':>22} {'wall s':>8} {'peak RSS MB':>12} {'identical files':>16}")
+        print(f"{'single process':>22} {wall:>8.2f} {peak_mb:>12.0f} {'-':>16}")
+        print(f"{'Ray, a task/signature':>22} {r['wall_s']:>8.2f} {max(r['task_rss_mb']):>12.0f} "
+              f"{str(r['identical']) + ' (' + str(r['files']) + ')':>16}")
+        print(f"(Ray: {r['cpus']} CPUs, {len(r['task_rss_mb'])} tasks, peak RSS per task "
+              f"{min(r['task_rss_mb']):.0f}-{max(r['task_rss_mb']):.0f} MB; wall includes Ray's start: {r['start_s']:.1f} s)")
     if not args.keep:
         import shutil
 

@@ -2,8 +2,6 @@
 
 import json
 import multiprocessing
-import subprocess
-import sys
 
 import pytest
 
@@ -135,31 +133,6 @@ def test_lookup_exact_then_same_arch_with_a_note(tmp_path):
     path, note = find_published(str(root), newer_driver)
     assert path.endswith(f"{props.signature}.json") and "differs in: driver" in note
     assert find_published(str(root), fake_props(arch="gfx942")) is None
-
-
-@pytest.fixture()
-def s3_server(tmp_path):
-    """A real S3-compatible endpoint: moto's server in a subprocess (skips when moto is not installed)."""
-    pytest.importorskip("moto", reason="the S3 test needs moto[server] (pip install 'tunefarm[dev]')")
-    import socket
-    import time
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_publish_to_an_s3_compatible_store_and_read_back(s3_server, tmp_path, monkeypatch):

@@ -6,9 +6,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+
 import pytest
 
 from fakes import fake_props, fake_result, matmul_problem, write_results
@@ -84,7 +86,7 @@ def test_small_files_per_flush_and_hive_layout(tmp_path):
         for i in range(5):
             w.append([result_row(fake_result(P1, f"e{i}"), P1, "mm", run, where)])
     assert w.rows_written == 5 and len(w.files_written) == 3  # 2 + 2 + 1
-    for f in w.files_written:
+    for f in map(Path, w.files_written):
         assert f.parent.name == "op=matmul" and f.parent.parent.name.startswith("device_signature=")
         assert pq.read_metadata(f).num_rows <= 2
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Hashable
 
 from farm.errors import InputError
+from farm.store.location import Location
 
 NEAR_TIE = 0.03  # a changed winner within 3 % of the old one's time counts as a near tie
 STATUSES = ("added", "removed", "winner changed", "near tie", "same winner")
@@ -47,19 +48,20 @@ class _Side:
 
 
 def diff_paths(a: str | Path, b: str | Path) -> list[DiffRow]:
-    pa, pb = Path(a), Path(b)
-    for p in (pa, pb):
-        if not p.exists():
-            raise InputError("not found", source=str(p))
-    if pa.is_file() and pb.is_file():
-        return compare(_from_overrides(pa), _from_overrides(pb))
-    if pa.is_dir() and pb.is_dir():
-        return compare(_from_results(_results_dir(pa)), _from_results(_results_dir(pb)))
-    raise InputError("compare two override files or two results folders, not one of each", source=f"{pa} vs {pb}")
+    """Two override files (local), or two results folders / job folders (local or ``pyarrow.fs`` URIs)."""
+    la, lb = Location.of(a), Location.of(b)
+    for loc in (la, lb):
+        if not loc.exists():
+            raise InputError("not found", source=str(loc))
+    if not la.is_dir() and not lb.is_dir() and la.local and lb.local:
+        return compare(_from_overrides(la.local_path), _from_overrides(lb.local_path))
+    if la.is_dir() and lb.is_dir():
+        return compare(_from_results(_results_dir(la)), _from_results(_results_dir(lb)))
+    raise InputError("compare two override files or two results folders, not one of each", source=f"{a} vs {b}")
 
 
-def _results_dir(p: Path) -> Path:
-    return p / "results" if (p / "results").is_dir() else p  # a run folder works too
+def _results_dir(loc: Location) -> Location:
+    return loc.join("results") if loc.join("results").is_dir() else loc  # a run folder works too
 
 
 def _from_overrides(path: Path) -> dict[Hashable, _Side]:
@@ -71,7 +73,7 @@ def _from_overrides(path: Path) -> dict[Hashable, _Side]:
     return {(sig, e.match_key()): _Side(sig, _label(e), _desc(e), _ms(e)) for e in f.entries}
 
 
-def _from_results(folder: Path) -> dict[Hashable, _Side]:
+def _from_results(folder: Location) -> dict[Hashable, _Side]:
     from farm.store.decisions import decide_folder
 
     d = decide_folder(folder)

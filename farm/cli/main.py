@@ -61,8 +61,11 @@ def cmd_reduce(args: argparse.Namespace) -> int:
     from farm.cli.render import reduce_dict, reduce_table
     from farm.store.reduce import reduce_results
 
-    report = reduce_results(args.results, args.out, top_k=args.top_k, mode=args.mode, tunableop_csv=args.tunableop_csv,
-                            incumbents=args.incumbents)
+    if args.ray:
+        report = _reduce_on_ray(args)
+    else:
+        report = reduce_results(args.results, args.out, top_k=args.top_k, mode=args.mode,
+                                tunableop_csv=args.tunableop_csv, incumbents=args.incumbents)
     if args.json:
         _print_json(reduce_dict(report))
     else:
@@ -75,6 +78,23 @@ def cmd_reduce(args: argparse.Namespace) -> int:
                                     f"({report.rows} rows read)")
         return 1
     return 0
+
+
+def _reduce_on_ray(args: argparse.Namespace) -> Any:
+    import ray
+
+    from farm.fleet.distributed_reduce import reduce_on_ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=args.address, include_dashboard=False, log_to_driver=False,
+                 logging_level="ERROR")
+    try:
+        return reduce_on_ray(args.results, args.out, top_k=args.top_k, mode=args.mode,
+                             tunableop_csv=args.tunableop_csv, incumbents=args.incumbents)
+    finally:
+        if started:
+            ray.shutdown()
 
 
 # -- farm policies --------------------------------------------------------------------------
@@ -196,8 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_result_commands(sub: Any) -> None:
     """farm reduce, policies, publish, report and diff."""
     p = sub.add_parser("reduce", help="turn a results dataset into one override file per device signature")
-    p.add_argument("results", help="results folder (e.g. runs/x/results)")
+    p.add_argument("results", help="results folder (e.g. runs/x/results) or a pyarrow.fs URI (s3://bucket/job/results)")
     p.add_argument("--out", required=True, help="folder for <device_signature>.json files")
+    p.add_argument("--ray", action="store_true",
+                   help="reduce on a Ray cluster, one task per device signature (--address, else a local instance)")
+    p.add_argument("--address", help="Ray cluster address for --ray (default: a local instance)")
     p.add_argument("--top-k", type=_positive_int, default=3, help="ranking depth kept in the metadata (default 3)")
     p.add_argument("--mode", choices=("append", "replace", "new"), default="append",
                    help="append: replace matching entries, keep the rest (default); replace: start over; "

@@ -208,8 +208,17 @@ def reduce_dict(report: Any) -> dict[str, Any]:
 
 def winners_query(out: str) -> str:
     """The SQL that lists the winners of a run folder (the README's query)."""
+    from farm.store.location import Location
+
+    winners = Location.of(out).join("overrides", "*.winners.parquet").uri.split("?")[0]
     return (f"SELECT problem_name, engine_name, knobs, median_ms, why "
-            f"FROM '{out}/overrides/*.winners.parquet' ORDER BY device_signature, problem_name")
+            f"FROM '{winners}' ORDER BY device_signature, problem_name")
+
+
+def _joined(out: str, name: str) -> str:
+    from farm.store.location import Location
+
+    return Location.of(out).join(name).uri
 
 
 def where_table(out: str, summary: Any) -> Table:
@@ -217,7 +226,7 @@ def where_table(out: str, summary: Any) -> Table:
     table.add_column("what")
     table.add_column("where")
     table.add_row("job", Text(f"{summary.job_id} (run {summary.run_id})"))
-    table.add_row("results", Text(f"{out}/results  ({summary.rows_written} new rows)"))
+    table.add_row("results", Text(f"{_joined(out, 'results')}  ({summary.rows_written} new rows)"))
     if summary.reduce is not None:
         for s in summary.reduce.signatures:
             if s.write is not None:

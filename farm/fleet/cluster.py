@@ -25,7 +25,7 @@ from farm.fleet.driver import Driver, FarmStatus, RunningTask, WorkerHandle, Wor
 from farm.fleet.job import JobRun, JobSummary
 from farm.fleet.options import DeviceRequest, FarmOptions
 from farm.fleet.scheduler import PriorRow, Scheduler
-from farm.fleet.worker import DeviceWorkerImpl, TaskEnd, TaskStarted, WorkerInfo
+from farm.fleet.worker import DeviceWorkerImpl, PartSink, TaskEnd, TaskStarted, WorkerInfo
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset
@@ -246,9 +246,11 @@ def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[Worke
                for i, (info, h) in enumerate(zip(infos, handles))]
     sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes)
     skipped = _plan(workload, jr, sched, workers)
-    driver = Driver(sched, workers, jr, config, options)
+    # on shared storage (a URI) the workers write their own rows; the driver gets what scheduling needs
+    driver = Driver(sched, workers, jr, config, options, workers_write=jr.job.shared)
+    sink = PartSink(str(jr.job.results), jr.run) if jr.job.shared else None
     try:
-        _event_loop(driver, workload, config, options, progress)
+        _event_loop(driver, workload, config, options, progress, sink)
     finally:
         jr.writer.flush()
     if progress is not None:
@@ -341,7 +343,7 @@ def _record_plan(jr: JobRun, plans: dict[str, Any], skipped: dict[str, dict[str,
 
 
 def _event_loop(driver: Driver, workload: Workload, config: AutotuneConfig, options: FarmOptions,
-                progress: Callable[[FarmStatus], None] | None) -> None:
+                progress: Callable[[FarmStatus], None] | None, sink: PartSink | None = None) -> None:
     """Start what the driver assigns, wait on the streams and restarting workers, hand over every event."""
     import ray
 
@@ -352,7 +354,8 @@ def _event_loop(driver: Driver, workload: Workload, config: AutotuneConfig, opti
         for w, task in driver.assignments():
             cands = sorted(driver.sched.candidates_of(task).values(), key=lambda c: c.index)
             gen = w.actor.run.options(num_returns="streaming").remote(
-                task, driver.sched.problem_of(task), cands, config, workload.seed, options.stream_interval_s)
+                task, driver.sched.problem_of(task), cands, config, workload.seed, options.stream_interval_s,
+                sink, w.task.where if sink is not None else None)
             streams[gen] = (w, w.task)
         for w in driver.workers:
             if w.restarting and w not in pings.values():
@@ -402,6 +405,9 @@ def _next_item(driver: Driver, streams: dict[Any, tuple[WorkerHandle, RunningTas
         streams.pop(gen)
         driver.on_lost(w, _first_line(exc))
         return
+    except ray.exceptions.RayTaskError as exc:  # the worker's own code raised: writing its results, mostly
+        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+        raise FarmFailed(f"{w.status.name} failed: {type(cause).__name__}: {_first_line(cause)}") from None
     if isinstance(item, TaskStarted):
         driver.on_started(w)
     elif isinstance(item, TaskEnd):

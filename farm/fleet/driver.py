@@ -121,11 +121,19 @@ class RowSink(Protocol):
 
     def set_ranks(self, session_id: str, ranks: dict[str, int]) -> None: ...
 
+    def count(self, results: Iterable[AutotuneResult]) -> None:
+        """Results whose rows a worker wrote itself (counted, not written)."""
+
+    def add_parts(self, parts: Iterable[tuple[str, int]]) -> None:
+        """Results files a worker wrote (the run's manifest)."""
+
 
 class Driver:
     def __init__(self, scheduler: Scheduler, workers: Sequence[WorkerHandle], sink: RowSink, config: AutotuneConfig,
-                 options: FarmOptions, *, clock: Callable[[], float] = time.perf_counter) -> None:
+                 options: FarmOptions, *, clock: Callable[[], float] = time.perf_counter,
+                 workers_write: bool = False) -> None:
         self.sched = scheduler
+        self.workers_write = workers_write  # workers write their rows (shared storage); the driver only counts
         self.workers = list(workers)
         self.sink = sink
         self.config = config
@@ -177,14 +185,17 @@ class Driver:
         assert w.task is not None
         w.task.last_progress = self.clock()
         w.task.reported.extend(rows)
-        self._write(w, w.task, rows)
+        self._write(w, w.task, rows, by_worker=self.workers_write)
 
     def on_end(self, w: WorkerHandle, end: TaskEnd) -> None:
         """The worker's last item for the task; the stream ends after it (see on_stream_end)."""
         r = w.task
         assert r is not None
         r.last_progress = self.clock()
-        self.sink.set_ranks(r.where.session_id, end.ranks)
+        if self.workers_write:
+            self.sink.add_parts(end.parts)  # the worker set the ranks in its rows
+        else:
+            self.sink.set_ranks(r.where.session_id, end.ranks)
         if end.error:
             log.warning("farm: task %d on %s failed: %s", r.task.id, w.status.name, end.error)
         if set(r.task.specs) - {x.spec for x in r.reported}:
@@ -239,9 +250,12 @@ class Driver:
                           [w.status for w in self.workers], self.signatures, phase)
 
     # -- inside ----------------------------------------------------------------------------------
-    def _write(self, w: WorkerHandle, r: RunningTask, rows: Sequence[AutotuneResult]) -> None:
+    def _write(self, w: WorkerHandle, r: RunningTask, rows: Sequence[AutotuneResult], *, by_worker: bool = False) -> None:
         wp = self.sched.problem_of(r.task)
-        self.sink.write((x, wp, r.where) for x in rows)
+        if by_worker:
+            self.sink.count(rows)
+        else:
+            self.sink.write((x, wp, r.where) for x in rows)
         for x in rows:
             self.counts[x.disposition.value] = self.counts.get(x.disposition.value, 0) + 1
             self.sched.on_result(r.task, x, r.where.session_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +22,14 @@ from typing import Any, Callable, Iterable
 from farm._version import __version__
 from farm.devices.device import Device
 from farm.errors import InputError
-from farm.fsutil import atomic_write_text, move_aside
+from farm.fsutil import atomic_write_bytes, move_aside
 from farm.model.engine import EngineRegistry
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset
+from farm.store.location import Location, is_uri
 from farm.store.decisions import Decisions, Winner, decide_results, load_incumbents
-from farm.store.reduce import ReduceReport, reduce_results
+from farm.store.reduce import ReduceReport, reduce_results, relocated
 from farm.store.results import (
     MeasurementContext,
     ResultWriter,
@@ -48,46 +50,82 @@ JOB_FILE_VERSION = 1
 
 @dataclass
 class JobDir:
-    """Paths and the job record of one output folder."""
+    """Paths and the job record of one output folder: a local folder, or a ``pyarrow.fs`` URI (``s3://...``)
+    that workers on other hosts write their results parts into (farm.store.location)."""
 
-    root: Path
+    root: Any
 
     def __post_init__(self) -> None:
-        self.root = Path(self.root)
+        self.location = Location.of(self.root)
+        self.root = self.location.local_path if self.location.local else self.location
+        self._staging: Path | None = None
 
     @property
-    def results(self) -> Path:
-        return self.root / "results"
+    def remote(self) -> bool:
+        """Not on a local filesystem (an object store)."""
+        return not self.location.local
+
+    @property
+    def shared(self) -> bool:
+        """Given as a URI (``s3://``, ``gs://``, ``file://`` for a mount every host has): storage the workers
+        write to themselves. A plain path is the driver's own disk."""
+        return is_uri(self.location.uri)
+
+    @property
+    def results(self) -> Path | Location:
+        return self.location.join("results") if self.remote else self.root / "results"
 
     @property
     def overrides(self) -> Path:
-        return self.root / "overrides"
+        """Where the override files are written: the folder's own, or for a remote job a local staging folder
+        holding its current override files (``pull_overrides``) until ``push_overrides`` uploads them."""
+        if not self.remote:
+            return self.root / "overrides"
+        if self._staging is None:
+            self._staging = Path(tempfile.mkdtemp(prefix="tunefarm-overrides-"))
+        return self._staging
 
     @property
-    def job_file(self) -> Path:
-        return self.root / "job.json"
+    def job_file(self) -> Path | Location:
+        return self.location.join("job.json") if self.remote else self.root / "job.json"
 
     def read_job(self) -> dict[str, Any]:
         """The job record, {} when there is none; a corrupt one is moved aside."""
-        if not self.job_file.exists():
+        text = self.location.read_text("job.json")
+        if text is None:
             return {}
         try:
-            data = json.loads(self.job_file.read_text(encoding="utf-8"))
+            data = json.loads(text)
             if not isinstance(data, dict) or not isinstance(data.get("job_id"), str):
                 raise ValueError("no job_id")
             return data
-        except (ValueError, OSError) as exc:
-            moved = move_aside(self.job_file)
+        except ValueError as exc:
+            if self.remote:
+                moved = f"{self.location.path}/job.json.corrupt-{int(time.time())}"
+                self.location.fs.move(f"{self.location.path}/job.json", moved)
+            else:
+                moved = move_aside(self.root / "job.json")
             log.warning("job: %s unreadable (%s); moved aside to %s, starting a new job record", self.job_file, exc, moved)
             return {}
 
     def write_job(self, record: dict[str, Any]) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.job_file, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+        if not self.remote:
+            self.root.mkdir(parents=True, exist_ok=True)
+        self.location.write_text("job.json", json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+
+    def pull_overrides(self) -> None:
+        """A remote job's current override files into the staging folder (a reduce appends to them)."""
+        if self.remote:
+            _copy_files(self.location.join("overrides"), Location.of(self.overrides))
+
+    def push_overrides(self) -> None:
+        """The staged override files, winners tables and CSVs up to the remote job's ``overrides/``."""
+        if self.remote:
+            _copy_files(Location.of(self.overrides), self.location.join("overrides"))
 
     def start(self, workload: Workload, settings: dict[str, Any], job_id: str | None = None) -> tuple[dict[str, Any], RunContext]:
         """Open (or resume) the job record and start a run in it."""
-        if self.root.exists() and not self.root.is_dir():
+        if self.location.exists() and not self.location.is_dir():
             raise InputError("--out must be a folder", source=str(self.root))
         record = self.read_job()
         if record and job_id and record["job_id"] != job_id:
@@ -115,10 +153,33 @@ class JobDir:
         self.write_job(record)
 
 
+def _copy_files(src: Location, dst: Location) -> None:
+    for path in src.files():
+        name = src.relative(path)
+        if "/" in name or name.startswith((".", "_")):
+            continue  # temporary files and lock files stay where they are
+        with src.fs.open_input_stream(path) as f:
+            data = f.read()
+        if dst.local:
+            dst.local_path.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(dst.local_path / name, data)
+        else:
+            with dst.fs.open_output_stream(f"{dst.path}/{name}") as out:
+                out.write(data)
+
+
+class _NoLock:
+    def release(self) -> None:
+        pass
+
+
 def _lock_job_folder(job: JobDir) -> Any:
-    """One run at a time writes into a job folder: a second one gets a clear error, not doubled measurements."""
+    """One run at a time writes into a job folder: a second one gets a clear error, not doubled measurements.
+    (An object store has no lock to take: one driver per remote --out is the operator's to keep.)"""
     from farm.fsutil import LockTimeout, PathLock
 
+    if job.remote:
+        return _NoLock()
     if job.root.exists() and not job.root.is_dir():
         raise InputError("--out must be a folder", source=str(job.root))
     job.root.mkdir(parents=True, exist_ok=True)
@@ -179,7 +240,7 @@ class JobRun:
     def __init__(self, out: str | Path, workload: Workload, settings: dict[str, Any], job_id: str | None = None) -> None:
         self.t0 = time.perf_counter()
         self.workload = workload
-        self.job = JobDir(Path(out))
+        self.job = JobDir(out)
         self._lock = _lock_job_folder(self.job)
         try:
             self.record, self.run = self.job.start(workload, settings, job_id)
@@ -189,6 +250,8 @@ class JobRun:
         # rows reach disk within about a second of being measured, however long the next candidate takes
         self.writer = ResultWriter(self.job.results, self.run.run_id, flush_seconds=1.0, background=True)
         self.counts: dict[str, int] = {}
+        self.rows_elsewhere = 0  # rows the workers wrote (shared storage)
+        self.parts: list[tuple[str, int]] = []  # the files they wrote, with their rows: the run's manifest
         self._skipped: dict[str, dict[str, str]] = {}
         self._signatures: set[str] = set()
 
@@ -212,6 +275,18 @@ class JobRun:
     def set_ranks(self, session_id: str, ranks: dict[str, int]) -> None:
         self.writer.set_ranks(session_id, ranks)
 
+    def count(self, results: Iterable[AutotuneResult]) -> None:
+        for result in results:
+            self.counts[result.disposition.value] = self.counts.get(result.disposition.value, 0) + 1
+            self.rows_elsewhere += 1
+
+    def add_parts(self, parts: Iterable[tuple[str, int]]) -> None:
+        self.parts.extend(parts)
+
+    @property
+    def rows_written(self) -> int:
+        return self.writer.rows_written + self.rows_elsewhere
+
     def skip(self, signature: str, problem_name: str, reason: str) -> None:
         self._skipped.setdefault(signature, {})[problem_name] = reason
 
@@ -221,7 +296,14 @@ class JobRun:
         data = ResultsDataset(results)
         incumbents = load_incumbents(self.record.get("settings", {}).get("incumbents"), data)
         decisions = decide_results(data, incumbents=incumbents, top_k=top_k)
-        report = reduce_results(results, self.job.overrides, top_k=top_k, decisions=decisions) if reduce else None
+        report = None
+        if reduce:
+            self.job.pull_overrides()
+            report = reduce_results(results, self.job.overrides, top_k=top_k, decisions=decisions)
+            if self.job.remote:
+                self.job.push_overrides()
+                there = self.job.location.join("overrides")
+                report.signatures = [relocated(r, lambda name: there.join(name).uri) for r in report.signatures]
         no_winner: dict[str, dict[str, str]] = {s: dict(v) for s, v in self._skipped.items()}
         problems = 0
         for sig in sorted(self._signatures):
@@ -231,13 +313,28 @@ class JobRun:
                     continue
                 no_winner.setdefault(sig, {})[wp.name] = "every candidate failed" if wp.problem.key in \
                     decisions.tuned.get(sig, set()) else "nothing was measured"
-        summary = JobSummary(self.run.job_id, self.run.run_id, self.writer.rows_written, dict(self.counts), decisions,
+        manifest = self._write_manifest()
+        if manifest:
+            fields["manifest"] = manifest
+        summary = JobSummary(self.run.job_id, self.run.run_id, self.rows_written, dict(self.counts), decisions,
                              report, no_winner, problems, time.perf_counter() - self.t0)
         self.job.finish(self.record, self.run, state="finished", rows_written=summary.rows_written, counts=summary.counts,
                         signatures=sorted(self._signatures), problems=problems, winners=summary.winners,
                         no_winner=no_winner, wall_s=summary.wall_s, **fields)
         self._lock.release()
         return summary
+
+    def _write_manifest(self) -> str:
+        """``manifests/<run id>.json``: every results file of this run and its rows ('' when the driver wrote
+        them all: its own files are the run's part names)."""
+        if not self.parts:
+            return ""
+        parts = [{"path": p, "rows": n} for p, n in [*self.parts, *self.writer.part_rows]]
+        name = f"manifests/{self.run.run_id}.json"
+        if not self.job.remote:
+            (self.job.root / "manifests").mkdir(parents=True, exist_ok=True)
+        self.job.location.write_text(name, json.dumps({"run_id": self.run.run_id, "parts": parts}, indent=1) + "\n")
+        return name
 
     def fail(self, exc: BaseException) -> None:
         try:

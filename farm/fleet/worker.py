@@ -27,7 +27,7 @@ from farm.fleet.scheduler import Candidate, Task
 from farm.model.engine import EngineRegistry, default_engine_registry
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import WorkloadProblem
-from farm.store.results import candidate_key, new_id
+from farm.store.results import MeasurementContext, ResultWriter, RunContext, candidate_key, new_id, result_row
 from farm.tuner.autotuner import Autotuner
 from farm.tuner.problem_tuning import plan_specs_for
 
@@ -62,12 +62,54 @@ class TaskStarted:
 
 @dataclass(frozen=True)
 class TaskEnd:
-    """The last item a worker streams for a task."""
+    """The last item a worker streams for a task (``parts``: the results files it wrote, with their rows)."""
 
     session: str
     ranks: dict[str, int]
     error: str = ""
     wall_ms: float = 0.0
+    parts: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class PartSink:
+    """Where a worker writes the rows of its tasks itself (shared storage: a ``pyarrow.fs`` URI or a mount)
+    instead of streaming them to the driver. The driver then gets results without their samples: what
+    scheduling needs."""
+
+    results: str  # the results folder's location
+    run: RunContext
+    part_interval_s: float = 1.0  # results are held until their rows are in a part: at most this long
+
+
+class _TaskRows:
+    """The rows of one task: appended as results arrive, flushed into parts before the results are reported
+    (a result the driver has seen is on the shared storage), the session's ranks set before the last flush."""
+
+    def __init__(self, writer: ResultWriter, sink: PartSink, wp: WorkloadProblem, where: MeasurementContext) -> None:
+        self.writer, self.sink, self.wp, self.where = writer, sink, wp, where
+        self.held: list[AutotuneResult] = []
+        self.first_file = len(writer.files_written)
+        self.last = time.perf_counter()
+
+    def add(self, results: Sequence[AutotuneResult]) -> None:
+        self.writer.append(result_row(r, self.wp.problem, self.wp.name, self.sink.run, self.where) for r in results)
+        self.held.extend(results)
+
+    def due(self, careful: bool) -> bool:
+        return bool(self.held) and (careful or time.perf_counter() - self.last >= self.sink.part_interval_s)
+
+    def release(self, ranks: dict[str, int] | None = None) -> list[AutotuneResult]:
+        """Flush (ranks first, at the task's end); the held results, slimmed, to report now."""
+        if ranks:
+            self.writer.set_ranks(self.where.session_id, ranks)
+        self.writer.flush()
+        self.last = time.perf_counter()
+        out, self.held = [dataclasses.replace(r, samples=()) for r in self.held], []
+        return out
+
+    def parts(self) -> tuple[tuple[str, int], ...]:
+        return tuple((p, n) for p, n in self.writer.part_rows[self.first_file:])
 
 
 class _ProblemName(logging.Filter):
@@ -140,9 +182,13 @@ class DeviceWorkerImpl:
         self.registry.prepare(engine_names, self.kind)
 
     def run(self, task: Task, wp: WorkloadProblem, candidates: Sequence[Candidate], config: AutotuneConfig,
-            seed: int, stream_interval_s: float) -> Iterator[TaskStarted | list[AutotuneResult] | TaskEnd]:
-        """Tune the task's candidates; stream TaskStarted, results (each alone in careful mode), then TaskEnd."""
+            seed: int, stream_interval_s: float, sink: PartSink | None = None,
+            where: MeasurementContext | None = None) -> Iterator[TaskStarted | list[AutotuneResult] | TaskEnd]:
+        """Tune the task's candidates; stream TaskStarted, results (each alone in careful mode), then TaskEnd.
+        With ``sink`` the worker writes the rows (measured ``where``) and reports each result once its row
+        is in a part."""
         yield TaskStarted(os.getpid())
+        rows = _TaskRows(self._writer(sink), sink, wp, where) if sink is not None and where is not None else None
         self._log_names.name_now = wp.name
         t0 = time.perf_counter()
         self._prepare(c.engine_name for c in candidates)  # discovery ran on one worker of the signature only
@@ -178,11 +224,18 @@ class DeviceWorkerImpl:
                 item = items.get(timeout=stream_interval_s)
             except queue.Empty:
                 # nothing new: send what is measured now, so a candidate that hangs next costs only itself
+                if rows is not None and rows.due(False):
+                    yield rows.release()
+                    continue
                 if batch:
                     yield batch
                     batch, last = [], time.perf_counter()
                 continue
             if isinstance(item, TaskEnd):
+                if rows is not None:
+                    rows.add(batch)
+                    batch = rows.release(item.ranks)
+                    item = dataclasses.replace(item, parts=rows.parts())
                 if batch:
                     yield batch
                 thread.join()
@@ -190,9 +243,25 @@ class DeviceWorkerImpl:
                 yield item
                 return
             batch.append(dataclasses.replace(item, candidate=index.get(item.spec, item.candidate)))
-            if task.careful or time.perf_counter() - last >= stream_interval_s:
+            if rows is not None:
+                rows.add(batch)
+                batch = rows.release() if rows.due(task.careful) else []
+                if batch:
+                    yield batch
+                    batch, last = [], time.perf_counter()
+            elif task.careful or time.perf_counter() - last >= stream_interval_s:
                 yield batch
                 batch, last = [], time.perf_counter()
+
+    def _writer(self, sink: PartSink) -> ResultWriter:
+        """This worker's writer into the run's results (one per run; its part names are its own)."""
+        key = (sink.results, sink.run.run_id)
+        if getattr(self, "_writer_key", None) != key:
+            # flushed by the task loop only: a result is reported once its row is written
+            self._part_writer = ResultWriter(sink.results, sink.run.run_id, flush_rows=1 << 30,
+                                             flush_seconds=float("inf"), name=new_id()[:8])
+            self._writer_key = key
+        return self._part_writer
 
     def _check_health(self) -> None:
         """A device left in an error state (a lost CUDA context) poisons every later task: restart."""

@@ -7,17 +7,19 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from farm.devices.properties import DeviceProperties
 from farm.errors import InputError
 from farm.model.problem import Problem
+from farm.store.location import Location
 from farm.store.results import DATASET_SCHEMA, FILE_SCHEMA, PARTITIONING, SCHEMA_VERSION, spec_of
 
 log = logging.getLogger("farm.store.dataset")
@@ -38,21 +40,26 @@ class ResultsDataset:
     Each is logged once and listed in ``skipped``.
     """
 
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        if not self.root.is_dir():
+    def __init__(self, root: "str | Path | Location", signatures: Collection[str] | None = None) -> None:
+        """``signatures``: read only these device signatures' partitions (their folders; nothing else is listed
+        beyond the names)."""
+        self.location = Location.of(root)
+        self.root: Path | str = self.location.local_path if self.location.local else self.location.uri
+        if not self.location.is_dir():
             raise InputError("results folder not found", source=str(self.root))
         self.files: list[str] = []
         self.skipped: list[SkippedFile] = []
-        for path in sorted(self.root.rglob("*.parquet")):
-            rel = path.relative_to(self.root)
+        for path in self.location.files(".parquet"):
+            rel = Path(self.location.relative(path))
             if any(part.startswith((".", "_")) for part in rel.parts):
                 continue  # temp files of writers in progress
-            reason = _check_layout(rel) or _check_file(path)
+            if signatures is not None and _partition_signature(rel.parts[0]) not in signatures:
+                continue
+            reason = _check_layout(rel) or _check_file(path, self.location.fs)
             if reason:
-                self._skip(str(path), reason)
+                self._skip(path, reason)
             else:
-                self.files.append(str(path))
+                self.files.append(path)
 
     def _skip(self, path: str, reason: str) -> None:
         if any(s.path == path and s.reason == reason for s in self.skipped):
@@ -68,7 +75,8 @@ class ResultsDataset:
                                 for f in DATASET_SCHEMA])
             fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=set(dictionary)))
         return ds.dataset(self.files if files is None else list(files), schema=schema, format=fmt,
-                          partitioning=PARTITIONING, partition_base_dir=str(self.root))
+                          partitioning=PARTITIONING, partition_base_dir=self.location.path,
+                          filesystem=self.location.fs)
 
     def table(self, columns: Sequence[str] | None = None, filter: Any = None, *,
               dictionary: Sequence[str] = ()) -> pa.Table:
@@ -218,6 +226,20 @@ SIGNATURE_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,199}$")
 OP_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
+def _partition_signature(folder: str) -> str | None:
+    return unquote(folder.split("=", 1)[1]) if folder.startswith("device_signature=") else None
+
+
+def partition_signatures(root: "str | Path | Location") -> list[str]:
+    """The device signatures a results folder has partitions for, from the folder names alone (no file read)."""
+    loc = Location.of(root)
+    if not loc.is_dir():
+        raise InputError("results folder not found", source=str(root))
+    infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=False))
+    found = {_partition_signature(i.base_name) for i in infos if i.type == pafs.FileType.Directory}
+    return sorted(s for s in found if s and safe_signature(s))
+
+
 def safe_signature(signature: str) -> bool:
     """A device signature usable as a file name: what device_signature() makes (no path separators, no '..')."""
     return bool(SIGNATURE_RE.match(signature)) and ".." not in signature
@@ -236,10 +258,10 @@ def _check_layout(rel: Path) -> str:
     return ""
 
 
-def _check_file(path: Path) -> str:
+def _check_file(path: str, fs: Any) -> str:
     """'' when the file is a readable results file, else why not."""
     try:
-        meta = pq.read_metadata(path)
+        meta = pq.read_metadata(path, filesystem=fs)
     except Exception as exc:  # truncated, not Parquet, unreadable
         return f"not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
     version = (meta.metadata or {}).get(b"tunefarm.schema_version")

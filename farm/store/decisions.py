@@ -280,10 +280,10 @@ def decide_folder(results_dir: str | Path) -> Decisions:
     """
     data = ResultsDataset(results_dir)
     record: Any = {}
-    job_file = Path(results_dir).parent / "job.json"  # the job folder's record (farm.fleet.job)
-    if Path(results_dir).name == "results" and job_file.is_file():
+    if data.location.name == "results":  # the job folder's record (farm.fleet.job), local or on shared storage
         try:
-            record = json.loads(job_file.read_text(encoding="utf-8"))
+            text = data.location.parent().read_text("job.json")
+            record = json.loads(text) if text is not None else {}
         except (OSError, ValueError):
             record = {}  # no incumbents; farm tune moves a corrupt record aside when it resumes
     if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):

@@ -17,11 +17,12 @@ Outputs, per signature, in the output folder:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -55,6 +56,14 @@ class SignatureReport:
     csv_path: str = ""
 
 
+def relocated(rep: SignatureReport, where: Callable[[str], str]) -> SignatureReport:
+    """The report with its files' paths renamed by ``where(file name)`` (written elsewhere, then moved)."""
+    return dataclasses.replace(
+        rep, write=dataclasses.replace(rep.write, path=where(Path(rep.write.path).name)) if rep.write else None,
+        winners_path=where(Path(rep.winners_path).name) if rep.winners_path else "",
+        csv_path=where(Path(rep.csv_path).name) if rep.csv_path else "")
+
+
 @dataclass
 class ReduceReport:
     signatures: list[SignatureReport]
@@ -63,17 +72,18 @@ class ReduceReport:
     decisions: Decisions | None = None
 
 
-def reduce_results(results_dir: str | Path, out_dir: str | Path, *, top_k: int = 3, mode: str = "append",
+def reduce_results(results_dir: Any, out_dir: str | Path, *, top_k: int = 3, mode: str = "append",
                    tunableop_csv: bool = False, incumbents: str | Path | None = None,
-                   decisions: Decisions | None = None) -> ReduceReport:
-    """Write ``<out_dir>/<device_signature>.json`` and ``.winners.parquet`` for every signature in the results.
+                   decisions: Decisions | None = None, signatures: Sequence[str] | None = None) -> ReduceReport:
+    """Write ``<out_dir>/<device_signature>.json`` and ``.winners.parquet`` for every signature in the results
+    (a local folder or a ``pyarrow.fs`` URI; ``signatures``: only these partitions are read and written).
 
     ``incumbents`` (an override file, folder or published root): winners there are kept when a new
     candidate is faster only within noise (see :func:`load_incumbents`).
     """
     out = Path(out_dir)
     if decisions is None:
-        data = ResultsDataset(results_dir)
+        data = ResultsDataset(results_dir, signatures)
         decisions = decide_results(data, incumbents=load_incumbents(incumbents, data), top_k=top_k)
     reports = []
     for signature in sorted(s for s, keys in decisions.tuned.items() if keys):

@@ -16,7 +16,6 @@ import datetime as _dt
 import functools
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -26,15 +25,14 @@ from typing import Any, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from farm._version import __version__
 from farm.devices.properties import DeviceProperties
-from farm.fsutil import fsync_dir, temp_path
 from farm.model.knobs import KnobSettings, KnobType, knob_type_of
 from farm.model.plans import PlanSpec
 from farm.model.problem import Problem
 from farm.model.records import AutotuneResult
+from farm.store.location import Location
 
 log = logging.getLogger("farm.store.results")
 
@@ -273,11 +271,13 @@ class ResultWriter:
     must not keep earlier ones in memory, where a killed process loses them).
     """
 
-    def __init__(self, root: str | Path, run_id: str, *, flush_rows: int = 256, flush_seconds: float = 2.0,
-                 background: bool = False) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+    def __init__(self, root: "str | Path | Location", run_id: str, *, flush_rows: int = 256, flush_seconds: float = 2.0,
+                 background: bool = False, name: str = "") -> None:
+        self.location = Location.of(root)
+        if self.location.local:
+            self.location.local_path.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id
+        self.name = name  # in part names: writers of one run (a driver, its workers) never pick the same name
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
         self._buffer: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -286,7 +286,8 @@ class ResultWriter:
         self._last_flush = time.monotonic()
         self._lock = threading.Lock()
         self.rows_written = 0
-        self.files_written: list[Path] = []
+        self.files_written: list[str] = []
+        self.part_rows: list[tuple[str, int]] = []  # each part written and its rows (a run's manifest)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if background:
@@ -345,18 +346,13 @@ class ResultWriter:
         for (signature, op), rows in self._buffer.items():
             if not rows:
                 continue
-            folder = self.root / f"device_signature={signature}" / f"op={op}"
-            folder.mkdir(parents=True, exist_ok=True)
             self._seq += 1
-            name = f"part-{self.run_id}-{self._seq:06d}.parquet"
+            who = f"{self.name}-" if self.name else ""
+            name = f"part-{self.run_id}-{who}{self._seq:06d}.parquet"
             table = pa.Table.from_pylist([{k: r.get(k) for k in FILE_SCHEMA.names} for r in rows], schema=FILE_SCHEMA)
-            tmp = temp_path(folder / name)
-            pq.write_table(table, tmp, compression="zstd")
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, folder / name)
-            fsync_dir(folder)
-            self.files_written.append(folder / name)
+            path = self.location.write_parquet(f"device_signature={signature}/op={op}", name, table)
+            self.files_written.append(path)
+            self.part_rows.append((path, len(rows)))
             self.rows_written += len(rows)
         self._buffer.clear()
         self._pending = 0
