@@ -6,8 +6,8 @@ folder or on S3 (moto's server on this machine), 64 simulated devices over 4 sig
 
 Each run is a fresh process (its peak RSS is its own). A simulated candidate costs no wall time, so the
 run measures the farm itself: scheduling, the workers' streams, Parquet. With a local folder the driver
-writes every row; with S3 (a URI) the workers write their own parts and the driver gets what scheduling
-needs. Printed per run: candidates, rows in the dataset, the driver's peak RSS while tuning (sampled at
+writes every row; with a URI (S3, or file:// for a shared mount: --store shared) the workers write their
+own parts and the driver gets what scheduling needs. Printed per run: candidates, rows in the dataset, the driver's peak RSS while tuning (sampled at
 every progress tick) and over the whole run (the in-process reduce included), tuning time, rows/s and
 ms of farm time per candidate. Targets (issue 20): driver RSS under 1 GB at 200,000 candidates and flat
 in the candidate count; per-candidate overhead no worse than 0.27 ms.
@@ -100,7 +100,9 @@ def main() -> int:
     ap.add_argument("--candidates", type=int, nargs="+", default=[50_000, 200_000])
     ap.add_argument("--devices", type=int, default=64)
     ap.add_argument("--signatures", type=int, default=4)
-    ap.add_argument("--store", choices=("local", "s3", "both"), default="both")
+    ap.add_argument("--store", choices=("local", "shared", "s3", "both"), default="both",
+                    help="local: a path (the driver writes); shared: a file:// URI (the workers write, no S3 server); "
+                         "s3: moto's S3 server (the workers write); both: local and s3")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one configuration into this --out
     args = ap.parse_args()
     if args.one:
@@ -112,8 +114,9 @@ def main() -> int:
     try:
         for n in args.candidates:
             for store in (("local", "s3") if args.store == "both" else (args.store,)):
-                out = (str(Path(tempfile.mkdtemp(prefix="fleet-scale-")) / "run") if store == "local"
-                       else f"s3://fleet/run-{n}-{int(time.time())}?{query}")
+                folder = Path(tempfile.mkdtemp(prefix="fleet-scale-")) / "run"
+                out = {"local": str(folder), "shared": f"file://{folder}",
+                       "s3": f"s3://fleet/run-{n}-{int(time.time())}?{query}"}[store]
                 proc = subprocess.run([sys.executable, __file__, "--one", out, "--candidates", str(n),
                                        "--devices", str(args.devices), "--signatures", str(args.signatures)],
                                       capture_output=True, text=True, env=env)

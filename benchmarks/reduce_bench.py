@@ -47,7 +47,7 @@ def devices(n: int) -> list[DeviceProperties]:
     for i in range(n):  # beyond four: the same kinds under other drivers (other signatures)
         nm, arch, cu = names[i % len(names)]
         out.append(DeviceProperties("nvidia" if "NVIDIA" in nm else "amd", nm, arch, cu, 80 * 2**30, 50 * 2**20, 1800,
-                                    32, f"580.{1 + i // len(names)}", "13.0", (("torch", "2.11.0"),)))
+                                    32, "580.1", "13.0", (("torch", f"2.{11 + i // len(names)}.0"),)))
     return out
 
 
@@ -130,6 +130,7 @@ def write_signature(root: Path, dev: DeviceProperties, probs: list[Problem], can
         "converged": pa.array(~failed),
         "workspace_bytes": pa.array(np.zeros(n, np.int64)), "estimated_workspace_bytes": pa.array(np.zeros(n, np.int64)),
         "ran_exhaustive": pa.array(np.zeros(n, bool)), "supports_exhaustive": pa.array(np.zeros(n, bool)),
+        "exhaustive_not_run_reason": pa.array([None] * n, type=pa.string()),
         "max_rel_error": pa.array(np.full(n, 1e-6)), "compile_ms": pa.array(np.ones(n)), "tuning_ms": pa.array(np.ones(n)),
     }
     table = pa.table([cols[f.name] for f in FILE_SCHEMA], schema=FILE_SCHEMA)
@@ -217,7 +218,7 @@ def main() -> None:
         print(f"{'Ray, a task/signature':>22} {r['wall_s']:>8.2f} {max(r['task_rss_mb']):>12.0f} "
               f"{str(r['identical']) + ' (' + str(r['files']) + ')':>16}")
         print(f"(Ray: {r['cpus']} CPUs, {len(r['task_rss_mb'])} tasks, peak RSS per task "
-              f"{min(r['task_rss_mb']):.0f}-{max(r['task_rss_mb']):.0f} MB; wall includes Ray's start: {r['start_s']:.1f} s)")
+              f"{min(r['task_rss_mb']):.0f}-{max(r['task_rss_mb']):.0f} MB; Ray's own start, not in the wall time: {r['start_s']:.1f} s)")
     if not args.keep:
         import shutil
 

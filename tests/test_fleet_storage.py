@@ -27,6 +27,21 @@ def test_a_location_is_a_local_folder_or_a_uri(tmp_path):
     assert info.value.field == "out" and info.value.value == "nosuchscheme://bucket/path"
 
 
+def test_a_job_on_storage_that_cannot_be_reached_is_one_clear_error(monkeypatch):
+    from farm.fleet.job import JobRun
+    from farm.model.engine import default_engine_registry
+    from farm.model.workload import parse_workload
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    wl = parse_workload({"name": "w", "problems": [{"name": "mm", "op": "matmul", "tensors": {"A": [8, 5], "B": [5, 6]}}]},
+                        registry=default_engine_registry())
+    uri = "s3://nobucket/x?endpoint_override=127.0.0.1:9&scheme=http&region=us-east-1"
+    with pytest.raises(InputError) as info:
+        JobRun(uri, wl, {})
+    assert info.value.field == "out" and info.value.value == uri and "cannot read or write there" in str(info.value)
+
+
 def test_parts_on_s3_are_read_back_as_a_dataset(s3_bucket):
     fs, query = s3_bucket
     uri = f"s3://tunefarm/job1/results?{query}"

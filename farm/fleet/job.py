@@ -244,6 +244,12 @@ class JobRun:
         self._lock = _lock_job_folder(self.job)
         try:
             self.record, self.run = self.job.start(workload, settings, job_id)
+        except OSError as exc:
+            self._lock.release()
+            if not self.job.remote:
+                raise
+            raise InputError(f"cannot read or write there: {str(exc).splitlines()[0] if str(exc) else exc!r}",
+                             field="out", value=self.job.location.uri) from None
         except BaseException:
             self._lock.release()
             raise
