@@ -213,3 +213,25 @@ def test_the_default_candidate_joins_the_finalist_round_even_when_outside_its_sh
     # the default is the slowest of its shard: without the rule it would not be re-measured
     drain(s, "sig", median=lambda x: 2.0 if x is default else 1.0 + x.index / 100)
     assert s.done and s.remeasured == 3  # the best of each of the 2 shards, and the default
+
+
+def test_a_settled_problem_lets_go_of_its_candidates_and_one_still_running_keeps_them():
+    """The driver's memory follows the problems in flight: a settled one keeps no per-candidate state."""
+    s = Scheduler(shard_size=4, finalist_k=2)
+    s.add_problem("sig", 0, WP, cands(10))  # sharded: settles only after its finalist round
+    s.add_problem("sig", 1, WP, cands(3))
+    first = [s.next_task("sig") for _ in range(4)]
+    for t in first[:3]:  # problem 0's shards end; its finalist round is queued
+        cs = s.candidates_of(t)
+        for spec in t.specs:
+            s.on_result(t, result(cs[spec], 1.0 + cs[spec].index / 100), f"session{t.id}")
+        s.on_task_end(t)
+    assert len(s._problems[("sig", 0)].candidates) == 10  # the finalist round still needs them
+    drain(s, "sig")
+    t = first[3]
+    cs = s.candidates_of(t)
+    for spec in t.specs:
+        s.on_result(t, result(cs[spec]), "other")
+    s.on_task_end(t)
+    assert s.done and s.remeasured > 0
+    assert all(not p.candidates and not p.successes for p in s._problems.values())

@@ -245,9 +245,9 @@ def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[Worke
                                                        WorkerState.IDLE.value))
                for i, (info, h) in enumerate(zip(infos, handles))]
     sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes)
-    skipped = _plan(workload, jr, sched, workers)
+    planner = Planner(workload, jr, sched, workers)
     # on shared storage (a URI) the workers write their own rows; the driver gets what scheduling needs
-    driver = Driver(sched, workers, jr, config, options, workers_write=jr.job.shared)
+    driver = Driver(sched, workers, jr, config, options, workers_write=jr.job.shared, planner=planner)
     sink = PartSink(str(jr.job.results), jr.run) if jr.job.shared else None
     try:
         _event_loop(driver, workload, config, options, progress, sink)
@@ -256,7 +256,7 @@ def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[Worke
     if progress is not None:
         progress(driver.status("done"))
     tuning = time.perf_counter() - driver.t0
-    return FarmReport(jr.run.job_id, jr.run.run_id, infos, [w.status for w in workers], skipped, jr.counts,
+    return FarmReport(jr.run.job_id, jr.run.run_id, infos, [w.status for w in workers], planner.skipped, jr.counts,
                       wall_s=tuning, total=sched.total, remeasured=sched.remeasured, tuning_s=tuning,
                       results=driver.results)
 
@@ -305,32 +305,64 @@ def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, optio
                       remeasured=0, workers_started=False)
 
 
-def _plan(workload: Workload, jr: JobRun, sched: Scheduler, workers: Sequence[WorkerHandle]) -> dict[str, dict[str, str]]:
-    """Discovery per signature (on one of its workers) and the resume set: the scheduler's problems."""
-    by_sig: dict[str, list[WorkerHandle]] = {}
-    for w in workers:
-        by_sig.setdefault(w.info.signature, []).append(w)
-    problems = list(enumerate(workload.problems))
-    dataset = ResultsDataset(jr.job.results) if jr.job.results.exists() else None
-    plans = {sig: _expand([w.actor for w in members], problems, sig) for sig, members in by_sig.items()}
-    skipped = _schedule(problems, plans, sched, dataset)
-    _record_plan(jr, plans, skipped)
-    return skipped
+class Planner:
+    """Discovery in windows: each signature's next problems are expanded (on one of its workers) when its
+    queue runs short, so the driver holds the candidates of the problems in flight, not of the whole workload.
+    ``skipped``: signature -> problem name -> why it has no candidates."""
+
+    def __init__(self, workload: Workload, jr: JobRun, sched: Scheduler, workers: Sequence[WorkerHandle]) -> None:
+        self.jr, self.sched = jr, sched
+        self.problems = list(enumerate(workload.problems))
+        self.by_sig: dict[str, list[WorkerHandle]] = {}
+        for w in workers:
+            self.by_sig.setdefault(w.info.signature, []).append(w)
+        self.next = {sig: 0 for sig in self.by_sig}
+        self.dataset = ResultsDataset(jr.job.results) if jr.job.results.exists() else None
+        self._prior: dict[str, dict[str, list[PriorRow]]] = {}
+        self.skipped: dict[str, dict[str, str]] = {}
+        for sig in self.by_sig:
+            jr.tuning(sig)
+
+    @property
+    def open(self) -> bool:
+        """Problems are left to discover on some signature."""
+        return any(n < len(self.problems) for n in self.next.values())
+
+    def top_up(self) -> None:
+        """Discover more where a signature has fewer queued tasks than four per device (the queue keeps a
+        choice of kernel families: see farm.fleet.scheduler.kernel_family)."""
+        for sig, members in self.by_sig.items():
+            while self.next[sig] < len(self.problems) and self.sched.pending_tasks(sig) < 4 * len(members):
+                self._fill(sig, 8 * len(members))
+
+    def _fill(self, sig: str, count: int) -> None:
+        start = self.next[sig]
+        chunk = self.problems[start:start + count]
+        self.next[sig] = start + len(chunk)
+        if sig not in self._prior:
+            self._prior[sig] = _prior_rows(self.dataset, sig)
+        expanded = _expand([w.actor for w in self.by_sig[sig] if not w.restarting] or
+                           [w.actor for w in self.by_sig[sig]], chunk, sig)
+        skipped = _schedule(chunk, {sig: expanded}, self.sched, prior={sig: self._prior[sig]})
+        for name, why in skipped.get(sig, {}).items():
+            self.skipped.setdefault(sig, {})[name] = why
+            self.jr.skip(sig, name, why)
 
 
 def _schedule(problems: Sequence[tuple[int, WorkloadProblem]], plans: dict[str, dict[int, Any]], sched: Scheduler,
-              dataset: ResultsDataset | None) -> dict[str, dict[str, str]]:
-    """Give the scheduler every problem discovery found candidates for (with its rows from earlier runs);
-    -> signature -> problem name -> why it has none."""
+              dataset: ResultsDataset | None = None, *,
+              prior: dict[str, dict[str, list[PriorRow]]] | None = None) -> dict[str, dict[str, str]]:
+    """Give the scheduler every problem discovery found candidates for (with its rows from earlier runs,
+    ``prior`` per signature or read from ``dataset``); -> signature -> problem name -> why it has none."""
     skipped: dict[str, dict[str, str]] = {}
     for sig, expanded in plans.items():
-        prior = _prior_rows(dataset, sig)
+        rows = prior[sig] if prior is not None else _prior_rows(dataset, sig)
         for index, wp in problems:
             cands = expanded[index]
             if isinstance(cands, str):
                 skipped.setdefault(sig, {})[wp.name] = cands
             else:
-                sched.add_problem(sig, index, wp, cands, prior.get(wp.problem.key, ()))
+                sched.add_problem(sig, index, wp, cands, rows.get(wp.problem.key, ()))
     return skipped
 
 

@@ -128,11 +128,21 @@ class RowSink(Protocol):
         """Results files a worker wrote (the run's manifest)."""
 
 
+class Planner(Protocol):
+    """Where more problems come from (farm.fleet.cluster.Planner: discovery on the workers, in windows)."""
+
+    @property
+    def open(self) -> bool: ...
+
+    def top_up(self) -> None: ...
+
+
 class Driver:
     def __init__(self, scheduler: Scheduler, workers: Sequence[WorkerHandle], sink: RowSink, config: AutotuneConfig,
                  options: FarmOptions, *, clock: Callable[[], float] = time.perf_counter,
-                 workers_write: bool = False) -> None:
+                 workers_write: bool = False, planner: Planner | None = None) -> None:
         self.sched = scheduler
+        self.planner = planner  # discovery in windows: more problems as the queues run short
         self.workers_write = workers_write  # workers write their rows (shared storage); the driver only counts
         self.workers = list(workers)
         self.sink = sink
@@ -147,8 +157,9 @@ class Driver:
     # -- what to do next -------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        """Nothing left to schedule, run or wait for."""
-        return self.sched.done and not any(w.task or w.restarting for w in self.workers)
+        """Nothing left to discover, schedule, run or wait for."""
+        return (self.sched.done and not any(w.task or w.restarting for w in self.workers)
+                and (self.planner is None or not self.planner.open))
 
     @property
     def stuck(self) -> bool:
@@ -158,6 +169,8 @@ class Driver:
 
     def assignments(self) -> list[tuple[WorkerHandle, Task]]:
         """Give every free worker the next task of its signature; the caller starts them."""
+        if self.planner is not None:
+            self.planner.top_up()
         out = []
         for w in self.workers:
             if not w.free:

@@ -284,10 +284,20 @@ class Scheduler:
 
     def _maybe_finalist(self, signature: str, index: int) -> None:
         state = self._problems[(signature, index)]
-        if state.pending or state.outstanding or state.finalist != "none":
+        if state.pending or state.outstanding:
             return
-        order = self._finalists(state)
-        if order is None:
-            return
-        state.finalist = "queued"
-        self._push(signature, index, order, round=FINALIST, urgent=True)
+        if state.finalist == "none":
+            order = self._finalists(state)
+            if order is not None:
+                state.finalist = "queued"
+                self._push(signature, index, order, round=FINALIST, urgent=True)
+                return
+        if state.finalist != "queued":
+            self._retire(state)
+
+    @staticmethod
+    def _retire(state: _Problem) -> None:
+        """A settled problem keeps only what ``done`` reads: its per-candidate state goes (the driver's memory
+        follows the problems in flight, not every candidate ever measured)."""
+        state.candidates, state.successes = {}, {}
+        state.strikes.clear()
