@@ -319,30 +319,44 @@ class Planner:
         self.next = {sig: 0 for sig in self.by_sig}
         self.dataset = ResultsDataset(jr.job.results) if jr.job.results.exists() else None
         self._prior: dict[str, dict[str, list[PriorRow]]] = {}
+        self.inflight: dict[str, tuple[Any, list[tuple[int, WorkloadProblem]]]] = {}  # sig -> (expand ref, chunk)
         self.skipped: dict[str, dict[str, str]] = {}
         for sig in self.by_sig:
             jr.tuning(sig)
 
     @property
     def open(self) -> bool:
-        """Problems are left to discover on some signature."""
-        return any(n < len(self.problems) for n in self.next.values())
+        """Problems are left to discover on some signature (or a discovery is under way)."""
+        return bool(self.inflight) or any(n < len(self.problems) for n in self.next.values())
 
     def top_up(self) -> None:
-        """Discover more where a signature has fewer queued tasks than four per device (the queue keeps a
-        choice of kernel families: see farm.fleet.scheduler.kernel_family)."""
-        for sig, members in self.by_sig.items():
-            while self.next[sig] < len(self.problems) and self.sched.pending_tasks(sig) < 4 * len(members):
-                self._fill(sig, 8 * len(members))
+        """Take in finished discoveries; start the next window where a signature has fewer queued tasks than
+        four per device (the queue keeps a choice of kernel families: farm.fleet.scheduler.kernel_family).
+        Discovery runs on a worker while the devices work: nothing here waits for it."""
+        import ray
 
-    def _fill(self, sig: str, count: int) -> None:
-        start = self.next[sig]
-        chunk = self.problems[start:start + count]
-        self.next[sig] = start + len(chunk)
+        for sig, members in self.by_sig.items():
+            if sig in self.inflight:
+                ref, chunk = self.inflight[sig]
+                ready, _ = ray.wait([ref], timeout=0)
+                if not ready:
+                    continue
+                del self.inflight[sig]
+                try:
+                    expanded = ray.get(ref)
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                    expanded = _expand([w.actor for w in members], chunk, sig)  # its worker died: ask another
+                self._take(sig, chunk, expanded)
+            if self.next[sig] < len(self.problems) and self.sched.pending_tasks(sig) < 4 * len(members):
+                start = self.next[sig]
+                chunk = self.problems[start:start + 8 * len(members)]
+                self.next[sig] = start + len(chunk)
+                worker = next((w for w in members if not w.restarting), members[0])
+                self.inflight[sig] = (worker.actor.expand.remote(chunk), chunk)
+
+    def _take(self, sig: str, chunk: Sequence[tuple[int, WorkloadProblem]], expanded: dict[int, Any]) -> None:
         if sig not in self._prior:
             self._prior[sig] = _prior_rows(self.dataset, sig)
-        expanded = _expand([w.actor for w in self.by_sig[sig] if not w.restarting] or
-                           [w.actor for w in self.by_sig[sig]], chunk, sig)
         skipped = _schedule(chunk, {sig: expanded}, self.sched, prior={sig: self._prior[sig]})
         for name, why in skipped.get(sig, {}).items():
             self.skipped.setdefault(sig, {})[name] = why
@@ -394,7 +408,8 @@ def _event_loop(driver: Driver, workload: Workload, config: AutotuneConfig, opti
                 pings[w.actor.info.remote()] = w
         if driver.stuck:
             raise FarmFailed("internal error: work remains but nothing is queued or running")
-        ready, _ = ray.wait(list(streams) + list(pings), num_returns=1, timeout=0.05)
+        discovering = [ref for ref, _ in driver.planner.inflight.values()] if isinstance(driver.planner, Planner) else []
+        ready, _ = ray.wait(list(streams) + list(pings) + discovering, num_returns=1, timeout=0.05)
         for ref in [x for x in ready if x in pings]:
             _answered(driver, pings.pop(ref), ref)
         for gen in [x for x in ready if x in streams]:

@@ -165,7 +165,8 @@ class Driver:
     def stuck(self) -> bool:
         """Work remains but nothing is queued, running or restarting: a bookkeeping bug."""
         return (not self.sched.done and not any(w.task or w.restarting for w in self.workers)
-                and not any(self.sched.pending_tasks(s) for s in self.signatures))
+                and not any(self.sched.pending_tasks(s) for s in self.signatures)
+                and (self.planner is None or not self.planner.open))
 
     def assignments(self) -> list[tuple[WorkerHandle, Task]]:
         """Give every free worker the next task of its signature; the caller starts them."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import socket
 import tempfile
 import time
@@ -27,8 +28,8 @@ from farm.model.engine import EngineRegistry
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset
-from farm.store.location import Location, is_uri
 from farm.store.decisions import Decisions, Winner, decide_results, load_incumbents
+from farm.store.location import Location, is_uri
 from farm.store.reduce import ReduceReport, reduce_results, relocated
 from farm.store.results import (
     MeasurementContext,
@@ -119,9 +120,12 @@ class JobDir:
             _copy_files(self.location.join("overrides"), Location.of(self.overrides))
 
     def push_overrides(self) -> None:
-        """The staged override files, winners tables and CSVs up to the remote job's ``overrides/``."""
+        """The staged override files, winners tables and CSVs up to the remote job's ``overrides/``; the
+        staging folder goes."""
         if self.remote:
             _copy_files(Location.of(self.overrides), self.location.join("overrides"))
+            shutil.rmtree(self.overrides, ignore_errors=True)
+            self._staging = None
 
     def start(self, workload: Workload, settings: dict[str, Any], job_id: str | None = None) -> tuple[dict[str, Any], RunContext]:
         """Open (or resume) the job record and start a run in it."""

@@ -157,6 +157,8 @@ class DeviceWorkerImpl:
         self.prepare(problems)
         self.device = _open(kind, slot, sim)
         self.name = f"{kind}:{self.device.properties.index}"
+        self._part_writer: ResultWriter | None = None  # with shared storage: this worker's writer for the run
+        self._writer_key: tuple[str, str] | None = None
 
     def info(self) -> WorkerInfo:
         import ray
@@ -256,7 +258,7 @@ class DeviceWorkerImpl:
     def _writer(self, sink: PartSink) -> ResultWriter:
         """This worker's writer into the run's results (one per run; its part names are its own)."""
         key = (sink.results, sink.run.run_id)
-        if getattr(self, "_writer_key", None) != key:
+        if self._part_writer is None or self._writer_key != key:
             # flushed by the task loop only: a result is reported once its row is written
             self._part_writer = ResultWriter(sink.results, sink.run.run_id, flush_rows=1 << 30,
                                              flush_seconds=float("inf"), name=new_id()[:8])
