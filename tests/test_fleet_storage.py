@@ -186,3 +186,21 @@ def test_the_reduce_on_ray_writes_the_single_process_files_byte_for_byte(tmp_pat
     assert spread.rows == single.rows and all(r.write.path.startswith(str(many)) for r in spread.signatures)
     # the corrupt file was moved aside, not overwritten, on both paths
     assert len(list(many.glob("*.corrupt-*"))) == len(list(one.glob("*.corrupt-*"))) == 1
+
+
+def test_a_few_thousand_candidates_into_s3_with_the_benchmarks_own_run(s3_bucket, local_ray):
+    """benchmarks/fleet_scale.py at a size CI affords: every candidate one row, written by the workers."""
+    import importlib.util
+    import pathlib
+
+    fs, query = s3_bucket
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "fleet_scale.py"
+    spec = importlib.util.spec_from_file_location("fleet_scale", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.one(3200, 4, 2, f"s3://tunefarm/scale?{query}")
+    assert result["candidates"] == result["rows"] == result["rows_written"] == 3200
+    assert result["tuning_peak_rss_mb"] < 1024
+    import pyarrow.fs as pafs
+
+    assert len(fs.get_file_info(pafs.FileSelector("tunefarm/scale/manifests"))) == 1  # the run's manifest

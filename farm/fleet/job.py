@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import pyarrow as pa
+
 from farm._version import __version__
 from farm.devices.device import Device
 from farm.errors import InputError
@@ -27,7 +29,7 @@ from farm.fsutil import atomic_write_bytes, move_aside
 from farm.model.engine import EngineRegistry
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
-from farm.store.dataset import ResultsDataset
+from farm.store.dataset import ResultsDataset, partition_signatures
 from farm.store.decisions import Decisions, Winner, decide_results, load_incumbents
 from farm.store.location import Location, is_uri
 from farm.store.reduce import ReduceReport, reduce_results, relocated
@@ -302,18 +304,7 @@ class JobRun:
 
     def finish(self, *, reduce: bool = True, top_k: int = 3, **fields: Any) -> JobSummary:
         self.writer.close()
-        results = self.job.results  # the writer made it
-        data = ResultsDataset(results)
-        incumbents = load_incumbents(self.record.get("settings", {}).get("incumbents"), data)
-        decisions = decide_results(data, incumbents=incumbents, top_k=top_k)
-        report = None
-        if reduce:
-            self.job.pull_overrides()
-            report = reduce_results(results, self.job.overrides, top_k=top_k, decisions=decisions)
-            if self.job.remote:
-                self.job.push_overrides()
-                there = self.job.location.join("overrides")
-                report.signatures = [relocated(r, lambda name: there.join(name).uri) for r in report.signatures]
+        decisions, report = self._decide(reduce, top_k)
         no_winner: dict[str, dict[str, str]] = {s: dict(v) for s, v in self._skipped.items()}
         problems = 0
         for sig in sorted(self._signatures):
@@ -333,6 +324,38 @@ class JobRun:
                         no_winner=no_winner, wall_s=summary.wall_s, **fields)
         self._lock.release()
         return summary
+
+    def _decide(self, reduce: bool, top_k: int) -> tuple[Decisions, ReduceReport | None]:
+        """The winners of the folder's results, one device signature at a time (the driver holds one
+        signature's rows at once, not the dataset), and the override files when ``reduce``."""
+        results = self.job.results
+        listing = ResultsDataset(results) if results.exists() else None  # every file checked and named once
+        signatures = partition_signatures(results) if listing is not None else []
+        source = self.record.get("settings", {}).get("incumbents")
+        winners: dict[tuple[str, str], Winner] = {}
+        tuned: dict[str, set[str]] = {}
+        skipped: list[tuple[str, str]] = [(f.path, f.reason) for f in listing.skipped] if listing is not None else []
+        rows = 0
+        written = []
+        if reduce:
+            self.job.pull_overrides()
+        for sig in signatures:
+            data = listing.partition(sig)
+            d = decide_results(data, incumbents=load_incumbents(source, data), top_k=top_k)
+            if reduce:
+                written += reduce_results(results, self.job.overrides, top_k=top_k, decisions=d).signatures
+            winners.update(d.winners)
+            tuned.update(d.tuned)
+            skipped += [s for s in d.skipped_files if s not in skipped]
+            rows += d.rows
+        decisions = Decisions(pa.table({}), winners, {}, tuned, skipped, rows)
+        if not reduce:
+            return decisions, None
+        if self.job.remote:
+            self.job.push_overrides()
+            there = self.job.location.join("overrides")
+            written = [relocated(r, lambda name: there.join(name).uri) for r in written]
+        return decisions, ReduceReport(written, skipped, rows, decisions)
 
     def _write_manifest(self) -> str:
         """``manifests/<run id>.json``: every results file of this run and its rows ('' when the driver wrote

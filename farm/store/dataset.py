@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import re
@@ -60,6 +61,14 @@ class ResultsDataset:
                 self._skip(path, reason)
             else:
                 self.files.append(path)
+
+    def partition(self, signature: str) -> "ResultsDataset":
+        """This dataset's files of one device signature (checked already: nothing is listed or logged again)."""
+        part = copy.copy(self)
+        part.files = [f for f in self.files
+                      if _partition_signature(Path(self.location.relative(f)).parts[0]) == signature]
+        part.skipped = []
+        return part
 
     def _skip(self, path: str, reason: str) -> None:
         if any(s.path == path and s.reason == reason for s in self.skipped):
