@@ -351,7 +351,9 @@ class Planner:
                 start = self.next[sig]
                 chunk = self.problems[start:start + 8 * len(members)]
                 self.next[sig] = start + len(chunk)
-                worker = next((w for w in members if not w.restarting), members[0])
+                # an idle worker answers at once (an actor runs one call at a time); else one that is up
+                worker = next((w for w in members if not w.restarting and w.task is None),
+                              next((w for w in members if not w.restarting), members[0]))
                 self.inflight[sig] = (worker.actor.expand.remote(chunk), chunk)
 
     def _take(self, sig: str, chunk: Sequence[tuple[int, WorkloadProblem]], expanded: dict[int, Any]) -> None:
