@@ -2,20 +2,23 @@
 
 With few rows, an output-tiled GEMM has too few tiles to fill the GPU (M = 16, N = 4096 and 128-wide
 tiles: 32 programs for 132 SMs) while every program walks all of K. Here K is cut into ``SPLIT_K``
-slices: program (tile, slice) multiplies its slice into an fp32 partial, and a second kernel sums the
-partials in a fixed order (deterministic), adds the bias and writes C in its dtype and strides. The
-partials are the plan's own buffer (``estimate_workspace`` counts it). Both kernels are compiled when
-the plan is (``warmup``, no launch); a configuration the device cannot hold fails there.
+slices: program (tile, slice) multiplies its slice into an fp32 partial, and the partials of a tile are
+summed in a fixed order (deterministic), the bias added and C written in its dtype and strides. Who sums
+is the ``REDUCTION`` knob, CUTLASS's two split-K schemes: ``serial``, the tile's last program to finish
+(one launch; a counter per tile, left at zero for the next call), or ``parallel``, a second kernel. The
+partials (and counters) are the plan's own buffers (``estimate_workspace`` counts them). The kernels
+are compiled when the plan is (``warmup``, no launch); a configuration the device cannot hold fails there.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Mapping
 
 from farm.plugin import Device, Knob, KnobValue, Problem, Support, gil_heavy_section
 
-from ._common import TRITON_COMPILE_LOCK, GpuEngine, TorchPlan, torch_dtype, torch_module
+from ._common import TRITON_COMPILE_LOCK, GpuEngine, TorchPlan, current_raw_stream, torch_dtype, torch_module
 from .triton_gemm import direct_launcher, load_binary, triton_dot_support
 
 MAX_M = 256  # above this an output-tiled GEMM has tiles enough: the plain Triton GEMM and cuBLAS apply
@@ -23,23 +26,17 @@ MIN_K = 512  # below this there is little K to split
 
 
 @functools.lru_cache(maxsize=1)
-def _kernels() -> tuple[Any, Any]:
+def _kernels() -> tuple[Any, Any, Any]:
     import triton
     import triton.language as tl
 
     @triton.jit
-    def partial_kernel(a_ptr, b_ptr, p_ptr, M, N, K, K_PER, stride_am, stride_ak, stride_bk, stride_bn,
-                       TF32: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        pid = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        num_pid_n = tl.cdiv(N, BLOCK_N)
-        pid_m = pid // num_pid_n
-        pid_n = pid % num_pid_n
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    def slice_product(a_ptr, b_ptr, M, N, K, K_PER, stride_am, stride_ak, stride_bk, stride_bn, rm, rn,
+                      TF32: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """This program's slice of K times its tile of B, in fp32."""
         rk = tl.arange(0, BLOCK_K)
-        k0 = pid_k * K_PER
+        k0 = tl.program_id(1) * K_PER
         a_ptrs = a_ptr + rm[:, None] * stride_am + (k0 + rk)[None, :] * stride_ak
         b_ptrs = b_ptr + (k0 + rk)[:, None] * stride_bk + rn[None, :] * stride_bn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -60,7 +57,18 @@ def _kernels() -> tuple[Any, Any]:
                 acc = tl.dot(a, b, acc)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
-        p_ptrs = p_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :]
+        return acc
+
+    @triton.jit
+    def partial_kernel(a_ptr, b_ptr, p_ptr, M, N, K, K_PER, stride_am, stride_ak, stride_bk, stride_bn,
+                       TF32: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        rm = (tl.program_id(0) // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = (tl.program_id(0) % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = slice_product(a_ptr, b_ptr, M, N, K, K_PER, stride_am, stride_ak, stride_bk, stride_bn, rm, rn,
+                            TF32, EVEN_K, EVEN_N, BLOCK_M, BLOCK_N, BLOCK_K)
+        p_ptrs = p_ptr + tl.program_id(1) * M * N + rm[:, None] * N + rn[None, :]
         tl.store(p_ptrs, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
     @triton.jit
@@ -77,7 +85,37 @@ def _kernels() -> tuple[Any, Any]:
             acc += tl.load(bias_ptr + n, mask=mask, other=0.0).to(tl.float32)
         tl.store(c_ptr + m * stride_cm + n * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
-    return partial_kernel, reduce_kernel
+    @triton.jit
+    def serial_kernel(a_ptr, b_ptr, p_ptr, c_ptr, bias_ptr, count_ptr, M, N, K, K_PER, stride_am, stride_ak,
+                      stride_bk, stride_bn, stride_cm, stride_cn,
+                      SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, TF32: tl.constexpr, EVEN_K: tl.constexpr,
+                      EVEN_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # One launch: every program stores its slice's partial; the tile's last one to arrive (a counter per
+        # tile) sums the tile's partials in slice order (the same sum as the reduce kernel's, every run),
+        # writes C and sets the counter back to 0 for the next call.
+        tile = tl.program_id(0)
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        rm = (tile // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = (tile % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = slice_product(a_ptr, b_ptr, M, N, K, K_PER, stride_am, stride_ak, stride_bk, stride_bn, rm, rn,
+                            TF32, EVEN_K, EVEN_N, BLOCK_M, BLOCK_N, BLOCK_K)
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        offs = rm[:, None] * N + rn[None, :]
+        tl.store(p_ptr + tl.program_id(1) * M * N + offs, acc, mask=mask)
+        tl.debug_barrier()  # the whole program's stores precede its arrival (released by the atomic)
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLITS):
+                # .cg: read from L2, never from this SM's L1 (it may hold an earlier call's partials)
+                total += tl.load(p_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+            tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, total.to(c_ptr.dtype.element_ty),
+                     mask=mask)
+            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+    return partial_kernel, reduce_kernel, serial_kernel
 
 
 REDUCE_BLOCK = 1024
@@ -97,6 +135,8 @@ class TritonSplitK(GpuEngine):
         Knob.int("BLOCK_K", 128, choices=(32, 64, 128, 256)),
         Knob.int("num_warps", 4, choices=(2, 4, 8)),
         Knob.int("num_stages", 4, choices=(2, 3, 4, 5, 6), doc="software pipeline depth"),
+        Knob.str("REDUCTION", "serial", choices=("serial", "parallel"),
+                 doc="who sums a tile's slices: its last program (one launch) or a second kernel"),
     )
 
     def supports(self, problem: Problem, device: Device) -> Support:
@@ -123,42 +163,115 @@ class TritonSplitK(GpuEngine):
         return m, n, k, per, -(-k // per)
 
     def estimate_workspace(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> int:
-        m, n, _, _, splits = self._plan_shape(problem, _defaults(self, knobs))
-        return splits * m * n * 4
+        knobs = _defaults(self, knobs)
+        m, n, _, _, splits = self._plan_shape(problem, knobs)
+        counters = StreamScratch.SLOTS * _tiles(m, n, knobs) * 4 if knobs["REDUCTION"] == "serial" else 0
+        return splits * m * n * 4 + counters
 
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
         torch = torch_module()
-        partial, reduce = _kernels()
+        partial, reduce, serial = _kernels()
         m, n, k, per, splits = self._plan_shape(problem, knobs)
         a, b, c = problem.tensor("A"), problem.tensor("B"), problem.tensor("C")
         has_bias = problem.has_tensor("bias")
-        bm, bn = int(knobs["BLOCK_M"]), int(knobs["BLOCK_N"])
-        grid1 = (-(-m // bm) * -(-n // bn), splits, 1)
-        grid2 = (-(-(m * n) // REDUCE_BLOCK), 1, 1)
-        scalars1 = (m, n, k, per, a.strides[0], a.strides[1], b.strides[0], b.strides[1])
-        meta1 = {"TF32": problem.compute_dtype == "tf32", "EVEN_K": per * splits == k, "EVEN_N": n % bn == 0,
-                 "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": int(knobs["BLOCK_K"]),
-                 "num_warps": int(knobs["num_warps"]), "num_stages": int(knobs["num_stages"])}
-        scalars2 = (m, n, c.strides[0], c.strides[1])
-        meta2 = {"SPLITS": splits, "HAS_BIAS": has_bias, "BLOCK": REDUCE_BLOCK, "num_warps": 4}
+        bn = int(knobs["BLOCK_N"])
+        grid1 = (_tiles(m, n, knobs), splits, 1)
+        product = (m, n, k, per, a.strides[0], a.strides[1], b.strides[0], b.strides[1])
+        tiling = {"TF32": problem.compute_dtype == "tf32", "EVEN_K": per * splits == k, "EVEN_N": n % bn == 0,
+                  "BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": bn, "BLOCK_K": int(knobs["BLOCK_K"]),
+                  "num_warps": int(knobs["num_warps"]), "num_stages": int(knobs["num_stages"])}
         f32 = torch.float32
-        bias_dtype = torch_dtype(problem.tensor("bias").dtype) if has_bias else torch_dtype(c.dtype)
-        with TRITON_COMPILE_LOCK, gil_heavy_section():
-            compiled = (partial.warmup(torch_dtype(a.dtype), torch_dtype(b.dtype), f32, *scalars1, grid=grid1, **meta1),
-                        reduce.warmup(f32, torch_dtype(c.dtype), bias_dtype, *scalars2, grid=grid2, **meta2))
-        for kernel in compiled:
-            load_binary(kernel)  # takes the GIL-heavy section itself (it is not reentrant)
-        parts = torch.empty((splits, m, n), dtype=f32, device=torch.device("cuda", device.index))
-        launch1 = direct_launcher(partial, compiled[0], grid1, meta1, device.index)
-        launch2 = direct_launcher(reduce, compiled[1], grid2, meta2, device.index)
+        a_dtype, b_dtype, c_dtype = (torch_dtype(t.dtype) for t in (a, b, c))
+        bias_dtype = torch_dtype(problem.tensor("bias").dtype) if has_bias else c_dtype
+        serial_sum = knobs["REDUCTION"] == "serial"
+        scratch = StreamScratch(torch, device.index, (splits, m, n), grid1[0] if serial_sum else 0)
+        if serial_sum:
+            meta = {"SPLITS": splits, "HAS_BIAS": has_bias, **tiling}
+            scalars = (*product, c.strides[0], c.strides[1])
+            with TRITON_COMPILE_LOCK, gil_heavy_section():
+                compiled = serial.warmup(a_dtype, b_dtype, f32, c_dtype, bias_dtype, torch.int32, *scalars,
+                                         grid=grid1, **meta)
+            load_binary(compiled)  # takes the GIL-heavy section itself (it is not reentrant)
+            launch = direct_launcher(serial, compiled, grid1, meta, device.index)
 
-        def fn(t: Mapping[str, Any]) -> None:
-            launch1(t["A"], t["B"], parts, *scalars1)
-            launch2(parts, t["C"], t["bias"] if has_bias else t["C"], *scalars2)
+            def fn(t: Mapping[str, Any]) -> None:
+                parts, counters = scratch.get()
+                launch(t["A"], t["B"], parts, t["C"], t["bias"] if has_bias else t["C"], counters, *scalars)
+        else:
+            grid2 = (-(-(m * n) // REDUCE_BLOCK), 1, 1)
+            summing = (m, n, c.strides[0], c.strides[1])
+            meta2 = {"SPLITS": splits, "HAS_BIAS": has_bias, "BLOCK": REDUCE_BLOCK, "num_warps": 4}
+            with TRITON_COMPILE_LOCK, gil_heavy_section():
+                compiled = (partial.warmup(a_dtype, b_dtype, f32, *product, grid=grid1, **tiling),
+                            reduce.warmup(f32, c_dtype, bias_dtype, *summing, grid=grid2, **meta2))
+            for kernel in compiled:
+                load_binary(kernel)
+            launch1 = direct_launcher(partial, compiled[0], grid1, tiling, device.index)
+            launch2 = direct_launcher(reduce, compiled[1], grid2, meta2, device.index)
+
+            def fn(t: Mapping[str, Any]) -> None:
+                parts, _ = scratch.get()
+                launch1(t["A"], t["B"], parts, *product)
+                launch2(parts, t["C"], t["bias"] if has_bias else t["C"], *summing)
 
         plan = TorchPlan(fn, device)
-        plan.partials = parts  # held as long as the plan
+        plan.scratch = scratch  # held as long as the plan
         return plan
+
+
+class StreamScratch:
+    """A plan's partials (and, for the serial sum, tile counters) per CUDA stream.
+
+    Calls on two streams at once must not share them (torch keeps cuBLAS's workspace per stream for the
+    same reason): a shared counter would be counted twice over and never return to zero. Partials are made
+    on the calling stream at its first call; counters come from a slab zeroed when the plan is built, since
+    a stream that is capturing a CUDA graph cannot zero them (a new stream past ``SLOTS`` gets zeroed
+    counters of its own, unless it is capturing: then the call fails and says why).
+    """
+
+    SLOTS = 8
+
+    def __init__(self, torch: Any, device_index: int, partial_shape: tuple[int, int, int], tiles: int) -> None:
+        self._torch = torch
+        self._device = torch.device("cuda", device_index)
+        self._shape = partial_shape
+        self._tiles = tiles
+        self._raw_stream = current_raw_stream(torch)
+        self._index = device_index
+        self._slab = torch.zeros((self.SLOTS, tiles), dtype=torch.int32, device=self._device) if tiles else None
+        if self._slab is not None:
+            torch.cuda.current_stream(self._device).synchronize()  # zero before any stream counts on it
+        self._by_stream: dict[int, tuple[Any, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self) -> tuple[Any, Any]:
+        """(partials, counters or None) of the caller's current stream."""
+        buffers = self._by_stream.get(self._raw_stream(self._index))
+        return buffers if buffers is not None else self._add(self._raw_stream(self._index))
+
+    def _add(self, stream: int) -> tuple[Any, Any]:
+        torch = self._torch
+        with self._lock:
+            if stream in self._by_stream:
+                return self._by_stream[stream]
+            slot = len(self._by_stream)
+            counters = None
+            if self._tiles and slot < self.SLOTS:
+                counters = self._slab[slot]
+            elif self._tiles:
+                if torch.cuda.is_current_stream_capturing():
+                    raise RuntimeError(f"triton.gemm_splitk: a plan called on more than {self.SLOTS} streams cannot "
+                                       "make zeroed counters for a new one while it captures a CUDA graph; call it "
+                                       "once on that stream before capturing")
+                counters = torch.zeros(self._tiles, dtype=torch.int32, device=self._device)
+            buffers = (torch.empty(self._shape, dtype=torch.float32, device=self._device), counters)
+            self._by_stream[stream] = buffers
+            return buffers
+
+
+def _tiles(m: int, n: int, knobs: Mapping[str, KnobValue]) -> int:
+    """Output tiles of BLOCK_M x BLOCK_N (the first grid dimension)."""
+    return -(-m // int(knobs["BLOCK_M"])) * -(-n // int(knobs["BLOCK_N"]))
 
 
 def _defaults(engine: TritonSplitK, knobs: Mapping[str, KnobValue]) -> dict[str, KnobValue]:

@@ -5,8 +5,9 @@ Properties and the device signature: farm.devices.properties.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from farm.devices.properties import DeviceProperties
 
@@ -68,8 +69,11 @@ def gpu_device(kind: str | Any, index: int = 0) -> Device:
     timer = EventTimer(runtime, stream, torch_lead(stream, index, props.clock_mhz))
     # capture_graph(device, fn, repeats): how the tuner replays a call with CUDA graphs on this device;
     # is_capturing(device): whether the caller's stream is capturing a graph now (replay must not measure then)
+    # follow_caller(device): a context in which work on the device stream comes after the caller's torch stream's
+    # and the caller's after it (the device stream is non-blocking: nothing orders the two by itself)
     return Device(runtime, index, props, TorchArrays(index), timer, stream,
-                  extras={"capture_graph": torch_graph, "is_capturing": torch_is_capturing})
+                  extras={"capture_graph": torch_graph, "is_capturing": torch_is_capturing,
+                          "follow_caller": torch_follow_caller})
 
 
 LEAD_US_ENV = "FARM_TIMER_LEAD_US"
@@ -109,6 +113,23 @@ def torch_is_capturing(device: Device) -> bool:
         return False
     with torch.cuda.device(device.index):
         return bool(torch.cuda.is_current_stream_capturing())
+
+
+@contextlib.contextmanager
+def torch_follow_caller(device: Device) -> Iterator[None]:
+    """Order the device stream after the caller's current torch stream, and the caller's after what ran inside
+    (torch's own cross-stream rule; a capturing caller's graph takes the device stream's work in)."""
+    import sys
+
+    torch = sys.modules.get("torch")  # tensors the caller made without torch need no ordering here
+    if torch is None:
+        yield
+        return
+    caller = torch.cuda.current_stream(device.index)
+    own = torch.cuda.ExternalStream(int(device.stream), device=torch.device("cuda", device.index))
+    own.wait_stream(caller)
+    yield
+    caller.wait_stream(own)
 
 
 def torch_graph(device: Device, fn: Any, repeats: int) -> Any:

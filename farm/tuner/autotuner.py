@@ -233,7 +233,7 @@ class Autotuner:
         """Run plan ``index`` (an excluded one is an InputError: invalid value)."""
         _, _, plan = self._runnable(index)
         self._check_tensors(tensors)
-        plan.run(tensors, self.workspace_for(plan.workspace_size), self.device.stream)
+        self._run_after_caller(plan, tensors)
 
     def build_plan_at_index(self, index: int) -> None:
         """Build plan ``index`` if it is not yet, and make it the one :meth:`execute` runs."""
@@ -248,8 +248,16 @@ class Autotuner:
         if self._active is None:
             raise UsageError("no plan selected: run autotune() or build_plan_at_index() first")
         self._check_tensors(tensors)
-        plan = self._active[2]
-        plan.run(tensors, self.workspace_for(plan.workspace_size), self.device.stream)
+        self._run_after_caller(self._active[2], tensors)
+
+    def _run_after_caller(self, plan: Plan, tensors: Mapping[str, Any]) -> None:
+        """Run on the device stream, ordered after the caller's stream's work and before its next."""
+        follow = self.device.extras.get("follow_caller")
+        if follow is None:
+            plan.run(tensors, self.workspace_for(plan.workspace_size), self.device.stream)
+            return
+        with follow(self.device):
+            plan.run(tensors, self.workspace_for(plan.workspace_size), self.device.stream)
 
     @property
     def winner(self) -> AutotuneResult | None:

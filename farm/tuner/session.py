@@ -6,6 +6,7 @@ The Autotuner (farm.tuner.autotuner) is its API; this module is the measuring se
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import queue
 import time
@@ -65,6 +66,8 @@ class _Run:
     # -- the pipeline ----------------------------------------------------------------
     def execute(self, candidates: list[_Candidate], *, prebuilt: bool) -> list[AutotuneResult]:
         self._prebuilt = prebuilt
+        # the inputs were made on the caller's stream; the device stream does not wait for it by itself
+        self.t.device.synchronize()
         self._total = len(candidates)
         todo: list[_Candidate] = []
         for cand in candidates:
@@ -155,6 +158,7 @@ class _Run:
             log.info("autotune: priming of %s skipped: %s", cand.spec.describe(self.t.registry), over)
         else:
             try:
+                self.t.device.synchronize()  # what the build did on its own thread's stream comes first
                 plan.run(self.tensors, self.t.workspace_for(plan.workspace_size), self.t.device.stream)
                 self.t.device.synchronize()
                 cand.ran_exhaustive = True
@@ -247,6 +251,7 @@ class _Run:
                     for out in self.t.problem.output_ids:
                         if self.t.problem.tensor(out).dtype in dtypes.FLOAT_DTYPES:
                             dev.arrays.fill(self.tensors[out], float("nan"))
+                    dev.synchronize()  # the fill ran on the caller's stream, the plan runs on the device's
                 plan.run(self.tensors, workspace, dev.stream)
                 if i == 0 and checking:
                     dev.synchronize()
@@ -307,7 +312,9 @@ class _Run:
         A plan whose ``run`` copies the library's output into the given one (``copies_output``) is timed
         through ``produce``, as replay without ``out=`` runs it; ``run`` is what the warm-up checks.
         With graph_repeats, one measurement is a replay of a device graph holding that many runs
-        (the device must offer ``capture_graph``); a failed capture falls back to plain runs.
+        (the device must offer ``capture_graph``), which take the input sets (rotating_buffers) in turn as
+        plain runs do: a graph of one set would time weights that sit in L2, which a model streaming its
+        layers' weights does not get. A failed capture falls back to plain runs.
         """
         dev = self.t.device
         produce = getattr(plan, "produce", None) if workspace is None and getattr(plan, "copies_output", False) else None
@@ -323,8 +330,9 @@ class _Run:
         repeats = self.cfg.graph_repeats
         capture = dev.extras.get("capture_graph")
         if repeats and capture is not None:
+            sets, turn = self.rotations, itertools.count()
             try:
-                replay = capture(dev, lambda: call(self.tensors), repeats)
+                replay = capture(dev, lambda: call(sets[next(turn) % len(sets)]), repeats)
                 return (lambda i: replay), repeats, ""
             except Exception as exc:
                 note = f"graph capture failed, timed without graphs: {_err(exc)}"

@@ -218,7 +218,8 @@ def test_triton_compile_key_names_the_kernel_not_the_shape(dev):
     assert len({key(sq1), key(odd), key(fp16), key(sq1, BLOCK_M=128)}) == 4
 
 
-SPLITK = EngineSweep("triton.gemm_splitk", {"SPLIT_K": [2, 8, 32], "BLOCK_N": [64, 128]}, {"BLOCK_K": 128})
+SPLITK = EngineSweep("triton.gemm_splitk", {"SPLIT_K": [2, 8, 32], "BLOCK_N": [64, 128],
+                                           "REDUCTION": ["serial", "parallel"]}, {"BLOCK_K": 128})
 
 
 @pytest.mark.parametrize("problem", [
@@ -232,7 +233,7 @@ SPLITK = EngineSweep("triton.gemm_splitk", {"SPLIT_K": [2, 8, 32], "BLOCK_N": [6
 def test_split_k_gemm_is_right_for_skinny_problems(dev, problem):
     t, results = tune(dev, problem, [SPLITK])
     split = [r for r in results if r.engine_name == "triton.gemm_splitk"]
-    assert len(split) == 1 + 6  # the default and the sweep's six
+    assert len(split) == 1 + 12  # the default and the sweep's twelve
     bad = [(r.label, r.disposition.value, r.error) for r in split if not r.succeeded]
     assert not bad, bad
     assert all(r.max_rel_error is not None for r in split)  # checked against the float64 reference
@@ -252,3 +253,87 @@ def test_split_k_applies_to_skinny_problems_only(dev):
     reasons = {p.label(): reg.config_for(reg.get("triton.gemm_splitk"), p, dev).reason for p in (wide, short, batched)}
     assert "M <= 256" in reasons[wide.label()] and "K >= 512" in reasons[short.label()]
     assert "2-D A and B only" in reasons[batched.label()]
+
+
+def _splitk_plan(dev, problem, **knobs):
+    from farm.model.engine import default_engine_registry
+
+    engine = default_engine_registry().get("triton.gemm_splitk")
+    return engine.compile(problem, {**{kn.name: kn.default for kn in engine.knobs}, **knobs}, dev)
+
+
+def test_serial_split_k_sums_right_on_two_streams_at_once_and_in_graph_replays(dev):
+    # The serial scheme counts arrivals per tile: calls on two streams must not share counters or partials
+    # (they would never return to zero), and a graph's replays must find them at zero each time.
+    problem = Problem.create("matmul", {"A": [16, 4096], "B": [4096, 1024], "bias": [1024]}, dtype="bf16")
+    serial = _splitk_plan(dev, problem, SPLIT_K=8, BLOCK_N=64, REDUCTION="serial")
+    parallel = _splitk_plan(dev, problem, SPLIT_K=8, BLOCK_N=64, REDUCTION="parallel")
+    g = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
+    bias = torch.randn(1024, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def call(plan):
+        c = torch.empty(16, 1024, device="cuda", dtype=torch.bfloat16)
+        plan.fn({"A": a, "B": b, "C": c, "bias": bias})
+        return c
+
+    expected = call(parallel)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = []
+    torch.cuda.synchronize()
+    for _ in range(25):  # launches interleaved on two streams, running at once
+        for s in streams:
+            with torch.cuda.stream(s):
+                outs.append(call(serial))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed = [call(serial) for _ in range(3)]
+    replays = []
+    for _ in range(4):
+        graph.replay()
+        replays.extend(c.clone() for c in graphed)
+    torch.cuda.synchronize()
+    ref = (a.float() @ b.float() + bias.float())
+    assert torch.allclose(expected.float(), ref, rtol=2e-2, atol=2e-1)
+    # the same sum in the same order as the second kernel's: bit for bit, every call, every stream, every replay
+    bad = [i for i, c in enumerate(outs + replays) if not torch.equal(c, expected)]
+    assert not bad, f"{len(bad)} of {len(outs) + len(replays)} serial split-K results differ, e.g. call {bad[0]}"
+    counters = [c for _, c in serial.scratch._by_stream.values() if c is not None]
+    assert len(counters) == 3 and all(int(c.abs().sum()) == 0 for c in counters)  # left at zero
+
+
+def test_the_device_stream_captures_while_another_thread_works_on_the_legacy_stream(dev):
+    # A farm worker builds plans on compile threads (torch's default, legacy stream) while it captures
+    # another candidate into a graph on the device stream: a blocking device stream made those builds fail
+    # with "operation would make the legacy stream depend on a capturing blocking stream".
+    import threading
+
+    x = torch.zeros(1024, device="cuda")
+    inside, built = threading.Event(), threading.Event()
+    errors: list[str] = []
+
+    def build_elsewhere() -> None:
+        inside.wait(10)
+        try:
+            y = torch.ones(1 << 20, device="cuda") * 2  # on the legacy stream of this thread
+            assert float(y.sum()) == 2 * (1 << 20)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            built.set()
+
+    def step() -> None:
+        if not inside.is_set():
+            inside.set()
+            built.wait(10)
+        x.add_(1)
+
+    other = threading.Thread(target=build_elsewhere)
+    other.start()
+    replay = dev.extras["capture_graph"](dev, step, 3)
+    other.join(10)
+    assert not errors, errors
+    replay()
+    dev.synchronize()
+    assert float(x[0]) == 3.0

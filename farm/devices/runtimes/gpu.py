@@ -24,6 +24,7 @@ from farm.devices.runtimes.base import RuntimeCallError, RuntimeUnavailable
 log = logging.getLogger("farm.runtime")
 
 NO_DEVICE = 100  # cudaErrorNoDevice == hipErrorNoDevice
+STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking == hipStreamNonBlocking
 
 
 class Bindings(Protocol):
@@ -163,7 +164,10 @@ class GpuRuntime:
 
     # -- streams and events ----------------------------------------------------------------
     def create_stream(self) -> Any:
-        return self.call("StreamCreate")
+        # Non-blocking: work other threads put on the legacy default stream (a plan built while another is
+        # captured into a graph on this stream) neither waits for it nor breaks the capture. The tuner
+        # synchronizes where it hands data between the two.
+        return self.call("StreamCreateWithFlags", STREAM_NON_BLOCKING)
 
     def destroy_stream(self, stream: Any) -> None:
         self.call("StreamDestroy", stream)
