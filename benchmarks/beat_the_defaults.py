@@ -1,6 +1,7 @@
 """The farm's winners, replayed through farm.ops, against eager PyTorch, Inductor and cudnn.benchmark (one GPU).
 
-    python benchmarks/beat_the_defaults.py [--suite gemm|conv|all] [--rounds 5] [--json FILE] [--budget-s 540]
+    python benchmarks/beat_the_defaults.py [--suite gemm|conv|all] [--kinds decode,gemm,conv] [--rounds 5]
+                                           [--json FILE] [--budget-s 540]
 
 For LLM decode GEMMs (M = 1, 16, 64, 128 against Llama-3-8B projections, bf16), larger GEMMs and
 ResNet-50 convolutions (fp16, N = 32, channels-last: the 7x7 stem, 1x1 and 3x3), each shape is tuned
@@ -111,6 +112,7 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting Inductor compiles after this")
     parser.add_argument("--no-inductor", action="store_true")
     parser.add_argument("--every", type=int, default=1, help="every Nth shape only (a quick look)")
+    parser.add_argument("--kinds", default="decode,gemm,conv", help="which kinds of the suite: decode, gemm, conv")
     args = parser.parse_args()
     t_start = time.perf_counter()
 
@@ -140,7 +142,8 @@ def main() -> int:
         for shape in CONVS:
             cases.append(("conv", "conv", shape))
 
-    cases = cases[::args.every]
+    kinds = set(args.kinds.split(","))
+    cases = [c for c in cases if c[1] in kinds][::args.every]
     entries, rows, work = [], [], []
     # device time ranks the candidates (graph replays), as the comparison below measures it
     config = AutotuneConfig(graph_repeats=16, max_tuning_duration_ms=100)

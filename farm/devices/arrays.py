@@ -160,7 +160,11 @@ class TorchArrays:
         return t.cpu().numpy()
 
     def clone(self, tensor: Any) -> Any:
-        return tensor.detach().clone()
+        """A copy in other memory with the same strides (``Tensor.clone`` makes a padded layout dense)."""
+        t = tensor.detach()
+        out = self.torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+        out.copy_(t)
+        return out
 
     def relative_error(self, out: Any, ref: Any) -> float:
         """||out - ref|| / ||ref|| computed on the device (inf for NaN/inf); no copy to the host."""

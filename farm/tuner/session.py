@@ -55,11 +55,18 @@ class _Run:
 
     @staticmethod
     def _rotations(tuner: "Autotuner", tensors: Mapping[str, Any], extra: int) -> list[Mapping[str, Any]]:
-        """The tensor sets timed runs cycle through: the given one, then ``extra`` with fresh inputs."""
+        """The tensor sets timed runs cycle through: the given one, then ``extra`` with other inputs.
+
+        Where the arrays live on a device (``clone``), the others are device copies of the given inputs:
+        other memory is what keeps them out of the cache, and copying on the device costs nothing next
+        to drawing gigabytes of random numbers on the host. Elsewhere they are fresh random inputs.
+        """
         sets: list[Mapping[str, Any]] = [tensors]
         p = tuner.problem
+        clone = getattr(tuner.device.arrays, "clone", None)
         for i in range(extra):
-            fresh = make_tensors(p, tuner.device.arrays, 1000 + i)
+            fresh = {t: clone(tensors[t]) for t in p.input_ids} if clone is not None else \
+                make_tensors(p, tuner.device.arrays, 1000 + i)
             sets.append({**{o: tensors[o] for o in p.output_ids}, **{t: fresh[t] for t in p.input_ids}})
         return sets
 

