@@ -28,7 +28,7 @@ from beat_the_defaults import DECODE, ROTATE_BYTES, copy_bandwidth, per_call_us 
 def sweep(m: int) -> list[dict]:
     """The configurations tried for M rows (row tiles of 16 for a few rows, 64 or 128 for more)."""
     block_m = (16,) if m <= 16 else (64,) if m <= 64 else (64, 128)
-    grid = {"SPLIT_K": [2, 4, 8, 16, 32], "BLOCK_N": [32, 64, 128], "BLOCK_M": list(block_m), "BLOCK_K": [128, 256],
+    grid = {"SPLIT_K": [2, 4, 8, 16, 32], "BLOCK_N": [32, 64, 128], "BLOCK_M": list(block_m), "BLOCK_K": [128],
             "num_stages": [3, 4, 5], "num_warps": [4], "REDUCTION": ["serial", "parallel"]}
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 

@@ -6,7 +6,7 @@ torch.matmul_padded  GEMM on zero-padded aligned copies (odd M, N or K), as Indu
                      split: aligned columns of C by the library, the rest by the pad kernel
 triton.gemm    a Triton GEMM with the tile knobs autotuners search
 triton.gemm_padded  the Triton GEMM on zero-padded aligned copies of A and B (odd K or N)
-triton.gemm_splitk  a split-K Triton GEMM for skinny A (M <= 256: LLM decode), the split a knob
+triton.gemm_splitk  a split-K Triton GEMM for skinny A (M <= 256: LLM decode), the split and who sums the slices knobs
 torch.sdpa     attention with the backend forced (flash, efficient, cudnn, math) or auto
 torch.conv     cuDNN convolutions (fprop, dgrad, wgrad): layout, determinism, benchmark priming
 cudnn.graph    cuDNN's own execution plans (graph API, nvidia-cudnn-frontend): convolutions, matmul,
