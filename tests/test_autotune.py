@@ -466,8 +466,8 @@ def test_not_applicable_engine_added_by_id_fails_at_compile_time():
     assert nope.disposition is Disposition.FAILED_COMPILE and "does not apply: fake says no" in nope.error
 
 
-def test_rotating_buffers_give_each_timed_run_other_inputs():
-    seen = []
+def input_recording_engine(seen: list) -> FakeEngine:
+    """A fake engine whose plans append A[0, 0] of the inputs of each run to ``seen``."""
     e = FakeEngine("rot")
     orig = e.compile
 
@@ -483,6 +483,12 @@ def test_rotating_buffers_give_each_timed_run_other_inputs():
         return plan
 
     e.compile = compile
+    return e
+
+
+def test_rotating_buffers_give_each_timed_run_other_inputs():
+    seen = []
+    e = input_recording_engine(seen)
     t = tuner_with(e)
     t.add_all_engines()
     (r,) = t.autotune(config=AutotuneConfig(strategy="fixed_average", timed_iterations=6, warmup_iterations=0,
@@ -512,21 +518,7 @@ def test_graph_timing_divides_by_the_runs_in_the_graph_and_falls_back_without_ca
 def test_a_captured_graph_takes_the_input_sets_in_turn():
     # one input set replayed 16 times keeps a decode GEMM's weights in L2; production streams them from memory
     seen = []
-    e = FakeEngine("rot")
-    orig = e.compile
-
-    def compile(problem, knobs, device):
-        plan = orig(problem, knobs, device)
-        inner = plan.run
-
-        def run(tensors, ws, stream):
-            seen.append(float(tensors["A"][0, 0]))
-            inner(tensors, ws, stream)
-
-        plan.run = run
-        return plan
-
-    e.compile = compile
+    e = input_recording_engine(seen)
     captured = []
 
     def capture(device, fn, repeats):
