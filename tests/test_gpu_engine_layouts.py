@@ -74,3 +74,20 @@ def test_split_output_applies_only_where_c_can_take_aligned_columns_in_place():
     batched = Problem.create("matmul", {"A": [2, 95, 51], "B": [51, 97]}, dtype="fp16")
     assert "2-D problems only" in engine.knob_support(batched, dev, split).reason
     assert engine.estimate_workspace(ldc, split) == (4095 * 512 + 512 * 4096) * 2
+
+
+def test_split_k_slices_and_scratch_follow_the_knobs():
+    from engines.gpu.triton_splitk import StreamScratch, TritonSplitK
+
+    engine = TritonSplitK()
+    odd = Problem.create("matmul", {"A": [16, 1000], "B": [1000, 333]}, dtype="fp16")
+    knobs = {"SPLIT_K": 8, "BLOCK_K": 128}
+    # 1000 / 8 = 125 rounds up to one BLOCK_K: slices of 128, the last one short, 8 of them
+    assert engine._plan_shape(odd, knobs) == (16, 333, 1000, 128, 8)
+    assert engine._plan_shape(odd, {"SPLIT_K": 32, "BLOCK_K": 128})[3:] == (128, 8)  # no empty slices
+    tiles = 1 * 6  # 16 rows in one BLOCK_M=16 tile, 333 columns in six of 64
+    partials = 8 * 16 * 333 * 4
+    serial = {**knobs, "BLOCK_M": 16, "BLOCK_N": 64, "REDUCTION": "serial"}
+    assert engine.estimate_workspace(odd, serial) == partials + StreamScratch.SLOTS * tiles * 4  # counters per stream
+    assert engine.estimate_workspace(odd, {**serial, "REDUCTION": "parallel"}) == partials
+    assert engine.estimate_workspace(odd, {"SPLIT_K": 8}) == partials + StreamScratch.SLOTS * tiles * 4  # defaults
