@@ -2,7 +2,8 @@
 which buffers the padded engines allocate."""
 
 from engines.gpu.matmul import TorchMatmulPadded, _padded_shapes
-from engines.gpu.triton_gemm import GemmLayout, TritonGemm, TritonGemmPadded
+from engines.gpu.triton_conv import TritonConv
+from engines.gpu.triton_gemm import GemmLayout, TritonGemm, TritonGemmPadded, listed_tiles, pipeline_bytes
 from farm import Problem
 
 KNOBS = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3)
@@ -91,3 +92,76 @@ def test_split_k_slices_and_scratch_follow_the_knobs():
     assert engine.estimate_workspace(odd, serial) == partials + StreamScratch.SLOTS * tiles * 4  # counters per stream
     assert engine.estimate_workspace(odd, {**serial, "REDUCTION": "parallel"}) == partials
     assert engine.estimate_workspace(odd, {"SPLIT_K": 8}) == partials + StreamScratch.SLOTS * tiles * 4  # defaults
+
+
+def nhwc(n, c, h, w):
+    return {"dims": [n, c, h, w], "strides": [c * h * w, 1, w * c, c]}
+
+
+def test_listed_gemm_tiles_fit_the_sizes_and_the_plan_limit(monkeypatch):
+    monkeypatch.delenv("FARM_LIBRARY_PLANS", raising=False)
+    decode = listed_tiles(1, 4096, 4096)
+    assert {p["BLOCK_M"] for p in decode} == {16}  # one row: no taller tile
+    assert len(decode) == len({tuple(sorted(p.items())) for p in decode})  # the cut made duplicates: dropped
+    assert all(p["num_warps"] <= max(2, p["BLOCK_M"] * p["BLOCK_N"] // 256) for p in decode)
+    big = listed_tiles(4096, 4096, 4096)
+    assert len(big) == 21 and {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+                                "num_stages": 4} in big
+    p = Problem.create("matmul", {"A": [4096, 4096], "B": [4096, 4096]}, dtype="bf16")
+    assert TritonGemm().list_plans(p, None) == big[:16]  # FARM_LIBRARY_PLANS' default cut: the small tiles go
+    monkeypatch.setenv("FARM_LIBRARY_PLANS", "3")
+    assert TritonGemm().list_plans(p, None) == big[:3]
+
+
+def test_listed_tiles_leave_out_pipelines_the_shared_memory_cannot_hold():
+    h200 = 232448  # bytes a block may use (Triton's driver reports it where a GPU is)
+    assert pipeline_bytes(64, 64, 128, 5, 4) == 327680  # Triton's "Required: 327680" for this tf32 tile
+    fp32 = listed_tiles(512, 512, 4096, item_bytes=4, shared_memory=h200)
+    assert fp32 and all(pipeline_bytes(p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], p["num_stages"], 4) <= h200
+                        for p in fp32)
+    assert {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 5} not in fp32
+    assert len(fp32) < len(listed_tiles(512, 512, 4096)) == len(listed_tiles(512, 512, 4096, 2, None))
+    half = listed_tiles(4096, 4096, 4096, item_bytes=2, shared_memory=h200)
+    assert {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4} not in half
+
+
+def test_triton_conv_lists_the_flat_walk_for_few_channels_and_tiles_the_channels_need(monkeypatch):
+    monkeypatch.delenv("FARM_LIBRARY_PLANS", raising=False)
+    engine = TritonConv()
+    stem = Problem.create("conv_fprop", {"X": nhwc(32, 3, 224, 224), "W": nhwc(64, 3, 7, 7)}, dtype="fp16",
+                          criteria={"stride_h": 2, "stride_w": 2, "pad_h": 3, "pad_w": 3})
+    plans = engine.list_plans(stem, None)
+    assert plans and {p["K_LOOP"] for p in plans} == {"flat"}  # 3 channels: a tap at a time would be 13/16 zeros
+    assert max(p["BLOCK_N"] for p in plans) == 64  # K = 64 output channels
+    mid = Problem.create("conv_fprop", {"X": nhwc(8, 64, 56, 56), "W": nhwc(64, 64, 3, 3)}, dtype="fp16",
+                         criteria={"pad_h": 1, "pad_w": 1})
+    plans = engine.list_plans(mid, None)
+    assert {p["K_LOOP"] for p in plans} == {"taps"} and max(p["BLOCK_K"] for p in plans) == 64
+    assert len(plans) == len({tuple(sorted(p.items())) for p in plans})
+    few = Problem.create("conv_fprop", {"X": nhwc(2, 24, 9, 9), "W": nhwc(16, 24, 5, 5)}, dtype="fp16")
+    assert {p["K_LOOP"] for p in engine.list_plans(few, None)} == {"taps", "flat"}
+    monkeypatch.setenv("FARM_LIBRARY_PLANS", "2")
+    assert len(engine.list_plans(mid, None)) == 2
+
+
+def test_triton_conv_launch_arguments_follow_the_problem():
+    engine = TritonConv()
+    p = Problem.create("conv_fprop", {"X": [2, 40, 15, 17], "W": [24, 40, 3, 3]}, dtype="fp16",
+                       criteria={"stride_h": 2, "stride_w": 1, "pad_h": 1, "pad_w": 0, "dilation_h": 2})
+    knobs = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3,
+             "K_LOOP": "taps"}
+    grid, meta, scalars = engine.launch_args(p, knobs)
+    _, _, out_h, out_w = p.tensor("Y").dims
+    assert (out_h, out_w) == (7, 15)  # (15 + 2 - 2 * 2 - 1) // 2 + 1 rows
+    assert grid == (-(-2 * 7 * 15 // 64), 1, 1)  # 24 output channels: one 32-wide tile
+    assert (meta["STRIDE_H"], meta["STRIDE_W"], meta["PAD_H"], meta["PAD_W"], meta["DIL_H"], meta["DIL_W"]) == \
+        (2, 1, 1, 0, 2, 1)
+    assert meta["EVEN_C"] is False and meta["FLAT"] is False and meta["WIDE_INDEX"] is False
+    assert scalars == ()  # sizes and strides are compile-time constants
+    assert tuple(meta[k] for k in ("BATCH", "C", "H", "W", "K", "P", "Q")) == (2, 40, 15, 17, 24, 7, 15)
+    assert tuple(meta[k] for k in ("sxn", "sxc", "sxh", "sxw")) == p.tensor("X").strides
+    assert tuple(meta[k] for k in ("swk", "swc", "swr", "sws")) == p.tensor("W").strides
+    assert engine.launch_args(p, {**knobs, "BLOCK_K": 16})[1]["EVEN_C"] is False  # 40 % 16
+    assert engine.launch_args(p, {**knobs, "BLOCK_K": 8 * 5})[1]["EVEN_C"] is True
+    huge = Problem.create("conv_fprop", {"X": nhwc(1024, 256, 128, 128), "W": nhwc(64, 256, 1, 1)}, dtype="fp16")
+    assert engine.launch_args(huge, knobs)[1]["WIDE_INDEX"] is True  # offsets past 2**31 elements

@@ -79,10 +79,10 @@ def test_a_replay_process_starts_no_thread_or_process(tmp_path, repo_root):
 
 
 def test_the_triton_compile_pool_starts_only_where_a_process_opted_in(monkeypatch):
-    from engines.gpu.triton_gemm import POOL_OPT_IN_ENV, _CompilePool
+    from engines.gpu.triton_gemm import POOL_OPT_IN_ENV, CompilePool
 
     started = []
-    pool = _CompilePool()
+    pool = CompilePool()
     monkeypatch.setattr(pool, "start", lambda: started.append(1))
     monkeypatch.delenv(POOL_OPT_IN_ENV, raising=False)
     pool.saw_compile(5.0)  # a cold compile in a replay process

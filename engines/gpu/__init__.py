@@ -8,6 +8,8 @@ triton.gemm    a Triton GEMM with the tile knobs autotuners search
 triton.gemm_padded  the Triton GEMM on zero-padded aligned copies of A and B (odd K or N)
 triton.gemm_splitk  a split-K Triton GEMM for skinny A (M <= 256: LLM decode), the split and who sums the slices knobs
 torch.sdpa     attention with the backend forced (flash, efficient, cudnn, math) or auto
+triton.conv    a Triton implicit-GEMM forward convolution: tiles and how the filter is walked (a tap at a time
+               or taps and channels as one axis, for few channels) as knobs, configurations listed per shape
 torch.conv     cuDNN convolutions (fprop, dgrad, wgrad): layout, determinism, benchmark priming
 cudnn.graph    cuDNN's own execution plans (graph API, nvidia-cudnn-frontend): convolutions, matmul,
                forward attention; each listed plan a candidate, named by engine id and knobs
@@ -21,11 +23,13 @@ from .cublaslt import CublasLt
 from .cudnn_graph import CudnnGraph
 from .matmul import TorchBlas, TorchMatmul, TorchMatmulPadded
 from .sdpa import TorchSdpa
+from .triton_conv import TritonConv
 from .triton_gemm import TritonGemm, TritonGemmPadded
 from .triton_splitk import TritonSplitK
 
 _TRITON = TritonGemm()
 ENGINES = (TorchMatmul(), TorchBlas(), TorchMatmulPadded(), _TRITON, TritonGemmPadded(_TRITON.compile_pool),
-           TritonSplitK(), TorchSdpa(), TorchConv(), CudnnGraph(), CublasLt())
+           TritonSplitK(), TorchSdpa(), TorchConv(), TritonConv(_TRITON.compile_pool),
+           CudnnGraph(), CublasLt())
 
 __all__ = ["ENGINES"]

@@ -14,9 +14,9 @@ import functools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
-from farm.plugin import Device, Knob, KnobValue, Problem, Support, contiguous_strides, gil_heavy_section
+from farm.plugin import Device, Knob, KnobValue, Problem, Support, contiguous_strides, gil_heavy_section, itemsize
 
 from ._common import (
     TORCH_DTYPES,
@@ -29,16 +29,22 @@ from ._common import (
     round_up,
     torch_module,
 )
+from .library_plans import plan_limit
 
 COMPILE_PROCS_ENV = "FARM_TRITON_COMPILE_PROCS"
 
 
-def _warmup_in_worker(dtypes: tuple[str, ...], scalars: tuple[int, ...], grid: tuple[int, ...],
+def _warmup_in_worker(kernel: str, dtypes: tuple[str, ...], scalars: tuple[int, ...], grid: tuple[int, ...],
                       meta: dict[str, Any]) -> None:
-    """Compile one configuration in a pool process: the binary lands in the shared Triton disk cache."""
+    """Compile one configuration of ``kernel`` ("module:factory") in a pool process: the binary lands in the
+    shared Triton disk cache."""
+    import importlib
+
     import torch
 
-    _kernel().warmup(*(getattr(torch, d) for d in dtypes), *scalars, grid=grid, **meta)
+    module, factory = kernel.split(":")
+    jit_fn = getattr(importlib.import_module(module), factory)()
+    jit_fn.warmup(*(getattr(torch, d) for d in dtypes), *scalars, grid=grid, **meta)
 
 
 def _ready_in_worker() -> None:
@@ -59,7 +65,7 @@ def _ready_in_worker() -> None:
 POOL_OPT_IN_ENV = "FARM_TRITON_COMPILE_POOL"
 
 
-class _CompilePool:
+class CompilePool:
     """Worker processes that compile Triton configurations in parallel (as Inductor's compile workers do).
 
     Triton's compiler holds the GIL for most of its work, so threads would compile one at a time.
@@ -131,6 +137,34 @@ class _CompilePool:
         except Exception:  # a broken pool costs parallelism, never correctness
             self._broken = True
             return None
+
+    def compile(self, kernel: str, jit_fn: Any, dtype_names: tuple[str, ...], scalars: tuple[int, ...],
+                grid: tuple[int, int, int], meta: Mapping[str, Any]) -> Any:
+        """The compiled configuration, its binary loaded: built in a pool process when the pool is up (then
+        loaded here from Triton's disk cache), else in this process. ``kernel`` names ``jit_fn``'s factory
+        ("module:function") for the pool's processes."""
+        dtypes = tuple(getattr(torch_module(), n) for n in dtype_names)
+        compiled, done = None, False
+        while not done:
+            future = self.submit(kernel, dtype_names, scalars, grid, dict(meta))
+            if future is not None:
+                try:
+                    future.result()
+                except Exception:
+                    pass  # the in-process compile below reports the real error
+                # a cache hit now; Triton's in-process compile is not thread-safe
+                with TRITON_COMPILE_LOCK, gil_heavy_section():
+                    compiled, done = jit_fn.warmup(*dtypes, *scalars, grid=grid, **meta), True
+            elif TRITON_COMPILE_LOCK.acquire(timeout=0.05):  # wake up now and then: the pool may have become ready
+                try:
+                    with gil_heavy_section():
+                        t0 = time.perf_counter()
+                        compiled, done = jit_fn.warmup(*dtypes, *scalars, grid=grid, **meta), True
+                        self.saw_compile(time.perf_counter() - t0)
+                finally:
+                    TRITON_COMPILE_LOCK.release()
+        load_binary(compiled)
+        return compiled
 
 
 @functools.lru_cache(maxsize=1)
@@ -271,6 +305,59 @@ class GemmLayout:
         return (self.m, self.n, self.k, self.n_b or self.n, *self.a, *self.b, *self.c)
 
 
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps): the configurations Inductor's max-autotune times for a
+# GEMM (torch/_inductor/template_heuristics), its five smallest tiles last (a FARM_LIBRARY_PLANS cut drops those)
+LISTED_CONFIGS = (
+    (64, 64, 16, 2, 4), (64, 64, 32, 2, 4), (64, 64, 64, 3, 8), (64, 64, 128, 5, 4), (64, 128, 32, 3, 4),
+    (64, 128, 32, 4, 8), (64, 128, 64, 3, 4), (64, 128, 128, 4, 4), (128, 64, 32, 3, 4), (128, 64, 32, 4, 8),
+    (128, 128, 32, 2, 8), (128, 128, 32, 3, 4), (128, 128, 64, 3, 4), (128, 128, 64, 5, 8), (128, 128, 128, 4, 8),
+    (128, 256, 64, 4, 8),
+    (32, 32, 16, 1, 2), (32, 32, 128, 2, 4), (32, 64, 32, 5, 8), (64, 32, 32, 5, 8), (64, 32, 128, 5, 4),
+)
+
+
+def cap_tile(block: int, size: int) -> int:
+    """A tile side no longer than ``size`` needs: its power of two, at least 16."""
+    return min(block, max(16, 1 << max(0, size - 1).bit_length()))
+
+
+def pipeline_bytes(block_m: int, block_n: int, block_k: int, stages: int, itemsize: int) -> int:
+    """Shared memory a pipelined dot loop holds: ``stages`` copies of an A and a B tile (what Triton asks for)."""
+    return stages * (block_m * block_k + block_k * block_n) * itemsize
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_memory_of(index: int) -> int | None:
+    try:
+        from triton.runtime import driver
+
+        return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except Exception:  # no Triton driver here: nothing is left out, a tile too large fails at compile
+        return None
+
+
+def shared_memory_bytes(device: Device | None) -> int | None:
+    """The shared memory a kernel may use on ``device`` (Triton's driver says), or None where unknown."""
+    return None if device is None else _shared_memory_of(device.index)
+
+
+def listed_tiles(m: int, n: int, k: int, item_bytes: int = 2, shared_memory: int | None = None
+                 ) -> list[dict[str, KnobValue]]:
+    """LISTED_CONFIGS for an M x N x K product: each tile side cut to the size's power of two (at least 16),
+    warps cut to one per 256 tile elements (at least 2), those whose pipeline does not fit ``shared_memory``
+    left out, duplicates dropped; order kept."""
+    plans: list[dict[str, KnobValue]] = []
+    for bm, bn, bk, stages, warps in LISTED_CONFIGS:
+        bm, bn, bk = cap_tile(bm, m), cap_tile(bn, n), cap_tile(bk, k)
+        if shared_memory is not None and pipeline_bytes(bm, bn, bk, stages, item_bytes) > shared_memory:
+            continue
+        plan = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+                "num_warps": max(2, min(warps, bm * bn // 256)), "num_stages": stages}
+        if plan not in plans:
+            plans.append(plan)
+    return plans
+
+
 class TritonGemm(GpuEngine):
     """matmul (plain, batched, +bias) in Triton; fp16 / bf16, or fp32 data with tf32 compute."""
 
@@ -279,11 +366,11 @@ class TritonGemm(GpuEngine):
     priority = 50
     supports_exhaustive = True
 
-    def __init__(self, compile_pool: _CompilePool | None = None) -> None:
-        self._procs = compile_pool or _CompilePool()
+    def __init__(self, compile_pool: CompilePool | None = None) -> None:
+        self._procs = compile_pool or CompilePool()
 
     @property
-    def compile_pool(self) -> _CompilePool:
+    def compile_pool(self) -> CompilePool:
         return self._procs
 
     knobs = (
@@ -306,6 +393,13 @@ class TritonGemm(GpuEngine):
             if 1 not in t.strides[-2:]:
                 return Support.no(f"tensor {t.id} has no unit-stride dimension among its last two")
         return Support.yes()
+
+    def list_plans(self, problem: Problem, device: Device) -> Sequence[Mapping[str, KnobValue]]:
+        """The tile configurations an autotuner times for this size (``listed_tiles``; the first
+        FARM_LIBRARY_PLANS of them), beside the default."""
+        m, k, n = gemm_mkn(problem)
+        item_bytes = max(itemsize(problem.tensor(t).dtype) for t in ("A", "B"))
+        return listed_tiles(m, n, k, item_bytes, shared_memory_bytes(device))[:plan_limit()]
 
     def layout(self, problem: Problem) -> GemmLayout:
         """The operands the kernel sees: the problem's own tensors."""
@@ -354,28 +448,7 @@ class TritonGemm(GpuEngine):
         """Compile the configuration (pool or in-process) and return ``launch(A, B, C, bias)``."""
         kernel = _kernel()
         grid, meta, scalars = self._call(problem, knobs)
-        names = self._dtype_names(problem)
-        dtypes = tuple(getattr(torch_module(), n) for n in names)
-        compiled, done = None, False
-        while not done:
-            future = self._procs.submit(names, scalars, grid, meta)
-            if future is not None:
-                try:
-                    future.result()
-                except Exception:
-                    pass  # the in-process compile below reports the real error
-                # a cache hit now; Triton's in-process compile is not thread-safe
-                with TRITON_COMPILE_LOCK, gil_heavy_section():
-                    compiled, done = kernel.warmup(*dtypes, *scalars, grid=grid, **meta), True
-            elif TRITON_COMPILE_LOCK.acquire(timeout=0.05):  # wake up now and then: the pool may have become ready
-                try:
-                    with gil_heavy_section():
-                        t0 = time.perf_counter()
-                        compiled, done = kernel.warmup(*dtypes, *scalars, grid=grid, **meta), True
-                        self._procs.saw_compile(time.perf_counter() - t0)
-                finally:
-                    TRITON_COMPILE_LOCK.release()
-        load_binary(compiled)
+        compiled = self._procs.compile(f"{__name__}:_kernel", kernel, self._dtype_names(problem), scalars, grid, meta)
         launch = direct_launcher(kernel, compiled, grid, meta, device.index)
 
         def run(a: Any, b: Any, c: Any, bias: Any) -> None:

@@ -17,6 +17,13 @@ from farm.tuner.reference import reference  # noqa: E402
 FAST = dict(strategy="run_until_stable", max_iterations=20, max_tuning_duration_ms=30, warmup_iterations=2)
 
 
+@pytest.fixture(autouse=True)
+def few_listed_plans(monkeypatch):
+    """Four listed plans per engine here (Triton's tile lists, cuDNN's and cuBLASLt's plans): these tests are
+    about every engine being right, test_library_engines.py about every listed plan."""
+    monkeypatch.setenv("FARM_LIBRARY_PLANS", "4")
+
+
 @pytest.fixture(scope="module")
 def dev():
     from farm.devices.device import gpu_device
@@ -106,6 +113,18 @@ def test_padded_copies_without_triton_fall_back_to_torch(dev, monkeypatch):
     results = t.autotune(config=AutotuneConfig(check="reference", **FAST))
     assert len(results) == 3 and all(r.succeeded for r in results), [(r.label, r.error) for r in results]
     assert_winner_correct(dev, t, p)
+
+
+def test_triton_listings_know_the_devices_shared_memory(dev):
+    """The listed tile configurations leave out pipelines the device cannot hold (a tf32 one did not fit)."""
+    from engines.gpu.triton_gemm import TritonGemm, pipeline_bytes, shared_memory_bytes
+
+    limit = shared_memory_bytes(dev)
+    assert limit is not None and limit >= 48 * 1024
+    tf32 = Problem.create("matmul", {"A": [130, 67], "B": [67, 99]}, compute_dtype="tf32")
+    plans = TritonGemm().list_plans(tf32, dev)
+    assert plans and all(pipeline_bytes(p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], p["num_stages"], 4) <= limit
+                         for p in plans)
 
 
 def test_triton_out_of_resources_is_a_failed_row(dev):

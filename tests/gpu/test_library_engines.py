@@ -1,4 +1,4 @@
-"""cudnn.graph and cublaslt: the libraries' listed plans are candidates, right, and replay by their knobs."""
+"""cudnn.graph, cublaslt and triton.conv: the listed plans are candidates, right, and replay by their knobs."""
 
 import pytest
 
@@ -34,6 +34,17 @@ CUDNN = [
     Problem.create("sdpa_fwd", {"Q": [2, 8, 256, 64], "K": [2, 2, 256, 64], "V": [2, 2, 256, 64]}, dtype="bf16",
                    criteria={"causal": 1}),
 ]
+TRITON_CONV = [
+    Problem.create("conv_fprop", {"X": nhwc(4, 3, 64, 64), "W": nhwc(32, 3, 7, 7)}, dtype="fp16",
+                   criteria={"stride_h": 2, "stride_w": 2, "pad_h": 3, "pad_w": 3}),  # an RGB stem: the flat walk
+    Problem.create("conv_fprop", {"X": nhwc(4, 64, 20, 20), "W": nhwc(96, 64, 3, 3)}, dtype="bf16", criteria=CONV),
+    Problem.create("conv_fprop", {"X": [2, 40, 15, 17], "W": [24, 40, 3, 3]}, dtype="fp16",  # NCHW, odd C, dilated
+                   criteria={"stride_h": 2, "stride_w": 2, "pad_h": 1, "pad_w": 1, "dilation_h": 2, "dilation_w": 2}),
+    Problem.create("conv_fprop", {"X": nhwc(4, 128, 14, 14), "W": nhwc(200, 128, 1, 1)}, dtype="fp16",
+                   criteria={"stride_h": 2, "stride_w": 2}),  # 1x1 stride 2, K not a power of two
+    Problem.create("conv_fprop", {"X": nhwc(2, 24, 9, 9), "W": nhwc(16, 24, 5, 5)}, compute_dtype="tf32",
+                   criteria={"pad_h": 2, "pad_w": 2}),  # fp32 data in tf32; both walks listed (C < 32)
+]
 CUBLASLT = [
     Problem.create("matmul", {"A": [1, 4096], "B": [4096, 4096]}, dtype="bf16"),
     Problem.create("matmul", {"A": [64, 4096], "B": [4096, 1024]}, dtype="fp16"),
@@ -64,7 +75,8 @@ def listed_and_tuned(dev, problem, engine):
     return t, [r for r in results if r.engine_name == engine]
 
 
-@pytest.mark.parametrize("engine,problem", [("cudnn.graph", p) for p in CUDNN] + [("cublaslt", p) for p in CUBLASLT],
+@pytest.mark.parametrize("engine,problem", [("cudnn.graph", p) for p in CUDNN] + [("cublaslt", p) for p in CUBLASLT]
+                         + [("triton.conv", p) for p in TRITON_CONV],
                          ids=lambda x: x if isinstance(x, str) else x.label())
 def test_each_listed_plan_is_a_checked_candidate_and_the_winner_rebuilds_from_its_knobs(dev, engine, problem):
     t, rows = listed_and_tuned(dev, problem, engine)
@@ -107,14 +119,18 @@ def test_library_engines_say_why_they_do_not_apply(dev):
     odd_head = Problem.create("sdpa_fwd", {"Q": [1, 2, 64, 100], "K": [1, 2, 64, 100], "V": [1, 2, 64, 100]},
                               dtype="fp16")
     fp32_conv = Problem.create("conv_fprop", {"X": [2, 8, 16, 16], "W": [8, 8, 3, 3]}, criteria=CONV)
+    grouped = Problem.create("conv_fprop", {"X": [2, 8, 16, 16], "W": [8, 4, 3, 3]}, dtype="fp16",
+                             criteria={**CONV, "groups": 2})
     why = {(e, p.label()): reg.config_for(reg.get(e), p, dev).reason
            for e, p in (("cublaslt", biased), ("cudnn.graph", biased), ("cudnn.graph", odd_head),
-                        ("cudnn.graph", fp32_conv))}
+                        ("cudnn.graph", fp32_conv), ("triton.conv", fp32_conv), ("triton.conv", grouped))}
     assert all(why.values()), why
+    assert "groups=2" in why[("triton.conv", grouped.label())] and "TF32" in why[("triton.conv", fp32_conv.label())]
     assert "bias" in why[("cublaslt", biased.label())] and "head dim 100" in why[("cudnn.graph", odd_head.label())]
 
 
-def test_farm_ops_replays_a_cudnn_plan_from_an_override_file(dev, tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ["cudnn.graph", "triton.conv"])
+def test_farm_ops_replays_a_listed_conv_plan_from_an_override_file(dev, tmp_path, monkeypatch, engine):
     """The published winner replays through farm.ops: the plan is built once and each call runs it."""
     import farm.ops as ops
     from farm.store.override_files import write_overrides
@@ -122,11 +138,11 @@ def test_farm_ops_replays_a_cudnn_plan_from_an_override_file(dev, tmp_path, monk
 
     problem = Problem.create("conv_fprop", {"X": nhwc(4, 16, 32, 32), "W": nhwc(32, 16, 3, 3),
                                             "Y": nhwc(4, 32, 32, 32)}, dtype="fp16", criteria=CONV)
-    t, rows = listed_and_tuned(dev, problem, "cudnn.graph")
+    t, rows = listed_and_tuned(dev, problem, engine)
     best = min((r for r in rows if r.succeeded and r.knobs), key=lambda r: r.median_ms)
     path = tmp_path / "overrides.json"
     props = dev.properties
-    write_overrides(path, [OverrideEntry.for_problem(problem, "cudnn.graph", best.knobs, {"rank": 0})],
+    write_overrides(path, [OverrideEntry.for_problem(problem, engine, best.knobs, {"rank": 0})],
                     device={"signature": props.signature, "properties": props.to_dict()}, mode="replace")
     monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", str(path))
     ops.reset()
@@ -137,7 +153,7 @@ def test_farm_ops_replays_a_cudnn_plan_from_an_override_file(dev, tmp_path, monk
         for _ in range(3):
             y = ops.conv2d(x, w, padding=1)
         chosen = ops.choices()[0]
-        assert chosen["engine"] == "cudnn.graph" and dict(chosen["knobs"]) == dict(best.knobs), chosen
+        assert chosen["engine"] == engine and dict(chosen["knobs"]) == dict(best.knobs), chosen
         ref = torch.nn.functional.conv2d(x, w, padding=1)
         assert y.is_contiguous(memory_format=cl)
         assert (y.float() - ref.float()).norm() / ref.float().norm() < 1e-2

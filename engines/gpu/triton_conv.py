@@ -1,0 +1,234 @@
+"""A Triton implicit-GEMM convolution (forward): output pixels x output channels, reduced over the filter.
+
+The product is Y[pixel, k] = sum over (r, s, c) of X[n, c, p*stride - pad + r*dil, q*stride - pad + s*dil]
+* W[k, c, r, s], read in place in any strides (channels-last is what makes the loads vector loads). How the
+reduction walks is the ``K_LOOP`` knob: ``taps`` takes one filter tap at a time and BLOCK_K channels of it
+per step (Inductor's convolution template; for C >= 16), ``flat`` treats (r, s, c) as one axis of R*S*C
+and gathers BLOCK_K of it per step, which keeps the tensor cores busy when C is small (the RGB stem: C = 3,
+where a tap at a time would multiply 13 of every 16 channels by zero). The engine lists the tile
+configurations worth trying for the shape (``list_plans``), as Triton's autotuners list their configs.
+Each configuration is compiled when its plan is built (``warmup``, no launch; in triton.gemm's compile pool
+where a tuning process started it); one that needs more shared memory than the device has fails there,
+with the compiler's reason.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, Sequence
+
+from farm.plugin import Device, Knob, KnobValue, Problem, Support, itemsize
+
+from ._common import TORCH_DTYPES, GpuEngine, TorchPlan
+from .library_plans import plan_limit
+from .triton_gemm import CompilePool, cap_tile, direct_launcher, pipeline_bytes, shared_memory_bytes, triton_dot_support
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps): tiles of output pixels x output channels; Inductor's list
+# for its convolution template (torch/_inductor/template_heuristics), its one 16-wide tile last
+TAP_CONFIGS = (
+    (64, 256, 16, 2, 4), (256, 64, 16, 2, 4), (128, 128, 32, 2, 8), (64, 64, 32, 2, 4), (64, 256, 32, 2, 8),
+    (256, 64, 32, 2, 8), (128, 128, 64, 3, 8), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (256, 128, 64, 2, 8),
+    (128, 256, 64, 2, 8), (128, 128, 128, 2, 8), (128, 128, 128, 3, 8), (64, 128, 128, 4, 4), (256, 128, 128, 2, 8),
+    (128, 256, 128, 2, 8), (1024, 16, 16, 1, 8),
+)
+FLAT_CONFIGS = (
+    (128, 64, 16, 3, 4), (128, 64, 32, 3, 4), (256, 64, 32, 3, 8), (64, 64, 32, 3, 4), (128, 64, 64, 3, 4),
+    (256, 64, 64, 3, 8),
+)
+FLAT_BELOW_C = 32  # the flat walk is listed for fewer channels than this (a tap's channels fill no 32-wide step)
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    # Sizes and strides are compile-time constants (as in Inductor's template): the pixel index splits into
+    # (n, p, q) and the loop's trip count by constants, a kernel per shape (the tuner compiles per shape anyway)
+    @triton.jit
+    def conv_fprop_kernel(x_ptr, w_ptr, y_ptr, BATCH: tl.constexpr, C: tl.constexpr, H: tl.constexpr,
+                          W: tl.constexpr, K: tl.constexpr, P: tl.constexpr, Q: tl.constexpr,
+                          sxn: tl.constexpr, sxc: tl.constexpr, sxh: tl.constexpr, sxw: tl.constexpr,
+                          swk: tl.constexpr, swc: tl.constexpr, swr: tl.constexpr, sws: tl.constexpr,
+                          syn: tl.constexpr, syk: tl.constexpr, syp: tl.constexpr, syq: tl.constexpr,
+                          R: tl.constexpr, S: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+                          PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+                          FLAT: tl.constexpr, EVEN_C: tl.constexpr, WIDE_INDEX: tl.constexpr, TF32: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        pixels = BATCH * P * Q
+        num_m = tl.cdiv(pixels, BLOCK_M)
+        num_n = tl.cdiv(K, BLOCK_N)
+        # grouped order: GROUP_M row tiles share the filter tiles they read while those are in L2
+        pid = tl.program_id(0)
+        in_group = GROUP_M * num_n
+        first_m = (pid // in_group) * GROUP_M
+        rows = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % in_group) % rows
+        pid_n = (pid % in_group) // rows
+
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        if WIDE_INDEX:  # offsets past 2**31 elements
+            rm = rm.to(tl.int64)
+            rn = rn.to(tl.int64)
+        q = rm % Q
+        p = (rm // Q) % P
+        n = rm // (P * Q)
+        m_ok = rm < pixels
+        n_ok = rn < K
+        ih0 = p * STRIDE_H - PAD_H
+        iw0 = q * STRIDE_W - PAD_W
+        x_rows = x_ptr + n * sxn
+        w_cols = w_ptr + rn * swk
+        rk = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if FLAT:
+            RSC: tl.constexpr = R * S * C
+            for k0 in range(0, RSC, BLOCK_K):
+                kk = k0 + rk
+                c = kk % C
+                r = kk // (S * C)
+                s = (kk // C) % S
+                ih = ih0[:, None] + (r * DIL_H)[None, :]
+                iw = iw0[:, None] + (s * DIL_W)[None, :]
+                k_ok = kk < RSC
+                a_ok = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                a = tl.load(x_rows[:, None] + ih * sxh + iw * sxw + (c * sxc)[None, :], mask=a_ok, other=0.0)
+                b = tl.load(w_cols[None, :] + (c * swc + r * swr + s * sws)[:, None],
+                            mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+                if TF32:
+                    acc = tl.dot(a, b, acc, input_precision="tf32")
+                else:
+                    acc = tl.dot(a, b, acc)
+        else:
+            chunks = tl.cdiv(C, BLOCK_K)
+            for step in range(0, R * S * chunks):  # one loop over taps and channel chunks: it pipelines across taps
+                tap = step // chunks
+                c = (step - tap * chunks) * BLOCK_K + rk
+                r = tap // S
+                s = tap - r * S
+                ih = ih0 + r * DIL_H
+                iw = iw0 + s * DIL_W
+                if PAD_H + PAD_W > 0:
+                    row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                else:  # unpadded: every tap of a real output pixel is inside the input
+                    row_ok = m_ok
+                a_ptrs = x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + (c * sxc)[None, :]
+                b_ptrs = w_cols[None, :] + (c * swc + r * swr + s * sws)[:, None]
+                if EVEN_C:
+                    a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+                    b = tl.load(b_ptrs, mask=n_ok[None, :], other=0.0)
+                else:
+                    a = tl.load(a_ptrs, mask=row_ok[:, None] & (c < C)[None, :], other=0.0)
+                    b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
+                if TF32:
+                    acc = tl.dot(a, b, acc, input_precision="tf32")
+                else:
+                    acc = tl.dot(a, b, acc)
+        y_ptrs = y_ptr + (n * syn + p * syp + q * syq)[:, None] + (rn * syk)[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+    return conv_fprop_kernel
+
+
+def _max_offset(dims: Sequence[int], strides: Sequence[int]) -> int:
+    return sum((d - 1) * s for d, s in zip(dims, strides))
+
+
+class TritonConv(GpuEngine):
+    """2-D forward convolution (groups = 1) as a Triton implicit GEMM; fp16 / bf16, or fp32 data with tf32."""
+
+    name = "triton.conv"
+    ops = frozenset({"conv_fprop"})
+    priority = 45
+    knobs = (
+        Knob.int("BLOCK_M", 128, choices=(32, 64, 128, 256, 512, 1024), doc="output pixels per tile"),
+        Knob.int("BLOCK_N", 64, choices=(16, 32, 64, 128, 256), doc="output channels per tile"),
+        Knob.int("BLOCK_K", 32, choices=(16, 32, 64, 128), doc="reduction elements per step"),
+        Knob.int("GROUP_M", 8, choices=(1, 4, 8, 16), doc="pixel tiles per group (L2 reuse of the filter)"),
+        Knob.int("num_warps", 4, choices=(2, 4, 8)),
+        Knob.int("num_stages", 3, choices=(1, 2, 3, 4, 5), doc="software pipeline depth"),
+        Knob.str("K_LOOP", "taps", choices=("taps", "flat"),
+                 doc="taps: a filter tap at a time, BLOCK_K channels a step; flat: (r, s, c) as one gathered axis"),
+    )
+
+    def __init__(self, compile_pool: CompilePool | None = None) -> None:
+        self._procs = compile_pool or CompilePool()
+
+    def prepare(self, device_kind: str) -> None:
+        """Start the Triton compile pool in the background (a farm GPU worker, as for triton.gemm)."""
+        import importlib.util
+
+        if device_kind == "gpu" and importlib.util.find_spec("triton") is not None:
+            self._procs.start()
+
+    def supports(self, problem: Problem, device: Device) -> Support:
+        base = triton_dot_support(problem)
+        if not base:
+            return base
+        for t in problem.tensors:
+            if len(t.dims) != 4:
+                return Support.no(f"tensor {t.id} has {len(t.dims)} dims: 2-D convolutions only")
+        groups = problem.criteria_dict["groups"]
+        if groups != 1:
+            return Support.no(f"groups={groups}: grouped and depthwise convolutions are left to cuDNN")
+        return Support.yes()
+
+    def list_plans(self, problem: Problem, device: Device) -> Sequence[Mapping[str, KnobValue]]:
+        """The tile configurations worth timing for this shape (the first FARM_LIBRARY_PLANS): tiles no wider
+        than the channels need, the flat walk where a tap has few channels; duplicates after that clamping
+        dropped."""
+        _, c, _, _ = problem.tensor("X").dims
+        k = problem.tensor("W").dims[0]
+        item_bytes = max(itemsize(problem.tensor(t).dtype) for t in ("X", "W"))
+        shared_memory = shared_memory_bytes(device)
+        plans: list[dict[str, KnobValue]] = []
+        walks = [("taps", TAP_CONFIGS)] if c >= 16 else []
+        if c < FLAT_BELOW_C:
+            walks.append(("flat", FLAT_CONFIGS))
+        for walk, configs in walks:
+            for bm, bn, bk, stages, warps in configs:
+                bn = cap_tile(bn, k)
+                if walk == "taps":
+                    bk = cap_tile(bk, c)
+                if shared_memory is not None and pipeline_bytes(bm, bn, bk, stages, item_bytes) > shared_memory:
+                    continue
+                plan = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps,
+                        "num_stages": stages, "K_LOOP": walk}
+                if plan not in plans:
+                    plans.append(plan)
+        return plans[:plan_limit()]
+
+    def launch_args(self, problem: Problem, knobs: Mapping[str, KnobValue]
+                    ) -> tuple[tuple[int, int, int], dict[str, Any], tuple[int, ...]]:
+        """(grid, compile-time arguments, run-time integer arguments: none) of a configuration."""
+        x, w, y = problem.tensor("X"), problem.tensor("W"), problem.tensor("Y")
+        batch, c, h, wd = x.dims
+        k, _, r, s = w.dims
+        _, _, p, q = y.dims
+        crit = problem.criteria_dict
+        bm, bn, bk = int(knobs["BLOCK_M"]), int(knobs["BLOCK_N"]), int(knobs["BLOCK_K"])
+        grid = (-(-(batch * p * q) // bm) * -(-k // bn), 1, 1)
+        wide = max(_max_offset(t.dims, t.strides) for t in (x, w, y)) >= 2**31 or batch * p * q * bn >= 2**31
+        meta = {"R": r, "S": s, "STRIDE_H": crit["stride_h"], "STRIDE_W": crit["stride_w"], "PAD_H": crit["pad_h"],
+                "PAD_W": crit["pad_w"], "DIL_H": crit["dilation_h"], "DIL_W": crit["dilation_w"],
+                "FLAT": knobs["K_LOOP"] == "flat", "EVEN_C": c % bk == 0, "WIDE_INDEX": wide,
+                "TF32": problem.compute_dtype == "tf32", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                "GROUP_M": int(knobs["GROUP_M"]), "num_warps": int(knobs["num_warps"]),
+                "num_stages": int(knobs["num_stages"])}
+        names = ("BATCH", "C", "H", "W", "K", "P", "Q", "sxn", "sxc", "sxh", "sxw", "swk", "swc", "swr", "sws",
+                 "syn", "syk", "syp", "syq")
+        meta.update(zip(names, (batch, c, h, wd, k, p, q, *x.strides, *w.strides, *y.strides)))
+        return grid, meta, ()
+
+    def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
+        kernel = _kernel()
+        grid, meta, scalars = self.launch_args(problem, knobs)
+        dtypes = tuple(TORCH_DTYPES[problem.tensor(t).dtype] for t in ("X", "W", "Y"))
+        compiled = self._procs.compile(f"{__name__}:_kernel", kernel, dtypes, scalars, grid, meta)
+        launch = direct_launcher(kernel, compiled, grid, meta, device.index)
+
+        def fn(t: Mapping[str, Any]) -> None:
+            launch(t["X"], t["W"], t["Y"])
+
+        return TorchPlan(fn, device)
