@@ -132,6 +132,7 @@ def test_triton_conv_lists_the_flat_walk_for_few_channels_and_tiles_the_channels
                           criteria={"stride_h": 2, "stride_w": 2, "pad_h": 3, "pad_w": 3})
     plans = engine.list_plans(stem, None)
     assert plans and {p["K_LOOP"] for p in plans} == {"flat"}  # 3 channels: a tap at a time would be 13/16 zeros
+    assert {p["PAD_C"] for p in plans} == {0, 4}  # as stored, and on copies with 4 channels (8-byte pixels)
     assert max(p["BLOCK_N"] for p in plans) == 64  # K = 64 output channels
     mid = Problem.create("conv_fprop", {"X": nhwc(8, 64, 56, 56), "W": nhwc(64, 64, 3, 3)}, dtype="fp16",
                          criteria={"pad_h": 1, "pad_w": 1})
@@ -165,3 +166,25 @@ def test_triton_conv_launch_arguments_follow_the_problem():
     assert engine.launch_args(p, {**knobs, "BLOCK_K": 8 * 5})[1]["EVEN_C"] is True
     huge = Problem.create("conv_fprop", {"X": nhwc(1024, 256, 128, 128), "W": nhwc(64, 256, 1, 1)}, dtype="fp16")
     assert engine.launch_args(huge, knobs)[1]["WIDE_INDEX"] is True  # offsets past 2**31 elements
+
+
+def test_triton_conv_padded_copies_are_the_same_convolution_without_padding_left_to_do():
+    from engines.gpu.triton_conv import channel_padded
+
+    engine = TritonConv()
+    stem = Problem.create("conv_fprop", {"X": [32, 3, 224, 224], "W": [64, 3, 7, 7]}, dtype="fp16",
+                          criteria={"stride_h": 2, "stride_w": 2, "pad_h": 3, "pad_w": 3})
+    padded = channel_padded(stem, 4)
+    assert padded.tensor("X").dims == (32, 4, 230, 230) and padded.tensor("X").strides == (230 * 230 * 4, 1, 230 * 4, 4)
+    assert padded.tensor("W").dims == (64, 4, 7, 7) and padded.tensor("W").strides == (196, 1, 28, 4)
+    assert padded.tensor("Y").dims == stem.tensor("Y").dims == (32, 64, 112, 112)
+    assert (padded.criteria_dict["pad_h"], padded.criteria_dict["stride_h"]) == (0, 2)
+    flat4 = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3,
+             "K_LOOP": "flat", "PAD_C": 4}
+    assert engine.estimate_workspace(stem, flat4) == (32 * 230 * 230 * 4 + 64 * 7 * 7 * 4) * 2
+    assert engine.estimate_workspace(stem, {**flat4, "PAD_C": 0}) == 0
+    assert engine.knob_support(stem, None, flat4)
+    assert "flat walk only" in engine.knob_support(stem, None, {**flat4, "K_LOOP": "taps"}).reason
+    wide = Problem.create("conv_fprop", {"X": [2, 16, 8, 8], "W": [8, 16, 3, 3]}, dtype="fp16")
+    assert "fewer than the input's C=16" in engine.knob_support(wide, None, {**flat4, "PAD_C": 8}).reason
+    assert not any(p["PAD_C"] for p in engine.list_plans(wide, None))  # 16 channels: nothing to pad

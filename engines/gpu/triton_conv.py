@@ -15,11 +15,12 @@ with the compiler's reason.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Mapping, Sequence
 
 from farm.plugin import Device, Knob, KnobValue, Problem, Support, itemsize
 
-from ._common import TORCH_DTYPES, GpuEngine, TorchPlan
+from ._common import TORCH_DTYPES, GpuEngine, TorchPlan, torch_dtype, torch_module
 from .library_plans import plan_limit
 from .triton_gemm import CompilePool, cap_tile, direct_launcher, pipeline_bytes, shared_memory_bytes, triton_dot_support
 
@@ -92,7 +93,10 @@ def _kernel() -> Any:
                 ih = ih0[:, None] + (r * DIL_H)[None, :]
                 iw = iw0[:, None] + (s * DIL_W)[None, :]
                 k_ok = kk < RSC
-                a_ok = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                if PAD_H + PAD_W > 0:
+                    a_ok = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                else:  # unpadded (or a padded copy): every tap of a real output pixel is inside the input
+                    a_ok = m_ok[:, None] & k_ok[None, :]
                 a = tl.load(x_rows[:, None] + ih * sxh + iw * sxw + (c * sxc)[None, :], mask=a_ok, other=0.0)
                 b = tl.load(w_cols[None, :] + (c * swc + r * swr + s * sws)[:, None],
                             mask=k_ok[:, None] & n_ok[None, :], other=0.0)
@@ -150,6 +154,9 @@ class TritonConv(GpuEngine):
         Knob.int("num_stages", 3, choices=(1, 2, 3, 4, 5), doc="software pipeline depth"),
         Knob.str("K_LOOP", "taps", choices=("taps", "flat"),
                  doc="taps: a filter tap at a time, BLOCK_K channels a step; flat: (r, s, c) as one gathered axis"),
+        Knob.int("PAD_C", 0, choices=(0, 4, 8),
+                 doc="flat walk over zero-padded channels-last copies of X and W made every call (channels to "
+                     "PAD_C, X's border padding in place): aligned pixels, vector loads; 0: the tensors as stored"),
     )
 
     def __init__(self, compile_pool: CompilePool | None = None) -> None:
@@ -174,6 +181,15 @@ class TritonConv(GpuEngine):
             return Support.no(f"groups={groups}: grouped and depthwise convolutions are left to cuDNN")
         return Support.yes()
 
+    def knob_support(self, problem: Problem, device: Device, knobs: Mapping[str, KnobValue]) -> Support:
+        pad_c = int(knobs.get("PAD_C", 0))
+        if pad_c and knobs.get("K_LOOP", "taps") != "flat":
+            return Support.no("PAD_C pads the channels for the flat walk only (K_LOOP=flat)")
+        c = problem.tensor("X").dims[1]
+        if pad_c and c > pad_c:
+            return Support.no(f"PAD_C={pad_c} is fewer than the input's C={c} channels")
+        return Support.yes()
+
     def list_plans(self, problem: Problem, device: Device) -> Sequence[Mapping[str, KnobValue]]:
         """The tile configurations worth timing for this shape (the first FARM_LIBRARY_PLANS): tiles no wider
         than the channels need, the flat walk where a tap has few channels; duplicates after that clamping
@@ -183,10 +199,12 @@ class TritonConv(GpuEngine):
         item_bytes = max(itemsize(problem.tensor(t).dtype) for t in ("X", "W"))
         shared_memory = shared_memory_bytes(device)
         plans: list[dict[str, KnobValue]] = []
-        walks = [("taps", TAP_CONFIGS)] if c >= 16 else []
+        walks = [("taps", TAP_CONFIGS, 0)] if c >= 16 else []
         if c < FLAT_BELOW_C:
-            walks.append(("flat", FLAT_CONFIGS))
-        for walk, configs in walks:
+            walks.append(("flat", FLAT_CONFIGS, 0))
+        if c <= max(PAD_CHANNELS):
+            walks.append(("flat", FLAT_CONFIGS, min(v for v in PAD_CHANNELS if v >= c)))
+        for walk, configs, pad_c in walks:
             for bm, bn, bk, stages, warps in configs:
                 bn = cap_tile(bn, k)
                 if walk == "taps":
@@ -194,7 +212,7 @@ class TritonConv(GpuEngine):
                 if shared_memory is not None and pipeline_bytes(bm, bn, bk, stages, item_bytes) > shared_memory:
                     continue
                 plan = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps,
-                        "num_stages": stages, "K_LOOP": walk}
+                        "num_stages": stages, "K_LOOP": walk, "PAD_C": pad_c}
                 if plan not in plans:
                     plans.append(plan)
         return plans[:plan_limit()]
@@ -221,14 +239,86 @@ class TritonConv(GpuEngine):
         meta.update(zip(names, (batch, c, h, wd, k, p, q, *x.strides, *w.strides, *y.strides)))
         return grid, meta, ()
 
+    def estimate_workspace(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> int:
+        pad_c = int(knobs.get("PAD_C", 0))
+        if not pad_c:
+            return 0
+        padded = channel_padded(problem, pad_c)
+        return sum(math.prod(padded.tensor(t).dims) * itemsize(padded.tensor(t).dtype) for t in ("X", "W"))
+
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
         kernel = _kernel()
-        grid, meta, scalars = self.launch_args(problem, knobs)
+        pad_c = int(knobs.get("PAD_C", 0))
+        if pad_c and not self.knob_support(problem, device, knobs):
+            raise ValueError(f"triton.conv: {self.knob_support(problem, device, knobs).reason}")
+        runs_on = channel_padded(problem, pad_c) if pad_c else problem
+        grid, meta, scalars = self.launch_args(runs_on, knobs)
         dtypes = tuple(TORCH_DTYPES[problem.tensor(t).dtype] for t in ("X", "W", "Y"))
         compiled = self._procs.compile(f"{__name__}:_kernel", kernel, dtypes, scalars, grid, meta)
         launch = direct_launcher(kernel, compiled, grid, meta, device.index)
+        if not pad_c:
+            def fn(t: Mapping[str, Any]) -> None:
+                launch(t["X"], t["W"], t["Y"])
 
-        def fn(t: Mapping[str, Any]) -> None:
-            launch(t["X"], t["W"], t["Y"])
+            return TorchPlan(fn, device)
 
-        return TorchPlan(fn, device)
+        copies = PaddedCopies(problem, runs_on, device)
+
+        def fn_padded(t: Mapping[str, Any]) -> None:
+            copies.copy_in(t)
+            launch(copies.x, copies.w, t["Y"])
+
+        plan = TorchPlan(fn_padded, device)
+        copies.keep_until_done(plan)
+        return plan
+
+
+PAD_CHANNELS = (4, 8)  # PAD_C's non-zero choices: 8 and 16 bytes a pixel in fp16 / bf16
+
+
+def channel_padded(problem: Problem, pad_c: int) -> Problem:
+    """The problem the kernel runs for PAD_C: X as [N, pad_c, H + 2 pad_h, W + 2 pad_w] and W as
+    [K, pad_c, R, S], both channels-last and dense, no padding left to do; Y as the problem's."""
+    n, _, h, w = problem.tensor("X").dims
+    k, _, r, s = problem.tensor("W").dims
+    crit = problem.criteria_dict
+    hp, wp = h + 2 * crit["pad_h"], w + 2 * crit["pad_w"]
+    y = problem.tensor("Y")
+    return Problem.create(
+        "conv_fprop",
+        {"X": {"dims": [n, pad_c, hp, wp], "strides": [hp * wp * pad_c, 1, wp * pad_c, pad_c]},
+         "W": {"dims": [k, pad_c, r, s], "strides": [r * s * pad_c, 1, s * pad_c, pad_c]},
+         "Y": {"dims": list(y.dims), "strides": list(y.strides)}},
+        dtype=problem.dtype, compute_dtype=problem.compute_dtype,
+        criteria={**crit, "pad_h": 0, "pad_w": 0})
+
+
+class PaddedCopies:
+    """Zero-filled channels-last buffers for PAD_C (allocated once, when the plan is built); every call copies
+    X into the interior and W into the first C channels, so the border and the extra channels stay zero."""
+
+    def __init__(self, problem: Problem, padded: Problem, device: Device) -> None:
+        torch = torch_module()
+        where = torch.device("cuda", device.index)
+        dtype = torch_dtype(problem.tensor("X").dtype)
+        n, pad_c, hp, wp = padded.tensor("X").dims
+        k, _, r, s = padded.tensor("W").dims
+        _, c, h, w = problem.tensor("X").dims
+        ph, pw = problem.criteria_dict["pad_h"], problem.criteria_dict["pad_w"]
+        self.x_nhwc = torch.zeros((n, hp, wp, pad_c), dtype=dtype, device=where)
+        self.w_krsc = torch.zeros((k, r, s, pad_c), dtype=torch_dtype(problem.tensor("W").dtype), device=where)
+        torch.cuda.current_stream(where).synchronize()  # zeros in place before any stream reads them
+        self._x_in = self.x_nhwc[:, ph:ph + h, pw:pw + w, :c]
+        self._w_in = self.w_krsc[..., :c]
+        self.x = self.x_nhwc.permute(0, 3, 1, 2)  # NCHW dims, channels-last strides: the padded problem's X
+        self.w = self.w_krsc.permute(0, 3, 1, 2)
+
+    def copy_in(self, tensors: Mapping[str, Any]) -> None:
+        self._x_in.copy_(tensors["X"].permute(0, 2, 3, 1))
+        self._w_in.copy_(tensors["W"].permute(0, 2, 3, 1))
+
+    def keep_until_done(self, plan: TorchPlan) -> None:
+        """The buffers are freed only after the plan's device stream is done with them."""
+        if plan.stream is not None:
+            for buf in (self.x_nhwc, self.w_krsc):
+                buf.record_stream(plan.stream)

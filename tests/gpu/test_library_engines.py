@@ -44,6 +44,8 @@ TRITON_CONV = [
                    criteria={"stride_h": 2, "stride_w": 2}),  # 1x1 stride 2, K not a power of two
     Problem.create("conv_fprop", {"X": nhwc(2, 24, 9, 9), "W": nhwc(16, 24, 5, 5)}, compute_dtype="tf32",
                    criteria={"pad_h": 2, "pad_w": 2}),  # fp32 data in tf32; both walks listed (C < 32)
+    Problem.create("conv_fprop", {"X": [2, 8, 20, 20], "W": [16, 8, 3, 3]}, dtype="fp16",
+                   criteria=CONV),  # NCHW, 8 channels: the flat walk as stored and on padded channels-last copies
 ]
 CUBLASLT = [
     Problem.create("matmul", {"A": [1, 4096], "B": [4096, 4096]}, dtype="bf16"),
