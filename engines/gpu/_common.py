@@ -256,10 +256,15 @@ class ZeroPaddedAB:
 
     def keep_until_done(self, plan: "TorchPlan", *more: Any) -> None:
         """The buffers are freed only after the plan's device stream is done with them."""
-        if plan.stream is not None:
-            for buf in (self.a, self.b, *more):
-                if buf is not None:
-                    buf.record_stream(plan.stream)
+        keep_until_done(plan, self.a, self.b, *more)
+
+
+def keep_until_done(plan: TorchPlan, *buffers: Any) -> None:
+    """A plan's own device buffers are freed only after its device stream is done with them."""
+    if plan.stream is not None:
+        for buf in buffers:
+            if buf is not None:
+                buf.record_stream(plan.stream)
 
 
 def elements(shape: tuple[int, ...]) -> int:

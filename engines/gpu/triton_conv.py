@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from farm.plugin import Device, Knob, KnobValue, Problem, Support, itemsize
 
-from ._common import TORCH_DTYPES, GpuEngine, TorchPlan, torch_dtype, torch_module
+from ._common import TORCH_DTYPES, GpuEngine, TorchPlan, keep_until_done, torch_dtype, torch_module
 from .library_plans import plan_limit
 from .triton_gemm import CompilePool, cap_tile, direct_launcher, pipeline_bytes, shared_memory_bytes, triton_dot_support
 
@@ -271,7 +271,7 @@ class TritonConv(GpuEngine):
             launch(copies.x, copies.w, t["Y"])
 
         plan = TorchPlan(fn_padded, device)
-        copies.keep_until_done(plan)
+        keep_until_done(plan, copies.x_nhwc, copies.w_krsc)
         return plan
 
 
@@ -319,8 +319,3 @@ class PaddedCopies:
         self._x_in.copy_(tensors["X"].permute(0, 2, 3, 1))
         self._w_in.copy_(tensors["W"].permute(0, 2, 3, 1))
 
-    def keep_until_done(self, plan: TorchPlan) -> None:
-        """The buffers are freed only after the plan's device stream is done with them."""
-        if plan.stream is not None:
-            for buf in (self.x_nhwc, self.w_krsc):
-                buf.record_stream(plan.stream)
