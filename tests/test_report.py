@@ -72,6 +72,21 @@ def test_report_html_has_the_plots(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_reduce_and_diff_take_a_run_folder_as_well_as_its_results(tmp_path, capsys):
+    """``farm tune --out RUN`` writes RUN/results: RUN itself names the same results everywhere."""
+    results(tmp_path / "run" / "results")
+    assert main(["report", str(tmp_path / "run" / "results"), "--json"]) == 0
+    direct = json.loads(capsys.readouterr().out)["signatures"]
+    assert main(["report", str(tmp_path / "run"), "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["signatures"] == direct and "skipping" not in out.err
+    assert main(["reduce", str(tmp_path / "run"), "--out", str(tmp_path / "reduced"), "--json"]) == 0
+    assert (tmp_path / "reduced" / f"{GPU0.signature}.json").is_file()
+    capsys.readouterr()
+    assert main(["diff", str(tmp_path / "run"), str(tmp_path / "run" / "results"), "--json"]) == 0
+    assert {r["status"] for r in json.loads(capsys.readouterr().out)["rows"]} == {"same winner"}
+
+
 def test_report_of_a_missing_folder_is_a_clear_error(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "results folder not found" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Hashable
 
 from farm.errors import InputError
+from farm.store.dataset import results_folder
 from farm.store.location import Location
 
 NEAR_TIE = 0.03  # a changed winner within 3 % of the old one's time counts as a near tie
@@ -56,12 +57,10 @@ def diff_paths(a: str | Path, b: str | Path) -> list[DiffRow]:
     if not la.is_dir() and not lb.is_dir() and la.local and lb.local:
         return compare(_from_overrides(la.local_path), _from_overrides(lb.local_path))
     if la.is_dir() and lb.is_dir():
-        return compare(_from_results(_results_dir(la)), _from_results(_results_dir(lb)))
+        # a run folder (farm tune --out) works too
+        ra, rb = (Location.of(results_folder(x)) for x in (a, b))
+        return compare(_from_results(ra), _from_results(rb))
     raise InputError("compare two override files or two results folders, not one of each", source=f"{a} vs {b}")
-
-
-def _results_dir(loc: Location) -> Location:
-    return loc.join("results") if loc.join("results").is_dir() else loc  # a run folder works too
 
 
 def _from_overrides(path: Path) -> dict[Hashable, _Side]:

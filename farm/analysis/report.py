@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farm.store.dataset import ResultsDataset
+from farm.store.dataset import ResultsDataset, results_folder
 from farm.store.decisions import Decisions, Winner
 from farm.tuner.winner import NOISE_SIGMAS, NOISY_RELATIVE, RELATIVE_FLOOR, noise_sigma
 
@@ -120,6 +120,7 @@ def _noise(row: dict[str, Any]) -> float:
 def build_report(results_dir: str | Path, decisions: Decisions | None = None) -> Report:
     from farm.store.decisions import decide_folder
 
+    results_dir = results_folder(results_dir)  # a run folder (farm tune --out) works too
     data = ResultsDataset(results_dir)
     decisions = decisions or decide_folder(results_dir)
     table = data.table(_COLUMNS)

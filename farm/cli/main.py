@@ -59,8 +59,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
 # -- farm reduce ----------------------------------------------------------------------------
 def cmd_reduce(args: argparse.Namespace) -> int:
     from farm.cli.render import reduce_dict, reduce_table
+    from farm.store.dataset import results_folder
     from farm.store.reduce import reduce_results
 
+    args.results = results_folder(args.results)  # a run folder (farm tune --out) works too
     if args.ray:
         report = _reduce_on_ray(args)
     else:

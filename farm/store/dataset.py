@@ -249,6 +249,14 @@ def partition_signatures(root: "str | Path | Location") -> list[str]:
     return sorted(s for s in found if s and safe_signature(s))
 
 
+def results_folder(root: "str | Path") -> "str | Path":
+    """Where ``root``'s results are: a run folder's (``farm tune --out``) ``results/``, else ``root`` itself."""
+    sub = Location.of(root).join("results")
+    if not sub.is_dir():
+        return root
+    return sub.local_path if sub.local else sub.uri
+
+
 def safe_signature(signature: str) -> bool:
     """A device signature usable as a file name: what device_signature() makes (no path separators, no '..')."""
     return bool(SIGNATURE_RE.match(signature)) and ".." not in signature
