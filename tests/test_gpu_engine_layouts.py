@@ -131,8 +131,10 @@ def test_triton_conv_lists_the_flat_walk_for_few_channels_and_tiles_the_channels
     stem = Problem.create("conv_fprop", {"X": nhwc(32, 3, 224, 224), "W": nhwc(64, 3, 7, 7)}, dtype="fp16",
                           criteria={"stride_h": 2, "stride_w": 2, "pad_h": 3, "pad_w": 3})
     plans = engine.list_plans(stem, None)
-    assert plans and {p["K_LOOP"] for p in plans} == {"flat"}  # 3 channels: a tap at a time would be 13/16 zeros
+    # 3 channels: a tap at a time would be 13/16 zeros; a filter row of the padded copy is one 32-element span
+    assert plans and {p["K_LOOP"] for p in plans} == {"flat", "rows"} and plans[0]["K_LOOP"] == "rows"
     assert {p["PAD_C"] for p in plans} == {0, 4}  # as stored, and on copies with 4 channels (8-byte pixels)
+    assert {p["BLOCK_K"] for p in plans if p["K_LOOP"] == "rows"} == {32}  # 7 taps as 8, 4 channels each
     assert max(p["BLOCK_N"] for p in plans) == 64  # K = 64 output channels
     mid = Problem.create("conv_fprop", {"X": nhwc(8, 64, 56, 56), "W": nhwc(64, 64, 3, 3)}, dtype="fp16",
                          criteria={"pad_h": 1, "pad_w": 1})
@@ -184,7 +186,41 @@ def test_triton_conv_padded_copies_are_the_same_convolution_without_padding_left
     assert engine.estimate_workspace(stem, flat4) == (32 * 230 * 230 * 4 + 64 * 7 * 7 * 4) * 2
     assert engine.estimate_workspace(stem, {**flat4, "PAD_C": 0}) == 0
     assert engine.knob_support(stem, None, flat4)
-    assert "flat walk only" in engine.knob_support(stem, None, {**flat4, "K_LOOP": "taps"}).reason
+    assert "flat and rows walks only" in engine.knob_support(stem, None, {**flat4, "K_LOOP": "taps"}).reason
     wide = Problem.create("conv_fprop", {"X": [2, 16, 8, 8], "W": [8, 16, 3, 3]}, dtype="fp16")
     assert "fewer than the input's C=16" in engine.knob_support(wide, None, {**flat4, "PAD_C": 8}).reason
     assert not any(p["PAD_C"] for p in engine.list_plans(wide, None))  # 16 channels: nothing to pad
+
+
+def test_triton_conv_rows_walk_spans_a_filter_row_of_the_padded_copy():
+    from engines.gpu.triton_conv import channel_padded, row_span
+
+    assert [row_span(s, 4) for s in (1, 3, 5, 7, 8, 9)] == [4, 4, 8, 8, 8, 16]  # spans of 16, 32, 64 elements
+    assert [row_span(s, 8) for s in (1, 2, 3, 7)] == [2, 2, 4, 8]
+    engine = TritonConv()
+    stem = Problem.create("conv_fprop", {"X": nhwc(32, 3, 224, 224), "W": nhwc(64, 3, 7, 7)}, dtype="fp16",
+                          criteria={"stride_h": 2, "stride_w": 2, "pad_h": 3, "pad_w": 3})
+    padded = channel_padded(stem, 4, rows=True)
+    # 111 * 2 + 8 columns: the last output's span ends at the copy's edge; its rows start 16-byte aligned
+    assert padded.tensor("X").dims == (32, 4, 230, 230) and padded.tensor("W").dims == (64, 4, 7, 8)
+    assert padded.tensor("Y").dims == stem.tensor("Y").dims
+    rows = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3,
+            "K_LOOP": "rows", "PAD_C": 4}
+    assert engine.knob_support(stem, None, rows)
+    grid, meta, _ = engine.launch_args(stem, rows)
+    assert meta["ROWS"] and not meta["FLAT"] and meta["LIVE_K"] == 28  # 7 real taps of the 8 in a span
+    assert (meta["S"], meta["C"], meta["sxw"], meta["swr"], meta["PAD_W"]) == (8, 4, 4, 32, 0)
+    assert grid == (32 * 112 * 112 // 128, 1, 1)
+    assert engine.estimate_workspace(stem, rows) == (32 * 230 * 230 * 4 + 64 * 7 * 8 * 4) * 2
+    assert "BLOCK_K=32" in engine.knob_support(stem, None, {**rows, "BLOCK_K": 64}).reason
+    assert "needs PAD_C" in engine.knob_support(stem, None, {**rows, "PAD_C": 0}).reason
+    # stride 1, odd width: the copy keeps Y's width (no even rounding), only the columns spans reach
+    odd = Problem.create("conv_fprop", {"X": nhwc(2, 3, 21, 23), "W": nhwc(16, 3, 5, 5)}, dtype="fp16",
+                         criteria={"pad_h": 2, "pad_w": 2})
+    assert channel_padded(odd, 4, rows=True).tensor("X").dims == (2, 4, 25, 22 + 8)
+    dilated = Problem.create("conv_fprop", {"X": nhwc(2, 3, 21, 23), "W": nhwc(16, 3, 3, 3)}, dtype="fp16",
+                             criteria={"dilation_w": 2})
+    assert "dilation_w=2" in engine.knob_support(dilated, None, {**rows, "BLOCK_K": 16}).reason
+    assert all(p["K_LOOP"] != "rows" for p in engine.list_plans(dilated, None))
+    wide = Problem.create("conv_fprop", {"X": nhwc(2, 8, 21, 23), "W": nhwc(16, 8, 11, 11)}, dtype="fp16")
+    assert all(p["K_LOOP"] != "rows" for p in engine.list_plans(wide, None))  # 16 taps x 8: a 128-wide span

@@ -94,6 +94,42 @@ def test_each_listed_plan_is_a_checked_candidate_and_the_winner_rebuilds_from_it
     assert_winner_correct(dev, again, problem)
 
 
+ROWS_WALK = [
+    TRITON_CONV[0],  # the stem: 7 taps read as a span of 8, stride 2
+    Problem.create("conv_fprop", {"X": nhwc(2, 3, 21, 23), "W": nhwc(16, 3, 5, 5)}, dtype="fp16",
+                   criteria={"pad_h": 2, "pad_w": 2}),  # stride 1, odd width: rows 8-byte aligned only
+]
+
+
+@pytest.mark.parametrize("problem", ROWS_WALK, ids=lambda p: p.label())
+def test_the_rows_walk_is_right_and_its_extra_taps_keep_infinities_where_they_belong(dev, problem):
+    """Every listed rows-walk tile is right; an inf that only a span's zero-weight extra tap reads for some
+    outputs leaves those outputs finite (0 * inf would be NaN), as in the float64 reference."""
+    import numpy as np
+
+    from farm.devices.arrays import make_tensors
+    from farm.tuner.reference import reference
+
+    t, rows = listed_and_tuned(dev, problem, "triton.conv")
+    walked = [r for r in rows if dict(r.knobs).get("K_LOOP") == "rows"]
+    assert walked and all(r.succeeded for r in walked), [(r.label, r.error) for r in walked if not r.succeeded]
+    best = min(walked, key=lambda r: r.median_ms)
+    again = Autotuner(problem, dev)
+    again.add_engine("triton.conv", dict(best.knobs))
+    again.autotune(config=AutotuneConfig(check="reference", **FAST))
+    taps, pad_w = problem.tensor("W").dims[3], problem.criteria_dict["pad_w"]
+    tensors = make_tensors(problem, dev.arrays, seed=11)
+    tensors["X"][:, 1, 3, taps - pad_w] = float("inf")  # padded column S: output 0's first extra tap
+    again.execute(tensors)
+    dev.synchronize()
+    out = dev.arrays.to_numpy(tensors["Y"]).astype(np.float64)
+    ref = reference(problem, {x: dev.arrays.to_numpy(tensors[x]) for x in problem.input_ids})["Y"]
+    assert np.isinf(ref).any() and np.isfinite(ref[..., 0]).all()
+    assert np.array_equal(np.isnan(out), np.isnan(ref)) and np.array_equal(np.isinf(out), np.isinf(ref))
+    finite = np.isfinite(ref)
+    assert np.abs(out[finite] - ref[finite]).max() <= 2e-2 * np.abs(ref[finite]).max()
+
+
 @pytest.mark.parametrize("problem", [CUDNN[0], CUBLASLT[1]], ids=lambda p: p.label())
 def test_plans_build_while_another_is_captured_into_a_graph(dev, problem):
     """Compile threads build candidates while the measuring thread captures one into a CUDA graph (graph
