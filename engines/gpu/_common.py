@@ -201,27 +201,62 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+class PerStream:
+    """Buffers a plan keeps per CUDA stream: ``make()`` runs on a stream's first call, on that stream.
+
+    Calls on two streams at once must not share scratch buffers (torch keeps cuBLAS's workspace per
+    stream for the same reason): one stream's copy would overwrite what the other's kernel is reading.
+    A buffer made and used on one stream needs no ``record_stream`` when the plan is dropped.
+    """
+
+    def __init__(self, make: Callable[[], Any], device_index: int) -> None:
+        self._make = make
+        self._index = device_index
+        self._raw_stream = current_raw_stream(torch_module())
+        self._by_stream: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        stream = self._raw_stream(self._index)
+        found = self._by_stream.get(stream)
+        if found is None:
+            with self._lock:
+                found = self._by_stream.get(stream)
+                if found is None:
+                    found = self._by_stream[stream] = self._make()
+        return found
+
+
 class ZeroPaddedAB:
     """A and B copied into zero-filled device buffers of larger K and N extents (Inductor's pad_mm).
 
-    The zeros in the K padding leave the product over the padded K exact, and the
-    buffers' rows start aligned, so GEMM kernels can use vector loads. The buffers
-    are allocated once, when the plan is built; every run copies A and B in: with the
-    Triton pad kernel (one launch, vector stores; ``use_pad_kernel``) where Triton is
-    there, else with torch's ``copy_``. ``b_shape``'s N extent may be smaller than B's
-    for a split GEMM (only the first columns are copied).
+    The zeros in the K padding leave the product over the padded K exact, and the buffers' rows start
+    aligned, so GEMM kernels can use vector loads. The buffers are a stream's own (``PerStream``), zeroed
+    on that stream at its first call (inside a CUDA graph being captured, the zeroing is captured with it);
+    every run copies A and B in: with the Triton pad kernel (one launch, vector stores;
+    ``use_pad_kernel``) where Triton is there, else with torch's ``copy_``. ``b_shape``'s N extent may be
+    smaller than B's for a split GEMM (only the first columns are copied). ``derive(a, b)`` adds, once per
+    stream, what a caller keeps with the buffers (views of them, an output buffer): ``copy_in`` returns
+    ``(a, b, *derive(a, b))``.
     """
 
-    def __init__(self, problem: Problem, device: Device, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
+    def __init__(self, problem: Problem, device: Device, a_shape: tuple[int, ...], b_shape: tuple[int, ...],
+                 derive: Callable[[Any, Any], tuple[Any, ...]] | None = None) -> None:
         torch = torch_module()
-        where = torch.device("cuda", device.index)
         self.problem = problem
-        self.a = torch.zeros(a_shape, dtype=torch_dtype(problem.tensor("A").dtype), device=where)
-        self.b = torch.zeros(b_shape, dtype=torch_dtype(problem.tensor("B").dtype), device=where)
-        torch.cuda.current_stream(where).synchronize()  # the zeros are in place before any stream uses them
+        self._where = torch.device("cuda", device.index)
+        self._shapes = (a_shape, b_shape)
+        self._dtypes = (torch_dtype(problem.tensor("A").dtype), torch_dtype(problem.tensor("B").dtype))
+        self._derive = derive
         m, k, n = gemm_mkn(problem)
-        self._a_in, self._b_in = self.a[..., :m, :k], self.b[..., :k, :min(n, b_shape[-1])]
+        self._a_in, self._b_in = (slice(0, m), slice(0, k)), (slice(0, k), slice(0, min(n, b_shape[-1])))
+        self._buffers = PerStream(self._zeroed, device.index)
         self._kernel: PadAB | None = None
+
+    def _zeroed(self) -> tuple[Any, ...]:
+        torch = torch_module()
+        a, b = (torch.zeros(shape, dtype=dtype, device=self._where) for shape, dtype in zip(self._shapes, self._dtypes))
+        return (a, b, *(self._derive(a, b) if self._derive is not None else ()))
 
     @staticmethod
     def nbytes(problem: Problem, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
@@ -233,38 +268,31 @@ class ZeroPaddedAB:
 
         With ``tail_from``, ``copy_in`` also writes C's columns from there on (a split GEMM's tail).
         """
-        if self.a.dim() > 3 or self.b.dim() > 3:
+        if len(self._shapes[0]) > 3 or len(self._shapes[1]) > 3:
             return False  # the kernel takes one batch dimension; torch's copy_ takes any
         try:
             import triton  # noqa: F401
         except ImportError:
             log.debug("no Triton: padded copies use torch's copy_")
             return False
-        kernel = PadAB(self.problem, self.a, self.b, tail_from)
+        kernel = PadAB(self.problem, self._shapes[0], self._shapes[1], tail_from)
         with TRITON_COMPILE_LOCK, gil_heavy_section():
-            kernel.compile(torch_dtype(self.problem.tensor("C").dtype))
+            kernel.compile(*self._dtypes, torch_dtype(self.problem.tensor("C").dtype))
         self._kernel = kernel
         return True
 
-    def copy_in(self, tensors: Mapping[str, Any]) -> None:
-        """A and B into the buffers (and C's tail columns, where ``use_pad_kernel`` was given one)."""
+    def copy_in(self, tensors: Mapping[str, Any]) -> tuple[Any, ...]:
+        """A and B into this stream's buffers (and C's tail columns, where ``use_pad_kernel`` was given
+        one); returns the buffers and what ``derive`` added."""
+        buffers = self._buffers.get()
+        a, b = buffers[0], buffers[1]
         if self._kernel is not None:
-            self._kernel(tensors["A"], tensors["B"], tensors["C"], tensors.get("bias"))
-            return
-        self._a_in.copy_(tensors["A"])
-        self._b_in.copy_(tensors["B"][..., :self._b_in.shape[-1]])
-
-    def keep_until_done(self, plan: "TorchPlan", *more: Any) -> None:
-        """The buffers are freed only after the plan's device stream is done with them."""
-        keep_until_done(plan, self.a, self.b, *more)
-
-
-def keep_until_done(plan: TorchPlan, *buffers: Any) -> None:
-    """A plan's own device buffers are freed only after its device stream is done with them."""
-    if plan.stream is not None:
-        for buf in buffers:
-            if buf is not None:
-                buf.record_stream(plan.stream)
+            self._kernel(tensors["A"], a, tensors["B"], b, tensors["C"], tensors.get("bias"))
+        else:
+            (am, ak), (bk, bn) = self._a_in, self._b_in
+            a[..., am, ak].copy_(tensors["A"])
+            b[..., bk, bn].copy_(tensors["B"][..., :bn.stop])
+        return buffers
 
 
 def elements(shape: tuple[int, ...]) -> int:

@@ -189,14 +189,17 @@ class TorchMatmulPadded(_TorchMatmulBase):
         if not support:
             raise ValueError(support.reason)
         a_shape, b_shape, c_shape = _padded_shapes(problem, int(knobs["multiple"]), output)
-        ab = ZeroPaddedAB(problem, device, a_shape, b_shape)
-        c_p = (torch.empty(c_shape, dtype=torch_dtype(problem.tensor("C").dtype), device=torch.device("cuda", device.index))
-               if c_shape else None)
         m, k, n = gemm_mkn(problem)
         n_main = b_shape[-1] if output == "split" else n
+        c_dtype, where = torch_dtype(problem.tensor("C").dtype), torch.device("cuda", device.index)
+
+        def views(a_p: Any, b_p: Any) -> tuple[Any, ...]:
+            # K padded with zeros, leading dimensions aligned; the padded output (a stream's own, as A's and B's)
+            return a_p[..., :m, :], b_p[..., :, :n_main], (torch.empty(c_shape, dtype=c_dtype, device=where)
+                                                           if c_shape else None)
+
+        ab = ZeroPaddedAB(problem, device, a_shape, b_shape, derive=views)
         tail_in_kernel = ab.use_pad_kernel(tail_from=n_main if output == "split" else None)
-        a_p, b_p = ab.a, ab.b
-        a_mm, b_mm = a_p[..., :m, :], b_p[..., :, :n_main]  # K padded with zeros; leading dimensions aligned
         has_bias = problem.has_tensor("bias")
 
         def gemm_into(c: Any, a: Any, b: Any, bias: Any) -> None:
@@ -208,7 +211,7 @@ class TorchMatmulPadded(_TorchMatmulBase):
                 torch.add(torch.matmul(a, b), bias, out=c)
 
         def fn(t: Mapping[str, Any]) -> None:
-            ab.copy_in(t)
+            a_p, b_p, a_mm, b_mm, c_p = ab.copy_in(t)
             bias = t["bias"].reshape(-1) if has_bias else None
             if c_p is not None:
                 torch.matmul(a_p, b_p, out=c_p)
@@ -224,9 +227,7 @@ class TorchMatmulPadded(_TorchMatmulBase):
                 gemm_into(t["C"], a_mm, b_mm, bias)
 
         settings = self._matmul_flags(problem)
-        plan = TorchPlan(fn, device, context=Flags(torch.backends.cuda.matmul, **settings))
-        ab.keep_until_done(plan, c_p)
-        return plan
+        return TorchPlan(fn, device, context=Flags(torch.backends.cuda.matmul, **settings))
 
 
 def _padded_shapes(problem: Problem, multiple: int, output: str) -> tuple[tuple[int, ...], ...]:

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from farm.plugin import Device, Knob, KnobValue, Problem, Support, itemsize
 
-from ._common import TORCH_DTYPES, GpuEngine, TorchPlan, keep_until_done, torch_dtype, torch_module
+from ._common import TORCH_DTYPES, GpuEngine, PerStream, TorchPlan, torch_dtype, torch_module
 from .library_plans import plan_limit
 from .triton_gemm import CompilePool, cap_tile, direct_launcher, pipeline_bytes, shared_memory_bytes, triton_dot_support
 
@@ -173,32 +173,32 @@ def _pad_kernel() -> Any:
                         K: tl.constexpr, R: tl.constexpr, S: tl.constexpr, swk: tl.constexpr, swc: tl.constexpr,
                         swr: tl.constexpr, sws: tl.constexpr, SPAN: tl.constexpr, PC: tl.constexpr,
                         X_PROGRAMS: tl.constexpr, WIDE_INDEX: tl.constexpr, BLOCK: tl.constexpr):
-        # X's pixels (its first COLS columns) into the copy's interior and W's taps into the first S of SPAN,
-        # a whole PC-channel pixel a store (the extra channels written as zeros): one launch for both
+        # every pixel of the padded X and every tap of the padded W, a whole PC-channel pixel a store: X's
+        # values (its first COLS columns) and W's first S taps, zeros around them (the border, the extra
+        # channels and taps), so the buffers need no zeroing of their own; one launch for both
         pid = tl.program_id(0)
         c = tl.arange(0, PC)
         if pid < X_PROGRAMS:
-            if COLS > 0:  # (none where no output reads X: all its taps fall in the padding)
-                pix = pid * BLOCK + tl.arange(0, BLOCK)
-                if WIDE_INDEX:
-                    pix = pix.to(tl.int64)
-                w = pix % COLS
-                h = (pix // COLS) % H
-                n = pix // (COLS * H)
-                ok = pix < N * H * COLS
-                v = tl.load(x_ptr + (n * sxn + h * sxh + w * sxw)[:, None] + (c * sxc)[None, :],
-                            mask=ok[:, None] & (c < C)[None, :], other=0.0)
-                tl.store(xp_ptr + (((n * HP + h + PH) * WP + w + PW) * PC)[:, None] + c[None, :], v,
-                         mask=ok[:, None])
+            pix = pid * BLOCK + tl.arange(0, BLOCK)
+            if WIDE_INDEX:
+                pix = pix.to(tl.int64)
+            w = pix % WP - PW
+            h = (pix // WP) % HP - PH
+            n = pix // (WP * HP)
+            ok = pix < N * HP * WP
+            inside = ok & (h >= 0) & (h < H) & (w >= 0) & (w < COLS)
+            v = tl.load(x_ptr + (n * sxn + h * sxh + w * sxw)[:, None] + (c * sxc)[None, :],
+                        mask=inside[:, None] & (c < C)[None, :], other=0.0)
+            tl.store(xp_ptr + (pix * PC)[:, None] + c[None, :], v, mask=ok[:, None])
         else:
             tap = (pid - X_PROGRAMS) * BLOCK + tl.arange(0, BLOCK)
-            s = tap % S
-            r = (tap // S) % R
-            k = tap // (S * R)
-            ok = tap < K * R * S
+            s = tap % SPAN
+            r = (tap // SPAN) % R
+            k = tap // (SPAN * R)
+            ok = tap < K * R * SPAN
             v = tl.load(w_ptr + (k * swk + r * swr + s * sws)[:, None] + (c * swc)[None, :],
-                        mask=ok[:, None] & (c < C)[None, :], other=0.0)
-            tl.store(wp_ptr + (((k * R + r) * SPAN + s) * PC)[:, None] + c[None, :], v, mask=ok[:, None])
+                        mask=(ok & (s < S))[:, None] & (c < C)[None, :], other=0.0)
+            tl.store(wp_ptr + (tap * PC)[:, None] + c[None, :], v, mask=ok[:, None])
 
     return pad_copy_kernel
 
@@ -361,12 +361,9 @@ class TritonConv(GpuEngine):
                               self._procs)
 
         def fn_padded(t: Mapping[str, Any]) -> None:
-            copies.copy_in(t)
-            launch(copies.x, copies.w, t["Y"])
+            launch(*copies.copy_in(t), t["Y"])
 
-        plan = TorchPlan(fn_padded, device)
-        keep_until_done(plan, copies.x_nhwc, copies.w_krsc)
-        return plan
+        return TorchPlan(fn_padded, device)
 
 
 PAD_CHANNELS = (4, 8)  # PAD_C's non-zero choices: 8 and 16 bytes a pixel in fp16 / bf16
@@ -409,10 +406,10 @@ def channel_padded(problem: Problem, pad_c: int, rows: bool = False) -> Problem:
 
 
 class PaddedCopies:
-    """Zero-filled channels-last buffers for PAD_C (allocated once, when the plan is built); every call copies
-    X into the interior and W into the first C channels and S taps (one Triton launch, a whole padded pixel a
-    store: 9 us for the stem's X where torch's strided copy took 17), so the border, the extra channels and
-    taps stay zero. X's columns past the copy's width (no output reads them) are left out."""
+    """The channels-last copies PAD_C runs on, written whole every call by one Triton launch (X's values and
+    W's taps with zeros around them; 9 us for the stem's X where torch's strided copy took 17): a set per
+    CUDA stream (``PerStream``), so calls on two streams at once do not share them. X's columns past the
+    copy's width (no output reads them) are left out."""
 
     COPY_BLOCK = 256  # pixels a program
 
@@ -423,26 +420,27 @@ class PaddedCopies:
         n, pad_c, hp, wp = padded.tensor("X").dims
         k, _, r, span = padded.tensor("W").dims
         _, c, h, wd = x.dims
-        taps = w.dims[3]
         ph, pw = problem.criteria_dict["pad_h"], problem.criteria_dict["pad_w"]
-        cols = max(0, min(wd, wp - pw))
-        self.x_nhwc = torch.zeros((n, hp, wp, pad_c), dtype=torch_dtype(x.dtype), device=where)
-        self.w_krsc = torch.zeros((k, r, span, pad_c), dtype=torch_dtype(w.dtype), device=where)
-        torch.cuda.current_stream(where).synchronize()  # zeros in place before any stream reads them
-        self.x = self.x_nhwc.permute(0, 3, 1, 2)  # NCHW dims, channels-last strides: the padded problem's X
-        self.w = self.w_krsc.permute(0, 3, 1, 2)
+        x_dtype, w_dtype = torch_dtype(x.dtype), torch_dtype(w.dtype)
+        self._buffers = PerStream(lambda: (torch.empty((n, hp, wp, pad_c), dtype=x_dtype, device=where),
+                                           torch.empty((k, r, span, pad_c), dtype=w_dtype, device=where)),
+                                  device.index)
         block = self.COPY_BLOCK
-        x_programs = -(-(n * h * cols) // block)
-        grid = (x_programs + -(-(k * r * taps) // block), 1, 1)
-        wide = max(_max_offset(x.dims, x.strides), self.x_nhwc.numel(), n * h * cols + block) >= 2**31
-        meta = {"N": n, "C": c, "H": h, "COLS": cols, "sxn": x.strides[0], "sxc": x.strides[1], "sxh": x.strides[2],
-                "sxw": x.strides[3], "HP": hp, "WP": wp, "PH": ph, "PW": pw, "K": k, "R": r, "S": taps,
-                "swk": w.strides[0], "swc": w.strides[1], "swr": w.strides[2], "sws": w.strides[3], "SPAN": span,
-                "PC": pad_c, "X_PROGRAMS": x_programs, "WIDE_INDEX": wide, "BLOCK": block, "num_warps": 4}
+        x_programs = -(-(n * hp * wp) // block)
+        grid = (x_programs + -(-(k * r * span) // block), 1, 1)
+        wide = max(_max_offset(x.dims, x.strides), n * hp * wp * pad_c + block * pad_c) >= 2**31
+        meta = {"N": n, "C": c, "H": h, "COLS": max(0, min(wd, wp - pw)), "sxn": x.strides[0], "sxc": x.strides[1],
+                "sxh": x.strides[2], "sxw": x.strides[3], "HP": hp, "WP": wp, "PH": ph, "PW": pw, "K": k, "R": r,
+                "S": w.dims[3], "swk": w.strides[0], "swc": w.strides[1], "swr": w.strides[2], "sws": w.strides[3],
+                "SPAN": span, "PC": pad_c, "X_PROGRAMS": x_programs, "WIDE_INDEX": wide, "BLOCK": block,
+                "num_warps": 4}
         dtypes = (TORCH_DTYPES[x.dtype],) * 2 + (TORCH_DTYPES[w.dtype],) * 2
         kernel = _pad_kernel()
         compiled = procs.compile(f"{__name__}:_pad_kernel", kernel, dtypes, (), grid, meta)
         self._launch = direct_launcher(kernel, compiled, grid, meta, device.index)
 
-    def copy_in(self, tensors: Mapping[str, Any]) -> None:
-        self._launch(tensors["X"], self.x_nhwc, tensors["W"], self.w_krsc)
+    def copy_in(self, tensors: Mapping[str, Any]) -> tuple[Any, Any]:
+        """X and W into this stream's copies; returns them (NHWC and KRSC: the kernel takes their data)."""
+        x, w = self._buffers.get()
+        self._launch(tensors["X"], x, tensors["W"], w)
+        return x, w

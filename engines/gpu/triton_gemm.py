@@ -474,8 +474,8 @@ class TritonGemmPadded(TritonGemm):
     plain kernel cannot use vector loads. This engine copies A and B into buffers with K padded to
     a multiple of 128 (the largest BLOCK_K: no K masks) and N to a multiple of 256 (the largest
     BLOCK_N), with one launch of a Triton copy kernel (``triton_pad``); C is written where the
-    problem puts it. The copies are part of every run, measured with the GEMM; the buffers are held by the plan
-    (``estimate_workspace`` counts them).
+    problem puts it. The copies are part of every run, measured with the GEMM; the buffers are held by the plan,
+    a set per stream (``estimate_workspace`` counts one).
     """
 
     name = "triton.gemm_padded"
@@ -514,9 +514,7 @@ class TritonGemmPadded(TritonGemm):
         has_bias = problem.has_tensor("bias")
 
         def fn(t: Mapping[str, Any]) -> None:
-            ab.copy_in(t)
-            launch(ab.a, ab.b, t["C"], t["bias"] if has_bias else t["C"])
+            a, b = ab.copy_in(t)
+            launch(a, b, t["C"], t["bias"] if has_bias else t["C"])
 
-        plan = TorchPlan(fn, device)
-        ab.keep_until_done(plan)
-        return plan
+        return TorchPlan(fn, device)

@@ -82,41 +82,41 @@ def _tail_width(columns: int) -> int:
 
 
 class PadAB:
-    """Copies ``problem``'s A and B (as laid out there) into the top-left corners of ``a_dst`` and
-    ``b_dst``: contiguous, zero-filled buffers with as many batch entries (B's may be shared) and at
-    least as many rows; ``b_dst`` may be narrower than B for a split GEMM. With ``tail_from``, also
-    writes C's columns ``[tail_from, N)`` (plus bias) for a split GEMM."""
+    """Copies ``problem``'s A and B (as laid out there) into the top-left corners of destination buffers
+    of ``a_shape`` and ``b_shape``: contiguous, zero-filled, with as many batch entries (B's may be
+    shared) and at least as many rows; B's may be narrower than B for a split GEMM. The destinations
+    are given each call (a stream's own). With ``tail_from``, also writes C's columns ``[tail_from, N)``
+    (plus bias) for a split GEMM."""
 
-    def __init__(self, problem: Problem, a_dst: Any, b_dst: Any, tail_from: int | None = None) -> None:
+    def __init__(self, problem: Problem, a_shape: tuple[int, ...], b_shape: tuple[int, ...],
+                 tail_from: int | None = None) -> None:
         a, b, c = problem.tensor("A"), problem.tensor("B"), problem.tensor("C")
         m, k, n = a.dims[-2], a.dims[-1], c.dims[-1]
-        batch = a_dst.shape[0] if a_dst.dim() == 3 else 1
-        b_batch = b_dst.shape[0] if b_dst.dim() == 3 else 1
+        batch = a_shape[0] if len(a_shape) == 3 else 1
+        b_batch = b_shape[0] if len(b_shape) == 3 else 1
         n0 = n if tail_from is None else tail_from
         if not 0 < n0 <= n:
             raise ValueError(f"tail_from={tail_from}: must lie in (0, {n}]")
         batch_stride = lambda t, dims: t.strides[0] if len(dims) == 3 else 0  # noqa: E731
         s_c = c.strides if len(c.dims) == 3 else (0, *c.strides)
         a_programs = -(-m // BLOCK_R)
-        b_col_blocks = -(-b_dst.shape[-1] // BLOCK_C)
-        self._scalars = (m, k, batch_stride(a, a.dims), a.strides[-2], a.strides[-1], a_dst.shape[-1],
-                         a_dst.stride(0) if a_dst.dim() == 3 else 0,
-                         n, batch_stride(b, b.dims), b.strides[-2], b.strides[-1], b_dst.shape[-1],
-                         b_dst.stride(0) if b_dst.dim() == 3 else 0, b_batch,
+        b_col_blocks = -(-b_shape[-1] // BLOCK_C)
+        self._scalars = (m, k, batch_stride(a, a.dims), a.strides[-2], a.strides[-1], a_shape[-1],
+                         a_shape[-2] * a_shape[-1] if len(a_shape) == 3 else 0,
+                         n, batch_stride(b, b.dims), b.strides[-2], b.strides[-1], b_shape[-1],
+                         b_shape[-2] * b_shape[-1] if len(b_shape) == 3 else 0, b_batch,
                          n0, *s_c, a_programs, b_col_blocks)
         self._grid = (a_programs + -(-k // BLOCK_R) * b_col_blocks, batch)
         self._meta = dict(TAIL=_tail_width(n - n0), HAS_BIAS=problem.has_tensor("bias") and n0 < n,
                           PRECISION="ieee" if a.dtype == "fp32" and problem.compute_dtype != "tf32" else "tf32",
                           BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
-        self._dtypes = (a_dst.dtype, b_dst.dtype)
-        self._a_dst, self._b_dst = a_dst, b_dst
         self._launch: Any = None
 
-    def compile(self, c_dtype: Any) -> None:
+    def compile(self, a_dtype: Any, b_dtype: Any, c_dtype: Any) -> None:
         """Compile now (the caller holds the Triton compile lock): never inside a timed run."""
-        a_t, b_t = self._dtypes
-        _kernel().warmup(a_t, a_t, b_t, b_t, c_dtype, c_dtype, *self._scalars, grid=self._grid, **self._meta)
+        _kernel().warmup(a_dtype, a_dtype, b_dtype, b_dtype, c_dtype, c_dtype, *self._scalars, grid=self._grid,
+                         **self._meta)
         self._launch = _kernel()[self._grid]
 
-    def __call__(self, a: Any, b: Any, c: Any, bias: Any | None) -> None:
-        self._launch(a, self._a_dst, b, self._b_dst, c, c if bias is None else bias, *self._scalars, **self._meta)
+    def __call__(self, a: Any, a_dst: Any, b: Any, b_dst: Any, c: Any, bias: Any | None) -> None:
+        self._launch(a, a_dst, b, b_dst, c, c if bias is None else bias, *self._scalars, **self._meta)

@@ -200,3 +200,72 @@ def test_farm_ops_replays_a_listed_conv_plan_from_an_override_file(dev, tmp_path
         assert (given.float() - ref.float()).norm() / ref.float().norm() < 1e-2
     finally:
         ops.reset()
+
+
+STREAMS = [  # engines whose plans copy the inputs into buffers of their own before the kernel
+    ("triton.conv", {"K_LOOP": "rows", "PAD_C": 4, "BLOCK_K": 32, "num_stages": 1},
+     Problem.create("conv_fprop", {"X": nhwc(16, 3, 224, 224), "W": nhwc(64, 3, 7, 7), "Y": nhwc(16, 64, 112, 112)},
+                    dtype="fp16", criteria={"stride_h": 2, "stride_w": 2, "pad_h": 3, "pad_w": 3})),
+    ("triton.conv", {"K_LOOP": "flat", "PAD_C": 8, "BLOCK_K": 32},
+     Problem.create("conv_fprop", {"X": nhwc(16, 5, 112, 112), "W": nhwc(32, 5, 3, 3), "Y": nhwc(16, 32, 112, 112)},
+                    dtype="fp16", criteria=CONV)),
+    ("triton.gemm_padded", {}, Problem.create("matmul", {"A": [1000, 4000], "B": [4000, 4001]}, dtype="bf16")),
+    ("torch.matmul_padded", {"output": "padded", "multiple": 64},
+     Problem.create("matmul", {"A": [1000, 4000], "B": [4000, 4001]}, dtype="bf16")),
+    ("torch.matmul_padded", {"output": "split", "multiple": 16},
+     Problem.create("matmul", {"A": [1000, 4001], "B": [4001, 4008]}, dtype="bf16")),
+]
+
+
+@pytest.mark.parametrize("engine,knobs,problem", STREAMS, ids=lambda x: x if isinstance(x, str) else "")
+def test_a_plan_called_on_two_streams_at_once_keeps_a_set_of_copies_per_stream(dev, tmp_path, monkeypatch, engine,
+                                                                                 knobs, problem):
+    """Replayed through farm.ops on two streams at once (a server's two request streams): neither call reads
+    the other's copies of its inputs (they were one set per plan: a race, wrong answers)."""
+    import farm.ops as ops
+    from farm.store.override_files import write_overrides
+    from farm.store.overrides import OverrideEntry
+
+    props = dev.properties
+    path = tmp_path / "overrides.json"
+    write_overrides(path, [OverrideEntry.for_problem(problem, engine, tuple(knobs.items()), {"rank": 0})],
+                    device={"signature": props.signature, "properties": props.to_dict()}, mode="replace")
+    monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", str(path))
+    ops.reset()
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        conv = problem.op == "conv_fprop"
+        ins = ("X", "W") if conv else ("A", "B")
+
+        def tensor(tid):
+            t = problem.tensor(tid)
+            out = torch.empty_strided(t.dims, t.strides, device="cuda", dtype=getattr(torch, {"fp16": "float16",
+                                      "bf16": "bfloat16"}[t.dtype]))
+            return out.copy_(torch.randn(t.dims, device="cuda", generator=gen))
+
+        sets = [[tensor(t) for t in ins] for _ in range(2)]
+        crit = problem.criteria_dict
+        if conv:
+            call = lambda x, w: ops.conv2d(x, w, stride=crit["stride_h"], padding=crit["pad_h"])  # noqa: E731
+            ref = [torch.nn.functional.conv2d(x.float(), w.float(), None, crit["stride_h"], crit["pad_h"])
+                   for x, w in sets]
+        else:
+            call = ops.matmul
+            ref = [a.float() @ b.float() for a, b in sets]
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        for s, args in zip(streams, sets):  # each stream's first call: its copies made
+            with torch.cuda.stream(s):
+                call(*args)
+        torch.cuda.synchronize()
+        assert ops.choices()[0]["engine"] == engine
+        outs = [[], []]
+        for _ in range(10):  # issued alternately: the two streams' copies and kernels overlap
+            for i, (s, args) in enumerate(zip(streams, sets)):
+                with torch.cuda.stream(s):
+                    outs[i].append(call(*args))
+        torch.cuda.synchronize()
+        for i in range(2):
+            for y in outs[i]:
+                assert (y.float() - ref[i]).norm() / ref[i].norm() < 1e-2, (engine, i)
+    finally:
+        ops.reset()
