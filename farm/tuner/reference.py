@@ -100,11 +100,9 @@ def _conv_wgrad(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
     return {"dW": dw_}
 
 
-def _sdpa_fwd(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
-    q, k, v = x["Q"], x["K"], x["V"]
-    rep = q.shape[1] // k.shape[1]
-    k = np.repeat(k, rep, axis=1)
-    v = np.repeat(v, rep, axis=1)
+def _attention_probs(p: Problem, q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """softmax(Q K^T / sqrt(d)) per query head, K's heads repeated for grouped-query attention."""
+    k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
     scores = np.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(q.shape[-1])
     if p.criteria_dict.get("causal"):
         sq, skv = scores.shape[-2], scores.shape[-1]
@@ -113,8 +111,28 @@ def _sdpa_fwd(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
         scores = np.where(mask, scores, -np.inf)
     scores -= scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)
-    probs /= probs.sum(axis=-1, keepdims=True)
-    return {"O": np.einsum("bhqk,bhkd->bhqd", probs, v)}
+    return probs / probs.sum(axis=-1, keepdims=True)
+
+
+def _sdpa_fwd(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
+    v = np.repeat(x["V"], x["Q"].shape[1] // x["V"].shape[1], axis=1)
+    return {"O": np.einsum("bhqk,bhkd->bhqd", _attention_probs(p, x["Q"], x["K"]), v)}
+
+
+def _sdpa_bwd(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
+    """Gradients of sum(O * dO) through sdpa_fwd, with the given O in the softmax term (rowsum(dO * O)),
+    as FlashAttention's and cuDNN's backward use it; a key head's gradient sums its query heads'."""
+    q, k, v, o, do = x["Q"], x["K"], x["V"], x["O"], x["dO"]
+    b, hk, skv, d = k.shape
+    rep = q.shape[1] // hk
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    probs = _attention_probs(p, q, k)
+    dp = np.einsum("bhqd,bhkd->bhqk", do, np.repeat(v, rep, axis=1))
+    ds = probs * (dp - (do * o).sum(axis=-1, keepdims=True))
+    dq = np.einsum("bhqk,bhkd->bhqd", ds, np.repeat(k, rep, axis=1)) * scale
+    dk = np.einsum("bhqk,bhqd->bhkd", ds, q).reshape(b, hk, rep, skv, d).sum(axis=2) * scale
+    dv = np.einsum("bhqk,bhqd->bhkd", probs, do).reshape(b, hk, rep, skv, v.shape[-1]).sum(axis=2)
+    return {"dQ": dq, "dK": dk, "dV": dv}
 
 
 def _layernorm(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
@@ -160,6 +178,7 @@ _REFERENCES: dict[str, Callable[[Problem, Arrays], dict[str, np.ndarray]]] = {
     "conv_dgrad": _conv_dgrad,
     "conv_wgrad": _conv_wgrad,
     "sdpa_fwd": _sdpa_fwd,
+    "sdpa_bwd": _sdpa_bwd,
     "layernorm": _layernorm,
     "rmsnorm": _rmsnorm,
     "batchnorm_inference": _batchnorm,
