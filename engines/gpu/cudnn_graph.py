@@ -8,7 +8,8 @@ cuDNN names it: an engine id (``engine``) and the values of its knobs (``TILE_SI
 ``eng62_k2=5_k13=1``); a knob the plan does not set is ``-1``, and ``engine=-1`` is cuDNN's own first
 choice. The graph of a problem, its plan list and each built plan are kept for the process, so the
 tuner's later candidates and a replay of the winner reuse them; a call is one ``execute`` of the built
-plan on the caller's stream, with the plan's workspace allocated when it was built.
+plan on the caller's stream, with a workspace of the calling stream's own (``PerStream``: two streams'
+calls must not share one).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from farm.plugin import Device, KnobValue, Problem, Support
 
-from ._common import GpuEngine, TorchPlan, current_raw_stream, torch_module
+from ._common import GpuEngine, PerStream, TorchPlan, current_raw_stream, torch_module
 from .library_plans import UNSET, PlanCache, id_knob, import_or_reason, plan_limit
 
 log = logging.getLogger("farm.engines.gpu")
@@ -164,8 +165,11 @@ class CudnnGraph(GpuEngine):
             raise RuntimeError(f"cuDNN listed {g.names[index]!r} where it listed {listed.names[index]!r} before")
         ws_bytes = g.build(index)
         where = torch.device("cuda", device.index)
-        workspace = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=where)
-        ws_ptr = workspace.data_ptr()
+        def workspace() -> tuple[Any, int]:
+            buf = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=where)
+            return buf, buf.data_ptr()
+
+        workspaces = PerStream(workspace, device.index)
         handles, dev_index, raw_stream = self._handles, device.index, current_raw_stream(torch)
         graph = g.graph
         graph._prepare_variant_pack_template()
@@ -174,10 +178,11 @@ class CudnnGraph(GpuEngine):
         execute = graph._execute_with_ptrs  # the pointers in uid order, the workspace, the handle
 
         def fn(t: Mapping[str, Any]) -> None:
-            execute([t[tid].data_ptr() for tid in order], ws_ptr, handles.get(cudnn, dev_index, raw_stream(dev_index)))
+            execute([t[tid].data_ptr() for tid in order], workspaces.get()[1],
+                    handles.get(cudnn, dev_index, raw_stream(dev_index)))
 
         plan = TorchPlan(fn, device, ws_bytes)
-        plan.keep = (g, workspace)  # the built plan and its workspace live as long as the plan
+        plan.keep = (g, workspaces)  # the built plan and its workspaces live as long as the plan
         plan.cudnn_plan = g.names[index]
         return plan
 
