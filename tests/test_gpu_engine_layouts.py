@@ -214,10 +214,10 @@ def test_triton_conv_rows_walk_spans_a_filter_row_of_the_padded_copy():
     assert engine.estimate_workspace(stem, rows) == (32 * 230 * 230 * 4 + 64 * 7 * 8 * 4) * 2
     assert "BLOCK_K=32" in engine.knob_support(stem, None, {**rows, "BLOCK_K": 64}).reason
     assert "needs PAD_C" in engine.knob_support(stem, None, {**rows, "PAD_C": 0}).reason
-    # stride 1, odd width: the copy keeps Y's width (no even rounding), only the columns spans reach
-    odd = Problem.create("conv_fprop", {"X": nhwc(2, 3, 21, 23), "W": nhwc(16, 3, 5, 5)}, dtype="fp16",
+    # stride 1: an odd width stays odd (one column more would make Y one wider); only the columns spans reach
+    odd = Problem.create("conv_fprop", {"X": nhwc(2, 3, 21, 24), "W": nhwc(16, 3, 5, 5)}, dtype="fp16",
                          criteria={"pad_h": 2, "pad_w": 2})
-    assert channel_padded(odd, 4, rows=True).tensor("X").dims == (2, 4, 25, 22 + 8)
+    assert channel_padded(odd, 4, rows=True).tensor("X").dims == (2, 4, 25, 23 + 8)
     dilated = Problem.create("conv_fprop", {"X": nhwc(2, 3, 21, 23), "W": nhwc(16, 3, 3, 3)}, dtype="fp16",
                              criteria={"dilation_w": 2})
     assert "dilation_w=2" in engine.knob_support(dilated, None, {**rows, "BLOCK_K": 16}).reason

@@ -325,7 +325,8 @@ class TritonConv(GpuEngine):
         wide = max(_max_offset(t.dims, t.strides) for t in (x, w, y)) >= 2**31 or batch * p * q * bn >= 2**31
         meta = {"R": r, "S": s, "STRIDE_H": crit["stride_h"], "STRIDE_W": crit["stride_w"], "PAD_H": crit["pad_h"],
                 "PAD_W": crit["pad_w"], "DIL_H": crit["dilation_h"], "DIL_W": crit["dilation_w"],
-                "FLAT": knobs["K_LOOP"] == "flat", "ROWS": knobs["K_LOOP"] == "rows", "LIVE_K": live_k, "EVEN_C": c % bk == 0, "WIDE_INDEX": wide,
+                "FLAT": knobs["K_LOOP"] == "flat", "ROWS": knobs["K_LOOP"] == "rows", "LIVE_K": live_k,
+                "EVEN_C": c % bk == 0, "WIDE_INDEX": wide,
                 "TF32": problem.compute_dtype == "tf32", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                 "GROUP_M": int(knobs["GROUP_M"]), "num_warps": int(knobs["num_warps"]),
                 "num_stages": int(knobs["num_stages"])}

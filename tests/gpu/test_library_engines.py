@@ -96,8 +96,8 @@ def test_each_listed_plan_is_a_checked_candidate_and_the_winner_rebuilds_from_it
 
 ROWS_WALK = [
     TRITON_CONV[0],  # the stem: 7 taps read as a span of 8, stride 2
-    Problem.create("conv_fprop", {"X": nhwc(2, 3, 21, 23), "W": nhwc(16, 3, 5, 5)}, dtype="fp16",
-                   criteria={"pad_h": 2, "pad_w": 2}),  # stride 1, odd width: rows 8-byte aligned only
+    Problem.create("conv_fprop", {"X": nhwc(2, 3, 21, 24), "W": nhwc(16, 3, 5, 5)}, dtype="fp16",
+                   criteria={"pad_h": 2, "pad_w": 2}),  # stride 1, a copy 31 pixels wide: rows 8-byte aligned only
 ]
 
 
