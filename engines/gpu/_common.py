@@ -226,6 +226,11 @@ class PerStream:
                     found = self._by_stream[stream] = self._make()
         return found
 
+    def made(self) -> list[Any]:
+        """What ``make()`` made so far, a stream's each."""
+        with self._lock:
+            return list(self._by_stream.values())
+
 
 class ZeroPaddedAB:
     """A and B copied into zero-filled device buffers of larger K and N extents (Inductor's pad_mm).

@@ -13,12 +13,11 @@ are compiled when the plan is (``warmup``, no launch); a configuration the devic
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any, Mapping
 
 from farm.plugin import Device, Knob, KnobValue, Problem, Support, gil_heavy_section
 
-from ._common import TRITON_COMPILE_LOCK, GpuEngine, TorchPlan, current_raw_stream, torch_dtype, torch_module
+from ._common import TRITON_COMPILE_LOCK, GpuEngine, PerStream, TorchPlan, torch_dtype, torch_module
 from .triton_gemm import direct_launcher, load_binary, triton_dot_support
 
 MAX_M = 256  # above this an output-tiled GEMM has tiles enough: the plain Triton GEMM and cuBLAS apply
@@ -220,7 +219,7 @@ class TritonSplitK(GpuEngine):
 
 
 class StreamScratch:
-    """A plan's partials (and, for the serial sum, tile counters) per CUDA stream.
+    """A plan's partials (and, for the serial sum, tile counters) per CUDA stream (``PerStream``).
 
     Calls on two streams at once must not share them (torch keeps cuBLAS's workspace per stream for the
     same reason): a shared counter would be counted twice over and never return to zero. Partials are made
@@ -236,37 +235,34 @@ class StreamScratch:
         self._device = torch.device("cuda", device_index)
         self._shape = partial_shape
         self._tiles = tiles
-        self._raw_stream = current_raw_stream(torch)
-        self._index = device_index
         self._slab = torch.zeros((self.SLOTS, tiles), dtype=torch.int32, device=self._device) if tiles else None
         if self._slab is not None:
             torch.cuda.current_stream(self._device).synchronize()  # zero before any stream counts on it
-        self._by_stream: dict[int, tuple[Any, Any]] = {}
-        self._lock = threading.Lock()
+        self._streams_seen = 0
+        self._by_stream = PerStream(self._add, device_index)
 
     def get(self) -> tuple[Any, Any]:
         """(partials, counters or None) of the caller's current stream."""
-        buffers = self._by_stream.get(self._raw_stream(self._index))
-        return buffers if buffers is not None else self._add(self._raw_stream(self._index))
+        return self._by_stream.get()
 
-    def _add(self, stream: int) -> tuple[Any, Any]:
+    def per_stream(self) -> list[tuple[Any, Any]]:
+        """(partials, counters or None) of every stream that called so far."""
+        return self._by_stream.made()
+
+    def _add(self) -> tuple[Any, Any]:
         torch = self._torch
-        with self._lock:
-            if stream in self._by_stream:
-                return self._by_stream[stream]
-            slot = len(self._by_stream)
-            counters = None
-            if self._tiles and slot < self.SLOTS:
-                counters = self._slab[slot]
-            elif self._tiles:
-                if torch.cuda.is_current_stream_capturing():
-                    raise RuntimeError(f"triton.gemm_splitk: a plan called on more than {self.SLOTS} streams cannot "
-                                       "make zeroed counters for a new one while it captures a CUDA graph; call it "
-                                       "once on that stream before capturing")
-                counters = torch.zeros(self._tiles, dtype=torch.int32, device=self._device)
-            buffers = (torch.empty(self._shape, dtype=torch.float32, device=self._device), counters)
-            self._by_stream[stream] = buffers
-            return buffers
+        slot = self._streams_seen  # PerStream calls this under its lock, once per stream
+        self._streams_seen += 1
+        counters = None
+        if self._tiles and slot < self.SLOTS:
+            counters = self._slab[slot]
+        elif self._tiles:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"triton.gemm_splitk: a plan called on more than {self.SLOTS} streams cannot "
+                                   "make zeroed counters for a new one while it captures a CUDA graph; call it "
+                                   "once on that stream before capturing")
+            counters = torch.zeros(self._tiles, dtype=torch.int32, device=self._device)
+        return torch.empty(self._shape, dtype=torch.float32, device=self._device), counters
 
 
 def _tiles(m: int, n: int, knobs: Mapping[str, KnobValue]) -> int:

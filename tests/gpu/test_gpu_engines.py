@@ -319,7 +319,7 @@ def test_serial_split_k_sums_right_on_two_streams_at_once_and_in_graph_replays(d
     # the same sum in the same order as the second kernel's: bit for bit, every call, every stream, every replay
     bad = [i for i, c in enumerate(outs + replays) if not torch.equal(c, expected)]
     assert not bad, f"{len(bad)} of {len(outs) + len(replays)} serial split-K results differ, e.g. call {bad[0]}"
-    counters = [c for _, c in serial.scratch._by_stream.values() if c is not None]
+    counters = [c for _, c in serial.scratch.per_stream() if c is not None]
     assert len(counters) == 3 and all(int(c.abs().sum()) == 0 for c in counters)  # left at zero
 
 
