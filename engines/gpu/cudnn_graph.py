@@ -165,6 +165,7 @@ class CudnnGraph(GpuEngine):
             raise RuntimeError(f"cuDNN listed {g.names[index]!r} where it listed {listed.names[index]!r} before")
         ws_bytes = g.build(index)
         where = torch.device("cuda", device.index)
+
         def workspace() -> tuple[Any, int]:
             buf = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=where)
             return buf, buf.data_ptr()
