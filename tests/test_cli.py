@@ -34,6 +34,9 @@ def test_engines_json_and_op_filter(repo_root):
     assert conv and all("conv_fprop" in e["ops"] for e in conv) and {"cpu.conv.fft", "sim.vendor"} <= {e["name"] for e in conv}
     bad = farm(repo_root, "engines", "--op", "gemm")
     assert bad.returncode == 2 and "unknown op 'gemm'" in bad.stderr and "Traceback" not in bad.stderr
+    # a known op no engine serves (no built-in engine runs attention backward): said, not an empty table
+    none = farm(repo_root, "engines", "--op", "sdpa_bwd", check=True)
+    assert "no engine serves sdpa_bwd" in none.stdout
 
 
 def test_tune_example_json(repo_root, tmp_path):

@@ -35,6 +35,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
     here = runs_here(registry, engines, local_devices())
     if args.json:
         _print_json([{**engine_dict(registry, e), "runs_here": here[e.name]} for e in engines])
+    elif args.op is not None and not engines:
+        _console().print(f"no engine serves {escape(args.op)} (built-in or installed as a plugin)")
     else:
         _console().print(engines_table(registry, engines, here))
     return 0
