@@ -216,8 +216,10 @@ class PerStream:
         self._by_stream: dict[int, Any] = {}
         self._lock = threading.Lock()
 
-    def get(self) -> Any:
-        stream = self._raw_stream(self._index)
+    def get(self, stream: int | None = None) -> Any:
+        """The current stream's buffers (``stream``: its raw handle, where the caller has it already)."""
+        if stream is None:
+            stream = self._raw_stream(self._index)
         found = self._by_stream.get(stream)
         if found is None:
             with self._lock:

@@ -179,8 +179,9 @@ class CudnnGraph(GpuEngine):
         execute = graph._execute_with_ptrs  # the pointers in uid order, the workspace, the handle
 
         def fn(t: Mapping[str, Any]) -> None:
-            execute([t[tid].data_ptr() for tid in order], workspaces.get()[1],
-                    handles.get(cudnn, dev_index, raw_stream(dev_index)))
+            stream = raw_stream(dev_index)
+            execute([t[tid].data_ptr() for tid in order], workspaces.get(stream)[1],
+                    handles.get(cudnn, dev_index, stream))
 
         plan = TorchPlan(fn, device, ws_bytes)
         plan.keep = (g, workspaces)  # the built plan and its workspaces live as long as the plan
