@@ -1,6 +1,6 @@
 """How fast can a decode GEMM be here? Reading the weights alone, against the GEMMs (one GPU).
 
-    python benchmarks/decode_ceiling.py [--json FILE]
+    python benchmarks/decode_ceiling.py [--rows 1,16] [--json FILE]
 
 For the LLM decode GEMMs of benchmarks/beat_the_defaults.py (M = 1, 16, 64, 128 against Llama-3-8B projections,
 bf16), measured the same way (device time per call from CUDA-graph replays of 100 calls, each on its own copy
@@ -10,8 +10,8 @@ of the inputs, rotating over 256 MB so B comes from HBM):
   tensor descriptors, and CUDA C++ (CuPy, 16-byte streaming loads, several in flight per thread), each over
   a sweep of grid and tile sizes; the fastest of all is the "read B" bound, what no GEMM of that shape can beat;
 - torch.matmul (cuBLAS's choice; in the recorded runs of beat_the_defaults.py it was the best of eager and
-  Inductor on every 1024- and 4096-wide shape, Inductor beat it by up to 4 % on some 14336-wide ones) and the
-  split-K Triton GEMM's sweep.
+  Inductor on every 1024- and 4096-wide shape, Inductor beat it by up to 4 % on some 14336-wide ones), the
+  split-K Triton GEMM's sweep and, for M <= 8, the CUDA C++ GEMV (cuda.gemv: its default and listed plans).
 Prints per shape the HBM floor (bytes of A + B + C over the device-to-device copy bandwidth of the same run),
 each time, the share of the floor the read-B bound reaches, and the speed-up over torch.matmul that a GEMM
 running at the read-B bound would have: the most any engine could show in beat_the_defaults.py's comparison.
@@ -144,7 +144,9 @@ def read_b_bounds(torch, k, n, sets, scratch):
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
+    parser.add_argument("--rows", help="only the shapes with these M, e.g. 1,16")
     args = parser.parse_args()
+    shapes = [s for s in DECODE if not args.rows or s[0] in {int(x) for x in args.rows.split(",")}]
     import torch
 
     from farm.devices.device import gpu_device
@@ -159,9 +161,18 @@ def main() -> int:
     print(f"empty kernel (132 programs): {empty_us:.2f} us a call", flush=True)
     dev = gpu_device("cuda", 0)
     splitk = default_engine_registry().get("triton.gemm_splitk")
+    gemv = default_engine_registry().get("cuda.gemv")
+    defaults_gemv = {kn.name: kn.default for kn in gemv.knobs}
+
+    def product(m, n, plan):
+        def call(a, b):
+            c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            plan.fn({"A": a, "B": b, "C": c})
+            return c
+        return call
     bounds: dict[tuple[int, int], dict] = {}
     rows = []
-    for m, k, n in DECODE:
+    for m, k, n in shapes:
         nbytes = (m * k + k * n + m * n) * 2
         copies = max(2, min(32, ROTATE_BYTES // nbytes + 1))
         sets = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
@@ -181,37 +192,44 @@ def main() -> int:
                 plan = splitk.compile(problem, knobs, dev)
             except Exception:
                 continue
-
-            def call(a, b, plan=plan):
-                c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-                plan.fn({"A": a, "B": b, "C": c})
-                return c
-            plans.append((",".join(f"{key}={v}" for key, v in zip(SPLITK, values)), call))
+            plans.append((",".join(f"{key}={v}" for key, v in zip(SPLITK, values)), product(m, n, plan)))
         split_us, split_label = fastest(torch, plans, sets)
+        gemv_us, gemv_label = math.inf, "-"
+        if gemv.applicable(problem, dev):  # M <= 8: the CUDA C++ GEMV, its default and listed block shapes
+            calls = []
+            for knobs in [defaults_gemv, *({**defaults_gemv, **p} for p in gemv.list_plans(problem, dev))]:
+                label = ",".join(f"{key}={v}" for key, v in knobs.items())
+                try:
+                    calls.append((label, product(m, n, gemv.compile(problem, knobs, dev))))
+                except Exception as exc:
+                    print(f"   cuda.gemv {label} did not build: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            gemv_us, gemv_label = fastest(torch, calls, sets)
         floor = nbytes / bw * 1e6
         row = {"m": m, "k": k, "n": n, "floor_us": floor, "empty_us": empty_us, "read_b_us": read_us,
                "read_b_by": read_by, "readers": {kind: v[0] for kind, v in bounds[(k, n)].items()},
-               "torch_us": eager, "splitk_us": split_us, "splitk_knobs": split_label}
+               "torch_us": eager, "splitk_us": split_us, "splitk_knobs": split_label, "gemv_us": gemv_us,
+               "gemv_knobs": gemv_label}
         rows.append(row)
         print(f"{m}x{k}x{n}: floor {floor:.1f}, read B {read_us:.1f} ({read_by}), torch.matmul {eager:.1f}, "
-              f"split-K {split_us:.1f} ({split_label})", flush=True)
+              f"split-K {split_us:.1f} ({split_label}), cuda.gemv {gemv_us:.1f} ({gemv_label})", flush=True)
 
     print()
     print(f"Device time per call (us, CUDA-graph replays on rotating inputs); empty kernel {empty_us:.2f} us; "
           f"copy bandwidth {bw / 1e12:.2f} TB/s.")
     print("| shape | HBM floor | read B: Triton ptr | Triton TMA | CUDA C++ | read B % of floor | torch.matmul | "
-          "split-K best | ours / torch | at most (torch / read B) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "split-K best | cuda.gemv best | ours / torch | ours % of floor | at most (torch / read B) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         rd = r["readers"]
-        best_ours = min(r["torch_us"], r["splitk_us"])
+        best_ours = min(r["torch_us"], r["splitk_us"], r["gemv_us"])
+        gemv_cell = f"{r['gemv_us']:.1f}" if math.isfinite(r["gemv_us"]) else "-"
         print(f"| {r['m']}x{r['k']}x{r['n']} | {r['floor_us']:.1f} | {rd['Triton pointer loads']:.1f} | "
               f"{rd['Triton TMA']:.1f} | {rd['CUDA C++']:.1f} | {100 * r['floor_us'] / r['read_b_us']:.0f} % | "
-              f"{r['torch_us']:.1f} | {r['splitk_us']:.1f} | {r['torch_us'] / best_ours:.3f} | "
-              f"{r['torch_us'] / r['read_b_us']:.3f} |")
+              f"{r['torch_us']:.1f} | {r['splitk_us']:.1f} | {gemv_cell} | {r['torch_us'] / best_ours:.3f} | "
+              f"{100 * r['floor_us'] / best_ours:.0f} % | {r['torch_us'] / r['read_b_us']:.3f} |")
     geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
-    print(f"\ngeomean over {len(rows)} shapes: best of torch.matmul and split-K over torch.matmul "
-          f"{geo([r['torch_us'] / min(r['torch_us'], r['splitk_us']) for r in rows]):.3f}; "
+    print(f"\ngeomean over {len(rows)} shapes: best of torch.matmul, split-K and cuda.gemv over torch.matmul "
+          f"{geo([r['torch_us'] / min(r['torch_us'], r['splitk_us'], r['gemv_us']) for r in rows]):.3f}; "
           f"a GEMM at the read-B bound over torch.matmul {geo([r['torch_us'] / r['read_b_us'] for r in rows]):.3f}")
     at75 = [r for r in rows if r["floor_us"] / r["read_b_us"] >= 0.75]
     print(f"shapes where reading B alone reaches 75 % of the HBM floor: {len(at75)} of {len(rows)}")

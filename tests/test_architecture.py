@@ -126,7 +126,8 @@ def test_optional_engine_capabilities_are_protocols_the_built_ins_satisfy():
     names = {cap.__name__: {e.name for e in engines if isinstance(e, cap)}
              for cap in (KnobAware, CompileKeyed, Preparable, PlanListing, Prioritized)}
     assert "torch.sdpa" in names["KnobAware"] and "triton.gemm" in names["CompileKeyed"]
-    assert names["PlanListing"] == {"cudnn.graph", "cublaslt", "triton.gemm", "triton.gemm_padded", "triton.conv"}
+    assert names["PlanListing"] == {"cudnn.graph", "cublaslt", "triton.gemm", "triton.gemm_padded", "triton.conv",
+                                    "cuda.gemv"}
     assert {"triton.gemm", "triton.conv"} <= names["Preparable"] and names["Prioritized"]
 
 
