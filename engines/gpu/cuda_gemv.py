@@ -202,8 +202,9 @@ class CudaGemv(GpuEngine):
     def supports(self, problem: Problem, device: Device) -> Support:
         if device.vendor != "nvidia":
             return Support.no("CUDA C++ compiled with NVRTC: NVIDIA GPUs only")
-        if _bindings()[0] is None:
-            return Support.no(_bindings()[1])
+        bindings, why = _bindings()
+        if bindings is None:
+            return Support.no(why)
         arch = device.properties.arch
         if not arch.startswith("sm_") or not arch[3:].isdigit() or int(arch[3:-1]) < 8:  # sm_<major><minor>
             return Support.no(f"needs sm_80 or newer (bf16 conversions), not {arch}")
@@ -270,7 +271,7 @@ class CudaGemv(GpuEngine):
                int(knobs["STEPS"]))
         function = self._functions.get(key, lambda: _compile(key))
         strips, slices = self._grid(problem, knobs)
-        scratch = StreamScratch(torch, device.index, (slices, m, n), strips)
+        scratch = StreamScratch(torch, device.index, (slices, m, n), strips, owner=self.name)
         ty = int(knobs["TY"])
         scalars = ((n, ctypes.c_int), (k, ctypes.c_int), (a.strides[0], ctypes.c_longlong),
                    (b.strides[0], ctypes.c_longlong), (c.strides[0], ctypes.c_longlong),
