@@ -23,7 +23,7 @@ def engine(monkeypatch):
     import engines.gpu.cuda_gemv as gemv
 
     monkeypatch.setattr(common, "torch_or_reason", lambda: (object(), ""))
-    monkeypatch.setattr(gemv, "_bindings", lambda: ((object(), object()), ""))
+    monkeypatch.setattr(gemv, "bindings", lambda: ((object(), object()), ""))
     from farm.model.engine import default_engine_registry
 
     return default_engine_registry().get("cuda.gemv")
@@ -54,13 +54,13 @@ def test_it_takes_few_rows_of_row_major_half_precision_operands(engine):
 def real_bindings(monkeypatch):
     """The engine's own cuda-python probe (cached), torch faked; the cache cleared before and after."""
     import engines.gpu._common as common
-    import engines.gpu.cuda_gemv as gemv
+    import engines.gpu.nvrtc as nvrtc
     from farm.model.engine import default_engine_registry
 
     monkeypatch.setattr(common, "torch_or_reason", lambda: (object(), ""))
-    gemv._bindings.cache_clear()
+    nvrtc.bindings.cache_clear()
     yield default_engine_registry().get("cuda.gemv")
-    gemv._bindings.cache_clear()
+    nvrtc.bindings.cache_clear()
 
 
 def test_without_cuda_python_discovery_names_the_extra(monkeypatch, real_bindings):
@@ -112,21 +112,11 @@ def test_workspace_is_the_partials_and_a_counter_per_column_strip_and_stream(eng
     {"M_ROWS": 3, "IN_BF16": 1, "HAS_BIAS": 1, "KC": 4, "TY": 4, "STEPS": 2},
 ], ids=lambda d: "M{M_ROWS}-KC{KC}-TY{TY}-S{STEPS}".format(**d))
 def test_the_kernel_compiles_with_nvrtc_where_nvrtc_is_installed(defines):
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError as exc:
-        pytest.skip(f"cuda-python is not installed: {exc}")
     import engines.gpu.cuda_gemv as gemv
+    from engines.gpu.nvrtc import bindings, compile_cubin
 
-    options = [b"--gpu-architecture=sm_90", b"--std=c++17", b"-default-device"]
-    options += [f"-D{name}={value}".encode() for name, value in defines.items()]
-    try:
-        program = gemv._check(nvrtc.nvrtcCreateProgram(gemv.SOURCE.encode(), b"t.cu", 0, [], []), "create")
-    except Exception as exc:  # cuda-python without libnvrtc (the nvidia-cuda-nvrtc wheel or a CUDA toolkit)
-        pytest.skip(f"NVRTC does not load here: {exc}")
-    status = nvrtc.nvrtcCompileProgram(program, len(options), options)[0]
-    size = gemv._check(nvrtc.nvrtcGetProgramLogSize(program), "log size")
-    log = b" " * size
-    gemv._check(nvrtc.nvrtcGetProgramLog(program, log), "log")
-    nvrtc.nvrtcDestroyProgram(program)
-    assert int(getattr(status, "value", status)) == 0, log.decode(errors="replace")
+    bindings.cache_clear()
+    found, why = bindings()
+    if found is None:  # cuda-python without libnvrtc (the nvidia-cuda-nvrtc wheel or a CUDA toolkit)
+        pytest.skip(why)
+    assert len(compile_cubin(gemv.SOURCE, "gemv_splitk", "sm_90", defines)) > 0

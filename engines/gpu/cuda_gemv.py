@@ -19,13 +19,13 @@ GEMM (7.1 us against 5.9 at 1 x 4096 x 1024; reading B alone takes 3.5).
 from __future__ import annotations
 
 import ctypes
-import functools
 from typing import Any, Mapping, Sequence
 
 from farm.plugin import Device, Knob, KnobValue, Problem, Support
 
 from ._common import GpuEngine, TorchPlan, current_raw_stream, torch_module
 from .library_plans import PlanCache, plan_limit
+from .nvrtc import Launcher, bindings, compile_function
 from .triton_splitk import StreamScratch
 
 MAX_M = 8  # rows of A: past this the CUDA cores' arithmetic, not the weights' bytes, sets the time
@@ -202,8 +202,8 @@ class CudaGemv(GpuEngine):
     def supports(self, problem: Problem, device: Device) -> Support:
         if device.vendor != "nvidia":
             return Support.no("CUDA C++ compiled with NVRTC: NVIDIA GPUs only")
-        bindings, why = _bindings()
-        if bindings is None:
+        found, why = bindings()
+        if found is None:
             return Support.no(why)
         arch = device.properties.arch
         if not arch.startswith("sm_") or not arch[3:].isdigit() or int(arch[3:-1]) < 8:  # sm_<major><minor>
@@ -276,11 +276,7 @@ class CudaGemv(GpuEngine):
         scalars = ((n, ctypes.c_int), (k, ctypes.c_int), (a.strides[0], ctypes.c_longlong),
                    (b.strides[0], ctypes.c_longlong), (c.strides[0], ctypes.c_longlong),
                    (c.strides[1], ctypes.c_longlong))
-        values = tuple(v for v, _ in scalars)
-        types = (ctypes.c_void_p,) * 6 + tuple(t for _, t in scalars)
-        stream_of = current_raw_stream(torch)
-        index = device.index
-        driver = _bindings()[0][1]
+        launch = Launcher(function, 6, scalars, current_raw_stream(torch), device.index, self.name)
 
         def fn(t: Mapping[str, Any]) -> None:
             A, B, C = t["A"], t["B"], t["C"]
@@ -291,65 +287,17 @@ class CudaGemv(GpuEngine):
                 return
             parts, counters = scratch.get()
             bias = t["bias"].data_ptr() if has_bias else 0
-            args = (A.data_ptr(), B.data_ptr(), C.data_ptr(), bias, parts.data_ptr(), counters.data_ptr(), *values)
-            _check(driver.cuLaunchKernel(function, strips, slices, 1, 32, ty, 1, 0, stream_of(index),
-                                         (args, types), 0), "cuLaunchKernel")
+            launch((strips, slices, 1), (32, ty, 1),
+                   (A.data_ptr(), B.data_ptr(), C.data_ptr(), bias, parts.data_ptr(), counters.data_ptr()))
 
         plan = TorchPlan(fn, device)
         plan.scratch = scratch  # held as long as the plan
         return plan
 
 
-@functools.lru_cache(maxsize=1)
-def _bindings() -> tuple[Any, str]:
-    """((nvrtc, driver), "") from cuda-python with NVRTC's library found, or (None, why)."""
-    try:
-        from cuda.bindings import driver, nvrtc
-    except ImportError as exc:
-        return None, f"cuda-python is not installed (pip install 'tunefarm[cuda]'): {exc}"
-    try:
-        nvrtc.nvrtcVersion()  # loads libnvrtc: a CUDA build of torch brings it (nvidia-cuda-nvrtc), as does a toolkit
-    except Exception as exc:
-        return None, f"NVRTC is not found (pip install nvidia-cuda-nvrtc, or a CUDA toolkit): {exc}"
-    return (nvrtc, driver), ""
-
-
-def _check(result: Any, what: str) -> Any:
-    """The values a cuda-python call returns after its status, or an error naming the call."""
-    status, *values = result if isinstance(result, tuple) else (result,)
-    if int(getattr(status, "value", status)) != 0:
-        raise RuntimeError(f"cuda.gemv: {what} failed: {status!r}")
-    return values[0] if len(values) == 1 else values
-
-
 def _compile(key: tuple) -> Any:
-    """NVRTC-compile the kernel for one configuration, load it into the device's primary context."""
+    """The kernel compiled for one configuration and loaded into the device's primary context."""
     arch, index, m, dtype, has_bias, kc, ty, steps = key
-    (nvrtc, driver), _ = _bindings()
     defines = {"M_ROWS": m, "IN_BF16": int(dtype == "bf16"), "HAS_BIAS": int(has_bias), "KC": kc, "TY": ty,
                "STEPS": steps}
-    options = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"-default-device"]
-    options += [f"-D{name}={value}".encode() for name, value in defines.items()]
-    program = _check(nvrtc.nvrtcCreateProgram(SOURCE.encode(), b"cuda_gemv.cu", 0, [], []), "nvrtcCreateProgram")
-    try:
-        status = nvrtc.nvrtcCompileProgram(program, len(options), options)[0]
-        if int(getattr(status, "value", status)) != 0:
-            size = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
-            log = b" " * size
-            _check(nvrtc.nvrtcGetProgramLog(program, log), "nvrtcGetProgramLog")
-            raise RuntimeError(f"cuda.gemv: NVRTC could not compile {defines}: "
-                               f"{log.decode(errors='replace').strip()}")
-        size = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
-    finally:
-        nvrtc.nvrtcDestroyProgram(program)
-    _check(driver.cuInit(0), "cuInit")
-    if int(_check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")) == 0:
-        # a compile thread that has not used CUDA yet: torch's (the runtime's) primary context
-        dev = _check(driver.cuDeviceGet(index), "cuDeviceGet")
-        _check(driver.cuCtxSetCurrent(_check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")),
-               "cuCtxSetCurrent")
-    image = ctypes.create_string_buffer(cubin, len(cubin))
-    module = _check(driver.cuModuleLoadData(ctypes.addressof(image)), "cuModuleLoadData")
-    return _check(driver.cuModuleGetFunction(module, b"gemv_splitk"), "cuModuleGetFunction")
+    return compile_function(SOURCE, "gemv_splitk", arch, index, defines)
