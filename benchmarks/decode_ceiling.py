@@ -11,7 +11,8 @@ of the inputs, rotating over 256 MB so B comes from HBM):
   a sweep of grid and tile sizes; the fastest of all is the "read B" bound, what no GEMM of that shape can beat;
 - torch.matmul (cuBLAS's choice; in the recorded runs of beat_the_defaults.py it was the best of eager and
   Inductor on every 1024- and 4096-wide shape, Inductor beat it by up to 4 % on some 14336-wide ones), the
-  split-K Triton GEMM's sweep and, for M <= 8, the CUDA C++ GEMV (cuda.gemv: its default and listed plans).
+  split-K Triton GEMM's sweep and, for M <= 16, the CUDA C++ tensor-core decode GEMM (cuda.decode_gemm: its
+  default and listed plans).
 Prints per shape the HBM floor (bytes of A + B + C over the device-to-device copy bandwidth of the same run),
 each time, the share of the floor the read-B bound reaches, and the speed-up over torch.matmul that a GEMM
 running at the read-B bound would have: the most any engine could show in beat_the_defaults.py's comparison.
@@ -161,8 +162,8 @@ def main() -> int:
     print(f"empty kernel (132 programs): {empty_us:.2f} us a call", flush=True)
     dev = gpu_device("cuda", 0)
     splitk = default_engine_registry().get("triton.gemm_splitk")
-    gemv = default_engine_registry().get("cuda.gemv")
-    defaults_gemv = {kn.name: kn.default for kn in gemv.knobs}
+    decode = default_engine_registry().get("cuda.decode_gemm")
+    defaults_decode = {kn.name: kn.default for kn in decode.knobs}
 
     def product(m, n, plan):
         def call(a, b):
@@ -194,42 +195,44 @@ def main() -> int:
                 continue
             plans.append((",".join(f"{key}={v}" for key, v in zip(SPLITK, values)), product(m, n, plan)))
         split_us, split_label = fastest(torch, plans, sets)
-        gemv_us, gemv_label = math.inf, "-"
-        if gemv.applicable(problem, dev):  # M <= 8: the CUDA C++ GEMV, its default and listed block shapes
+        decode_us, decode_label = math.inf, "-"
+        if decode.applicable(problem, dev):  # M <= 16: the CUDA C++ decode GEMM, its default and listed plans
             calls = []
-            for knobs in [defaults_gemv, *({**defaults_gemv, **p} for p in gemv.list_plans(problem, dev))]:
+            for knobs in [defaults_decode, *({**defaults_decode, **p} for p in decode.list_plans(problem, dev))]:
                 label = ",".join(f"{key}={v}" for key, v in knobs.items())
                 try:
-                    calls.append((label, product(m, n, gemv.compile(problem, knobs, dev))))
+                    calls.append((label, product(m, n, decode.compile(problem, knobs, dev))))
                 except Exception as exc:
-                    print(f"   cuda.gemv {label} did not build: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-            gemv_us, gemv_label = fastest(torch, calls, sets)
+                    print(f"   cuda.decode_gemm {label} did not build: {type(exc).__name__}: {str(exc)[:300]}",
+                          flush=True)
+            decode_us, decode_label = fastest(torch, calls, sets)
         floor = nbytes / bw * 1e6
         row = {"m": m, "k": k, "n": n, "floor_us": floor, "empty_us": empty_us, "read_b_us": read_us,
                "read_b_by": read_by, "readers": {kind: v[0] for kind, v in bounds[(k, n)].items()},
-               "torch_us": eager, "splitk_us": split_us, "splitk_knobs": split_label, "gemv_us": gemv_us,
-               "gemv_knobs": gemv_label}
+               "torch_us": eager, "splitk_us": split_us, "splitk_knobs": split_label, "decode_us": decode_us,
+               "decode_knobs": decode_label}
         rows.append(row)
         print(f"{m}x{k}x{n}: floor {floor:.1f}, read B {read_us:.1f} ({read_by}), torch.matmul {eager:.1f}, "
-              f"split-K {split_us:.1f} ({split_label}), cuda.gemv {gemv_us:.1f} ({gemv_label})", flush=True)
+              f"split-K {split_us:.1f} ({split_label}), cuda.decode_gemm {decode_us:.1f} ({decode_label})", flush=True)
 
     print()
     print(f"Device time per call (us, CUDA-graph replays on rotating inputs); empty kernel {empty_us:.2f} us; "
           f"copy bandwidth {bw / 1e12:.2f} TB/s.")
     print("| shape | HBM floor | read B: Triton ptr | Triton TMA | CUDA C++ | read B % of floor | torch.matmul | "
-          "split-K best | cuda.gemv best | ours / torch | ours % of floor | at most (torch / read B) |")
+          "split-K best | cuda.decode_gemm best | ours / torch | ours % of floor | at most (torch / read B) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         rd = r["readers"]
-        best_ours = min(r["torch_us"], r["splitk_us"], r["gemv_us"])
-        gemv_cell = f"{r['gemv_us']:.1f}" if math.isfinite(r["gemv_us"]) else "-"
+        best_ours = min(r["torch_us"], r["splitk_us"], r["decode_us"])
+        decode_cell = f"{r['decode_us']:.1f}" if math.isfinite(r["decode_us"]) else "-"
         print(f"| {r['m']}x{r['k']}x{r['n']} | {r['floor_us']:.1f} | {rd['Triton pointer loads']:.1f} | "
               f"{rd['Triton TMA']:.1f} | {rd['CUDA C++']:.1f} | {100 * r['floor_us'] / r['read_b_us']:.0f} % | "
-              f"{r['torch_us']:.1f} | {r['splitk_us']:.1f} | {gemv_cell} | {r['torch_us'] / best_ours:.3f} | "
+              f"{r['torch_us']:.1f} | {r['splitk_us']:.1f} | {decode_cell} | {r['torch_us'] / best_ours:.3f} | "
               f"{100 * r['floor_us'] / best_ours:.0f} % | {r['torch_us'] / r['read_b_us']:.3f} |")
     geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
-    print(f"\ngeomean over {len(rows)} shapes: best of torch.matmul, split-K and cuda.gemv over torch.matmul "
-          f"{geo([r['torch_us'] / min(r['torch_us'], r['splitk_us'], r['gemv_us']) for r in rows]):.3f}; "
+    ours = geo([r["torch_us"] / min(r["torch_us"], r["splitk_us"], r["decode_us"]) for r in rows])
+    print(f"\ngeomean over {len(rows)} shapes: best of torch.matmul, split-K and cuda.decode_gemm over "
+          f"torch.matmul {ours:.3f}; "
           f"a GEMM at the read-B bound over torch.matmul {geo([r['torch_us'] / r['read_b_us'] for r in rows]):.3f}")
     at75 = [r for r in rows if r["floor_us"] / r["read_b_us"] >= 0.75]
     print(f"shapes where reading B alone reaches 75 % of the HBM floor: {len(at75)} of {len(rows)}")

@@ -7,7 +7,8 @@ torch.matmul_padded  GEMM on zero-padded aligned copies (odd M, N or K), as Indu
 triton.gemm    a Triton GEMM with the tile knobs autotuners search
 triton.gemm_padded  the Triton GEMM on zero-padded aligned copies of A and B (odd K or N)
 triton.gemm_splitk  a split-K Triton GEMM for skinny A (M <= 256: LLM decode), the split and who sums the slices knobs
-cuda.gemv      a CUDA C++ split-K GEMV (NVRTC, cuda-python) for A of at most 8 rows: decode at small batch
+cuda.decode_gemm  a CUDA C++ tensor-core GEMM (NVRTC, cuda-python) for A of at most 16 rows (decode), K split
+                  over a thread-block cluster and summed in distributed shared memory
 torch.sdpa     attention with the backend forced (flash, efficient, cudnn, math) or auto
 triton.conv    a Triton implicit-GEMM forward convolution: tiles and how the filter is walked (a tap at a time
                or taps and channels as one axis, for few channels) as knobs, configurations listed per shape
@@ -21,7 +22,7 @@ torch, triton, cudnn, nvmath and cuda-python are imported only when an engine is
 
 from .conv import TorchConv
 from .cublaslt import CublasLt
-from .cuda_gemv import CudaGemv
+from .cuda_decode import CudaDecodeGemm
 from .cudnn_graph import CudnnGraph
 from .matmul import TorchBlas, TorchMatmul, TorchMatmulPadded
 from .sdpa import TorchSdpa
@@ -31,7 +32,7 @@ from .triton_splitk import TritonSplitK
 
 _TRITON = TritonGemm()
 ENGINES = (TorchMatmul(), TorchBlas(), TorchMatmulPadded(), _TRITON, TritonGemmPadded(_TRITON.compile_pool),
-           TritonSplitK(), CudaGemv(), TorchSdpa(), TorchConv(), TritonConv(_TRITON.compile_pool),
+           TritonSplitK(), CudaDecodeGemm(), TorchSdpa(), TorchConv(), TritonConv(_TRITON.compile_pool),
            CudnnGraph(), CublasLt())
 
 __all__ = ["ENGINES"]

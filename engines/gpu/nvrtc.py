@@ -1,7 +1,7 @@
 """CUDA C++ kernels compiled at run time with NVRTC and launched with the driver API (cuda-python).
 
-Shared by the hand-written CUDA engines (cuda.gemv, cuda.decode_gemm): finding the bindings, compiling a
-source with its compile-time constants for one device, launching on the caller's stream.
+For hand-written CUDA engines (cuda.decode_gemm): finding the bindings, compiling a source with its
+compile-time constants for one device, launching on the caller's stream.
 """
 
 from __future__ import annotations

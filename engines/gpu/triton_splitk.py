@@ -230,10 +230,8 @@ class StreamScratch:
 
     SLOTS = 8
 
-    def __init__(self, torch: Any, device_index: int, partial_shape: tuple[int, int, int], tiles: int,
-                 owner: str = "triton.gemm_splitk") -> None:
+    def __init__(self, torch: Any, device_index: int, partial_shape: tuple[int, int, int], tiles: int) -> None:
         self._torch = torch
-        self._owner = owner  # the engine named in errors
         self._device = torch.device("cuda", device_index)
         self._shape = partial_shape
         self._tiles = tiles
@@ -260,7 +258,7 @@ class StreamScratch:
             counters = self._slab[slot]
         elif self._tiles:
             if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(f"{self._owner}: a plan called on more than {self.SLOTS} streams cannot "
+                raise RuntimeError(f"triton.gemm_splitk: a plan called on more than {self.SLOTS} streams cannot "
                                    "make zeroed counters for a new one while it captures a CUDA graph; call it "
                                    "once on that stream before capturing")
             counters = torch.zeros(self._tiles, dtype=torch.int32, device=self._device)
