@@ -188,6 +188,21 @@ def test_the_reduce_on_ray_writes_the_single_process_files_byte_for_byte(tmp_pat
     assert len(list(many.glob("*.corrupt-*"))) == len(list(one.glob("*.corrupt-*"))) == 1
 
 
+def test_a_reduce_task_returns_the_files_it_wrote_not_the_corrupt_copy_it_set_aside(tmp_path):
+    # The driver sets the original aside; the task's own copy, set aside in its scratch folder, is not an output
+    # (it came back beside the driver's whenever the two were set aside in different seconds).
+    from fakes import write_results
+    from farm.fleet.distributed_reduce import reduce_signature
+
+    dev = fake_props(name="Third GPU", arch="sm_80")
+    problem = matmul_problem(8, 6, 5)
+    write_results(tmp_path / "results", {dev: [(problem, "mm0", [fake_result(problem, "torch.matmul")])]})
+    rep, files, rows, skipped = reduce_signature(str(tmp_path / "results"), dev.signature, b"{not json", 3,
+                                                 "append", True, None)
+    assert rep is not None and rep.write.moved_aside and rows == 1 and not skipped
+    assert f"{dev.signature}.json" in files and not [n for n in files if ".corrupt-" in n], sorted(files)
+
+
 def test_a_few_thousand_candidates_into_s3_with_the_benchmarks_own_run(s3_bucket, local_ray):
     """benchmarks/fleet_scale.py at a size CI affords: every candidate one row, written by the workers."""
     import importlib.util

@@ -33,9 +33,12 @@ def reduce_signature(results: str, signature: str, current: bytes | None, top_k:
             (Path(scratch) / f"{signature}.json").write_bytes(current)
         report = reduce_results(results, scratch, top_k=top_k, mode=mode, tunableop_csv=tunableop_csv,
                                 incumbents=incumbents, signatures=[signature])
+        [rep] = report.signatures or [None]
+        # a corrupt current file the reducer set aside stays here: the driver sets the original aside itself
+        aside = Path(rep.write.moved_aside).name if rep and rep.write and rep.write.moved_aside else None
         files = {p.name: p.read_bytes() for p in Path(scratch).iterdir()
-                 if p.is_file() and not p.name.startswith((".", "_")) and not p.name.endswith(".lock")}
-    [rep] = report.signatures or [None]
+                 if p.is_file() and not p.name.startswith((".", "_")) and not p.name.endswith(".lock")
+                 and p.name != aside}
     return rep, files, report.rows, report.skipped_files
 
 
