@@ -77,19 +77,16 @@ def compile_function(source: str, function: str, arch: str, device_index: int, d
 
 
 class Launcher:
-    """Launches one kernel on the caller's current stream; pointer arguments first, then fixed scalars."""
+    """Launches one kernel, whose arguments are all pointers, on the caller's current stream."""
 
-    def __init__(self, function: Any, pointers: int, scalars: Sequence[tuple[int, Any]], stream_of: Any,
-                 device_index: int, what: str) -> None:
+    def __init__(self, function: Any, stream_of: Any, device_index: int, what: str) -> None:
         self._function = function
-        self._values = tuple(v for v, _ in scalars)
-        self._types = (ctypes.c_void_p,) * pointers + tuple(t for _, t in scalars)
         self._stream_of = stream_of
         self._index = device_index
         self._driver = bindings()[0][1]
         self._what = what
 
     def __call__(self, grid: tuple[int, int, int], block: tuple[int, int, int], pointers: Sequence[int]) -> None:
-        args = (*pointers, *self._values)
-        check(self._driver.cuLaunchKernel(self._function, *grid, *block, 0, self._stream_of(self._index),
-                                          (args, self._types), 0), f"{self._what}: cuLaunchKernel")
+        args = (tuple(pointers), (ctypes.c_void_p,) * len(pointers))
+        check(self._driver.cuLaunchKernel(self._function, *grid, *block, 0, self._stream_of(self._index), args, 0),
+              f"{self._what}: cuLaunchKernel")
