@@ -68,8 +68,10 @@ def one(candidates: int, devices: int, signatures: int, out: str) -> dict:
     report = run_farm(wl, out, devices=DeviceRequest("sim", per * signatures, sim),
                       options=FarmOptions(shard_size=1000, progress_interval_s=0.5), progress=progress)
     wall = time.perf_counter() - t0
-    rows = ResultsDataset(Location.of(out).join("results")).table(["candidate_key"]).num_rows
-    return {"candidates": report.total, "rows": rows, "rows_written": report.rows_written, "wall_s": wall,
+    rounds = ResultsDataset(Location.of(out).join("results")).table(["round"])["round"].to_pylist()
+    rows = sum(r != "confirm" for r in rounds)  # a row per candidate; the confirmation stages' rows apart
+    return {"candidates": report.total, "rows": rows, "confirm_rows": len(rounds) - rows,
+            "rows_written": report.rows_written, "wall_s": wall,
             "tuning_s": report.tuning_s, "tuning_peak_rss_mb": max(peak),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "ms_per_candidate": report.tuning_s / report.total * 1e3, "rows_per_s": rows / report.tuning_s}

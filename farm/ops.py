@@ -51,6 +51,9 @@ class _Cached:
     framework: "_Framework"
     back: Callable[[Any], Any] | None  # results back to the caller's type (torch CPU tensors); None: as they are
     out_strides: tuple[int, ...] = ()
+    # the engine recorded for calls inside a captured graph, when it is not ``bound``'s, and how to tell a capture
+    graph: "_Cached | None" = None
+    capturing: Callable[[], bool] | None = None
 
 
 class RuntimeRegistry:
@@ -240,6 +243,8 @@ def _run(op: str, tensors: Mapping[str, Any], params: Any, criteria: Callable[[]
     cached = RUNTIMES.cache.get(key)
     if cached is None:
         cached = _bind(op, tensors, criteria(), compute_dtype, key)
+    if cached.graph is not None and cached.capturing():  # type: ignore[misc]
+        cached = cached.graph  # a graph decision is asked for only where the file holds one apart
     if cached.back is not None:  # torch tensors on the CPU run as numpy arrays (shared memory)
         tensors = {k: v.numpy() for k, v in tensors.items()}
         out = out.numpy() if out is not None else None
@@ -281,6 +286,11 @@ def _bind(op: str, tensors: Mapping[str, Any], criteria: tuple[tuple[str, int], 
     out_id = problem.output_ids[0]
     desc = problem.tensor(out_id)
     cached = _Cached(bound, out_id, desc.dims, desc.dtype, bound.produce, fw, back, desc.strides)
+    check = rt.exec_device.extras.get("is_capturing")
+    graph = rt.bind_call(problem.key, problem, "graph") if check is not None else None
+    if graph is not None and (graph.engine_name, graph.knobs) != (bound.engine_name, bound.knobs):
+        cached = dataclasses.replace(cached, graph=dataclasses.replace(cached, bound=graph, produce=graph.produce),
+                                     capturing=functools.partial(check, rt.exec_device))
     RUNTIMES.cache[key] = cached
     return cached
 

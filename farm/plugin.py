@@ -32,7 +32,7 @@ from farm.model.ids import engine_name_to_id, policy_name_to_id
 from farm.model.knobs import Knob, KnobType, KnobValue
 from farm.model.problem import Problem, TensorDesc, contiguous_strides
 from farm.replay.selection import CONFIG, POLICY_API_VERSION, STATIC_ORDERING, Choice
-from farm.store.override_files import load_overrides
+from farm.store.override_files import call_choice, load_overrides
 from farm.store.overrides import OverrideFile
 from farm.store.published import find_published
 from farm.tuner.reference import EPS
@@ -47,7 +47,7 @@ __all__ = [
     "gil_heavy_section", "unit_hash", "EPS",
     # the policy contract and what a policy reads
     "Choice", "POLICY_API_VERSION", "CONFIG", "STATIC_ORDERING", "policy_name_to_id", "OverrideFile",
-    "load_overrides", "find_published", "FlatBufferError", "decode_device_properties", "decode_problem",
+    "load_overrides", "call_choice", "find_published", "FlatBufferError", "decode_device_properties", "decode_problem",
     # errors
     "FarmError", "InputError",
 ]

@@ -15,6 +15,7 @@ devices or sessions; ``farm policies`` shows the path in force and whether it lo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -27,6 +28,7 @@ from farm.plugin import (
     POLICY_API_VERSION,
     Choice,
     FarmError,
+    call_choice,
     FlatBufferError,
     OverrideFile,
     decode_device_properties,
@@ -181,6 +183,32 @@ class _Session:
         return out
 
     def order(self, candidates: Sequence[int], problem: bytes) -> Choice | None:
+        found = self._entry(problem)
+        if found is None:
+            return None
+        f, entry = found
+        return self._choice(f, candidates, entry)
+
+    def order_for_call(self, candidates: Sequence[int], problem: bytes, call: str) -> Choice | None:
+        """The entry's decision for production calls of kind ``call`` ("graph": inside a captured graph), when
+        the file records one (``autotune_metadata.call`` / ``calls``); None otherwise."""
+        found = self._entry(problem)
+        if found is None:
+            return None
+        f, entry = found
+        try:
+            picked = call_choice(entry, call)
+        except FarmError as exc:
+            self._once(("calls", f.source, str(exc)), "declines the %s decision: %s", call, exc, level=logging.WARNING)
+            return None
+        if picked is None:
+            return None
+        name, knobs = picked
+        if (name, knobs) != (entry.engine_name, entry.knobs):
+            entry = dataclasses.replace(entry, engine_name=name, knobs=knobs, metadata=None)
+        return self._choice(f, candidates, entry)
+
+    def _entry(self, problem: bytes) -> tuple[OverrideFile, Any] | None:
         path = config_path()
         if not path:
             return None
@@ -197,8 +225,10 @@ class _Session:
             self._once(str(exc), "declines: %s", exc)
             return None
         entry = f.match(p)
-        if entry is None:
-            return None
+        return (f, entry) if entry is not None else None
+
+    def _choice(self, f: OverrideFile, candidates: Sequence[int], entry: Any) -> Choice | None:
+        """The entry's engine first (its knobs validated), or None: declined, and said why once."""
         eid = _engine_id(entry.engine_name)
         if eid not in candidates:
             self._once((f.source, entry.engine_name), "declines: %s names %s, which is not a candidate here",

@@ -164,14 +164,19 @@ def fake_result(problem: Problem, engine: str, samples=(1.0, 1.0, 1.0), *, knobs
     )
 
 
-def write_results(root, rows_by_device, *, job_id="job1", round="main", flush_rows=1000):
-    """Write rows: rows_by_device = {DeviceProperties: [(problem, name, [AutotuneResult...]), ...]}."""
+def write_results(root, rows_by_device, *, job_id="job1", round="main", flush_rows=1000, call="",
+                  session_size=None):
+    """Write rows: rows_by_device = {DeviceProperties: [(problem, name, [AutotuneResult...]), ...]}.
+    ``round="confirm"`` writes each problem's results as one confirmation stage (``call``: its calling mode;
+    ``session_size`` defaults to the rows given)."""
     from farm.store.results import MeasurementContext, ResultWriter, RunContext, result_row
 
     run = RunContext(job_id=job_id, workload_name="synthetic")
     with ResultWriter(root, run.run_id, flush_rows=flush_rows) as w:
         for props, problems in rows_by_device.items():
             for problem, name, results in problems:
-                where = MeasurementContext(props, round=round)
+                size = (session_size or len(results)) if round == "confirm" else None
+                where = MeasurementContext(props, round=round, call=call or ("eager" if round == "confirm" else ""),
+                                           session_size=size)
                 w.append(result_row(r, problem, name, run, where) for r in results)
     return run

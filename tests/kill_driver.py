@@ -6,6 +6,7 @@ PHASE is one of:
   start     the job record is written and the workers are up; no row yet
   mid-run   after the first 40 main-round rows reached disk
   finalist  after the first finalist-round row reached disk (the rest of the round never did)
+  confirm   after the first confirmation-stage row reached disk (the rest of the stage never did)
   reduce    after the first override file was written
 
 Nothing in farm/ knows about this: the wrappers below patch the driver's own functions, then
@@ -32,7 +33,7 @@ def main() -> int:
 
     phase, argv = sys.argv[1], sys.argv[2:]
     original_write, original_table = farm.fleet.job.JobRun.write, farm.store.reduce.write_winners_table
-    seen = {"main": 0, "finalist": 0}
+    seen = {"main": 0, "finalist": 0, "confirm": 0}
 
     def write(self, rows):
         rows = list(rows)
@@ -40,7 +41,7 @@ def main() -> int:
             die()
         for i, (_, _, where) in enumerate(rows):
             seen[where.round] = seen.get(where.round, 0) + 1
-            if (phase == "mid-run" and seen["main"] >= 40) or (phase == "finalist" and seen["finalist"] >= 1):
+            if (phase == "mid-run" and seen["main"] >= 40) or (phase in ("finalist", "confirm") and seen[phase] >= 1):
                 original_write(self, rows[:i + 1])  # a batch cut short: the rest was still in memory
                 self.writer.flush()
                 die()
@@ -52,7 +53,7 @@ def main() -> int:
             die()
         return path
 
-    if phase not in ("start", "mid-run", "finalist", "reduce"):
+    if phase not in ("start", "mid-run", "finalist", "confirm", "reduce"):
         raise SystemExit(f"unknown phase {phase!r}")
     farm.fleet.job.JobRun.write = write
     farm.store.reduce.write_winners_table = winners_table

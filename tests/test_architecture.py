@@ -84,7 +84,7 @@ PLUGIN_NAMES = {
     "Problem", "TensorDesc", "contiguous_strides", "itemsize", "Device", "DeviceProperties",
     "gil_heavy_section", "unit_hash", "EPS",
     "Choice", "POLICY_API_VERSION", "CONFIG", "STATIC_ORDERING", "policy_name_to_id", "OverrideFile",
-    "load_overrides", "find_published", "FlatBufferError", "decode_device_properties", "decode_problem",
+    "load_overrides", "call_choice", "find_published", "FlatBufferError", "decode_device_properties", "decode_problem",
     "FarmError", "InputError",
 }
 

@@ -214,7 +214,8 @@ def test_a_few_thousand_candidates_into_s3_with_the_benchmarks_own_run(s3_bucket
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     result = bench.one(3200, 4, 2, f"s3://tunefarm/scale?{query}")
-    assert result["candidates"] == result["rows"] == result["rows_written"] == 3200
+    assert result["candidates"] == result["rows"] == 3200 and result["confirm_rows"] > 0
+    assert result["rows_written"] == result["rows"] + result["confirm_rows"]
     assert result["tuning_peak_rss_mb"] < 1024
     import pyarrow.fs as pafs
 

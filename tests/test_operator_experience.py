@@ -32,7 +32,7 @@ def test_verbose_ray_run_names_problems_without_colour_codes_then_a_finished_res
     # tiny-mm has a winner, mm8 (int8: no CPU engine) none: finished, but partial -> exit 3, one closing line
     assert first.returncode == 3, first.stderr[-2000:]
     worker_lines = [line for line in first.stderr.splitlines() if "autotune:" in line and "pid=" in line]
-    assert worker_lines and all("\x1b[" not in line for line in worker_lines)
+    assert worker_lines and all("\x1b[" not in line for line in worker_lines), first.stderr[-3000:]
     assert any("INFO tiny-mm: autotune: [1/" in line for line in worker_lines)  # the problem's name, not its key
     closing = " ".join(first.stderr.split())
     assert "1 of 2 problem(s) have a winner, 1 have none: mm8 (no applicable engine" in closing

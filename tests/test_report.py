@@ -116,7 +116,8 @@ def test_diff_of_two_override_files(tmp_path, capsys):
                     device=dev, mode="replace")
     assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["counts"] == {"added": 1, "removed": 1, "winner changed": 1, "near tie": 0, "same winner": 0}
+    assert data["counts"] == {"added": 1, "removed": 1, "winner changed": 1, "near tie": 0, "confirmed tie": 0,
+                              "same winner": 0}
     [changed] = [r for r in data["rows"] if r["status"] == "winner changed"]
     assert (changed["problem"], changed["ratio"]) == ("p1", 0.5)
     assert main(["diff", str(tmp_path / "a.json"), str(tmp_path)]) == 2
@@ -142,7 +143,7 @@ def test_one_outlier_does_not_make_a_problem_noisy_and_untrustworthy_winners_are
     assert sig["noisiest"][0]["problem"] == "p2"
     assert main(["report", str(tmp_path / "r")]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "re-run, winner within noise of 1 other(s)" in text
+    assert "p2: winner within noise of 1 other(s), no confirmation stage" in text
 
 
 @pytest.mark.parametrize("columns", ["80", "100", "120"])

@@ -1,8 +1,8 @@
 """A driver killed at every phase of a job, then resumed, writes the override files of an uninterrupted run.
 
 Simulated devices give deterministic times, so "the same winners" is exact. Two signatures with one
-device each and shards of 40 candidates: every matmul is measured in several sessions, so it has a
-finalist round, and the reduce writes two files (a kill can land between them). The drivers connect to
+device each and shards of 40 candidates: every matmul is measured in several sessions, then confirmed
+in one stage (a kill can cut that stage short), and the reduce writes two files (a kill can land between them). The drivers connect to
 one Ray cluster (`ray start --head`, token auth on) that outlives them, as on a real head node: a
 killed driver takes its workers with it, never the cluster.
 """
@@ -33,7 +33,7 @@ WORKLOAD = {
                 + [{"name": "norm", "op": "rmsnorm", "tensors": {"X": [64, 4096], "scale": [4096]}}],
 }
 SIM = {"devices": [{"name": "Sim A", "count": 1}, {"name": "Sim B", "count": 1, "speed": 2.0}], "noise": 0.005}
-PHASES = ("start", "mid-run", "finalist", "reduce")
+PHASES = ("start", "mid-run", "confirm", "reduce")
 
 
 RAY = Path(sys.executable).with_name("ray")
@@ -104,7 +104,7 @@ def test_a_driver_killed_then_resumed_writes_the_uninterrupted_winners(job, phas
     assert (phase == "start") == (not before)
     resumed = run(out)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    # only what was missing is measured (finalist rounds aside)
+    # only what was missing is measured (confirmation stages aside)
     assert json.loads(resumed.stdout)["candidates"] == len(main_rows(d / "clean")) - len(before)
     assert entries(out) == entries(d / "clean") and entries(out)
     keys = [(r["device_signature"], r["problem_name"], r["candidate_key"]) for r in main_rows(out)]

@@ -19,7 +19,8 @@ from farm.store.dataset import results_folder
 from farm.store.location import Location
 
 NEAR_TIE = 0.03  # a changed winner within 3 % of the old one's time counts as a near tie
-STATUSES = ("added", "removed", "winner changed", "near tie", "same winner")
+# "confirmed tie": a confirmation stage measured both winners in paired rounds and their interval includes 1
+STATUSES = ("added", "removed", "winner changed", "near tie", "confirmed tie", "same winner")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class _Side:
     problem: str
     winner: str  # engine[knobs]
     ms: float | None
+    ties: tuple[str, ...] = ()  # candidates its confirmation stage could not tell from it (paired interval holds 1)
 
 
 def diff_paths(a: str | Path, b: str | Path) -> list[DiffRow]:
@@ -69,14 +71,22 @@ def _from_overrides(path: Path) -> dict[Hashable, _Side]:
 
     f = load_overrides(path)
     sig = f.device_signature or ""
-    return {(sig, e.match_key()): _Side(sig, _label(e), _desc(e), _ms(e)) for e in f.entries}
+    return {(sig, e.match_key()): _Side(sig, _label(e), _desc(e), _ms(e), _ties(e)) for e in f.entries}
+
+
+def _ties(e: Any) -> tuple[str, ...]:
+    """``autotune_metadata.selection.confirmation.ties`` of an entry (strings only; anything else: none)."""
+    found = (((e.metadata or {}).get("selection") or {}).get("confirmation") or {}).get("ties") \
+        if isinstance(((e.metadata or {}).get("selection") or {}).get("confirmation"), dict) else None
+    return tuple(x for x in found if isinstance(x, str)) if isinstance(found, list) else ()
 
 
 def _from_results(folder: Location) -> dict[Hashable, _Side]:
     from farm.store.decisions import decide_folder
 
     d = decide_folder(folder)
-    return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms) for key, w in d.winners.items()}
+    return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms, w.confirmed.ties if w.confirmed else ())
+            for key, w in d.winners.items()}
 
 
 def compare(old: dict[Hashable, _Side], new: dict[Hashable, _Side]) -> list[DiffRow]:
@@ -92,7 +102,9 @@ def compare(old: dict[Hashable, _Side], new: dict[Hashable, _Side]) -> list[Diff
             rows.append(DiffRow(o.signature, o.problem, "removed", o.winner, "", o.ms, None))
         else:
             status = "same winner" if o.winner == n.winner else "winner changed"
-            if status == "winner changed" and o.ms and n.ms and abs(n.ms / o.ms - 1) <= NEAR_TIE:
+            if status == "winner changed" and (o.winner in n.ties or n.winner in o.ties):
+                status = "confirmed tie"  # measured together, the two could not be told apart
+            elif status == "winner changed" and o.ms and n.ms and abs(n.ms / o.ms - 1) <= NEAR_TIE:
                 status = "near tie"  # another candidate by a hair: measurement noise, not a new best kernel
             rows.append(DiffRow(n.signature, n.problem, status, o.winner, n.winner, o.ms, n.ms))
     return rows

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.store.dataset import ResultsDataset, results_folder
-from farm.store.decisions import Decisions, Winner
+from farm.store.decisions import CONFIRM, Decisions, Winner
 from farm.tuner.winner import NOISE_SIGMAS, NOISY_RELATIVE, RELATIVE_FLOOR, noise_sigma
 
 _COLUMNS = ["device_signature", "device_name", "host", "device_index", "problem_key", "problem_name", "problem_label",
@@ -45,15 +45,27 @@ class ProblemSummary:
     device_winners: dict[str, str]  # device -> its own fastest candidate
     spread: float  # the winner's slowest device / fastest device
     samples: dict[str, list[float]] = field(default_factory=dict)  # candidate -> samples (all devices)
-
-    @property
-    def speedup(self) -> float | None:
-        return self.default_ms / self.winner_ms if self.default_ms and self.winner_ms else None
+    speedup: float | None = None  # the winner's (paired, when confirmed) speed-up over the default
+    interval: tuple[float, float] | None = None  # its interval (confirmed winners that are not the default)
+    confirmation: Any = None  # farm.store.decisions.Confirmation, or None when no stage ran
+    call: str = ""
 
     @property
     def untrusted(self) -> bool:
-        """The winner is noisy and others are within its noise: measure again before trusting it."""
+        """Measure again before trusting it: the confirmation stage ended on its budget before it separated
+        the leader from the default, or (no stage) the winner is noisy and others are within its noise."""
+        if self.confirmation is not None:
+            return not self.confirmation.settled
         return self.noise > NOISY_RELATIVE and self.near > 0
+
+    @property
+    def doubt(self) -> str:
+        """Why it is not trusted ('' when it is)."""
+        if not self.untrusted:
+            return ""
+        if self.confirmation is not None:
+            return f"undecided after {self.confirmation.rounds} paired rounds (budget ended)"
+        return f"winner within noise of {self.near} other(s), no confirmation stage"
 
     @property
     def disagree(self) -> bool:
@@ -70,6 +82,7 @@ class SignatureSummary:
     failures: dict[str, int]
     tuning_s: float
     device_noise: dict[str, list[float]]  # device -> robust noise of every successful candidate it measured
+    confirm_s: float = 0.0  # of the tuning time, what the confirmation stages took
 
     @property
     def speedups(self) -> list[float]:
@@ -140,6 +153,8 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
         if not r["succeeded"]:
             failures[r["disposition"]] = failures.get(r["disposition"], 0) + 1
             continue
+        if r["round"] == CONFIRM:
+            continue  # paired samples of another kind of call: the decision's, not the candidates' distribution
         dev = f"{r['host']}:{r['device_index']}"
         key = (r["problem_key"], r["candidate_key"], dev)
         if key not in latest or r["measured_at"] > latest[key]["measured_at"]:
@@ -153,7 +168,8 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
     problems.sort(key=lambda p: p.name)
     devices = sorted({f"{r['host']}:{r['device_index']}" for r in rows})
     return SignatureSummary(sig, rows[0]["device_name"], devices, len(rows), problems, dict(sorted(failures.items())),
-                            sum(r["tuning_ms"] or 0.0 for r in rows) / 1e3, device_noise)
+                            sum(r["tuning_ms"] or 0.0 for r in rows) / 1e3, device_noise,
+                            sum(r["tuning_ms"] or 0.0 for r in rows if r["round"] == CONFIRM) / 1e3)
 
 
 def _problem(rows: list[dict[str, Any]], winner: Winner) -> ProblemSummary:
@@ -186,6 +202,8 @@ def _problem(rows: list[dict[str, Any]], winner: Winner) -> ProblemSummary:
         device_winners={d: c for d, (_, c) in device_best.items()},
         spread=max(win_times) / min(win_times) if min(win_times) > 0 else 1.0,
         samples={_candidate(rs[0]): [s for r in rs for s in (r["samples_ms"] or [r["median_ms"]])] for rs in cands.values()},
+        speedup=winner.speedup_over_default, interval=winner.speedup_interval, confirmation=winner.confirmed,
+        call=winner.call,
     )
 
 
@@ -200,13 +218,16 @@ def report_dict(report: Report) -> dict[str, Any]:
             "speedup_geomean": s.geomean_speedup, "speedup_worst": worst.speedup if worst else None,
             "speedup_worst_problem": worst.name if worst else None,
             "noisiest": [{"problem": p.name, "noise": p.noise, "winner": p.winner} for p in s.noisiest()],
-            "untrusted": [{"problem": p.name, "winner": p.winner, "noise": p.noise, "within_noise_of": p.near}
-                          for p in s.untrusted()],
+            "confirmation_s": round(s.confirm_s, 3),
+            "untrusted": [{"problem": p.name, "winner": p.winner, "noise": p.noise, "within_noise_of": p.near,
+                           "why": p.doubt} for p in s.untrusted()],
             "disagreements": [{"problem": p.name, "device_winners": p.device_winners} for p in s.disagreements()],
             "per_problem": [{"problem": p.name, "label": p.label, "problem_key": p.key, "candidates": p.candidates,
                              "winner": p.winner, "winner_ms": p.winner_ms, "why": p.why, "default": p.default,
-                             "default_ms": p.default_ms, "speedup": p.speedup, "noise": p.noise,
-                             "within_noise_of": p.near, "untrusted": p.untrusted,
+                             "default_ms": p.default_ms, "speedup": p.speedup,
+                             "speedup_interval": list(p.interval) if p.interval else None, "call": p.call,
+                             "confirmation": p.confirmation.as_dict() if p.confirmation is not None else None,
+                             "noise": p.noise, "within_noise_of": p.near, "untrusted": p.untrusted,
                              "device_spread": p.spread} for p in s.problems],
         })
     return {"results": report.root, "signatures": out,

@@ -13,6 +13,7 @@ from rich.text import Text
 from farm.model.engine import Engine, EngineRegistry, engine_id, user_knobs
 from farm.model.knobs import format_settings
 from farm.model.records import AutotuneResult
+from farm.tuner.confirm import ConfirmRun
 from farm.tuner.problem_tuning import ProblemOutcome
 
 
@@ -24,6 +25,16 @@ def fmt_ms(value: float | None) -> str:
     if value >= 1:
         return f"{value:.3f}"
     return f"{value:.4f}"
+
+
+def fmt_speedup(speedup: float | None, interval: tuple[float, float] | None = None) -> str:
+    """'1.23x' or, with its interval, '1.23x (1.18-1.29)'."""
+    if not speedup:
+        return "-"
+    if interval is None:
+        return f"{speedup:.2f}x"
+    hi = "inf" if math.isinf(interval[1]) else f"{interval[1]:.2f}"
+    return f"{speedup:.2f}x ({interval[0]:.2f}-{hi})"
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -116,20 +127,27 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
     """
     table = Table(title=f"Summary: {len(outcomes)} problem(s) in {wall_s:.1f} s", title_justify="left")
     for col, justify in (("problem", "left"), ("op", "left"), ("candidates", "right"), ("failed", "right"),
-                         ("winner", "left"), ("median ms", "right"), ("default ms", "right"), ("speedup", "right"),
-                         ("why", "left")):
+                         ("winner", "left"), ("median ms", "right"), ("default ms", "right"),
+                         ("speed-up (99 % interval)", "right"), ("why", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    doubtful = []
     for o in outcomes:
         w = winner_of(o.problem.problem.key) if winner_of is not None else None
         failed = sum(not r.succeeded for r in o.results)
         note = w.why if w is not None else ""
         if w is not None and not o.results:
             note = "; ".join(x for x in ("measured before", note) if x)
-        speed = w.speedup_over_default if w is not None else None
+        if w is not None and w.confirmed is not None and not w.confirmed.settled:
+            doubtful.append(f"{o.problem.name} (undecided after {w.confirmed.rounds} paired rounds)")
+        for other in (w.others if w is not None else ()):
+            note = "; ".join(x for x in (note, f"{other.call}: {other.label} {fmt_speedup(other.speedup_over_default, other.speedup_interval)}") if x)
         table.add_row(Text(o.problem.name), o.problem.problem.op, str(len(o.results) + o.skipped), str(failed),
                       Text(w.label) if w is not None else Text(o.error or "no winner", style="red"),
                       fmt_ms(w.median_ms if w else None), fmt_ms(w.default_ms if w else None),
-                      f"{speed:.2f}x" if speed else "-", Text(note, style="dim"))
+                      fmt_speedup(w.speedup_over_default, w.speedup_interval) if w is not None else "-",
+                      Text(note, style="dim"))
+    table.caption = Text("too noisy to trust: " + ("; ".join(doubtful) or "nothing"),
+                         style="yellow" if doubtful else "dim")
     return table
 
 
@@ -149,12 +167,7 @@ def to_jsonable(value: Any) -> Any:
 
 
 def outcome_dict(o: ProblemOutcome, winner: Any = None) -> dict[str, Any]:
-    results = []
-    for r in o.results:
-        d = to_jsonable(r)
-        d["knobs"] = dict(r.knobs)
-        d["succeeded"] = r.succeeded
-        results.append(d)
+    results = [_result_dict(r) for r in o.results]
     return {
         "name": o.problem.name,
         "index": o.problem.index,
@@ -166,7 +179,17 @@ def outcome_dict(o: ProblemOutcome, winner: Any = None) -> dict[str, Any]:
         "skipped": o.skipped,
         "winner": winner.as_dict() if winner is not None else None,  # the reducer's decision (farm.tuner.winner)
         "results": results,
+        "confirmation": [{"call": run.call.value, "rounds": run.rounds, "settled": run.settled,
+                          "wall_ms": run.wall_ms, "results": [_result_dict(r) for r in run.results]}
+                         for run in o.confirmations],
     }
+
+
+def _result_dict(r: AutotuneResult) -> dict[str, Any]:
+    d = to_jsonable(r)
+    d["knobs"] = dict(r.knobs)
+    d["succeeded"] = r.succeeded
+    return d
 
 
 def reduce_table(report: Any) -> Table:
@@ -258,7 +281,9 @@ def farm_outcomes(workload: Any, report: Any, signature: str) -> list[ProblemOut
                     key=lambda r: ((r.engine_name, tuple(r.knobs)) != first, r.median_ms, r.candidate))
         bad = [r for r in latest.values() if not r.succeeded]
         ranked = [dc.replace(r, rank=i) for i, r in enumerate(ok)] + [dc.replace(r, rank=-1) for r in bad]
-        out.append(ProblemOutcome(wp, tuple(ranked), skipped.get(wp.name, ""), 0.0))
+        stages = tuple(ConfirmRun.of(c.value, report.confirmations[(signature, wp.name, c.value)]) for c in wp.calls
+                       if (signature, wp.name, c.value) in report.confirmations)
+        out.append(ProblemOutcome(wp, tuple(ranked), skipped.get(wp.name, ""), 0.0, confirmations=stages))
     return out
 
 

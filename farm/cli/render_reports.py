@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from farm.cli.render import fmt_ms
+from farm.cli.render import fmt_ms, fmt_speedup
 
 
 def _change_line(c: Any) -> str:
@@ -59,14 +59,14 @@ def report_tables(report: Any) -> list[Table]:
         t.add_row("problems tuned", str(len(s.problems)))
         t.add_row("candidates measured", f"{sum(p.candidates for p in s.problems)} ({s.rows} rows)")
         t.add_row("failures", Text(", ".join(f"{k} {v}" for k, v in s.failures.items()) or "none"))
-        t.add_row("tuning time", f"{s.tuning_s:.1f} s")
+        t.add_row("tuning time", f"{s.tuning_s:.1f} s" + (f" (confirmation stages {s.confirm_s:.1f} s)" if s.confirm_s
+                                                          else ""))
         t.add_row("winner vs default", f"geomean {geo:.3f}x, worst {worst.speedup:.3f}x ({worst.name})" if geo and worst
                   else "no default candidate to compare with")
         t.add_row("noisiest (the winner's 1.4826 x MAD / median)",
                   Text(", ".join(f"{p.name} {100 * p.noise:.1f} %" for p in s.noisiest())))
         shaky = s.untrusted()
-        t.add_row("too noisy to trust", Text("; ".join(f"{p.name}: re-run, winner within noise of {p.near} other(s)"
-                                                       for p in shaky) or "nothing",
+        t.add_row("too noisy to trust", Text("; ".join(f"{p.name}: {p.doubt}" for p in shaky) or "nothing",
                                              style="yellow" if shaky else ""))
         dis = s.disagreements()
         t.add_row("devices disagree on", Text("; ".join(f"{p.name}: " + ", ".join(f"{d} {c}" for d, c in
@@ -80,10 +80,9 @@ def report_tables(report: Any) -> list[Table]:
                              ("device spread", "right"), ("why", "left")):
             per.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
         for p in s.problems:
-            why = "; ".join(x for x in (p.why, f"re-run: winner within noise of {p.near} other(s)" if p.untrusted
-                                        else "") if x)
+            why = "; ".join(x for x in (p.why, f"not trusted: {p.doubt}" if p.untrusted else "") if x)
             per.add_row(Text(p.name), str(p.candidates), Text(p.winner), fmt_ms(p.winner_ms), Text(p.default),
-                        fmt_ms(p.default_ms), f"{p.speedup:.3f}" if p.speedup else "-", f"{100 * p.noise:.1f} %",
+                        fmt_ms(p.default_ms), fmt_speedup(p.speedup, p.interval), f"{100 * p.noise:.1f} %",
                         f"{p.spread:.3f}", Text(why, style="yellow" if p.untrusted else "dim"))
         tables.append(per)
     return tables
@@ -98,7 +97,7 @@ def diff_table(rows: Sequence[Any], a: str, b: str, show_same: bool = False) -> 
                          ("old ms", "right"), ("new winner", "left"), ("new ms", "right"), ("new / old", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for r in rows:
-        if r.status in ("same winner", "near tie") and not show_same:
+        if r.status in ("same winner", "near tie", "confirmed tie") and not show_same:
             continue
         ratio = r.ratio
         style = "green" if ratio is not None and ratio < 0.97 else "red" if ratio is not None and ratio > 1.03 else ""

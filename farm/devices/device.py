@@ -6,6 +6,7 @@ Properties and the device signature: farm.devices.properties.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -71,9 +72,30 @@ def gpu_device(kind: str | Any, index: int = 0) -> Device:
     # is_capturing(device): whether the caller's stream is capturing a graph now (replay must not measure then)
     # follow_caller(device): a context in which work on the device stream comes after the caller's torch stream's
     # and the caller's after it (the device stream is non-blocking: nothing orders the two by itself)
+    # eager_timer(device): events on the caller's current stream with no lead, for back-to-back calls as replay
+    # makes them (their launch cost included)
     return Device(runtime, index, props, TorchArrays(index), timer, stream,
                   extras={"capture_graph": torch_graph, "is_capturing": torch_is_capturing,
-                          "follow_caller": torch_follow_caller})
+                          "follow_caller": torch_follow_caller, "eager_timer": torch_eager_timer})
+
+
+def eager_device(device: Device) -> tuple[Device, "Timer"]:
+    """The device replay runs plans on (a GPU's caller's current stream, not the tuner's own) and a timer of
+    back-to-back calls there, launch cost included. CPU and simulated devices: themselves and their timer."""
+    make = device.extras.get("eager_timer")
+    if make is None:
+        return device, device.timer
+    return dataclasses.replace(device, stream=None), make(device)
+
+
+def torch_eager_timer(device: Device) -> "Timer":
+    """Device events on the current torch stream with no lead before the start: a replay caller's launches
+    (host cost) land in the time when they cannot keep ahead of the device."""
+    import torch
+
+    from farm.devices.timing import EventTimer
+
+    return EventTimer(device.runtime, int(torch.cuda.current_stream(device.index).cuda_stream), None)
 
 
 LEAD_US_ENV = "FARM_TIMER_LEAD_US"

@@ -22,13 +22,14 @@ from typing import Any, Callable, Sequence
 
 from farm.errors import FarmError
 from farm.fleet.driver import Driver, FarmStatus, RunningTask, WorkerHandle, WorkerState, WorkerStatus
-from farm.fleet.job import JobRun, JobSummary
+from farm.fleet.job import JobRun, JobSummary, prior_rows
 from farm.fleet.options import DeviceRequest, FarmOptions
 from farm.fleet.scheduler import PriorRow, Scheduler
 from farm.fleet.worker import DeviceWorkerImpl, PartSink, TaskEnd, TaskStarted, WorkerInfo
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset
+from farm.store.decisions import incumbent_file, incumbent_spec
 from farm.store.reduce import ReduceReport
 from farm.store.results import spec_of
 
@@ -55,6 +56,8 @@ class FarmReport:
     remeasured: int
     tuning_s: float = 0.0  # from the workers' start to the last result (busy fractions are of this)
     results: dict[tuple[str, str], list[AutotuneResult]] = field(default_factory=dict)  # (signature, problem name)
+    # (signature, problem name, calling mode) -> the confirmation stage's rows
+    confirmations: dict[tuple[str, str, str], list[AutotuneResult]] = field(default_factory=dict)
     workers_started: bool = True  # False: a resume with nothing to measure, found without Ray
     summary: JobSummary | None = None  # how the run ended (set once it has)
     reduce: ReduceReport | None = None
@@ -92,7 +95,7 @@ def run_farm(
 
             # the embedded instance runs on this host: production here runs with this process's threads
             options = dataclasses.replace(options, cpu_threads=blas_threads_in_force())
-        finished = _finished_here(workload, jr, request, options) if address is None and not ray.is_initialized() \
+        finished = _finished_here(workload, jr, request, options, config) if address is None and not ray.is_initialized() \
             else None
         if finished is not None:
             report = finished
@@ -225,27 +228,15 @@ def _expand(actors: Sequence[Any], problems: Any, signature: str) -> dict[int, A
     raise FarmFailed(f"engine discovery failed on every worker of {signature}: {'; '.join(errors)}")
 
 
-def _prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, list[PriorRow]]:
-    if dataset is None or not dataset.files:
-        return {}
-    import pyarrow.dataset as ds
-
-    t = dataset.table(["problem_key", "candidate_key", "round", "session_id", "succeeded", "median_ms", "mad_ms"],
-                      filter=ds.field("device_signature") == signature)
-    out: dict[str, list[PriorRow]] = {}
-    for pk, ck, rnd, sess, ok, med, mad in zip(*(t.column(c).to_pylist() for c in t.column_names)):
-        out.setdefault(pk, []).append(PriorRow(spec_of(ck), rnd, sess, bool(ok), med, mad))
-    return out
-
-
 def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[WorkerInfo], options: FarmOptions,
            config: AutotuneConfig, progress: Callable[[FarmStatus], None] | None) -> FarmReport:
     """Plan the work, then pass every worker event to the driver until it is done."""
     workers = [WorkerHandle(i, info, h, WorkerStatus(info.name, info.signature, info.properties.name, info.host,
                                                        WorkerState.IDLE.value))
                for i, (info, h) in enumerate(zip(infos, handles))]
-    sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes)
-    planner = Planner(workload, jr, sched, workers)
+    sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes,
+                      confirm=config.confirm)
+    planner = Planner(workload, jr, sched, workers, options.incumbents)
     # on shared storage (a URI) the workers write their own rows; the driver gets what scheduling needs
     driver = Driver(sched, workers, jr, config, options, workers_write=jr.job.shared, planner=planner)
     sink = PartSink(str(jr.job.results), jr.run) if jr.job.shared else None
@@ -258,10 +249,11 @@ def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[Worke
     tuning = time.perf_counter() - driver.t0
     return FarmReport(jr.run.job_id, jr.run.run_id, infos, [w.status for w in workers], planner.skipped, jr.counts,
                       wall_s=tuning, total=sched.total, remeasured=sched.remeasured, tuning_s=tuning,
-                      results=driver.results)
+                      results=driver.results, confirmations=driver.confirmations)
 
 
-def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, options: FarmOptions) -> FarmReport | None:
+def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, options: FarmOptions,
+                   config: AutotuneConfig) -> FarmReport | None:
     """A resume with nothing left to measure, on local devices (the CPU, simulated ones): found by the
     workers' own planning, run here, so no Ray instance starts to do nothing. None: there is work (or
     the devices are GPUs, which only Ray's workers open)."""
@@ -288,7 +280,8 @@ def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, optio
     else:
         return None
     by_sig = {d.signature: d for d in devices}
-    sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes)
+    sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes,
+                      confirm=config.confirm)
     dataset = ResultsDataset(jr.job.results)
     problems = list(enumerate(workload.problems))
     registry = default_engine_registry()
@@ -310,8 +303,11 @@ class Planner:
     queue runs short, so the driver holds the candidates of the problems in flight, not of the whole workload.
     ``skipped``: signature -> problem name -> why it has no candidates."""
 
-    def __init__(self, workload: Workload, jr: JobRun, sched: Scheduler, workers: Sequence[WorkerHandle]) -> None:
+    def __init__(self, workload: Workload, jr: JobRun, sched: Scheduler, workers: Sequence[WorkerHandle],
+                 incumbents: str | None = None) -> None:
         self.jr, self.sched = jr, sched
+        # the incumbents' override file per signature: its winners join the confirmation stage
+        self.incumbents = {w.info.signature: incumbent_file(incumbents, w.info.properties) for w in workers}
         self.problems = list(enumerate(workload.problems))
         self.by_sig: dict[str, list[WorkerHandle]] = {}
         for w in workers:
@@ -358,8 +354,9 @@ class Planner:
 
     def _take(self, sig: str, chunk: Sequence[tuple[int, WorkloadProblem]], expanded: dict[int, Any]) -> None:
         if sig not in self._prior:
-            self._prior[sig] = _prior_rows(self.dataset, sig)
-        skipped = _schedule(chunk, {sig: expanded}, self.sched, prior={sig: self._prior[sig]})
+            self._prior[sig] = prior_rows(self.dataset, sig)
+        skipped = _schedule(chunk, {sig: expanded}, self.sched, prior={sig: self._prior[sig]},
+                            incumbents=self.incumbents)
         for name, why in skipped.get(sig, {}).items():
             self.skipped.setdefault(sig, {})[name] = why
             self.jr.skip(sig, name, why)
@@ -367,18 +364,20 @@ class Planner:
 
 def _schedule(problems: Sequence[tuple[int, WorkloadProblem]], plans: dict[str, dict[int, Any]], sched: Scheduler,
               dataset: ResultsDataset | None = None, *,
-              prior: dict[str, dict[str, list[PriorRow]]] | None = None) -> dict[str, dict[str, str]]:
+              prior: dict[str, dict[str, list[PriorRow]]] | None = None,
+              incumbents: dict[str, Any] | None = None) -> dict[str, dict[str, str]]:
     """Give the scheduler every problem discovery found candidates for (with its rows from earlier runs,
     ``prior`` per signature or read from ``dataset``); -> signature -> problem name -> why it has none."""
     skipped: dict[str, dict[str, str]] = {}
     for sig, expanded in plans.items():
-        rows = prior[sig] if prior is not None else _prior_rows(dataset, sig)
+        rows = prior[sig] if prior is not None else prior_rows(dataset, sig)
         for index, wp in problems:
             cands = expanded[index]
             if isinstance(cands, str):
                 skipped.setdefault(sig, {})[wp.name] = cands
             else:
-                sched.add_problem(sig, index, wp, cands, rows.get(wp.problem.key, ()))
+                sched.add_problem(sig, index, wp, cands, rows.get(wp.problem.key, ()),
+                                  incumbent_spec((incumbents or {}).get(sig), wp.problem))
     return skipped
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from farm.fleet.options import FarmOptions
-from farm.fleet.scheduler import FINALIST, Scheduler, Task
+from farm.fleet.scheduler import CONFIRM, FINALIST, Scheduler, Task
 from farm.fleet.worker import TaskEnd, WorkerInfo
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import WorkloadProblem
@@ -152,6 +152,8 @@ class Driver:
         self.t0 = clock()
         self.counts: dict[str, int] = {}
         self.results: dict[tuple[str, str], list[AutotuneResult]] = {}  # (signature, problem name), keep_results
+        # (signature, problem name, calling mode) -> the confirmation stage's rows, keep_results
+        self.confirmations: dict[tuple[str, str, str], list[AutotuneResult]] = {}
         self.signatures = sorted({w.info.signature for w in self.workers})
 
     # -- what to do next -------------------------------------------------------------------
@@ -181,11 +183,13 @@ class Driver:
                 continue
             now = self.clock()
             where = MeasurementContext(w.info.properties, session_id=new_id(), host=w.info.host,
-                                       actor_id=w.info.actor_id, round=task.round)
+                                       actor_id=w.info.actor_id, round=task.round, call=task.call,
+                                       session_size=task.size if task.round == CONFIRM else None)
             w.task = RunningTask(task, where, now, now)
             wp = self.sched.problem_of(task)
             w.status.state = WorkerState.BUSY.value
-            w.status.problem = f"{wp.name} ({task.size}{', finalists' if task.round == FINALIST else ''})"
+            what = {FINALIST: ", finalists", CONFIRM: f", confirming {task.call}"}.get(task.round, "")
+            w.status.problem = f"{wp.name} ({task.size}{what})"
             out.append((w, task))
         return out
 
@@ -273,7 +277,9 @@ class Driver:
         for x in rows:
             self.counts[x.disposition.value] = self.counts.get(x.disposition.value, 0) + 1
             self.sched.on_result(r.task, x, r.where.session_id)
-            if self.options.keep_results:
+            if self.options.keep_results and r.task.round == CONFIRM:
+                self.confirmations.setdefault((r.task.signature, wp.name, r.task.call), []).append(x)
+            elif self.options.keep_results:
                 self.results.setdefault((r.task.signature, wp.name), []).append(x)
         w.status.candidates += len(rows)
         w.status.failures += sum(not x.succeeded for x in rows)

@@ -30,7 +30,7 @@ from farm.model.engine import EngineRegistry
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset, partition_signatures
-from farm.store.decisions import Decisions, Winner, decide_results, load_incumbents
+from farm.store.decisions import Decisions, Winner, decide_results, incumbent_file, incumbent_spec, load_incumbents
 from farm.store.location import Location, is_uri
 from farm.store.reduce import ReduceReport, reduce_results, relocated
 from farm.store.results import (
@@ -43,12 +43,16 @@ from farm.store.results import (
     result_row,
     spec_of,
 )
+from farm.fleet.scheduler import CONFIRM, PriorRow, confirmed_calls
+from farm.model.records import CallMode
+from farm.tuner.confirm import ConfirmRun, Measured
 from farm.tuner.problem_tuning import ProblemOutcome, tune_problem
 from farm.tuner.watchdog import HangWatch
 
 log = logging.getLogger("farm.fleet.job")
 
 JOB_FILE_VERSION = 1
+CALLS = {c.value for c in CallMode}
 
 
 @dataclass
@@ -440,6 +444,8 @@ def run_local(
                          "gpu" if device.vendor in ("nvidia", "amd") else device.vendor)
         jr.tuning(device.signature)
         done = jr.done_candidates(device.signature)
+        prior = prior_rows(ResultsDataset(jr.job.results), device.signature) if done else {}
+        standing = incumbent_file(incumbents, device.properties)
         outcomes: list[ProblemOutcome] = []
         for wp in workload.problems:
             where = MeasurementContext(device.properties)
@@ -447,10 +453,18 @@ def run_local(
             def stream(result: AutotuneResult, _wp: Any = wp, _where: MeasurementContext = where) -> None:
                 jr.write([(result, _wp, _where)])
 
+            def confirmed(run: ConfirmRun, _wp: Any = wp) -> None:
+                stage = MeasurementContext(device.properties, round=CONFIRM, call=run.call.value,
+                                           session_size=len(run.results))
+                jr.write([(r, _wp, stage) for r in run.results])
+
             previous = [spec_of(k) for k in done.get(wp.problem.key, ())]
+            rows = prior.get(wp.problem.key, ())
             current.update(wp=wp, where=where)
             outcome = tune_problem(wp, device, config or workload.autotune, registry, seed=workload.seed,
-                                   done=previous, listener=stream, watch=watch)
+                                   done=previous, listener=stream, watch=watch, prior=measured_of(rows),
+                                   confirmed={CallMode(c) for c in confirmed_calls(rows) if c in CALLS},
+                                   incumbent=incumbent_spec(standing, wp.problem), on_confirm=confirmed)
             jr.set_ranks(where.session_id, {candidate_key(r.engine_id, r.knobs): r.rank for r in outcome.results})
             if outcome.error and not outcome.results and not outcome.skipped:
                 jr.skip(device.signature, wp.name, outcome.error)
@@ -465,6 +479,36 @@ def run_local(
             watch.close()
     summary = jr.finish(reduce=reduce, top_k=top_k, device=device.properties.to_dict())
     return LocalRunReport(outcomes, summary)
+
+
+def prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, list[PriorRow]]:
+    """problem key -> every row measured before on ``signature`` (resume): what scheduling and the
+    confirmation stage need of it."""
+    if dataset is None or not dataset.files:
+        return {}
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    # min_ms is read too, so a row the reducer would drop (an infinite time) is dropped here as well
+    t = dataset.table(["problem_key", "candidate_key", "round", "call", "session_id", "succeeded", "median_ms",
+                       "mad_ms", "session_size", "measured_at", "min_ms"], filter=ds.field("device_signature") == signature)
+    when = pc.divide(pc.cast(t["measured_at"], pa.int64()), 1000.0).to_pylist()
+    out: dict[str, list[PriorRow]] = {}
+    cols = [t.column(c).to_pylist() for c in t.column_names[:-2]]
+    for (pk, ck, rnd, call, sess, ok, med, mad, size), at in zip(zip(*cols), when):
+        out.setdefault(pk, []).append(PriorRow(spec_of(ck), rnd, sess, bool(ok), med, mad, call or "", at or 0.0,
+                                               size))
+    return out
+
+
+def measured_of(rows: Iterable[PriorRow]) -> list[Measured]:
+    """The successful main-round rows among ``rows`` (the latest of each candidate), for the confirmation stage."""
+    latest: dict[Any, PriorRow] = {}
+    for r in rows:
+        if r.round != CONFIRM and r.succeeded and r.median_ms is not None and r.median_ms > 0:
+            if r.spec not in latest or r.measured_at >= latest[r.spec].measured_at:
+                latest[r.spec] = r
+    return [Measured(r.spec, -1, r.session, r.median_ms, r.mad_ms or 0.0) for r in latest.values()]
 
 
 def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, timeout_s: float,

@@ -7,11 +7,13 @@ Pure Python (no Ray), so it can be tested alone. For every (signature, problem):
 * devices of the signature pull tasks as they free up (finalists first, then
   retries, then the rest in workload order, except that a device passes over
   problems of a kernel family another device is running now: see ``kernel_family``);
-* when every candidate has a row and the successful ones were measured in more
-  than one session (shards, a resumed job, retries after a crash), the top
-  ``finalist_k`` of every session, its fastest stable candidate and the default
-  are measured again together in one ``finalist`` task, so the ranking compares
-  numbers from one device (a resumed job runs a round again that was cut short);
+* when every candidate has a row, the confirmation stage (farm.tuner.confirm) re-measures the leader,
+  its near rivals, the default and the incumbent together on one device, in paired rounds: one
+  ``confirm`` task per calling mode of the problem (a resumed job runs again a stage cut short, and
+  every stage again when it measured new candidates). With the stage off, a problem whose successful
+  candidates were measured in more than one session (shards, a resumed job, retries after a crash)
+  has a ``finalist`` task instead: the top ``finalist_k`` of every session, its fastest stable
+  candidate and the default measured again together;
 * a task that loses its worker (crash) or stops reporting (hang) is split: its
   unreported candidates are retried one per task ("careful" mode), so the next
   failure names its candidate exactly. A candidate that kills a careful task's
@@ -24,14 +26,15 @@ from __future__ import annotations
 import collections
 import itertools
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from farm.model.plans import PlanSpec
-from farm.model.records import AutotuneConfig, AutotuneResult, Disposition
+from farm.model.records import AutotuneConfig, AutotuneResult, ConfirmSettings, Disposition
 from farm.model.workload import WorkloadProblem
+from farm.tuner.confirm import Measured, participants
 from farm.tuner.winner import is_noisy
 
-MAIN, FINALIST = "main", "finalist"
+MAIN, FINALIST, CONFIRM = "main", "finalist", "confirm"
 
 
 def kernel_family(problem: WorkloadProblem) -> tuple[str, ...]:
@@ -64,6 +67,10 @@ class Task:
     specs: tuple[PlanSpec, ...]
     round: str = MAIN
     careful: bool = False
+    call: str = ""  # a confirm task: the calling mode it times
+    reference: PlanSpec | None = None  # a confirm task: the default (what a challenger must beat)
+    incumbent: PlanSpec | None = None  # a confirm task: the incumbent
+    attempt: int = 1  # a confirm task: how many times it has been started (it is retried whole, once)
 
     @property
     def size(self) -> int:
@@ -80,6 +87,19 @@ class PriorRow:
     succeeded: bool
     median_ms: float | None
     mad_ms: float | None = None
+    call: str = ""  # the calling mode of a confirm row
+    measured_at: float = 0.0  # seconds since the epoch
+    session_size: int | None = None  # a confirm row: the rows its stage wrote in all
+
+
+def confirmed_calls(rows: Iterable[PriorRow]) -> set[str]:
+    """The calling modes whose confirmation stage ran, whole, after the problem's last main-round measurement
+    (a stage cut short has fewer rows on disk than its ``session_size``)."""
+    rows = list(rows)
+    main = max((r.measured_at for r in rows if r.round != CONFIRM), default=0.0)
+    sessions = collections.Counter(r.session for r in rows if r.round == CONFIRM)
+    return {r.call for r in rows if r.round == CONFIRM and r.measured_at >= main
+            and sessions[r.session] >= (r.session_size or 0)}
 
 
 @dataclass
@@ -91,15 +111,21 @@ class _Problem:
     successes: dict[PlanSpec, tuple[str, float, float]] = field(default_factory=dict)  # main: session, median, MAD
     finalist: str = "none"  # none | queued | done
     strikes: collections.Counter = field(default_factory=collections.Counter)
+    calls: tuple[str, ...] = ()  # calling modes the confirmation stage runs for ((): off)
+    confirmed: set[str] = field(default_factory=set)  # calling modes whose stage is current
+    incumbent: PlanSpec | None = None
+    measured_now: bool = False  # main-round rows arrived in this run (an earlier stage is stale then)
 
 
 class Scheduler:
-    def __init__(self, *, shard_size: int = 128, finalist_k: int = 3, max_strikes: int = 2) -> None:
+    def __init__(self, *, shard_size: int = 128, finalist_k: int = 3, max_strikes: int = 2,
+                 confirm: ConfirmSettings | None = None) -> None:
         if shard_size < 1 or finalist_k < 1 or max_strikes < 1:
             raise ValueError("shard_size, finalist_k and max_strikes must be >= 1")
         self.shard_size = shard_size
         self.finalist_k = finalist_k
         self.max_strikes = max_strikes
+        self.confirm = confirm if confirm is not None else ConfirmSettings(enabled=False)
         self._ids = itertools.count(1)
         self._queues: dict[str, collections.deque[Task]] = {}
         self._urgent: dict[str, collections.deque[Task]] = {}
@@ -111,16 +137,23 @@ class Scheduler:
 
     # -- building ------------------------------------------------------------------------
     def add_problem(self, signature: str, index: int, wp: WorkloadProblem, candidates: Sequence[Candidate],
-                    prior: Iterable[PriorRow] = ()) -> None:
-        """Plan one problem on one signature; ``prior`` are its rows from earlier runs."""
+                    prior: Iterable[PriorRow] = (), incumbent: PlanSpec | None = None) -> None:
+        """Plan one problem on one signature; ``prior`` are its rows from earlier runs, ``incumbent`` the
+        candidate the incumbent override file names for it."""
         self._queues.setdefault(signature, collections.deque())
         self._urgent.setdefault(signature, collections.deque())
         by_spec = {c.spec: c for c in candidates}
-        state = _Problem(wp, by_spec, set(by_spec))
+        state = _Problem(wp, by_spec, set(by_spec), incumbent=incumbent if incumbent in by_spec else None)
+        prior = list(prior)
+        if self.confirm.enabled:
+            state.calls = tuple(c.value for c in wp.calls)
+            state.confirmed = confirmed_calls([r for r in prior if r.spec in by_spec])
         final_rounds: dict[str, set[PlanSpec]] = {}  # session -> finalists it measured
         for row in prior:
             if row.spec not in by_spec:
                 continue  # measured under another workload
+            if row.round == CONFIRM:
+                continue
             if row.round == FINALIST:
                 final_rounds.setdefault(row.session, set()).add(row.spec)
                 continue
@@ -141,8 +174,8 @@ class Scheduler:
             self._maybe_finalist(signature, index)
 
     def _push(self, signature: str, index: int, specs: tuple[PlanSpec, ...], *, round: str = MAIN,
-              careful: bool = False, urgent: bool = False) -> Task:
-        task = Task(next(self._ids), signature, index, specs, round, careful)
+              careful: bool = False, urgent: bool = False, **confirm: Any) -> Task:
+        task = Task(next(self._ids), signature, index, specs, round, careful, **confirm)
         (self._urgent if urgent else self._queues)[signature].append(task)
         self._problems[(signature, index)].outstanding += 1
         return task
@@ -186,9 +219,10 @@ class Scheduler:
     def on_result(self, task: Task, result: AutotuneResult, session: str) -> None:
         """A candidate's row arrived."""
         state = self._problems[(task.signature, task.problem)]
-        if task.round == FINALIST:
+        if task.round in (FINALIST, CONFIRM):
             self.remeasured += 1
             return
+        state.measured_now = True
         if result.spec in state.pending:
             state.pending.discard(result.spec)
             self.finished += 1
@@ -214,6 +248,15 @@ class Scheduler:
         seen = set(reported)
         left = [s for s in task.specs if s not in seen]
         rows: list[AutotuneResult] = []
+        if task.round == CONFIRM:
+            if kind == "not_started" or task.attempt < 2:  # the stage again, whole (its rows come at its end)
+                self._push(task.signature, task.problem, task.specs, round=CONFIRM, urgent=True, call=task.call,
+                           reference=task.reference, incumbent=task.incumbent,
+                           attempt=task.attempt + (kind != "not_started"))
+            else:  # twice lost: the problem is decided on its main round
+                state.confirmed.add(task.call)
+                self._settle(task)
+            return rows
         if kind == "not_started":
             if left:  # queued again as it was
                 self._push(task.signature, task.problem, tuple(left), round=task.round, careful=task.careful,
@@ -241,6 +284,8 @@ class Scheduler:
         state = self._problems[(task.signature, task.problem)]
         if task.round == FINALIST and state.outstanding == 0:
             state.finalist = "done"
+        if task.round == CONFIRM:
+            state.confirmed.add(task.call)
         self._maybe_finalist(task.signature, task.problem)
 
     def _failure_row(self, state: _Problem, spec: PlanSpec, kind: str, config: AutotuneConfig,
@@ -283,8 +328,15 @@ class Scheduler:
         return tuple(sorted(set(finalists), key=lambda s: state.candidates[s].index))
 
     def _maybe_finalist(self, signature: str, index: int) -> None:
+        """The next round of a problem whose candidates all have rows: its confirmation stage (or, with the
+        stage off, a finalist round), then retirement."""
         state = self._problems[(signature, index)]
         if state.pending or state.outstanding:
+            return
+        if state.calls:
+            if self._queue_confirmations(signature, index, state):
+                return
+            self._retire(state)
             return
         if state.finalist == "none":
             order = self._finalists(state)
@@ -294,6 +346,29 @@ class Scheduler:
                 return
         if state.finalist != "queued":
             self._retire(state)
+
+    def _queue_confirmations(self, signature: str, index: int, state: _Problem) -> bool:
+        """Queue a confirm task per calling mode that needs one; False when there is none to run."""
+        if state.measured_now:
+            state.confirmed, state.measured_now = set(), False  # new rows: every stage again
+        todo = [c for c in state.calls if c not in state.confirmed]
+        if not todo:
+            return False
+        measured = [Measured(spec, state.candidates[spec].index, session, median, mad)
+                    for spec, (session, median, mad) in state.successes.items()]
+        defaults = [m for m in measured if not m.spec.knobs]
+        default = min(defaults, key=lambda m: m.index).spec if defaults else None
+        chosen = participants(measured, default=default, incumbent=state.incumbent,
+                              max_candidates=self.confirm.max_candidates)
+        if not chosen:
+            state.confirmed.update(todo)
+            return False
+        leader = min(measured, key=lambda m: (m.median_ms, m.index)).spec
+        for call in todo:
+            state.confirmed.add(call)  # queued: settled when its task ends (or is given up)
+            self._push(signature, index, chosen, round=CONFIRM, urgent=True, call=call,
+                       reference=default or leader, incumbent=state.incumbent)
+        return True
 
     @staticmethod
     def _retire(state: _Problem) -> None:

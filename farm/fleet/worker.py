@@ -23,12 +23,13 @@ from farm.devices.properties import DeviceProperties
 from farm.devices.runtimes import RuntimeUnavailable
 from farm.devices.sim import SimConfig
 from farm.errors import AutotuneError, FarmError
-from farm.fleet.scheduler import Candidate, Task
+from farm.fleet.scheduler import CONFIRM, Candidate, Task
 from farm.model.engine import EngineRegistry, default_engine_registry
-from farm.model.records import AutotuneConfig, AutotuneResult
+from farm.model.records import AutotuneConfig, AutotuneResult, CallMode
 from farm.model.workload import WorkloadProblem
 from farm.store.results import MeasurementContext, ResultWriter, RunContext, candidate_key, new_id, result_row
 from farm.tuner.autotuner import Autotuner
+from farm.tuner.confirm import run_confirmation
 from farm.tuner.problem_tuning import plan_specs_for
 
 log = logging.getLogger("farm.fleet.worker")
@@ -201,6 +202,9 @@ class DeviceWorkerImpl:
             config = dataclasses.replace(config, compile_workers=2)  # keep the GPU busy while JIT engines compile
 
         def tune() -> None:
+            if task.round == CONFIRM:
+                confirm()
+                return
             tuner = Autotuner(wp.problem, self.device, registry=self.registry)
             error = ""
             ranked: list[AutotuneResult] = []
@@ -217,6 +221,19 @@ class DeviceWorkerImpl:
             ranks = {candidate_key(r.engine_id, r.knobs): r.rank for r in ranked}
             items.put(TaskEnd(session, ranks, error, (time.perf_counter() - t0) * 1e3))
 
+        def confirm() -> None:
+            """The confirmation stage (farm.tuner.confirm): its rows all come at its end (paired samples)."""
+            error = ""
+            try:
+                run = run_confirmation(wp.problem, self.device, self.registry, [(s, index[s]) for s in task.specs],
+                                       reference=task.reference, incumbent=task.incumbent, call=CallMode(task.call),
+                                       config=config, seed=seed)
+                for r in run.results:
+                    items.put(r)
+            except Exception as exc:  # an engine bug must not kill the worker silently
+                error = f"{type(exc).__name__}: {exc}"
+            items.put(TaskEnd(session, {}, error, (time.perf_counter() - t0) * 1e3))
+
         thread = threading.Thread(target=tune, name=f"farm-task-{task.id}", daemon=True)
         thread.start()
         batch: list[AutotuneResult] = []
@@ -225,6 +242,8 @@ class DeviceWorkerImpl:
             try:
                 item = items.get(timeout=stream_interval_s)
             except queue.Empty:
+                if task.round == CONFIRM:
+                    continue  # a stage's rows go together (a part of one is no stage)
                 # nothing new: send what is measured now, so a candidate that hangs next costs only itself
                 if rows is not None and rows.due(False):
                     yield rows.release()
@@ -245,6 +264,8 @@ class DeviceWorkerImpl:
                 yield item
                 return
             batch.append(dataclasses.replace(item, candidate=index.get(item.spec, item.candidate)))
+            if task.round == CONFIRM:
+                continue
             if rows is not None:
                 rows.add(batch)
                 batch = rows.release() if rows.due(task.careful) else []

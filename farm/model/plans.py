@@ -13,7 +13,9 @@ is the last one given and applies to a compiled plan's real workspace.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
@@ -55,6 +57,23 @@ class PlanSpec:
         if registry is not None and self.engine_id in registry:
             name = registry.get(self.engine_id).name
         return candidate_label(name, self.knobs)
+
+    @property
+    def key(self) -> str:
+        """The candidate key: ``<engine id>:<knobs as JSON pairs>``, stable across runs (the results' resume key)."""
+        return candidate_key(self.engine_id, self.knobs)
+
+
+def candidate_key(engine_id: int, knobs: KnobSettings) -> str:
+    """``<engine id>:<knobs as JSON pairs>``: a plan spec's identity, stable across runs."""
+    return f"{engine_id}:" + json.dumps([[k, v] for k, v in sorted(knobs)], separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=4096)
+def spec_of(key: str) -> PlanSpec:
+    """The plan spec a candidate key names (inverse of candidate_key)."""
+    engine, knobs = key.split(":", 1)
+    return PlanSpec(int(engine), tuple(sorted((k, v) for k, v in json.loads(knobs))))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from farm.errors import InputError
 from farm.model.knobs import KnobSettings, candidate_label
@@ -27,6 +27,79 @@ class BuildPolicy(str, enum.Enum):
 
     ALL = "all"
     HEURISTICS_CHOICE = "heuristics_choice"  # the first plan in heuristic order that compiles
+
+
+class CallMode(str, enum.Enum):
+    """How production calls a problem's op: what the confirmation stage times and ranks by."""
+
+    EAGER = "eager"  # back-to-back calls from Python through the replay path: launch cost included
+    GRAPH = "graph"  # inside a captured CUDA/HIP graph: device time only
+
+
+def parse_calls(value: Any, field_name: str = "call") -> tuple[CallMode, ...]:
+    """``eager``, ``graph``, or a list of both (each measured and decided on its own)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if not items:
+        raise InputError("expected eager, graph, or a list of them", field=field_name, value=value)
+    out: list[CallMode] = []
+    for v in items:
+        mode = _enum(CallMode, v, field_name) if isinstance(v, (str, CallMode)) else None
+        if mode is None:
+            raise InputError("expected eager, graph, or a list of them", field=field_name, value=value)
+        if mode in out:
+            raise InputError("a calling mode is listed twice", field=field_name, value=value)
+        out.append(mode)
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfirmSettings:
+    """The confirmation stage (farm.tuner.confirm): who is re-measured, how long, when it stops.
+
+    Per problem and calling mode it costs at most ``budget_ms`` of timed rounds, or the 8 rounds a 99 %
+    interval needs when those take longer; ``max_candidates`` bounds who is in it.
+    """
+
+    enabled: bool = True
+    max_rounds: int = 64  # paired rounds at most
+    budget_ms: float = 2000.0  # timed rounds stop once they have taken this long (at least 8 rounds run)
+    max_candidates: int = 6  # the leader, the default and the incumbent always; then the nearest by median
+    sample_ms: float = 1.0  # an eager sample times back-to-back calls lasting at least this long
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise InputError(rule, field=f"confirm.{name}", value=getattr(self, name))
+
+        need(isinstance(self.enabled, bool), "enabled", "must be true or false")
+        for name, low in (("max_rounds", 8), ("max_candidates", 2)):
+            v = getattr(self, name)
+            need(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, f"must be an integer >= {low}")
+        for name in ("budget_ms", "sample_ms"):
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"), name,
+                 "must be a number of milliseconds > 0")
+
+    @staticmethod
+    def parse(value: Any) -> "ConfirmSettings":
+        """``true`` / ``false``, or a mapping of these settings (``rounds`` for max_rounds, ``candidates`` for
+        max_candidates)."""
+        if isinstance(value, ConfirmSettings):
+            return value
+        if isinstance(value, bool):
+            return ConfirmSettings(enabled=value)
+        if not isinstance(value, Mapping):
+            raise InputError("expected true, false, or a mapping of confirmation settings", field="confirm",
+                             value=value)
+        aliases = {"rounds": "max_rounds", "candidates": "max_candidates"}
+        allowed = {"enabled", "max_rounds", "budget_ms", "max_candidates", "sample_ms", *aliases}
+        kwargs = {}
+        for key, v in value.items():
+            if key not in allowed:
+                raise InputError(f"unknown field (allowed: {', '.join(sorted(allowed))})", field=f"confirm.{key}",
+                                 value=v)
+            kwargs[aliases.get(key, key)] = v
+        return ConfirmSettings(**kwargs)
 
 
 class ResultCheck(str, enum.Enum):
@@ -87,6 +160,7 @@ class AutotuneConfig:
     compile_workers: int = 0  # >0: compile in a thread pool, overlapped with measuring
     rotating_buffers: int = 0  # >0: that many extra input sets, used in turn, so inputs are not in cache
     graph_repeats: int = 0  # >0: time replays of a device graph holding that many runs (microsecond kernels)
+    confirm: ConfirmSettings = field(default_factory=ConfirmSettings)  # the paired re-check before a winner is published
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", _enum(TuneMode, self.mode, "mode"))
@@ -94,6 +168,7 @@ class AutotuneConfig:
         object.__setattr__(self, "priming_failure", _enum(PrimingFailurePolicy, self.priming_failure, "priming_failure"))
         object.__setattr__(self, "check", _enum(ResultCheck, self.check, "check"))
         object.__setattr__(self, "engine_id_filter", tuple(int(i) for i in self.engine_id_filter))
+        object.__setattr__(self, "confirm", ConfirmSettings.parse(self.confirm))
         self._validate()
 
     def _validate(self) -> None:

@@ -34,11 +34,11 @@ from farm.model.engine import EngineRegistry, user_knobs
 from farm.model.knobs import BENCHMARKING_KNOB, KnobValue
 from farm.model.plans import EngineSweep, cartesian_product
 from farm.model.problem import Problem
-from farm.model.records import AutotuneConfig
+from farm.model.records import AutotuneConfig, CallMode, parse_calls
 
 WORKLOAD_VERSION = 1
-_TOP_KEYS = {"version", "name", "description", "seed", "autotune", "engines", "problems"}
-_PROBLEM_KEYS = {"name", "op", "dtype", "compute_dtype", "tensors", "criteria", "engines"}
+_TOP_KEYS = {"version", "name", "description", "seed", "call", "autotune", "engines", "problems"}
+_PROBLEM_KEYS = {"name", "op", "dtype", "compute_dtype", "tensors", "criteria", "engines", "call"}
 _ENGINE_KEYS = {"include", "exclude", "defaults", "sweep"}
 _CONFIG_KEYS = {f.name for f in fields(AutotuneConfig)} - {"ranking_fn", "engine_id_filter"}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
@@ -76,6 +76,7 @@ class WorkloadProblem:
     name: str
     problem: Problem
     engines: EngineSelection
+    calls: tuple[CallMode, ...] = (CallMode.EAGER,)  # how production calls it: each is confirmed and decided
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,7 @@ def parse_workload(data: Any, *, source: str = "<workload>", registry: EngineReg
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise InputError("must be an integer >= 0", field="seed", value=seed)
     config = _autotune_config(data.get("autotune") or {}, "autotune")
+    calls = parse_calls(data["call"], "call") if "call" in data else (CallMode.EAGER,)
     base = _engine_selection(data.get("engines") or {}, "engines", registry, None)
     problems_raw = data.get("problems")
     if not isinstance(problems_raw, list) or not problems_raw:
@@ -204,7 +206,7 @@ def parse_workload(data: Any, *, source: str = "<workload>", registry: EngineReg
     problems = []
     names: set[str] = set()
     for i, raw in enumerate(problems_raw):
-        wp = _problem(raw, i, registry, base)
+        wp = _problem(raw, i, registry, base, calls)
         if wp.name in names:
             raise InputError("problem names must be unique", field=f"problems[{i}].name", value=wp.name)
         names.add(wp.name)
@@ -318,7 +320,8 @@ def _sweeps(raw: Any, prefix: str, registry: EngineRegistry) -> tuple[EngineSwee
     return tuple(out)
 
 
-def _problem(raw: Any, i: int, registry: EngineRegistry, base: EngineSelection) -> WorkloadProblem:
+def _problem(raw: Any, i: int, registry: EngineRegistry, base: EngineSelection,
+             calls: tuple[CallMode, ...] = (CallMode.EAGER,)) -> WorkloadProblem:
     prefix = f"problems[{i}]"
     if not isinstance(raw, Mapping):
         raise InputError("expected a mapping with op and tensors", field=prefix, value=raw)
@@ -353,7 +356,9 @@ def _problem(raw: Any, i: int, registry: EngineRegistry, base: EngineSelection) 
     name = raw.get("name")
     if name is not None and not isinstance(name, str):
         raise InputError("expected a string", field=f"{prefix}.name", value=name)
-    return WorkloadProblem(i, name or f"{problem.op}-{problem.key[:8]}", problem, engines)
+    if "call" in raw:
+        calls = parse_calls(raw["call"], f"{prefix}.call")
+    return WorkloadProblem(i, name or f"{problem.op}-{problem.key[:8]}", problem, engines, calls)
 
 
 _TOKEN = re.compile(r"\[([^\]]+)\]|\.?([^.\[\]]+)")

@@ -267,6 +267,32 @@ class Selector:
         raise NoSelection("every selection policy declined: " + "; ".join(reasons))
 
 
+    def select_for_call(self, problem: Problem | bytes, candidates: Sequence[int], call: str) -> Selection | None:
+        """A decision recorded for production calls of kind ``call`` ("graph"), from the first policy in order
+        that has one (a policy opts in with ``order_for_call(candidates, problem, call)``); None when none does:
+        the caller uses what :meth:`select` chose."""
+        if not candidates:
+            return None
+        fb = problem if isinstance(problem, bytes) else self.problem_bytes(problem)
+        original = tuple(candidates)
+        for policy in self.policies:
+            ask = getattr(self._session(policy), "order_for_call", None)
+            if ask is None:
+                continue
+            try:
+                answer = ask(original, fb, call)
+            except Exception as exc:
+                log.warning("selection: policy %s raised %s: %s", policy.name, type(exc).__name__, exc)
+                continue
+            if answer is None:
+                continue
+            choice = answer if isinstance(answer, Choice) else Choice(tuple(answer))
+            if _invalid(choice.order, original):
+                continue
+            return Selection(tuple(choice.order), policy.name, dict(choice.knobs))
+        return None
+
+
 def _invalid(order: Sequence[int], candidates: Sequence[int]) -> str:
     if not order:
         return "empty"

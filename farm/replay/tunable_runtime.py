@@ -42,7 +42,7 @@ from farm.model.knobs import KnobSettings, format_settings
 from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig
 from farm.replay.selection import Selector
-from farm.store.override_files import autotune_metadata, load_overrides, merge_entries, write_overrides
+from farm.store.override_files import autotune_metadata, call_choice, load_overrides, merge_entries, write_overrides
 from farm.store.overrides import OverrideEntry, OverrideFile
 from farm.store.tunableop_csv import DEFAULT_KERNEL, is_tunableop_csv, load_tunableop_csv, write_tunableop_csv
 from farm.tuner.autotuner import Autotuner
@@ -259,7 +259,7 @@ class TunableRuntime:
         return self._bound.get(key)
 
     def bound(self) -> list[Bound]:
-        return list(self._bound.values())
+        return [b for b in self._bound.values() if b is not None]
 
     def bind(self, key: Any, problem: Problem) -> Bound:
         """Choose the engine for ``problem`` (once per key) and compile it."""
@@ -269,6 +269,38 @@ class TunableRuntime:
                 bound = self._choose(problem)
                 self._bound[key] = bound
             return bound
+
+    def bind_call(self, key: Any, problem: Problem, call: str) -> Bound | None:
+        """The engine recorded for production calls of kind ``call`` ("graph": inside a captured graph), compiled;
+        None when nothing records a separate decision for it (the caller runs what :meth:`bind` chose)."""
+        with self._lock:
+            slot = (key, call)
+            if slot not in self._bound:
+                self._bound[slot] = self._choose_call(problem, call)
+            return self._bound[slot]
+
+    def _choose_call(self, problem: Problem, call: str) -> Bound | None:
+        if self.settings.enabled:
+            self._ensure_results()
+            entry = self._results.match(problem) if self._results else None
+            if entry is not None:
+                try:
+                    picked = call_choice(entry, call)
+                except FarmError as exc:
+                    self._warn_once(("calls", id(entry), call), "autotune: %s decision for %s not used: %s", call,
+                                    problem.label(), exc)
+                    picked = None
+                if picked is not None:
+                    return self._compile(problem, picked[0], picked[1], f"recorded ({call})",
+                                         origin=self._results.source if self._results else "")
+        candidates = [c.engine_id for c in self.registry.discover(problem, self.device)]
+        if self._selector is None:
+            self._selector = Selector(self.device.properties)
+        sel = self._selector.select_for_call(problem, candidates, call)
+        if sel is None:
+            return None
+        return self._compile(problem, self.registry.get(sel.engine_id).name, sel.knobs.get(sel.engine_id, ()),
+                             f"{sel.policy} ({call})")
 
     def _choose(self, problem: Problem) -> Bound:
         s = self.settings

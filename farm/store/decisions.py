@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -21,10 +22,13 @@ from farm.store.dataset import ResultsDataset
 from farm.store.override_files import load_overrides
 from farm.store.overrides import OverrideEntry
 from farm.store.results import candidate_key, spec_of
-from farm.tuner.winner import Rule, decide_groups, is_noisy, noise_sigma, why
+from farm.tuner.paired import CONFIDENCE, paired_ratio
+from farm.tuner.winner import ConfirmedRule, Rule, confirmed_why, decide_groups, decide_stage, is_noisy, noise_sigma, why
 
 log = logging.getLogger("farm.store.decisions")
 
+
+CONFIRM = "confirm"  # the round of the confirmation stage's rows (farm.tuner.confirm)
 
 _DICT_COLUMNS = ("problem_json", "problem_name", "engine_name", "device_json", "round", "mode", "strategy", "job_id",
                  "session_id")
@@ -37,8 +41,39 @@ _COLUMNS = ("device_signature", "problem_key", "candidate_key", "candidate_index
 
 
 @dataclass(frozen=True)
+class Confirmation:
+    """How a problem's confirmation stage (farm.tuner.confirm) decided, for one calling mode."""
+
+    call: str  # eager | graph
+    rounds: int  # paired rounds
+    settled: bool  # the decision was separated at the confidence before the budget ended
+    cost_ms: float  # the stage's time on the device for this problem and calling mode
+    speedup: float | None  # the winner's paired speed-up over the default (None: the default won)
+    low: float | None  # its interval at ``confidence``
+    high: float | None
+    best: str  # the strongest challenger (what the default was compared with when it won)
+    best_speedup: float | None  # that challenger's paired speed-up over the default, and its interval
+    best_low: float | None
+    best_high: float | None
+    ties: tuple[str, ...]  # candidates whose paired interval against the winner includes 1
+    confidence: float = CONFIDENCE
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"call": self.call, "rounds": self.rounds, "settled": self.settled, "cost_ms": self.cost_ms,
+                "confidence": self.confidence, "speedup": self.speedup,
+                "interval": [self.low, self.high] if self.speedup is not None else None,
+                "best_challenger": self.best or None, "best_speedup": self.best_speedup,
+                "best_interval": [self.best_low, self.best_high] if self.best_speedup is not None else None,
+                "ties": list(self.ties)}
+
+
+@dataclass(frozen=True)
 class Winner:
-    """The reducer's decision for one problem on one signature: what every surface shows."""
+    """The reducer's decision for one problem on one signature: what every surface shows.
+
+    With a confirmation stage the decision and its times come from its paired rounds (``confirmed``);
+    ``others`` are the decisions for the problem's other calling modes (a graph winner beside the eager one).
+    """
 
     signature: str
     problem_key: str
@@ -49,7 +84,7 @@ class Winner:
     min_ms: float | None
     mad_ms: float | None
     noisy: bool
-    rule: Rule
+    rule: Rule | ConfirmedRule
     why: str  # '' when the winner is the fastest measured candidate
     fastest: str  # label of the fastest measured candidate
     fastest_ms: float
@@ -57,21 +92,52 @@ class Winner:
     default_ms: float | None
     candidates: int  # candidates compared
     row: int  # index into the decided table
+    confirmed: Confirmation | None = None
+    others: tuple["Winner", ...] = ()
 
     @property
     def label(self) -> str:
         return candidate_label(self.engine_name, self.knobs)
 
     @property
+    def call(self) -> str:
+        """The calling mode this decision is for ('' when no confirmation stage ran)."""
+        return self.confirmed.call if self.confirmed is not None else ""
+
+    @property
     def speedup_over_default(self) -> float | None:
+        """The paired speed-up of the confirmation stage (1.0 when the default won), else the ratio of medians."""
+        if self.confirmed is not None:
+            return self.confirmed.speedup if self.confirmed.speedup is not None else 1.0
         return self.default_ms / self.median_ms if self.default_ms and self.median_ms else None
 
+    @property
+    def speedup_interval(self) -> tuple[float, float] | None:
+        c = self.confirmed
+        return (c.low, c.high) if c is not None and c.speedup is not None and c.low is not None and c.high is not None \
+            else None
+
+    @property
+    def trusted(self) -> bool:
+        """False when the speed-up shown is doubtful: measured without a confirmation stage, or by one whose
+        budget ended before it could separate the leader from the default."""
+        return self.confirmed is not None and self.confirmed.settled
+
+    def for_call(self, call: str) -> "Winner | None":
+        return self if self.call == call else next((w for w in self.others if w.call == call), None)
+
     def as_dict(self) -> dict[str, Any]:
-        return {"engine_name": self.engine_name, "knobs": dict(self.knobs), "label": self.label,
-                "median_ms": self.median_ms, "min_ms": self.min_ms, "mad_ms": self.mad_ms, "noisy": self.noisy,
-                "rule": self.rule.value, "why": self.why, "fastest": self.fastest, "fastest_ms": self.fastest_ms,
-                "default": self.default, "default_ms": self.default_ms,
-                "speedup_over_default": self.speedup_over_default, "candidates": self.candidates}
+        out = {"engine_name": self.engine_name, "knobs": dict(self.knobs), "label": self.label,
+               "median_ms": self.median_ms, "min_ms": self.min_ms, "mad_ms": self.mad_ms, "noisy": self.noisy,
+               "rule": self.rule.value, "why": self.why, "fastest": self.fastest, "fastest_ms": self.fastest_ms,
+               "default": self.default, "default_ms": self.default_ms,
+               "speedup_over_default": self.speedup_over_default,
+               "speedup_interval": list(self.speedup_interval) if self.speedup_interval else None,
+               "trusted": self.trusted, "candidates": self.candidates, "call": self.call,
+               "confirmation": self.confirmed.as_dict() if self.confirmed is not None else None}
+        if self.others:
+            out["other_calls"] = {w.call: w.as_dict() for w in self.others}
+        return out
 
 
 @dataclass
@@ -104,8 +170,10 @@ def _changes(col: pa.ChunkedArray) -> np.ndarray:
 
 
 def load_successes(data: ResultsDataset) -> pa.Table:
-    """Successful rows, latest per (signature, problem, candidate), sorted by signature and problem."""
-    t = data.table(list(_COLUMNS), filter=ds.field("succeeded") == True, dictionary=_DICT_COLUMNS)  # noqa: E712
+    """Successful rows of the main and finalist rounds, latest per (signature, problem, candidate), sorted by
+    signature and problem (the confirmation stage's rows are read apart: load_confirmations)."""
+    main = (ds.field("succeeded") == True) & ~(ds.field("round") == CONFIRM)  # noqa: E712
+    t = data.table(list(_COLUMNS), filter=main, dictionary=_DICT_COLUMNS)
     t = t.sort_by([("device_signature", "ascending"), ("problem_key", "ascending"),
                    ("candidate_key", "ascending"), ("measured_at", "descending")])
     first = _changes(t["device_signature"]) | _changes(t["problem_key"]) | _changes(t["candidate_key"])
@@ -177,6 +245,7 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     for g, row in zip(c.group[d.ranking_rows].tolist(), rows[d.ranking_rows].tolist()):
         top.setdefault((c.sigs[g], c.pkeys[g]), []).append(row)
     winners = _winners(c, d, tuned)
+    table, winners = _apply_confirmations(data, table, c, d, winners)
     return Decisions(table, winners, top, tuned, skipped, everything.num_rows)
 
 
@@ -208,11 +277,13 @@ class _Compared:
         self.sigs = _strings(table["device_signature"].take(pa.array(self.first))).to_pylist()
         self.pkeys = _strings(table["problem_key"].take(pa.array(self.first))).to_pylist()
         self.names = _strings(table["engine_name"]).to_pylist()
+        self.incumbent_keys: dict[tuple[str, str], str] = {}  # (signature, problem key) -> the incumbent's key
 
     def incumbent_flags(self, incumbents: dict[str, Any] | None) -> np.ndarray:
         flags = np.zeros(self.table.num_rows, dtype=bool)
         if incumbents:
             named = _incumbent_keys(self.table, self.first, self.sigs, self.pkeys, incumbents)
+            self.incumbent_keys = named
             if named:
                 wanted = np.array([named.get((self.sigs[g], self.pkeys[g]), "") for g in self.group], dtype=object)
                 flags[self.rows] = self.keys[self.rows] == wanted
@@ -252,6 +323,100 @@ def _winners(c: _Compared, d: Any, tuned: dict[str, set[str]]) -> dict[tuple[str
             default=c.label(df) if df >= 0 else None, default_ms=float(median[df]) if df >= 0 else None,
             candidates=int(counts[g]), row=w)
     return out
+
+
+_CONFIRM_COLUMNS = (*_COLUMNS, "call", "samples_ms", "tuning_ms", "session_size", "succeeded")
+
+
+def load_confirmations(data: ResultsDataset) -> pa.Table:
+    """The successful rows of every whole confirmation stage, with their samples (paired by position within a
+    session). A stage with fewer rows on disk than its ``session_size`` was cut short: its rows are left out."""
+    t = data.table(list(_CONFIRM_COLUMNS), filter=ds.field("round") == CONFIRM, dictionary=_DICT_COLUMNS)
+    if t.num_rows == 0:
+        return t
+    sessions = _strings(t["session_id"]).combine_chunks()
+    counts = pa.table({"s": sessions}).group_by("s").aggregate([("s", "count")])
+    rows_on_disk = pc.take(counts["s_count"], pc.index_in(sessions, counts["s"]))
+    whole = pc.greater_equal(rows_on_disk, pc.fill_null(t["session_size"], 0))
+    return t.filter(pc.and_(whole, t["succeeded"]))
+
+
+def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", d: Any,
+                         winners: dict[tuple[str, str], Winner]) -> tuple[pa.Table, dict[tuple[str, str], Winner]]:
+    """Decide every problem that has a confirmation stage from its latest session per calling mode
+    (farm.tuner.winner.decide_confirmed); its rows join the decided table so the winner's row is there."""
+    conf = load_confirmations(data)
+    if conf.num_rows == 0:
+        return table, winners
+    conf = conf.sort_by([("device_signature", "ascending"), ("problem_key", "ascending"), ("call", "ascending"),
+                         ("measured_at", "descending")])
+    sigs = _strings(conf["device_signature"]).to_pylist()
+    pkeys = _strings(conf["problem_key"]).to_pylist()
+    calls = _strings(conf["call"]).to_pylist()
+    sessions = _strings(conf["session_id"]).to_pylist()
+    keys = _strings(conf["candidate_key"]).to_pylist()
+    names = _strings(conf["engine_name"]).to_pylist()
+    costs = conf["tuning_ms"].to_numpy(zero_copy_only=False).astype(float)
+    lists = conf["samples_ms"].combine_chunks()
+    values = lists.values.to_numpy(zero_copy_only=False).astype(float)
+    offsets = lists.offsets.to_numpy()
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    latest: dict[tuple[str, str, str], str] = {}
+    for i, key in enumerate(zip(sigs, pkeys, calls)):
+        if key not in latest:
+            latest[key] = sessions[i]  # rows are sorted newest first within a problem and mode
+        if sessions[i] == latest[key]:
+            groups.setdefault(key, []).append(i)
+    defaults = {(c.sigs[g], c.pkeys[g]): c.keys[c.rows[r]] for g, r in enumerate(d.default.tolist()) if r >= 0}
+    offset = table.num_rows
+    decided: dict[tuple[str, str], list[Winner]] = {}
+    for (sig, pkey, call), rows in groups.items():
+        main = winners.get((sig, pkey))
+        if main is None or len(rows) < 2:
+            continue
+        want, inc_key = defaults.get((sig, pkey)), c.incumbent_keys.get((sig, pkey))
+        dec, order = decide_stage([keys[i] for i in rows], [values[offsets[i]:offsets[i + 1]] for i in rows],
+                                  default_key=want, incumbent_key=inc_key,
+                                  default_flags=[keys[i].endswith(":[]") for i in rows])
+        rows = [rows[j] for j in order]
+        samples = [values[offsets[i]:offsets[i + 1]] for i in rows]
+        row_keys = [keys[i] for i in rows]
+        ref = dec.reference
+
+        def label(j: int) -> str:
+            return candidate_label(names[rows[j]], _knobs_of(row_keys[j])) if j >= 0 else ""
+
+        med = [float(np.median(x)) if len(x) else math.nan for x in samples]
+        mad = [float(np.median(np.abs(x - m))) if len(x) else math.nan for x, m in zip(samples, med)]
+        w = dec.winner
+        fastest = min(range(len(rows)), key=lambda j: (med[j], j))
+        versus = dec.versus
+        best = dec.challengers.get(dec.best) if dec.best >= 0 else None
+        ties = tuple(label(j) for j in range(len(rows))
+                     if j != w and paired_ratio(samples[j], samples[w]).includes_one())
+        won = w != ref
+        confirmation = Confirmation(
+            call=call, rounds=min((len(x) for x in samples), default=0), settled=dec.settled,
+            cost_ms=float(np.nansum(costs[rows])), speedup=versus.speedup if won and versus else None,
+            low=versus.speedup_low if won and versus else None, high=versus.speedup_high if won and versus else None,
+            best=label(dec.best), best_speedup=best.speedup if best else None,
+            best_low=best.speedup_low if best else None, best_high=best.speedup_high if best else None, ties=ties)
+        decided.setdefault((sig, pkey), []).append(dataclasses.replace(
+            main, engine_name=names[rows[w]], knobs=_knobs_of(row_keys[w]), median_ms=med[w],
+            min_ms=float(np.min(samples[w])) if len(samples[w]) else None, mad_ms=mad[w],
+            noisy=bool(is_noisy(np.array([med[w]]), np.array([mad[w]]))[0]), rule=dec.rule,
+            why=confirmed_why(dec, label), fastest=label(fastest), fastest_ms=med[fastest],
+            default=label(ref), default_ms=med[ref], row=offset + rows[w], confirmed=confirmation))
+    if not decided:
+        return table, winners
+    out = dict(winners)
+    for key, found in decided.items():
+        found.sort(key=lambda w: CALL_ORDER.get(w.call, len(CALL_ORDER)))
+        out[key] = dataclasses.replace(found[0], others=tuple(found[1:]))
+    return pa.concat_tables([table, conf.select(list(_COLUMNS))], promote_options="permissive"), out
+
+
+CALL_ORDER = {"eager": 0, "graph": 1}  # the primary decision of a problem: its eager one, when it has one
 
 
 def _in_groups(group: np.ndarray, flag: np.ndarray) -> np.ndarray:
@@ -308,33 +473,55 @@ def load_incumbents(source: str | Path | None, data: ResultsDataset) -> dict[str
     if not source:
         return {}
     from farm.devices.properties import DeviceProperties
-    from farm.errors import FarmError
 
     source = str(source)
-    found: dict[str, Any] = {}
-    if "://" not in source and os.path.isfile(source):
-        try:
-            f = load_overrides(source)
-        except FarmError as exc:
-            log.warning("reduce: incumbents file %s unreadable (%s); no incumbents", source, exc)
-            return {}
-        return {f.device_signature: f} if f.device_signature else {}
-    if "://" not in source and not os.path.isdir(source):
+    if "://" not in source and not os.path.exists(source):
         log.warning("reduce: incumbents %s not found; no incumbents", source)
         return {}
-    from farm.store.published import find_published
-
     t = data.table(["device_signature", "device_json"]) if data.files else None
     devices = {} if t is None else dict(zip(t["device_signature"].to_pylist(), t["device_json"].to_pylist()))
+    found: dict[str, Any] = {}
     for sig, device_json in devices.items():
-        path = os.path.join(source, f"{sig}.json")
-        if "://" in source or not os.path.isfile(path):
-            props = DeviceProperties.from_dict(json.loads(device_json))
-            hit = find_published(source, props)
-            path = hit[0] if hit is not None and not hit[1] else ""  # another signature is no incumbent
-        if path:
-            try:
-                found[sig] = load_overrides(path)
-            except FarmError as exc:
-                log.warning("reduce: incumbents file %s unreadable (%s); none for %s", path, exc, sig)
+        f = incumbent_file(source, DeviceProperties.from_dict(json.loads(device_json)))
+        if f is not None:
+            found[sig] = f
     return found
+
+
+def incumbent_file(source: str | Path | None, props: Any) -> Any:
+    """The override file (an :class:`~farm.store.overrides.OverrideFile`) holding the incumbents for the device
+    ``props`` describes, from one file, a folder of ``<signature>.json`` files or a published root; None
+    when there is none for that exact signature (or it cannot be read: a warning says so)."""
+    from farm.errors import FarmError
+    from farm.store.published import find_published
+
+    if not source:
+        return None
+    source, sig = str(source), props.signature
+    path = ""
+    if "://" not in source and os.path.isfile(source):
+        path = source
+    elif "://" not in source and os.path.isfile(os.path.join(source, f"{sig}.json")):
+        path = os.path.join(source, f"{sig}.json")
+    elif "://" in source or os.path.isdir(source):
+        hit = find_published(source, props)
+        path = hit[0] if hit is not None and not hit[1] else ""  # another signature is no incumbent
+    if not path:
+        return None
+    try:
+        f = load_overrides(path)
+    except FarmError as exc:
+        log.warning("reduce: incumbents file %s unreadable (%s); none for %s", path, exc, sig)
+        return None
+    return f if path != source or f.device_signature == sig else None  # one file: for its own signature only
+
+
+def incumbent_spec(f: Any, problem: Any) -> Any:
+    """The plan spec the incumbent file names for ``problem`` (by its problem key, else by matching), or None."""
+    from farm.model.plans import PlanSpec
+
+    if f is None:
+        return None
+    entry = next((e for e in f.entries if (e.metadata or {}).get("problem_key") == problem.key), None) \
+        or f.match(problem)
+    return PlanSpec(engine_name_to_id(entry.engine_name), tuple(sorted(entry.knobs))) if entry is not None else None

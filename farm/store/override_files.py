@@ -188,6 +188,27 @@ def _parse_knobs(raw: Any, path: str) -> KnobSettings:
     return tuple(sorted(out))
 
 
+def call_choice(entry: OverrideEntry, call: str) -> tuple[str, KnobSettings] | None:
+    """(engine name, knobs) an entry records for production calls of kind ``call`` (``eager`` or ``graph``):
+    its own engine when that is the decision for ``call`` (``autotune_metadata.call``), else the one in
+    ``autotune_metadata.calls[call]``; None when it has no decision for that kind. A malformed record is an
+    InputError naming the JSON path."""
+    meta = entry.metadata or {}
+    if meta.get("call") == call:
+        return entry.engine_name, entry.knobs
+    calls = meta.get("calls")
+    if calls is None or call not in (calls if isinstance(calls, dict) else {}):
+        _need(calls is None or isinstance(calls, dict), "expected an object of calling modes", "autotune_metadata.calls",
+              calls)
+        return None
+    rec = calls[call]
+    path = f"autotune_metadata.calls.{call}"
+    _need(isinstance(rec, dict), "expected an object with engine_name and knobs", path, rec)
+    name = rec.get("engine_name")
+    _need(isinstance(name, str) and bool(name), "expected an engine name", f"{path}.engine_name", name)
+    return name, _parse_knobs(rec.get("knobs"), f"{path}.knobs")
+
+
 # -- writing -------------------------------------------------------------------------------
 def render(doc: OverrideFile, entries: Sequence[dict[str, Any]] | None = None) -> str:
     """JSON text with one entry per line: readable, diff-friendly, and written by json's C encoder.

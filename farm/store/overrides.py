@@ -166,8 +166,7 @@ class OverrideEntry:
             if not self.knobs:
                 meta.pop("knobs", None)  # omitted for default knobs
             elif not _describes(meta.get("knobs"), self.knobs):  # else the file's own list, with its fields
-                meta["knobs"] = [{"knob_id": k, "type": knob_type_of(v).value, "value": int(v) if isinstance(v, bool) else v}
-                                 for k, v in self.knobs]
+                meta["knobs"] = knob_list(self.knobs)
             out["autotune_metadata"] = meta
         out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
@@ -199,6 +198,12 @@ class OverrideEntry:
             compute_data_type=problem.compute_dtype,
             metadata=dict(metadata) if metadata is not None else None,
         )
+
+
+def knob_list(knobs: KnobSettings) -> list[dict[str, Any]]:
+    """Knob settings in the RFC's ``autotune_metadata.knobs`` layout."""
+    return [{"knob_id": k, "type": knob_type_of(v).value, "value": int(v) if isinstance(v, bool) else v}
+            for k, v in knobs]
 
 
 def _describes(raw: Any, knobs: KnobSettings) -> bool:

@@ -33,10 +33,9 @@ from farm.fsutil import fsync_dir, temp_path
 from farm.model.ids import engine_name_to_id
 from farm.store.dataset import ResultsDataset, safe_signature
 from farm.store.override_files import WriteReport, autotune_metadata, write_overrides
-from farm.store.overrides import OverrideEntry
+from farm.store.overrides import OverrideEntry, knob_list
 from farm.store.results import KNOB_TYPE, candidate_key, knobs_to_structs
 from farm.store.tunableop_csv import write_tunableop_csv
-from farm.tuner.winner import Rule
 
 log = logging.getLogger("farm.store.reduce")
 
@@ -95,7 +94,7 @@ def reduce_results(results_dir: Any, out_dir: str | Path, *, top_k: int = 3, mod
         rep.no_winner = sorted(decisions.tuned[signature] - {w.problem_key for w in picked})
         entries, device, job_ids = _entries(decisions, picked, top_k)
         rep.entries = len(entries)
-        rep.kept_over_fastest = sum(w.rule is not Rule.FASTEST for w in picked)
+        rep.kept_over_fastest = sum(w.label != w.fastest for w in picked)
         if entries:
             extra = {"generated_by": {"tool": "tunefarm", "version": __version__, "job_ids": job_ids}}
             rep.write = write_overrides(out / f"{signature}.json", entries,
@@ -127,10 +126,14 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
     device = json.loads(winners[0]["device_json"])
     entries = []
     for w, row in zip(picked, winners):
-        selection: dict[str, Any] = {"rule": w.rule.value, "why": w.why, "noisy": w.noisy,
-                                     "fastest": {"label": w.fastest, "median_time_ms": w.fastest_ms}}
-        if w.default is not None:
-            selection["default"] = {"label": w.default, "median_time_ms": w.default_ms}
+        selection = _selection(w)
+        extra: dict[str, Any] = {}
+        if w.call:
+            extra["call"] = w.call
+        if w.others:  # the other calling modes' decisions: fields hipDNN does not read (docs/overrides.md)
+            extra["calls"] = {o.call: {"engine_name": o.engine_name, "knobs": knob_list(o.knobs),
+                                       "median_time_ms": o.median_ms, "min_time_ms": o.min_ms,
+                                       "selection": _selection(o)} for o in w.others}
         meta = autotune_metadata(
             rank=0, min_ms=_float(row["min_ms"]), avg_ms=_float(row["avg_ms"]), stddev_ms=_float(row["stddev_ms"]),
             workspace=int(row["workspace_bytes"] or 0), mode=row["mode"], ran_exhaustive=bool(row["ran_exhaustive"]),
@@ -140,10 +143,23 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
             median_time_ms=w.median_ms, mad_ms=_float(row["mad_ms"]), problem_key=row["problem_key"],
             problem_name=row["problem_name"], job_id=row["job_id"], selection=selection,
             top_k=[{"rank": r, **brief(i)} for r, i in enumerate(decisions.top[(w.signature, w.problem_key)][:top_k])],
+            **extra,
         )
         # rows were written from validated Problems: their canonical JSON needs no second validation
         entries.append(OverrideEntry.from_canonical(json.loads(row["problem_json"]), row["engine_name"], w.knobs, meta))
     return entries, device, sorted({row["job_id"] for row in winners})
+
+
+def _selection(w: Winner) -> dict[str, Any]:
+    """``autotune_metadata.selection``: how the winner was decided (and, confirmed, its paired speed-up)."""
+    selection: dict[str, Any] = {"rule": w.rule.value, "why": w.why, "noisy": w.noisy,
+                                 "fastest": {"label": w.fastest, "median_time_ms": w.fastest_ms}}
+    if w.default is not None:
+        selection["default"] = {"label": w.default, "median_time_ms": w.default_ms}
+    if w.confirmed is not None:
+        selection["speedup_over_default"] = w.speedup_over_default
+        selection["confirmation"] = w.confirmed.as_dict()
+    return selection
 
 
 WINNERS_SCHEMA = pa.schema([
@@ -155,16 +171,23 @@ WINNERS_SCHEMA = pa.schema([
     ("fastest", pa.string()), ("fastest_median_ms", pa.float64()),
     ("default", pa.string()), ("default_median_ms", pa.float64()), ("speedup_over_default", pa.float64()),
     ("candidates", pa.int32()), ("job_id", pa.string()), ("measured_at", pa.timestamp("ms", tz="UTC")),
-], metadata={b"tunefarm.table": b"winners", b"tunefarm.schema_version": b"1"})
+    ("call", pa.string()), ("primary", pa.bool_()), ("speedup_low", pa.float64()), ("speedup_high", pa.float64()),
+    ("trusted", pa.bool_()), ("confirm_rounds", pa.int32()), ("confirm_ms", pa.float64()),
+], metadata={b"tunefarm.table": b"winners", b"tunefarm.schema_version": b"2"})
 
 
 def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winner]) -> Path:
-    """One row per problem: the decision the override file holds (temp file, then rename)."""
-    rows = decisions.table.take(pa.array([w.row for w in picked], type=pa.int64())).select(
+    """One row per problem and calling mode: the decisions the override file holds (temp file, then rename).
+    ``primary`` marks the one its entry names (``engine_name``); a graph decision beside an eager one is the other."""
+    every = [(w, x is w) for w in picked for x in (w, *w.others)] if any(w.others for w in picked) else \
+        [(w, True) for w in picked]
+    shown = [x for w in picked for x in (w, *w.others)]
+    rows = decisions.table.take(pa.array([w.row for w in shown], type=pa.int64())).select(
         ["device_json", "problem_json", "job_id", "measured_at"]).to_pylist()
     device = json.loads(rows[0]["device_json"]) if rows else {}
     records = []
-    for w, r in zip(picked, rows):
+    for w, (_, primary), r in zip(shown, every, rows):
+        interval = w.speedup_interval
         records.append({
             "device_signature": w.signature, "arch": device.get("arch", ""), "device_name": device.get("name", ""),
             "problem_key": w.problem_key, "problem_name": w.problem_name, "op": json.loads(r["problem_json"])["op"],
@@ -174,6 +197,10 @@ def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winne
             "rule": w.rule.value, "why": w.why, "fastest": w.fastest, "fastest_median_ms": w.fastest_ms,
             "default": w.default, "default_median_ms": w.default_ms, "speedup_over_default": w.speedup_over_default,
             "candidates": w.candidates, "job_id": r["job_id"], "measured_at": r["measured_at"],
+            "call": w.call, "primary": primary, "speedup_low": interval[0] if interval else None,
+            "speedup_high": interval[1] if interval else None, "trusted": w.trusted,
+            "confirm_rounds": w.confirmed.rounds if w.confirmed else None,
+            "confirm_ms": w.confirmed.cost_ms if w.confirmed else None,
         })
     table = pa.Table.from_pylist(records, schema=WINNERS_SCHEMA)
     path.parent.mkdir(parents=True, exist_ok=True)

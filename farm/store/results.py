@@ -13,7 +13,6 @@ DuckDB read the folder directly; the partition columns come from the paths.
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import json
 import logging
 import threading
@@ -29,7 +28,7 @@ import pyarrow.dataset as ds
 from farm._version import __version__
 from farm.devices.properties import DeviceProperties
 from farm.model.knobs import KnobSettings, KnobType, knob_type_of
-from farm.model.plans import PlanSpec
+from farm.model.plans import PlanSpec, candidate_key, spec_of  # noqa: F401  (the store's names for them)
 from farm.model.problem import Problem
 from farm.model.records import AutotuneResult
 from farm.store.location import Location
@@ -51,7 +50,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("job_id", pa.string(), "tuning job (stable across resumes of one --out directory or Ray job)"),
     ("run_id", pa.string(), "one invocation of the job"),
     ("session_id", pa.string(), "one autotune() call: rows measured together on one device"),
-    ("round", pa.string(), "'main', or 'finalist' for a re-measurement of shard winners"),
+    ("round", pa.string(), "'main'; 'finalist' for a re-measurement of shard winners; 'confirm' for the paired "
+                           "confirmation stage (its rows' samples_ms are paired by position: round i of a session)"),
+    ("call", pa.string(), "confirm rows: the calling mode timed, 'eager' (per call of back-to-back calls through the "
+                          "replay path, launch cost included) or 'graph' (device time inside a captured graph); "
+                          "'' for the other rounds"),
+    ("session_size", pa.int32(), "confirm rows: how many rows the stage wrote in all (its participants); a stage "
+                                 "with fewer on disk was cut short and is measured again; null for other rounds"),
     ("run_started_at", TIMESTAMP, "when the run started"),
     ("measured_at", TIMESTAMP, "when this candidate's measurement started"),
     ("host", pa.string(), "host name of the measuring process"),
@@ -128,18 +133,6 @@ def knobs_from_structs(items: Iterable[Mapping[str, str]] | None) -> KnobSetting
     return tuple(sorted(out))
 
 
-def candidate_key(engine_id: int, knobs: KnobSettings) -> str:
-    """``<engine id>:<knobs as JSON pairs>``: a plan spec's identity, stable across runs."""
-    return f"{engine_id}:" + json.dumps([[k, v] for k, v in sorted(knobs)], separators=(",", ":"))
-
-
-@functools.lru_cache(maxsize=4096)
-def spec_of(key: str) -> PlanSpec:
-    """The plan spec a candidate key names (inverse of candidate_key)."""
-    engine, knobs = key.split(":", 1)
-    return PlanSpec(int(engine), tuple(sorted((k, v) for k, v in json.loads(knobs))))
-
-
 def _ts(iso: str | None) -> _dt.datetime | None:
     if not iso:
         return None
@@ -174,6 +167,8 @@ class MeasurementContext:
     host: str = ""
     actor_id: str = ""
     round: str = "main"
+    call: str = ""  # the calling mode a confirm session timed
+    session_size: int | None = None  # a confirm session: the rows it writes in all
 
 
 def result_row(result: AutotuneResult, problem: Problem, problem_name: str, run: RunContext,
@@ -190,6 +185,8 @@ def _run_fields(result: AutotuneResult, run: RunContext, where: MeasurementConte
         "run_id": run.run_id,
         "session_id": where.session_id,
         "round": where.round,
+        "call": where.call,
+        "session_size": where.session_size,
         "run_started_at": _ts(run.run_started_at),
         "measured_at": _ts(result.started_at) or _ts(now_iso()),
         "host": where.host or where.device.host,

@@ -6,10 +6,11 @@ cluster runs it in-process, one problem after another.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from farm.devices.device import Device
 from farm.devices.properties import DeviceProperties
@@ -17,9 +18,10 @@ from farm.errors import AutotuneError, FarmError
 from farm.model.engine import EngineRegistry
 from farm.model.plans import PlanSpec
 from farm.model.problem import Problem
-from farm.model.records import AutotuneConfig, AutotuneResult
+from farm.model.records import AutotuneConfig, AutotuneResult, CallMode
 from farm.model.workload import Workload, WorkloadProblem
 from farm.tuner.autotuner import Autotuner
+from farm.tuner.confirm import ConfirmRun, Measured, confirm_problem, stage_winner
 from farm.tuner.watchdog import HangWatch
 
 log = logging.getLogger("farm.tune")
@@ -34,6 +36,7 @@ class ProblemOutcome:
     error: str = ""  # set when the problem could not be tuned at all (no engine, every candidate failed)
     wall_ms: float = 0.0
     skipped: int = 0  # candidates measured before (resume)
+    confirmations: tuple[ConfirmRun, ...] = ()  # the confirmation stage, per calling mode
 
     @property
     def winner(self) -> AutotuneResult | None:
@@ -87,11 +90,17 @@ def tune_problem(
     done: Iterable[PlanSpec] = (),
     listener: Callable[[AutotuneResult], None] | None = None,
     watch: HangWatch | None = None,
+    prior: Sequence[Measured] = (),
+    confirmed: Iterable[CallMode] = (),
+    incumbent: PlanSpec | None = None,
+    on_confirm: Callable[[ConfirmRun], None] | None = None,
 ) -> ProblemOutcome:
     """Tune one workload problem on ``device``; never raises for a candidate's or problem's failure.
 
     ``done`` lists plan specs measured before (resume); they are not measured again. ``watch``
-    looks for a candidate that hangs.
+    looks for a candidate that hangs. Then the confirmation stage (farm.tuner.confirm) runs for each of
+    the problem's calling modes not in ``confirmed`` (stages of an earlier run), over this run's successes
+    and ``prior`` (earlier runs' successes); ``on_confirm`` receives each stage.
     """
     t0 = time.perf_counter()
     tuner = Autotuner(wp.problem, device, registry=registry)
@@ -105,15 +114,36 @@ def tune_problem(
             return ProblemOutcome(wp, (), f"no applicable engine ({reasons})", (time.perf_counter() - t0) * 1e3)
         done_set = set(done)
         todo = [s for s in specs if s not in done_set]
-        if not todo:
-            return ProblemOutcome(wp, (), "", (time.perf_counter() - t0) * 1e3, skipped=len(specs))
-        try:
-            results = tuner.autotune(config=config, seed=seed, listener=listener,
-                                     only=todo if len(todo) < len(specs) else None)
-            error = ""
-        except AutotuneError as exc:
-            results, error = exc.results, str(exc)
-        return ProblemOutcome(wp, tuple(results), error, (time.perf_counter() - t0) * 1e3, len(specs) - len(todo))
+        results: Sequence[AutotuneResult] = ()
+        error = ""
+        if todo:
+            try:
+                results = tuner.autotune(config=config, seed=seed, listener=listener,
+                                         only=todo if len(todo) < len(specs) else None)
+            except AutotuneError as exc:
+                results, error = exc.results, str(exc)
+        tuner.close()
+        index = {s: i for i, s in enumerate(specs)}
+        session = f"run:{id(results)}"
+        fresh = {r.spec for r in results}
+        measured = [*(dataclasses.replace(m, index=index[m.spec]) for m in prior if m.spec in index and m.spec not in fresh),
+                    *(Measured(r.spec, index.get(r.spec, r.candidate), session, r.median_ms, r.mad_ms or 0.0)
+                      for r in results if r.succeeded and r.median_ms is not None)]
+        # new main-round rows make an earlier stage stale: every calling mode is confirmed again then
+        left = list(wp.calls) if todo else [c for c in wp.calls if c not in set(confirmed)]
+        runs = confirm_problem(wp.problem, device, registry, config, left, measured, incumbent=incumbent, seed=seed)
+        for run in runs:
+            if on_confirm is not None:
+                on_confirm(run)
+        if runs:  # what is published first: the primary calling mode's stage decides, as the reducer reads it
+            defaults = [m for m in measured if not m.spec.knobs]
+            default = min(defaults, key=lambda m: m.index).spec if defaults else None
+            primary = min(runs, key=lambda r: list(CallMode).index(r.call))
+            first = stage_winner(primary, default=default, incumbent=incumbent)
+            ok = sorted((r for r in results if r.succeeded), key=lambda r: (r.spec != first, r.rank))
+            results = [dataclasses.replace(r, rank=i) for i, r in enumerate(ok)] + [r for r in results if not r.succeeded]
+        return ProblemOutcome(wp, tuple(results), error, (time.perf_counter() - t0) * 1e3, len(specs) - len(todo),
+                              tuple(runs))
     except FarmError as exc:
         return ProblemOutcome(wp, (), str(exc), (time.perf_counter() - t0) * 1e3)
     finally:

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
+
+from farm.tuner.paired import CONFIDENCE, PairedRatio, paired_ratio
 
 NOISE_SIGMAS = 2.0
 RELATIVE_FLOOR = 0.005
@@ -180,3 +182,91 @@ def why(rule: Rule | str, *, winner_ms: float, fastest_ms: float, fastest_label:
                 f"(±{100.0 * fastest_noise:.1f} %), within noise")
     who = "incumbent" if rule is Rule.INCUMBENT_WITHIN_NOISE else "default"
     return f"{who} kept: {fastest_label} {gain:.1f} % faster is within noise (±{band:.1f} %)"
+
+
+# -- the confirmation stage's decision (paired rounds: farm.tuner.confirm) ---------------------------------
+CONFIRM_MARGIN = RELATIVE_FLOOR  # a challenger must be faster than the default by more than this, at the confidence
+
+
+class ConfirmedRule(str, enum.Enum):
+    """How a confirmation stage decided (the ``rule`` field of a confirmed winner)."""
+
+    CONFIRMED = "confirmed"  # a challenger beat the default in paired rounds
+    DEFAULT_NOT_BEATEN = "default_not_beaten"  # no challenger beat it: the default is published
+    INCUMBENT_NOT_BEATEN = "incumbent_not_beaten"  # the incumbent beat the default, and nothing beat the incumbent
+
+
+@dataclass(frozen=True)
+class ConfirmedDecision:
+    """The winner of one confirmation stage (indices into the caller's candidates).
+
+    ``versus`` is the published comparison: the winner against the default (or, when the default wins,
+    the best challenger against it); ``challengers`` every candidate's paired ratio against the reference.
+    """
+
+    winner: int
+    reference: int  # the default (or, without one, the main round's leader)
+    rule: ConfirmedRule
+    versus: PairedRatio | None
+    best: int  # the challenger with the lowest paired ratio (-1: none)
+    challengers: dict[int, PairedRatio]
+    settled: bool  # the comparison that decides is separated at the confidence (not cut by the budget)
+
+
+def decide_confirmed(samples: Sequence[Sequence[float]], reference: int, *, incumbent: int = -1,
+                     confidence: float | None = None, margin: float = CONFIRM_MARGIN) -> ConfirmedDecision:
+    """The confirmation stage's rule, from each candidate's samples taken in the same rounds.
+
+    The reference (the default) is published unless a challenger is faster than it by more than ``margin``
+    at ``confidence`` (paired, round by round). Among those that are, the lowest paired ratio wins, except
+    that the incumbent keeps the win unless the winner is also faster than the incumbent by the margin.
+    A candidate's noise widens its own interval only: it can lose a win to it, never gain one.
+    """
+    conf = CONFIDENCE if confidence is None else confidence
+    ref = np.asarray(samples[reference], dtype=float)
+    ratios = {i: paired_ratio(s, ref, conf) for i, s in enumerate(samples) if i != reference}
+    ranked = sorted((r.ratio, i) for i, r in ratios.items() if r.ratio == r.ratio)
+    best = ranked[0][1] if ranked else -1
+    beat = [i for _, i in ranked if ratios[i].faster_by_more_than(margin)]
+    if not beat:
+        settled = all(r.cannot_be_faster_by(margin) for r in ratios.values())
+        return ConfirmedDecision(reference, reference, ConfirmedRule.DEFAULT_NOT_BEATEN,
+                                 ratios.get(best), best, ratios, settled or not ratios)
+    winner = beat[0]
+    if 0 <= incumbent != winner and incumbent in beat:
+        over = paired_ratio(samples[winner], samples[incumbent], conf)
+        if not over.faster_by_more_than(margin):
+            return ConfirmedDecision(incumbent, reference, ConfirmedRule.INCUMBENT_NOT_BEATEN, ratios[incumbent],
+                                     best, ratios, True)
+    return ConfirmedDecision(winner, reference, ConfirmedRule.CONFIRMED, ratios[winner], best, ratios, True)
+
+
+def confirmed_why(d: ConfirmedDecision, label_of: Callable[[int], str]) -> str:
+    """One phrase saying how the confirmation stage decided."""
+    if d.versus is None:
+        return "default kept: nothing else was confirmed"
+    if d.rule is ConfirmedRule.CONFIRMED:
+        return f"confirmed: {d.versus.describe()} over the default"
+    if d.rule is ConfirmedRule.INCUMBENT_NOT_BEATEN:
+        return (f"incumbent kept: {d.versus.describe()} over the default; {label_of(d.best)} "
+                "not faster than it beyond the margin")
+    gain = 100.0 * (1.0 - d.versus.ratio)
+    how = f"{gain:.1f} % faster" if gain >= 0 else f"{-gain:.1f} % slower"
+    if not d.settled:
+        return f"default kept: {label_of(d.best)} {how}, not confirmed when the budget ended ({d.versus.describe()})"
+    if gain < 0:
+        return f"default kept: the fastest other, {label_of(d.best)}, is {how} ({d.versus.describe()})"
+    return (f"default kept: {label_of(d.best)} {how}, not beyond the {100 * CONFIRM_MARGIN:g} % margin "
+            f"({d.versus.describe()})")
+
+
+def decide_stage(keys: Sequence[str], samples: Sequence[Sequence[float]], *, default_key: str | None,
+                 incumbent_key: str | None, default_flags: Sequence[bool]) -> tuple[ConfirmedDecision, list[int]]:
+    """:func:`decide_confirmed` on one stage's rows as every surface reads them: in the order of their candidate
+    keys, the reference being ``default_key`` (else the first default-knob row, else the first row). Returns
+    the decision (indices into that order) and the order (indices into the caller's rows)."""
+    order = sorted(range(len(keys)), key=lambda i: keys[i])
+    ks = [keys[i] for i in order]
+    ref = ks.index(default_key) if default_key in ks else next((j for j, i in enumerate(order) if default_flags[i]), 0)
+    inc = ks.index(incumbent_key) if incumbent_key in ks else -1
+    return decide_confirmed([samples[i] for i in order], ref, incumbent=inc), order

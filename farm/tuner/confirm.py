@@ -1,0 +1,359 @@
+"""The confirmation stage: the leader, the default, the incumbent and the leader's near rivals re-measured
+together, in rounds, before a winner is published.
+
+Every round times each participant once, in a fresh random order, on one device, so drift and contention
+hit them all alike; the samples are paired by round (farm.tuner.paired). The rounds stop when the paired
+test separates the leader from the default at 99 % (or shows that nothing can beat the default by the
+margin), or when the budget ends. The decision itself is farm.tuner.winner.decide_confirmed, which the
+reducer runs on the stage's rows, so every surface shows it.
+
+What a sample times depends on how production calls the op (``CallMode``):
+
+* ``eager``: back-to-back calls through the path replay runs (the plan's ``produce`` when it has one and
+  needs no workspace, else a fresh output and ``run``), on the caller's stream, with device events and no
+  lead before them: a call's launch cost is in its time when the host cannot keep ahead of the device.
+* ``graph``: replays of a captured device graph of the calls (device time; no launch cost), as
+  ``graph_repeats`` times the main round.
+
+Both executors run it (farm.fleet.job in-process, a ``confirm`` task on a Ray worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from farm.devices.arrays import make_tensors
+from farm.devices.device import Device, eager_device
+from farm.devices.timing import Timer, timed_section
+from farm.model.engine import EngineRegistry
+from farm.model.measurement import summarize
+from farm.model.plans import PlanSpec
+from farm.model.problem import Problem
+from farm.model.records import AutotuneConfig, AutotuneResult, CallMode, ConfirmSettings, Disposition
+from farm.tuner.candidate import _Candidate, _close_plan, _err, _now_iso
+from farm.tuner.paired import CONFIDENCE, min_rounds
+from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide_confirmed, decide_stage, noise_sigma
+
+log = logging.getLogger("farm.tuner.autotuner")  # the tuner's lines
+
+GRAPH_REPEATS = 20  # calls per captured graph when the workload's graph_repeats is 0
+MAX_CALLS_PER_SAMPLE = 4096
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A candidate's main-round result, as the stage's choice of participants reads it."""
+
+    spec: PlanSpec
+    index: int  # discovery order
+    session: str
+    median_ms: float
+    mad_ms: float = 0.0
+
+
+def participants(measured: Sequence[Measured], *, default: PlanSpec | None, incumbent: PlanSpec | None,
+                 max_candidates: int) -> tuple[PlanSpec, ...]:
+    """Who is re-measured: each session's leader and every candidate within its noise band, the default and
+    the incumbent, at most ``max_candidates`` (the leaders, the default and the incumbent first, then the
+    nearest to their session's leader). Empty when there is nothing to compare (one candidate)."""
+    by_session: dict[str, list[Measured]] = {}
+    for m in measured:
+        if m.median_ms is not None and math.isfinite(m.median_ms) and m.median_ms > 0:
+            by_session.setdefault(m.session, []).append(m)
+    ranked: list[tuple[float, int, PlanSpec]] = []  # (median over its session leader's, index, spec) of the band
+    leaders: list[PlanSpec] = []
+    for rows in by_session.values():
+        rows.sort(key=lambda m: (m.median_ms, m.index))
+        lead = rows[0]
+        leaders.append(lead.spec)
+        sig = noise_sigma(np.array([lead.mad_ms] + [m.mad_ms for m in rows]))
+        for m, s in zip(rows, sig[1:]):
+            band = NOISE_SIGMAS * math.sqrt(sig[0] ** 2 + s ** 2) + RELATIVE_FLOOR * lead.median_ms
+            if m.median_ms - lead.median_ms <= band:
+                ranked.append((m.median_ms / lead.median_ms if lead.median_ms else 1.0, m.index, m.spec))
+    present = {m.spec for m in measured}
+    must = [s for s in (*sorted(set(leaders), key=lambda s: leaders.index(s)), default, incumbent)
+            if s is not None and s in present]
+    chosen = list(dict.fromkeys(must))
+    for _, _, spec in sorted(ranked):
+        if len(chosen) >= max(max_candidates, len(must)):
+            break
+        if spec not in chosen:
+            chosen.append(spec)
+    index = {m.spec: m.index for m in measured}
+    return tuple(sorted(chosen, key=lambda s: index[s])) if len(chosen) > 1 else ()
+
+
+@dataclass(frozen=True)
+class ConfirmRun:
+    """One stage: a result per participant (samples in round order), and how it ended."""
+
+    call: CallMode
+    results: tuple[AutotuneResult, ...]
+    rounds: int
+    settled: bool
+    wall_ms: float
+
+    @staticmethod
+    def of(call: str, results: Sequence[AutotuneResult]) -> "ConfirmRun":
+        """A stage rebuilt from its rows (what a farm worker streamed)."""
+        ok = [r for r in results if r.succeeded]
+        return ConfirmRun(CallMode(call), tuple(results), max((r.iterations for r in ok), default=0),
+                          any(r.converged for r in ok), sum(r.tuning_ms for r in results))
+
+
+def _looks(max_rounds: int) -> tuple[list[int], float]:
+    """The round counts at which the stage checks whether it can stop (about 1.4x apart, the last at
+    ``max_rounds``), and the confidence each check uses: Bonferroni over the checks, so that looking early
+    does not make a false win likelier than at one look of 99 %."""
+    count = 1
+    while True:
+        conf = 1.0 - (1.0 - CONFIDENCE) / count
+        n, looks = min(min_rounds(conf), max_rounds), []
+        while n < max_rounds:
+            looks.append(n)
+            n = max(n + 1, int(round(n * 1.4)))
+        looks.append(max_rounds)
+        if len(looks) <= count:
+            return looks, conf
+        count = len(looks)
+
+
+def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
+                     entries: Sequence[tuple[PlanSpec, int]], *, reference: PlanSpec | None,
+                     incumbent: PlanSpec | None = None, call: CallMode = CallMode.EAGER,
+                     config: AutotuneConfig | None = None, seed: int = 0,
+                     tensors: Mapping[str, Any] | None = None) -> ConfirmRun:
+    """Re-measure ``entries`` ((plan spec, discovery index) each) in paired rounds; never raises for a
+    candidate's failure (it gets a failed row and leaves the rounds)."""
+    from farm.tuner.autotuner import Autotuner
+    from farm.tuner.session import _Run
+
+    config = config or AutotuneConfig()
+    settings = config.confirm
+    t_start = time.perf_counter()
+    started_at = _now_iso()
+    stage_device, timer = eager_device(device) if call is CallMode.EAGER else (device, device.timer)
+    tuner = Autotuner(problem, stage_device, registry=registry)
+    results: dict[PlanSpec, AutotuneResult] = {}
+    cands: list[_Candidate] = []
+    try:
+        if tensors is None:
+            make = getattr(stage_device.arrays, "make", None)
+            tensors = make(problem, seed) if make is not None else make_tensors(problem, stage_device.arrays, seed)
+        sets = _Run._rotations(tuner, tensors, config.rotating_buffers)
+        samplers: dict[PlanSpec, Callable[[], float]] = {}
+        calls: dict[PlanSpec, int] = {}
+        notes: dict[PlanSpec, str] = {}
+        for spec, index in entries:
+            cand = tuner._candidate(index, spec)
+            cand.started_at = started_at
+            cands.append(cand)
+            plan = tuner.compile_candidate(cand)
+            if plan is None:
+                results[spec] = _failed(problem, cand, Disposition.FAILED_COMPILE, cand.error, config, call)
+                continue
+            try:
+                workspace = tuner.workspace_for(int(getattr(plan, "workspace_size", 0) or 0))
+                finalize = getattr(plan, "finalize", None)
+                if callable(finalize):
+                    finalize(workspace)
+                sampler, n, note = _sampler(problem, stage_device, timer, plan, workspace, sets, call, config)
+            except Exception as exc:
+                results[spec] = _failed(problem, cand, Disposition.FAILED_WARMUP,
+                                        f"{cand.engine.name if cand.engine else spec.engine_id}: confirmation "
+                                        f"warm-up: {_err(exc)}", config, call)
+                continue
+            samplers[spec], calls[spec], notes[spec] = sampler, n, note
+        order = [s for s, _ in entries if s in samplers]
+        samples: dict[PlanSpec, list[float]] = {s: [] for s in order}
+        rounds, settled = _rounds(problem, {c.spec: c for c in cands}, order, samplers, samples, results, reference, incumbent, settings,
+                                  stage_device, timer, config, seed, call)
+        wall = (time.perf_counter() - t_start) * 1e3
+        for cand in cands:
+            spec = cand.spec
+            if spec in results:
+                continue
+            stats = summarize(samples[spec])
+            results[spec] = AutotuneResult(
+                problem_key=problem.key, engine_id=spec.engine_id,
+                engine_name=cand.engine.name if cand.engine else str(spec.engine_id), knobs=spec.knobs,
+                disposition=Disposition.SUCCEEDED, mode=config.mode, strategy=config.strategy,
+                candidate=cand.index, min_ms=stats.min, avg_ms=stats.mean, stddev_ms=stats.stddev,
+                median_ms=stats.median, mad_ms=stats.mad, samples=tuple(samples[spec]), iterations=len(samples[spec]),
+                warmups=1, converged=settled,
+                error="; ".join(x for x in (f"confirmation ({call.value}): {rounds} paired rounds of "
+                                            f"{calls[spec]} call(s) a sample", notes[spec]) if x),
+                workspace_size=int(getattr(cand.plan, "workspace_size", 0) or 0),
+                estimated_workspace=cand.estimated_workspace,
+                supports_exhaustive=bool(cand.engine.supports_exhaustive) if cand.engine else False,
+                device_name=device.properties.name, compile_ms=cand.compile_ms,
+                tuning_ms=wall / max(len(cands), 1), started_at=started_at)
+        log.info("autotune: confirmation (%s) of %s: %d candidate(s), %d round(s), %s, %.0f ms", call.value,
+                 problem.label(), len(order), rounds, "settled" if settled else "budget ended", wall)
+        return ConfirmRun(call, tuple(results[s] for s, _ in entries), rounds, settled, wall)
+    finally:
+        for cand in cands:
+            if cand.plan is not None:
+                _close_plan(cand.plan)
+        tuner.close()
+
+
+def _rounds(problem: Problem, cands: dict[PlanSpec, _Candidate], order: list[PlanSpec],
+            samplers: dict[PlanSpec, Callable[[], float]],
+            samples: dict[PlanSpec, list[float]], failed: dict[PlanSpec, AutotuneResult],
+            reference: PlanSpec | None, incumbent: PlanSpec | None, settings: ConfirmSettings, device: Device,
+            timer: Timer, config: AutotuneConfig, seed: int, call: CallMode) -> tuple[int, bool]:
+    """Timed rounds in a random order each; (rounds run, whether the decision settled before the budget)."""
+    looks, look_confidence = _looks(settings.max_rounds)
+    floor = min_rounds(CONFIDENCE)
+    rng = np.random.default_rng([seed, int(problem.key[:12], 16), 1 if call is CallMode.GRAPH else 0])
+    flush = getattr(device.runtime, "flush_l2", None) if config.cold_cache else None
+    stream = getattr(timer, "stream", device.stream)
+    live = list(order)
+    rounds, settled = 0, False
+    t0 = time.perf_counter()
+    with timed_section():  # compile threads of this process wait, as during the main round's timing
+        while live and rounds < settings.max_rounds:
+            for i in rng.permutation(len(live)):
+                spec = live[i]
+                if spec not in samplers:
+                    continue
+                try:
+                    if flush is not None:
+                        flush(stream)
+                    samples[spec].append(samplers[spec]())
+                except Exception as exc:  # it leaves the rounds; the others go on
+                    del samplers[spec]
+                    failed[spec] = _failed(problem, cands[spec], Disposition.FAILED_RUN,
+                                           f"round {rounds + 1}: {_err(exc)}", config, call)
+            live = [s for s in live if s in samplers]  # the others keep one sample a round: still paired
+            rounds += 1
+            spent = (time.perf_counter() - t0) * 1e3
+            ref = reference if reference in samplers else (live[0] if live else None)
+            if len(live) < 2 or ref is None:
+                settled = True
+                break
+            if rounds in looks:
+                rows = [samples[s] for s in live]
+                d = decide_confirmed(rows, live.index(ref), incumbent=live.index(incumbent) if incumbent in live else -1,
+                                     confidence=look_confidence)
+                if d.settled:
+                    settled = True
+                    break
+            if spent >= settings.budget_ms and rounds >= floor:
+                break
+    return rounds, settled
+
+
+def _sampler(problem: Problem, device: Device, timer: Timer, plan: Any, workspace: Any,
+             sets: list[Mapping[str, Any]], call: CallMode, config: AutotuneConfig
+             ) -> tuple[Callable[[], float], int, str]:
+    """(one timed sample in ms per call, calls a sample, a note), after one untimed warm-up call."""
+    if call is CallMode.GRAPH:
+        return _graph_sampler(problem, device, plan, workspace, sets, config)
+    call_once = eager_call(problem, device, plan, workspace)
+    device.synchronize()
+    call_once(sets[0])  # warm-up (lazy allocations, the first launch of a kernel)
+    device.synchronize()
+    one = timer.measure(lambda: call_once(sets[0]))
+    n = int(min(MAX_CALLS_PER_SAMPLE, max(1, math.ceil(config.confirm.sample_ms / max(one, 1e-6)))))
+    turn = [0]
+
+    def calls() -> None:
+        k = turn[0]
+        for i in range(n):
+            call_once(sets[(k + i) % len(sets)])
+        turn[0] = k + n
+
+    def sample() -> float:
+        return timer.measure(calls) / n
+
+    return sample, n, ""
+
+
+def _graph_sampler(problem: Problem, device: Device, plan: Any, workspace: Any, sets: list[Mapping[str, Any]],
+                   config: AutotuneConfig) -> tuple[Callable[[], float], int, str]:
+    repeats = config.graph_repeats or GRAPH_REPEATS
+    capture = device.extras.get("capture_graph")
+
+    def run(tensors: Mapping[str, Any]) -> None:
+        plan.run(tensors, workspace, device.stream)
+
+    device.synchronize()
+    run(sets[0])
+    device.synchronize()
+    if capture is None:
+        def plain() -> float:
+            return device.timer.measure(lambda: [run(sets[i % len(sets)]) for i in range(repeats)]) / repeats
+
+        return plain, repeats, f"{device.runtime.name} devices offer no graph capture; timed plain runs"
+    turn = iter(range(1 << 62))
+    replay = capture(device, lambda: run(sets[next(turn) % len(sets)]), repeats)
+    return (lambda: device.timer.measure(replay) / repeats), repeats, ""
+
+
+def eager_call(problem: Problem, device: Device, plan: Any, workspace: Any) -> Callable[[Mapping[str, Any]], Any]:
+    """One call as replay (farm.ops) makes it: the plan's ``produce`` (the library's own output) when it has one
+    and needs no workspace, else a fresh output and ``run`` on the caller's stream."""
+    produce = getattr(plan, "produce", None) if workspace is None else None
+    if produce is not None and all(problem.tensor(o).is_contiguous for o in problem.output_ids):
+        return produce
+    outputs = [problem.tensor(o) for o in problem.output_ids]
+    empty = device.arrays.empty
+    stream = device.stream
+
+    def call(tensors: Mapping[str, Any]) -> None:
+        plan.run({**tensors, **{d.id: empty(d) for d in outputs}}, workspace, stream)
+
+    return call
+
+
+def _failed(problem: Problem, cand: _Candidate, disposition: Disposition, error: str, config: AutotuneConfig,
+            call: CallMode) -> AutotuneResult:
+    return AutotuneResult(
+        problem_key=problem.key, engine_id=cand.spec.engine_id,
+        engine_name=cand.engine.name if cand.engine else str(cand.spec.engine_id), knobs=cand.spec.knobs,
+        disposition=disposition, mode=config.mode, strategy=config.strategy, candidate=cand.index,
+        error=f"confirmation ({call.value}): {error}", compile_ms=cand.compile_ms, started_at=cand.started_at,
+        estimated_workspace=cand.estimated_workspace)
+
+
+
+def stage_winner(run: ConfirmRun, *, default: PlanSpec | None, incumbent: PlanSpec | None) -> PlanSpec | None:
+    """The candidate a stage publishes, by the reducer's reading of its rows (farm.tuner.winner.decide_stage);
+    None when fewer than two of its candidates finished it."""
+    ok = [r for r in run.results if r.succeeded]
+    if len(ok) < 2:
+        return None
+    dec, order = decide_stage([r.spec.key for r in ok], [r.samples for r in ok],
+                              default_key=default.key if default else None,
+                              incumbent_key=incumbent.key if incumbent else None,
+                              default_flags=[not r.knobs for r in ok])
+    return ok[order[dec.winner]].spec
+
+
+def confirm_problem(problem: Problem, device: Device, registry: EngineRegistry, config: AutotuneConfig,
+                    calls: Sequence[CallMode], measured: Sequence[Measured], *, incumbent: PlanSpec | None = None,
+                    seed: int = 0) -> list[ConfirmRun]:
+    """The stage for one problem, once per calling mode in ``calls``, from its main-round results
+    (``measured``: every successful candidate, this run's and earlier runs'). Nothing when it is off or
+    there is nothing to compare."""
+    if not config.confirm.enabled or not calls:
+        return []
+    defaults = [m for m in measured if not m.spec.knobs]
+    default = min(defaults, key=lambda m: m.index).spec if defaults else None
+    chosen = participants(measured, default=default, incumbent=incumbent, max_candidates=config.confirm.max_candidates)
+    if not chosen:
+        return []
+    index = {m.spec: m.index for m in measured}
+    leader = min(measured, key=lambda m: (m.median_ms, m.index)).spec
+    entries = [(s, index[s]) for s in chosen]
+    return [run_confirmation(problem, device, registry, entries, reference=default or leader, incumbent=incumbent,
+                             call=call, config=config, seed=seed) for call in calls]
