@@ -92,6 +92,8 @@ def write_signature(root: Path, dev: DeviceProperties, probs: list[Problem], can
         "run_id": pa.array(["run"] * n),
         "session_id": pa.array([f"s{i}" for i in p_idx]),
         "round": pa.array(["main"] * n),
+        "call": pa.array([""] * n),
+        "session_size": pa.array([None] * n, type=pa.int32()),
         "run_started_at": pa.array(np.full(n, now), type=pa.timestamp("ms", tz="UTC")),
         "measured_at": pa.array(now + c_idx.astype("timedelta64[ms]"), type=pa.timestamp("ms", tz="UTC")),
         "host": pa.array(["host"] * n), "actor_id": pa.array([""] * n),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import re
@@ -92,17 +93,27 @@ class ResultsDataset:
         """The rows of every readable file (``filter``: a pyarrow expression); broken files and rows skipped."""
         cols = list(columns) if columns else list(DATASET_SCHEMA.names)
         checked = [c for c in cols if c in _ROW_CHECKS]
-        read = cols + ["__filename"] if checked else cols
+        t = self._read(cols, filter, dictionary)
+        if not checked:
+            return t
+        bad = self._bad_rows(t, checked)
+        if bad is None:
+            return t
+        # some rows are bad: read the file names too (only now: a column of them costs a string per row)
+        named = self._read(cols + ["__filename"], filter, dictionary)
+        self._name_bad_rows(named, checked)
+        return named.filter(pc.invert(self._bad_rows(named, checked))).select(cols)
+
+    def _read(self, read: list[str], filter: Any, dictionary: Sequence[str]) -> pa.Table:
         while True:
             if not self.files:
-                return self.dataset(dictionary, files=[]).schema.empty_table().select(cols)
+                return self.dataset(dictionary, files=[]).schema.empty_table().select(
+                    [c for c in read if c != "__filename"])
             try:
-                t = self.dataset(dictionary).to_table(columns=read, filter=filter)
-                break
+                return self.dataset(dictionary).to_table(columns=read, filter=filter)
             except (pa.ArrowException, OSError) as exc:
                 if not self._skip_unreadable(read, filter, dictionary):
                     raise InputError(f"cannot read the results: {_first_line(exc)}", source=str(self.root)) from None
-        return self._drop_bad_rows(t, checked).select(cols) if checked else t
 
     def _skip_unreadable(self, columns: list[str], filter: Any, dictionary: Sequence[str]) -> bool:
         """Read each file alone; skip those that fail. True when one was found."""
@@ -116,21 +127,33 @@ class ResultsDataset:
         self.files = [f for f in self.files if f not in bad]
         return bool(bad)
 
-    def _drop_bad_rows(self, t: pa.Table, checked: Sequence[str]) -> pa.Table:
-        bad = pa.array([False] * t.num_rows) if t.num_rows else pa.array([], pa.bool_())
+    @staticmethod
+    def _hits(t: pa.Table, name: str) -> Any:
+        hit = _ROW_CHECKS[name](t[name])
+        if name == "problem_json" and "problem_key" in t.column_names:
+            hit = pc.or_(hit, _key_mismatch(t["problem_json"], t["problem_key"]))
+        return hit
+
+    def _bad_rows(self, t: pa.Table, checked: Sequence[str]) -> Any:
+        """True for each row a check refuses; None when none does."""
+        bad = None
         for name in checked:
-            hit = _ROW_CHECKS[name](t[name])
-            if name == "problem_json" and "problem_key" in t.column_names:
-                hit = pc.or_(hit, _key_mismatch(t["problem_json"], t["problem_key"]))
+            hit = self._hits(t, name)
+            if pc.any(hit).as_py():
+                bad = hit if bad is None else pc.or_(bad, hit)
+        return bad
+
+    def _name_bad_rows(self, t: pa.Table, checked: Sequence[str]) -> None:
+        """Skip (log and list) each file with bad rows, naming the check and an example value."""
+        for name in checked:
+            hit = self._hits(t, name)
             if not pc.any(hit).as_py():
                 continue
-            bad = pc.or_(bad, hit)
             where = t.filter(hit)
             for path in sorted(set(_str(where["__filename"]).to_pylist())):
                 example = where.filter(pc.equal(_str(where["__filename"]), path))[name][0].as_py()
                 n = pc.sum(pc.and_(hit, pc.equal(_str(t["__filename"]), path))).as_py()
                 self._skip(path, f"{n} row(s) skipped: {name} {_brief(example)}")
-        return t.filter(pc.invert(bad)) if pc.any(bad).as_py() else t
 
     def signatures(self) -> list[str]:
         return sorted(set(self.table(["device_signature"]).column("device_signature").to_pylist()))
@@ -186,17 +209,19 @@ def _bad_strings(valid: Any) -> Any:
     return check
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _problem_key(text: str) -> str | None:
+    """The key of a row's problem_json, or None when it is no valid problem (one parse per distinct text, for the
+    validity check and the key check alike)."""
+    try:
+        return Problem.from_canonical(json.loads(text)).key
+    except Exception:  # a value from a file: any failure to read it means it is not ours
+        return None
+
+
 def _key_mismatch(problem_json: Any, problem_key: Any) -> Any:
     """True where a row's problem_key is not the key of its problem_json (an entry would match other shapes)."""
-    keys: dict[str, str | None] = {}
-
-    def key_of(text: str) -> str | None:
-        if text not in keys:
-            try:
-                keys[text] = Problem.from_canonical(json.loads(text)).key
-            except Exception:  # invalid: the problem_json check names it
-                keys[text] = None
-        return keys[text]
+    key_of = _problem_key
 
     out = []
     for chunk in (problem_json.chunks if isinstance(problem_json, pa.ChunkedArray) else [problem_json]):
@@ -219,7 +244,7 @@ def _infinite(col: Any) -> Any:
 # the columns readers rely on, and what makes a value one no tunefarm writer produces
 _ROW_CHECKS: dict[str, Any] = {
     "candidate_key": _bad_strings(lambda v: spec_of(v) is not None),
-    "problem_json": _bad_strings(lambda v: Problem.from_canonical(json.loads(v)) is not None),
+    "problem_json": _bad_strings(lambda v: _problem_key(v) is not None),
     "device_json": _bad_strings(lambda v: DeviceProperties.from_dict(json.loads(v)) is not None),
     "problem_key": _bad_strings(lambda v: bool(v)),
     "measured_at": pc.is_null,

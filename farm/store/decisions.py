@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -37,7 +38,7 @@ _DICT_COLUMNS = ("problem_json", "problem_name", "engine_name", "device_json", "
 _COLUMNS = ("device_signature", "problem_key", "candidate_key", "candidate_index", "engine_name", "problem_json",
             "problem_name", "device_json", "round", "session_id", "mode", "strategy", "job_id", "measured_at", "min_ms", "avg_ms",
             "stddev_ms", "median_ms", "mad_ms", "iterations", "converged", "workspace_bytes", "ran_exhaustive",
-            "supports_exhaustive", "exhaustive_not_run_reason")
+            "supports_exhaustive", "exhaustive_not_run_reason", "op")
 
 
 @dataclass(frozen=True)
@@ -170,14 +171,41 @@ def _changes(col: pa.ChunkedArray) -> np.ndarray:
 
 
 def load_successes(data: ResultsDataset) -> pa.Table:
-    """Successful rows of the main and finalist rounds, latest per (signature, problem, candidate), sorted by
+    """Successful rows of the main and finalist rounds, latest per (signature, problem, candidate), grouped by
     signature and problem (the confirmation stage's rows are read apart: load_confirmations)."""
-    main = (ds.field("succeeded") == True) & ~(ds.field("round") == CONFIRM)  # noqa: E712
-    t = data.table(list(_COLUMNS), filter=main, dictionary=_DICT_COLUMNS)
-    t = t.sort_by([("device_signature", "ascending"), ("problem_key", "ascending"),
-                   ("candidate_key", "ascending"), ("measured_at", "descending")])
-    first = _changes(t["device_signature"]) | _changes(t["problem_key"]) | _changes(t["candidate_key"])
-    return t.filter(pa.array(first))
+    return _load_successes(data)[0]
+
+
+def _load_successes(data: ResultsDataset) -> tuple[pa.Table, bool, dict[str, set[str]], int]:
+    """One scan for the decision: :func:`load_successes`' table, whether the dataset has confirmation rows,
+    signature -> every problem key with rows of any disposition, and the rows read."""
+    t = data.table([*_COLUMNS, "succeeded"], dictionary=_DICT_COLUMNS)
+    rows = t.num_rows
+    sig, pkey = _codes(t["device_signature"]), _codes(t["problem_key"])
+    tuned: dict[str, set[str]] = {}
+    if rows:
+        combo = sig.astype(np.int64) * (int(pkey.max()) + 1) + pkey
+        at = pa.array(np.unique(combo, return_index=True)[1])  # a row of each (signature, problem)
+        for s, p in zip(_strings(t["device_signature"].take(at)).to_pylist(), _strings(t["problem_key"].take(at)).to_pylist()):
+            tuned.setdefault(s, set()).add(p)
+    keep = t["succeeded"].to_numpy(zero_copy_only=False).astype(bool) if rows else np.zeros(0, bool)
+    stage = pc.equal(_strings(t["round"]), CONFIRM).to_numpy(zero_copy_only=False).astype(bool) if rows else keep
+    has_stage = bool((stage & keep).any())
+    keep &= ~stage
+    # latest first within each (signature, problem, candidate): a sort on integer codes, not on the strings
+    idx = np.flatnonzero(keep)
+    sig, pkey, ckey = sig[idx], pkey[idx], _codes(t["candidate_key"])[idx]
+    when = pc.cast(t["measured_at"], pa.int64()).to_numpy(zero_copy_only=False)[idx]
+    order = np.lexsort((-when, ckey, pkey, sig))
+    sig, pkey, ckey = sig[order], pkey[order], ckey[order]
+    first_row = np.ones(len(order), dtype=bool)
+    first_row[1:] = (sig[1:] != sig[:-1]) | (pkey[1:] != pkey[:-1]) | (ckey[1:] != ckey[:-1])
+    return t.take(pa.array(idx[order[first_row]])).drop(["succeeded"]), has_stage, tuned, rows
+
+
+def _codes(col: pa.ChunkedArray) -> np.ndarray:
+    """An integer per distinct value (first appearance first): equal strings, equal codes."""
+    return pc.dictionary_encode(_strings(col).combine_chunks()).indices.to_numpy(zero_copy_only=False)
 
 
 def _float(v: Any) -> float | None:
@@ -221,12 +249,7 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     the candidate it names for a problem gets the incumbent's benefit of the doubt.
     """
     data = data if isinstance(data, ResultsDataset) else ResultsDataset(data)
-    everything = data.table(["device_signature", "problem_key"])
-    pairs = everything.group_by(["device_signature", "problem_key"]).aggregate([])
-    tuned: dict[str, set[str]] = {}
-    for s, p in zip(pairs["device_signature"].to_pylist(), pairs["problem_key"].to_pylist()):
-        tuned.setdefault(s, set()).add(p)
-    table = load_successes(data)
+    table, has_stage, tuned, read = _load_successes(data)
     skipped = [(f.path, f.reason) for f in data.skipped]
     median = table["median_ms"].to_numpy(zero_copy_only=False).astype(float)
     fallback = table["min_ms"].to_numpy(zero_copy_only=False).astype(float)
@@ -235,7 +258,7 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     table = table.filter(pa.array(np.isfinite(median) & (median >= 0)))
     median = median[np.isfinite(median) & (median >= 0)]
     if table.num_rows == 0:
-        return Decisions(table, {}, {}, tuned, skipped, everything.num_rows)
+        return Decisions(table, {}, {}, tuned, skipped, read)
     group = np.cumsum(_changes(table["device_signature"]) | _changes(table["problem_key"])) - 1
     rows = _compared_rows(table, group)
     c = _Compared(table, rows, median, np.unique(group[rows], return_inverse=True)[1])
@@ -245,8 +268,9 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     for g, row in zip(c.group[d.ranking_rows].tolist(), rows[d.ranking_rows].tolist()):
         top.setdefault((c.sigs[g], c.pkeys[g]), []).append(row)
     winners = _winners(c, d, tuned)
-    table, winners = _apply_confirmations(data, table, c, d, winners)
-    return Decisions(table, winners, top, tuned, skipped, everything.num_rows)
+    if has_stage:
+        table, winners = _apply_confirmations(data, table, c, d, winners)
+    return Decisions(table, winners, top, tuned, skipped, read)
 
 
 def _compared_rows(table: pa.Table, group: np.ndarray) -> np.ndarray:
@@ -271,12 +295,15 @@ class _Compared:
         self.table, self.rows, self.median, self.group = table, rows, median, group
         self.mad = table["mad_ms"].to_numpy(zero_copy_only=False).astype(float)
         self.order = table["candidate_index"].to_numpy(zero_copy_only=False).astype(np.int64)
-        self.keys = _strings(table["candidate_key"]).to_numpy(zero_copy_only=False)
-        self.default = np.char.endswith(self.keys.astype(str), ":[]")  # default knobs; the earliest per group counts
+        self._keys = _strings(table["candidate_key"])
+        # default knobs; the earliest per group counts
+        self.default = pc.ends_with(self._keys, ":[]").to_numpy(zero_copy_only=False)
         self.first = rows[np.r_[True, group[1:] != group[:-1]]]
         self.sigs = _strings(table["device_signature"].take(pa.array(self.first))).to_pylist()
         self.pkeys = _strings(table["problem_key"].take(pa.array(self.first))).to_pylist()
-        self.names = _strings(table["engine_name"]).to_pylist()
+        self._names = _strings(table["engine_name"])
+        self.names: dict[int, str] = {}  # row -> engine name, for the rows a decision names (filled by name_rows)
+        self.keys: dict[int, str] = {}  # row -> candidate key, likewise
         self.incumbent_keys: dict[tuple[str, str], str] = {}  # (signature, problem key) -> the incumbent's key
 
     def incumbent_flags(self, incumbents: dict[str, Any] | None) -> np.ndarray:
@@ -285,9 +312,18 @@ class _Compared:
             named = _incumbent_keys(self.table, self.first, self.sigs, self.pkeys, incumbents)
             self.incumbent_keys = named
             if named:
-                wanted = np.array([named.get((self.sigs[g], self.pkeys[g]), "") for g in self.group], dtype=object)
-                flags[self.rows] = self.keys[self.rows] == wanted
+                wanted = pa.array([named.get((self.sigs[g], self.pkeys[g]), "") for g in self.group.tolist()],
+                                  pa.string())
+                flags[self.rows] = pc.equal(self._keys.take(pa.array(self.rows)), wanted).to_numpy(
+                    zero_copy_only=False)
         return flags
+
+    def name_rows(self, *rows: np.ndarray) -> None:
+        """Read the engine names and candidate keys of these rows (the others are never shown)."""
+        wanted = np.unique(np.concatenate([np.asarray(r)[np.asarray(r) >= 0] for r in rows]))
+        idx = pa.array(wanted)
+        self.names.update(zip(wanted.tolist(), self._names.take(idx).to_pylist()))
+        self.keys.update(zip(wanted.tolist(), self._keys.take(idx).to_pylist()))
 
     def label(self, i: int) -> str:
         return candidate_label(self.names[i], _knobs_of(self.keys[i]))
@@ -302,7 +338,9 @@ def _winners(c: _Compared, d: Any, tuned: dict[str, set[str]]) -> dict[tuple[str
     problem_names = _strings(table["problem_name"].take(pa.array(winner))).to_pylist()
     mins = table["min_ms"].to_numpy(zero_copy_only=False).astype(float)
     noisy, sigma = is_noisy(median, c.mad), noise_sigma(c.mad)
-    row_sigs = [_signature_in(x) for x in _strings(table["device_json"].take(pa.array(winner))).to_pylist()]
+    c.name_rows(winner, fastest, dflt)
+    devices = _strings(table["device_json"].take(pa.array(winner))).to_pylist()
+    row_sigs = [_signature_in(x) for x in devices]
     out: dict[tuple[str, str], Winner] = {}
     for g, (w, f, df) in enumerate(zip(winner.tolist(), fastest.tolist(), dflt.tolist())):
         sig, pkey = c.sigs[g], c.pkeys[g]
@@ -456,6 +494,7 @@ def decide_folder(results_dir: str | Path) -> Decisions:
     return decide_results(data, incumbents=load_incumbents((record.get("settings") or {}).get("incumbents"), data))
 
 
+@functools.lru_cache(maxsize=1024)
 def _signature_in(device_json: str) -> str:
     try:
         value = json.loads(device_json).get("signature")

@@ -331,8 +331,15 @@ def _check_written(merged: Sequence[OverrideEntry], rendered: Sequence[dict[str,
     fresh = {id(e) for e in new}
     try:
         for i, (e, obj) in enumerate(zip(merged, rendered)):
-            if id(e) in fresh:
-                _parse_entry(obj, f"engine_overrides[{i}]", OVERRIDE_VERSION)
+            if id(e) not in fresh:
+                continue
+            where = f"engine_overrides[{i}]"
+            if e.from_problem:  # op, tensors and criteria come from a validated Problem: the rest is checked
+                _need(isinstance(e.engine_name, str) and bool(e.engine_name), "expected an engine name",
+                      f"{where}.engine_name", e.engine_name)
+                _parse_knobs((obj.get("autotune_metadata") or {}).get("knobs"), f"{where}.autotune_metadata.knobs")
+            else:
+                _parse_entry(obj, where, OVERRIDE_VERSION)
     except InputError as exc:
         value = {"value": exc.value} if exc.has_value else {}
         raise InputError(f"{exc.reason}: refusing to write what the reader would refuse; nothing written",

@@ -101,6 +101,8 @@ class OverrideEntry:
     metadata: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)  # unknown fields, kept on rewrite
     compute_spelled: str | None = field(default=None, compare=False)  # the file's own name of compute_data_type
+    # made from a validated Problem (from_canonical, for_problem): its op, tensors and criteria need no re-check
+    from_problem: bool = field(default=False, compare=False, repr=False)
 
     @property
     def engine_id(self) -> int:
@@ -183,6 +185,7 @@ class OverrideEntry:
             knobs=tuple(sorted(knobs)),
             compute_data_type=problem["compute_dtype"],
             metadata=dict(metadata) if metadata is not None else None,
+            from_problem=True,
         )
 
     @staticmethod
@@ -197,6 +200,7 @@ class OverrideEntry:
             knobs=tuple(sorted(knobs)),
             compute_data_type=problem.compute_dtype,
             metadata=dict(metadata) if metadata is not None else None,
+            from_problem=True,
         )
 
 
@@ -275,14 +279,15 @@ class OverrideFile:
     source: str = ""
 
     def __post_init__(self) -> None:
-        self._build_index()
+        self._memo: dict[str, OverrideEntry | None] = {}  # problem key -> answer (the file never changes)
+        # (exact entries by key, wildcard patterns), built at the first match: a file only written needs neither
+        self._index: tuple[dict[tuple[Any, ...], OverrideEntry], dict[str, Any]] | None = None
 
-    def _build_index(self) -> None:
-        self._exact: dict[tuple[Any, ...], OverrideEntry] = {}
+    def _build_index(self) -> tuple[dict[tuple[Any, ...], OverrideEntry], dict[str, Any]]:
+        exact: dict[tuple[Any, ...], OverrideEntry] = {}
         # wildcard entries grouped by shape of rule (which fields are wildcards); within a group, by the
         # values of the fields that are not, so a lookup costs one dict probe per group, not a scan
-        self._patterns: dict[str, dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, OverrideEntry]]]] = {}
-        self._memo: dict[str, OverrideEntry | None] = {}  # problem key -> answer (the file never changes)
+        patterns: dict[str, dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, OverrideEntry]]]] = {}
         for i, e in enumerate(self.entries):
             if not e.states_key_criteria:
                 log.info("overrides: %s: rule %d for %s states no %s; it matches nothing", self.source, i, e.op,
@@ -290,10 +295,12 @@ class OverrideFile:
             elif e.exact:
                 key = (e.op, tuple(sorted(dict(e.criteria).items())),
                        frozenset((t.tensor_id, t.dims, t.strides, t.data_type) for t in e.tensors), e.compute_data_type)
-                self._exact.setdefault(key, e)  # declaration order: the first one wins
+                exact.setdefault(key, e)  # declaration order: the first one wins
             else:
                 pattern, values = _pattern(e)
-                self._patterns.setdefault(e.op, {}).setdefault(pattern, {}).setdefault(values, (i, e))
+                patterns.setdefault(e.op, {}).setdefault(pattern, {}).setdefault(values, (i, e))
+        self._index = (exact, patterns)  # one assignment: a reader in another thread sees all of it or none
+        return self._index
 
     @property
     def device_signature(self) -> str | None:
@@ -309,10 +316,11 @@ class OverrideFile:
             return self._memo[problem.key]
         except KeyError:
             pass
-        hit = self._exact.get(_query_key(problem))
+        exact, patterns = self._index or self._build_index()
+        hit = exact.get(_query_key(problem))
         if hit is None:
             found = []
-            for pattern, groups in self._patterns.get(problem.op, {}).items():
+            for pattern, groups in patterns.get(problem.op, {}).items():
                 values = _project(problem, pattern)
                 if values is not None and values in groups:
                     found.append(groups[values])

@@ -30,11 +30,10 @@ import pyarrow.parquet as pq
 from farm._version import __version__
 from farm.errors import InputError
 from farm.fsutil import fsync_dir, temp_path
-from farm.model.ids import engine_name_to_id
 from farm.store.dataset import ResultsDataset, safe_signature
 from farm.store.override_files import WriteReport, autotune_metadata, write_overrides
 from farm.store.overrides import OverrideEntry, knob_list
-from farm.store.results import KNOB_TYPE, candidate_key, knobs_to_structs
+from farm.store.results import KNOB_TYPE, knobs_to_structs
 from farm.store.tunableop_csv import write_tunableop_csv
 
 log = logging.getLogger("farm.store.reduce")
@@ -113,17 +112,20 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
     if not picked:
         return [], {}, []
     table = decisions.table
-    winners = table.take(pa.array([w.row for w in picked], type=pa.int64())).to_pylist()
+    columns = ["min_ms", "avg_ms", "stddev_ms", "workspace_bytes", "mode", "ran_exhaustive", "strategy", "iterations",
+               "converged", "measured_at", "supports_exhaustive", "exhaustive_not_run_reason", "mad_ms", "problem_key",
+               "problem_name", "job_id", "problem_json", "engine_name"]
+    taken = table.take(pa.array([w.row for w in picked], type=pa.int64()))
+    cols = taken.select(columns).to_pydict()
+    winners = [dict(zip(columns, values)) for values in zip(*(cols[c] for c in columns))]
     ranked_idx = sorted({i for w in picked for i in decisions.top[(w.signature, w.problem_key)]})
     slim = table.select(["engine_name", "candidate_key", "min_ms", "median_ms"]).take(pa.array(ranked_idx, type=pa.int64()))
-    by_row = dict(zip(ranked_idx, slim.to_pylist()))
-
-    def brief(i: int) -> dict[str, Any]:
-        r = by_row[i]
-        return {"engine_name": r["engine_name"], "knobs": dict(_knobs_of(r["candidate_key"])),
-                "median_time_ms": _float(r["median_ms"]), "min_time_ms": _float(r["min_ms"])}
-
-    device = json.loads(winners[0]["device_json"])
+    briefs = {i: {"engine_name": name, "knobs": dict(_knobs_of(key)), "median_time_ms": _float(med),
+                  "min_time_ms": _float(low)}
+              for i, name, key, med, low in zip(ranked_idx, slim["engine_name"].to_pylist(),
+                                                slim["candidate_key"].to_pylist(), slim["median_ms"].to_pylist(),
+                                                slim["min_ms"].to_pylist())}
+    device = json.loads(taken["device_json"][0].as_py())
     entries = []
     for w, row in zip(picked, winners):
         selection = _selection(w)
@@ -142,7 +144,7 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
             supports_exhaustive=bool(row["supports_exhaustive"]), not_run_reason=row.get("exhaustive_not_run_reason"),
             median_time_ms=w.median_ms, mad_ms=_float(row["mad_ms"]), problem_key=row["problem_key"],
             problem_name=row["problem_name"], job_id=row["job_id"], selection=selection,
-            top_k=[{"rank": r, **brief(i)} for r, i in enumerate(decisions.top[(w.signature, w.problem_key)][:top_k])],
+            top_k=[{"rank": r, **briefs[i]} for r, i in enumerate(decisions.top[(w.signature, w.problem_key)][:top_k])],
             **extra,
         )
         # rows were written from validated Problems: their canonical JSON needs no second validation
@@ -182,17 +184,19 @@ def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winne
     every = [(w, x is w) for w in picked for x in (w, *w.others)] if any(w.others for w in picked) else \
         [(w, True) for w in picked]
     shown = [x for w in picked for x in (w, *w.others)]
-    rows = decisions.table.take(pa.array([w.row for w in shown], type=pa.int64())).select(
-        ["device_json", "problem_json", "job_id", "measured_at"]).to_pylist()
-    device = json.loads(rows[0]["device_json"]) if rows else {}
+    taken = decisions.table.take(pa.array([w.row for w in shown], type=pa.int64()))
+    cols = taken.select(["op", "job_id", "measured_at", "candidate_key"]).to_pydict()
+    rows = [{"op": o, "job_id": j, "measured_at": m, "candidate_key": k}
+            for o, j, m, k in zip(cols["op"], cols["job_id"], cols["measured_at"], cols["candidate_key"])]
+    device = json.loads(taken["device_json"][0].as_py()) if rows else {}
     records = []
     for w, (_, primary), r in zip(shown, every, rows):
         interval = w.speedup_interval
         records.append({
             "device_signature": w.signature, "arch": device.get("arch", ""), "device_name": device.get("name", ""),
-            "problem_key": w.problem_key, "problem_name": w.problem_name, "op": json.loads(r["problem_json"])["op"],
+            "problem_key": w.problem_key, "problem_name": w.problem_name, "op": r["op"],
             "engine_name": w.engine_name, "knobs": knobs_to_structs(w.knobs),
-            "candidate_key": candidate_key(engine_name_to_id(w.engine_name), w.knobs),
+            "candidate_key": r["candidate_key"],
             "median_ms": w.median_ms, "min_ms": w.min_ms, "mad_ms": w.mad_ms, "noisy": w.noisy,
             "rule": w.rule.value, "why": w.why, "fastest": w.fastest, "fastest_median_ms": w.fastest_ms,
             "default": w.default, "default_median_ms": w.default_ms, "speedup_over_default": w.speedup_over_default,
