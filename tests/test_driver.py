@@ -67,7 +67,7 @@ def test_a_task_runs_reports_and_ends():
     assert driver.done and driver.status().finished == 3 and w.status.candidates == 3
 
 
-def test_a_worker_lost_mid_task_gets_its_unreported_candidates_one_per_task_after_it_restarts():
+def test_a_worker_lost_mid_task_goes_on_with_its_unreported_candidates_after_it_restarts():
     driver, [w], sink, clock, cs = setup()
     driver.assignments()
     driver.on_started(w)
@@ -78,7 +78,8 @@ def test_a_worker_lost_mid_task_gets_its_unreported_candidates_one_per_task_afte
     assert not driver.done and not driver.stuck
     driver.on_back(w)
     [(_, retry)] = driver.assignments()
-    assert retry.careful and retry.specs == (cs[1].spec,)
+    # what it reported stays; the rest goes on as one task (one death names nobody)
+    assert not retry.careful and retry.specs == tuple(c.spec for c in cs[1:])
     assert len(sink.rows) == 1  # nobody charged yet: the batch named no culprit
 
 
@@ -86,10 +87,14 @@ def test_a_careful_task_that_goes_silent_times_out_its_candidate_at_once():
     driver, [w], sink, clock, cs = setup(n_candidates=1, candidate_timeout_s=5)
     driver.assignments()
     driver.on_started(w)
-    driver.on_lost(w, "died")  # the batch task died: its candidate is retried alone
+    driver.on_lost(w, "died")  # the batch task died: its candidate goes on, then (died again) alone
+    driver.on_back(w)
+    [(_, again)] = driver.assignments()
+    driver.on_started(w)
+    driver.on_lost(w, "died")
     driver.on_back(w)
     [(_, careful)] = driver.assignments()
-    assert careful.careful
+    assert careful.careful and not again.careful
     driver.on_started(w)
     clock.t = 4.0
     assert driver.on_silent() == []
@@ -137,4 +142,4 @@ def test_two_workers_share_a_signature_and_results_are_kept_when_asked():
 
 
 def test_loss_kinds_are_the_schedulers_words():
-    assert {k.value for k in LossKind} == {"crash", "timeout", "error", "not_started"}
+    assert {k.value for k in LossKind} == {"crash", "silent", "timeout", "error", "not_started"}

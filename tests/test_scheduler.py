@@ -77,13 +77,18 @@ def test_signatures_have_their_own_queues():
     assert s.pending_tasks("a") == 1 and s.pending_tasks() == 1
 
 
-def test_crash_splits_into_careful_tasks_and_quarantines_after_two_strikes():
+def test_a_first_crash_goes_on_as_one_task_a_second_splits_it_and_two_strikes_quarantine():
     s = Scheduler(max_strikes=2)
     c = cands(4)
     s.add_problem("sig", 0, WP, c)
     t = s.next_task("sig")
     s.on_result(t, result(c[0]), "s1")
     assert s.on_task_lost(t, [c[0].spec], "crash", CFG) == []  # batched: nobody is charged
+    # one death names nobody (a kill): what was not reported goes on as one task, c0 is not measured again
+    rest = s.next_task("sig")
+    assert not rest.careful and rest.specs == (c[1].spec, c[2].spec, c[3].spec) and rest.attempt == 2
+    assert s.next_task("sig") is None
+    assert s.on_task_lost(rest, [], "crash", CFG) == []  # it dies too: now each candidate alone
     careful = [s.next_task("sig") for _ in range(3)]
     assert all(x.careful and len(x.specs) == 1 for x in careful)
     assert [x.specs[0] for x in careful] == [c[1].spec, c[2].spec, c[3].spec]
@@ -101,6 +106,16 @@ def test_crash_splits_into_careful_tasks_and_quarantines_after_two_strikes():
     assert s.finished == 4
     assert s.next_task("sig").round == FINALIST  # successes now span several sessions
     assert not s.done
+
+
+def test_a_silent_batch_is_split_at_once():
+    s = Scheduler()
+    c = cands(3)
+    s.add_problem("sig", 0, WP, c)
+    t = s.next_task("sig")
+    assert s.on_task_lost(t, [c[0].spec], "silent", CFG) == []
+    split = [s.next_task("sig") for _ in range(2)]
+    assert all(x.careful and len(x.specs) == 1 for x in split) and s.next_task("sig") is None
 
 
 def test_a_careful_hang_times_out_at_once_and_not_started_charges_nobody():

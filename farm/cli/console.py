@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
+import os
 import re
 import sys
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from rich.console import Console
 from rich.segment import Segment
@@ -30,8 +33,38 @@ def _console(stderr: bool = False) -> Console:
     return _SafeConsole(stderr=stderr, highlight=False, width=None if probe.is_terminal else 200)
 
 
+# where --json output goes: the process's real stdout while json_stdout() holds it (else sys.stdout)
+_JSON_OUT: contextvars.ContextVar[Any] = contextvars.ContextVar("farm_json_out", default=None)
+
+
 def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    out = _JSON_OUT.get() or sys.stdout
+    out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    out.flush()
+
+
+@contextlib.contextmanager
+def json_stdout() -> Iterator[None]:
+    """While a --json command runs, file descriptor 1 points at stderr, so whatever else writes to stdout (Ray's
+    "(raylet) A worker died..." lines, a library's print) lands on stderr; the JSON goes to the real stdout.
+    Where stdout is no file (a test's capture), nothing is moved."""
+    try:
+        sys.stdout.flush()
+        fd, err = sys.stdout.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    saved = os.dup(fd)
+    os.dup2(err, fd)
+    out = os.fdopen(saved, "w", encoding="utf-8", closefd=True)
+    token = _JSON_OUT.set(out)
+    try:
+        yield
+    finally:
+        _JSON_OUT.reset(token)
+        sys.stdout.flush()
+        os.dup2(saved, fd)
+        out.close()
 
 
 class _StderrHandler(logging.StreamHandler):

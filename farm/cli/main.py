@@ -15,7 +15,7 @@ from farm.errors import FarmError, InputError
 
 log = logging.getLogger("farm.cli")
 from farm.cli.args import _positive_int
-from farm.cli.console import _console, _print_json, _setup_logging
+from farm.cli.console import _console, _print_json, _setup_logging, json_stdout
 from farm.cli.tune import add_tune_parser
 
 
@@ -269,6 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for a restart (farm tune --in-process)
     _setup_logging(args.verbose + getattr(args, "tune_verbose", 0))
     try:
+        if getattr(args, "json", False):
+            with json_stdout():  # JSON alone on stdout, whatever Ray or a library prints
+                return int(args.func(args) or 0)
         return int(args.func(args) or 0)
     except FarmError as exc:
         # one line, however narrow the terminal: scripts grep it, people read it whole

@@ -37,6 +37,7 @@ class LossKind(str, enum.Enum):
     """How a task was lost (the Scheduler's ``kind``)."""
 
     CRASH = "crash"  # the worker died
+    SILENT = "silent"  # the worker went silent on a task of several candidates: one of them may hang
     TIMEOUT = "timeout"  # the worker went silent on a careful task: its candidate hangs
     ERROR = "error"  # the task ended without a result for every candidate
     NOT_STARTED = "not_started"  # the worker went away before the task began: nobody is charged
@@ -250,8 +251,9 @@ class Driver:
                 continue
             log.warning("farm: %s sent nothing for %.0f s on task %d; restarting it", w.status.name,
                         now - r.last_progress, r.task.id)
-            # a careful task holds one candidate: it hangs; a batch's silence names nobody yet
-            kind = LossKind.TIMEOUT if r.task.careful else LossKind.CRASH
+            # a careful task holds one candidate: it hangs; a batch's silence names nobody yet (its candidates are
+            # retried one per task at once: a hang would cost a whole timeout again in a batch)
+            kind = LossKind.TIMEOUT if r.task.careful else LossKind.SILENT
             self._lose(w, kind, f"{w.status.name} silent for {self.options.candidate_timeout_s:.0f} s")
             silent.append(w)
         return silent

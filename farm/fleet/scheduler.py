@@ -14,11 +14,14 @@ Pure Python (no Ray), so it can be tested alone. For every (signature, problem):
   candidates were measured in more than one session (shards, a resumed job, retries after a crash)
   has a ``finalist`` task instead: the top ``finalist_k`` of every session, its fastest stable
   candidate and the default measured again together;
-* a task that loses its worker (crash) or stops reporting (hang) is split: its
-  unreported candidates are retried one per task ("careful" mode), so the next
-  failure names its candidate exactly. A candidate that kills a careful task's
-  worker ``max_strikes`` times is quarantined with a ``crashed`` row; one that
-  hangs a careful task gets a ``timed_out`` row at once.
+* a task whose worker dies (a crash, a kill) goes on from what it reported: its
+  unreported candidates run again as one task, which keeps the compile pipeline
+  and pays the problem's setup once. If that task loses its worker too, or a
+  task stops reporting (a hang), or fails, the rest is retried one candidate
+  per task ("careful" mode), so the next failure names its candidate exactly.
+  A candidate that kills a careful task's worker ``max_strikes`` times is
+  quarantined with a ``crashed`` row; one that hangs a careful task gets a
+  ``timed_out`` row at once.
 """
 
 from __future__ import annotations
@@ -263,6 +266,11 @@ class Scheduler:
                            urgent=True)
             else:
                 self._settle(task)
+            return rows
+        if kind == "crash" and not task.careful and task.attempt == 1 and task.round == MAIN and left:
+            # one death names nobody (a kill, an OOM, a lost node as often as a bad kernel): the rest goes on
+            # as one task; a second death on it is when candidates are isolated
+            self._push(task.signature, task.problem, tuple(left), urgent=True, attempt=2)
             return rows
         if task.careful and left:
             culprit, left = left[0], left[1:]
