@@ -173,7 +173,9 @@ class CostEngine:
 def _tune(engines, clock, config=None, calls=(CallMode.EAGER,)):
     registry = EngineRegistry(engines)
     wp = WorkloadProblem(0, "mm", matmul_problem(16, 16, 16), EngineSelection(), calls)
-    config = config or AutotuneConfig(strategy="fixed_average", timed_iterations=5, check="off")
+    # samples of about one call: the clock's drift is slow next to a round of the stage (what pairing cancels)
+    config = config or AutotuneConfig(strategy="fixed_average", timed_iterations=5, check="off",
+                                      confirm={"sample_ms": 1.0})
     return tune_problem(wp, fake_device(clock), config, registry)
 
 
@@ -210,7 +212,7 @@ def test_a_stage_stops_early_when_it_can_and_its_budget_bounds_it_when_it_cannot
     assert clear.confirmations[0].rounds < 64 and clear.confirmations[0].settled
     tie_clock = DriftingClock(drift=0.0, noise=0.05)
     cfg = AutotuneConfig(strategy="fixed_average", timed_iterations=5, check="off",
-                         confirm=ConfirmSettings(max_rounds=40, budget_ms=1e6))
+                         confirm=ConfirmSettings(max_rounds=40, budget_ms=1e6, sample_ms=1.0))
     tie = _tune([CostEngine("lib.default", 1.0, tie_clock, priority=10), CostEngine("tuned.same", 0.998, tie_clock)],
                 tie_clock, cfg)
     assert tie.confirmations[0].rounds == 40  # undecidable: it runs to its round limit and no further

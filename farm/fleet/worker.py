@@ -48,6 +48,7 @@ class WorkerInfo:
     pid: int
     properties: DeviceProperties
     gpu_ids: tuple[str, ...] = ()
+    niceness: int = 0  # the worker process's scheduling priority (the driver's, so it measures as production runs)
 
     @property
     def signature(self) -> str:
@@ -146,6 +147,10 @@ class DeviceWorkerImpl:
                  cpu_threads: int | None = None, log_level: int = logging.WARNING) -> None:
         self._log_names = _worker_logging(log_level)
         self.kind = kind
+        wanted = os.environ.get("RAY_worker_niceness")
+        if wanted is not None and wanted.lstrip("-").isdigit() and os.nice(0) > int(wanted):
+            log.warning("farm: this worker runs at niceness %d, below the driver's priority (%s): on a busy machine "
+                        "its measurements are slower than production's", os.nice(0), wanted)
         if kind == "cpu":
             # Ray starts an actor with OMP_NUM_THREADS=1; production runs with the host's threads, so
             # measure with those (the count is part of the CPU's device signature: compute_units)
@@ -166,7 +171,7 @@ class DeviceWorkerImpl:
 
         ctx = ray.get_runtime_context()
         return WorkerInfo(self.name, ctx.get_actor_id() or "", ctx.get_node_id(), socket.gethostname(), os.getpid(),
-                          self.device.properties, tuple(str(g) for g in ray.get_gpu_ids()))
+                          self.device.properties, tuple(str(g) for g in ray.get_gpu_ids()), os.nice(0))
 
     def expand(self, problems: Sequence[tuple[int, WorkloadProblem]]) -> dict[int, list[Candidate] | str]:
         """Discovery where the signature lives: each problem's candidates here, or why there are none."""
@@ -240,7 +245,9 @@ class DeviceWorkerImpl:
         last = time.perf_counter()
         while True:
             try:
-                item = items.get(timeout=stream_interval_s)
+                # a stage streams nothing until its end: no need to wake this thread (and take the GIL from
+                # the timed rounds) every stream interval
+                item = items.get(timeout=1.0 if task.round == CONFIRM else stream_interval_s)
             except queue.Empty:
                 if task.round == CONFIRM:
                     continue  # a stage's rows go together (a part of one is no stage)

@@ -64,7 +64,10 @@ class ConfirmSettings:
     max_rounds: int = 64  # paired rounds at most
     budget_ms: float = 2000.0  # timed rounds stop once they have taken this long (at least 8 rounds run)
     max_candidates: int = 6  # the leader, the default and the incumbent always; then the nearest by median
-    sample_ms: float = 1.0  # an eager sample times back-to-back calls lasting at least this long
+    # an eager sample times back-to-back calls lasting at least this long; None: 1 ms where device events time
+    # them (a GPU), 20 ms on a CPU (several scheduler periods: what a busy machine does to a call, averaged)
+    sample_ms: float | None = None
+    precision: float = 0.05  # a win stops the rounds once its speed-up's interval is within +-5 % (or the budget ends)
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
@@ -77,8 +80,12 @@ class ConfirmSettings:
             need(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, f"must be an integer >= {low}")
         for name in ("budget_ms", "sample_ms"):
             v = getattr(self, name)
-            need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"), name,
+            need((v is None and name == "sample_ms") or
+                 (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")), name,
                  "must be a number of milliseconds > 0")
+        v = self.precision
+        need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1, "precision",
+             "must be a fraction in (0, 1), e.g. 0.05 for +-5 %")
 
     @staticmethod
     def parse(value: Any) -> "ConfirmSettings":
@@ -92,7 +99,7 @@ class ConfirmSettings:
             raise InputError("expected true, false, or a mapping of confirmation settings", field="confirm",
                              value=value)
         aliases = {"rounds": "max_rounds", "candidates": "max_candidates"}
-        allowed = {"enabled", "max_rounds", "budget_ms", "max_candidates", "sample_ms", *aliases}
+        allowed = {"enabled", "max_rounds", "budget_ms", "max_candidates", "sample_ms", "precision", *aliases}
         kwargs = {}
         for key, v in value.items():
             if key not in allowed:

@@ -44,6 +44,8 @@ log = logging.getLogger("farm.tuner.autotuner")  # the tuner's lines
 
 GRAPH_REPEATS = 20  # calls per captured graph when the workload's graph_repeats is 0
 MAX_CALLS_PER_SAMPLE = 4096
+DEVICE_SAMPLE_MS = 1.0  # an eager sample on a GPU (device events; 1 ms is hundreds of microsecond calls)
+CPU_SAMPLE_MS = 20.0  # on a CPU: several scheduler periods, so a busy machine's preemptions average out
 
 
 @dataclass(frozen=True)
@@ -244,12 +246,18 @@ def _rounds(problem: Problem, cands: dict[PlanSpec, _Candidate], order: list[Pla
                 rows = [samples[s] for s in live]
                 d = decide_confirmed(rows, live.index(ref), incumbent=live.index(incumbent) if incumbent in live else -1,
                                      confidence=look_confidence)
-                if d.settled:
+                # a win goes on until its speed-up is known to +-precision: the published figure, not only the sign
+                if d.settled and (d.winner == d.reference or _precise(d.versus, settings.precision)):
                     settled = True
                     break
             if spent >= settings.budget_ms and rounds >= floor:
                 break
     return rounds, settled
+
+
+def _precise(r: Any, precision: float) -> bool:
+    """The interval of a paired ratio spans at most +-``precision`` of its median."""
+    return r is not None and r.ratio > 0 and (r.high - r.low) / (2.0 * r.ratio) <= precision
 
 
 def _sampler(problem: Problem, device: Device, timer: Timer, plan: Any, workspace: Any,
@@ -263,7 +271,8 @@ def _sampler(problem: Problem, device: Device, timer: Timer, plan: Any, workspac
     call_once(sets[0])  # warm-up (lazy allocations, the first launch of a kernel)
     device.synchronize()
     one = timer.measure(lambda: call_once(sets[0]))
-    n = int(min(MAX_CALLS_PER_SAMPLE, max(1, math.ceil(config.confirm.sample_ms / max(one, 1e-6)))))
+    target = config.confirm.sample_ms or (CPU_SAMPLE_MS if device.vendor == "cpu" else DEVICE_SAMPLE_MS)
+    n = int(min(MAX_CALLS_PER_SAMPLE, max(1, math.ceil(target / max(one, 1e-6)))))
     turn = [0]
 
     def calls() -> None:
