@@ -114,6 +114,10 @@ def test_the_leader_its_near_rivals_the_default_and_the_incumbent_are_in_the_sta
     # the default leading with nothing near it: nothing to confirm
     alone = [Measured(S(0), 0, "a", 1.0, 0.0), Measured(S(1), 1, "a", 2.0, 0.0)]
     assert participants(alone, default=S(0), incumbent=None, max_candidates=6) == ()
+    # ... unless the runners-up are looked at again whatever the main round said (a busy machine's main round)
+    assert participants(alone, default=S(0), incumbent=None, max_candidates=6, runners_up=1) == (S(0), S(1))
+    assert participants(measured, default=S(0), incumbent=None, max_candidates=6, runners_up=2) == \
+        (S(0), S(1), S(2), S(3))
 
 
 # -- the stage on a busy machine ------------------------------------------------------------------------

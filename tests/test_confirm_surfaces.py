@@ -51,7 +51,7 @@ def _run(sched, task, medians):
 
 
 def test_after_the_main_round_each_calling_mode_gets_one_confirm_task_retried_whole_once():
-    sched = Scheduler(shard_size=2, confirm=ConfirmSettings())
+    sched = Scheduler(shard_size=2, confirm=ConfirmSettings(runners_up=0))
     wp, cands = _problem()
     sched.add_problem("sig", 0, wp, cands)
     medians = {0: 2.0, 1: 1.0, 2: 1.005, 3: 3.0}

@@ -367,7 +367,7 @@ class Scheduler:
         defaults = [m for m in measured if not m.spec.knobs]
         default = min(defaults, key=lambda m: m.index).spec if defaults else None
         chosen = participants(measured, default=default, incumbent=state.incumbent,
-                              max_candidates=self.confirm.max_candidates)
+                              max_candidates=self.confirm.max_candidates, runners_up=self.confirm.runners_up)
         if not chosen:
             state.confirmed.update(todo)
             return False

@@ -64,6 +64,7 @@ class ConfirmSettings:
     max_rounds: int = 64  # paired rounds at most
     budget_ms: float = 2000.0  # timed rounds stop once they have taken this long (at least 8 rounds run)
     max_candidates: int = 6  # the leader, the default and the incumbent always; then the nearest by median
+    runners_up: int = 2  # each session's next fastest are in too, inside the noise band or not (a busy main round)
     # an eager sample times back-to-back calls lasting at least this long; None: 1 ms where device events time
     # them (a GPU), 20 ms on a CPU (several scheduler periods: what a busy machine does to a call, averaged)
     sample_ms: float | None = None
@@ -75,7 +76,7 @@ class ConfirmSettings:
                 raise InputError(rule, field=f"confirm.{name}", value=getattr(self, name))
 
         need(isinstance(self.enabled, bool), "enabled", "must be true or false")
-        for name, low in (("max_rounds", 8), ("max_candidates", 2)):
+        for name, low in (("max_rounds", 8), ("max_candidates", 2), ("runners_up", 0)):
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, f"must be an integer >= {low}")
         for name in ("budget_ms", "sample_ms"):
@@ -99,7 +100,8 @@ class ConfirmSettings:
             raise InputError("expected true, false, or a mapping of confirmation settings", field="confirm",
                              value=value)
         aliases = {"rounds": "max_rounds", "candidates": "max_candidates"}
-        allowed = {"enabled", "max_rounds", "budget_ms", "max_candidates", "sample_ms", "precision", *aliases}
+        allowed = {"enabled", "max_rounds", "budget_ms", "max_candidates", "runners_up", "sample_ms", "precision",
+                   *aliases}
         kwargs = {}
         for key, v in value.items():
             if key not in allowed:
