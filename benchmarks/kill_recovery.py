@@ -2,6 +2,8 @@
 
     python benchmarks/kill_recovery.py WORKLOAD --devices gpu [--at 0.4] [--out DIR]
     python benchmarks/kill_recovery.py WORKLOAD --devices sim:SIM.yaml --at 0.4     # no GPU needed
+    python benchmarks/kill_recovery.py WORKLOAD --devices gpu --uninterrupted RUN --uninterrupted-s 150
+                                                   # an uninterrupted run already made (its folder, wall time)
 
 Each run is a fresh `farm tune --json` process into a fresh folder. The first is left alone (its wall
 time T); during the second, at ``--at`` x T, one `ray::DeviceWorkerImpl` process of that run is killed
@@ -89,13 +91,22 @@ def main() -> None:
     ap.add_argument("--devices", default="auto")
     ap.add_argument("--at", type=float, default=0.4, help="kill at this fraction of the uninterrupted wall time")
     ap.add_argument("--out", help="folder for the two runs (default: a temporary one)")
+    ap.add_argument("--uninterrupted", help="an uninterrupted run of the workload already made (its --out folder)")
+    ap.add_argument("--uninterrupted-s", type=float, help="that run's wall time in seconds")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="kill-recovery-"))
-    plain = tune(args.workload, args.devices, root / "uninterrupted", None)
+    if args.uninterrupted:
+        if not args.uninterrupted_s:
+            ap.error("--uninterrupted needs --uninterrupted-s")
+        base = Path(args.uninterrupted)
+        plain = {"wall_s": args.uninterrupted_s, "json_alone": True, "killed": []}
+    else:
+        base = root / "uninterrupted"
+        plain = tune(args.workload, args.devices, base, None)
     hit = tune(args.workload, args.devices, root / "killed", args.at * plain["wall_s"])
-    a, b = counts(root / "uninterrupted"), counts(root / "killed")
-    wa, wb = winners(root / "uninterrupted"), winners(root / "killed")
+    a, b = counts(base), counts(root / "killed")
+    wa, wb = winners(base), winners(root / "killed")
     same = sum(1 for k in wa if k in wb and (wa[k][0] == wb[k][0] or wb[k][0] in wa[k][1] or wa[k][0] in wb[k][1]))
     rows = [("uninterrupted", plain, a), (f"killed at {args.at:.0%}", hit, b)]
     print("| run | wall s | ratio | candidates | rows (this run) | job.json = dataset | --json alone | killed pid |")

@@ -1,6 +1,7 @@
 """Replay overhead: farm.ops replaying a published winner vs the same library call made directly.
 
     python benchmarks/replay_overhead.py cpu [--rounds 5]
+    python benchmarks/replay_overhead.py engines [--shapes 1x4096x4096,16x4096x14336]   # each library engine
     python benchmarks/replay_overhead.py gpu --workload examples/h200-replay.yaml --published ROOT \
         [--results RUN/results] [--rounds 5] [--json OUT.json]
 
@@ -231,9 +232,96 @@ def print_gpu(rows: list[dict[str, Any]]) -> None:
     print(f"replayed = published entry on {sum(r['replayed'] == r['published'] for r in rows)} of {len(rows)} problems")
 
 
+# -- GPU: each library engine's host cost per call ------------------------------------------------------
+LIBRARY_ENGINES = ("torch.matmul", "cudnn.graph", "cublaslt", "cuda.decode_gemm", "triton.gemm_splitk")
+
+
+def run_engines(shapes: list[tuple[int, int, int]], rounds: int, calls: int = 400) -> list[dict[str, Any]]:
+    """Per decode shape and library engine: farm.ops replaying that engine (an override file naming it, read by
+    the Config policy) beside torch.matmul: host time to issue a call, and the per-call time of back-to-back
+    calls (device events around ``calls`` calls, nothing queued ahead: launch cost included)."""
+    import tempfile
+
+    import torch
+
+    import farm.ops as ops
+    from farm.devices.device import gpu_device
+    from farm.model.engine import default_engine_registry
+    from farm.model.problem import Problem
+    from farm.store.override_files import write_overrides
+    from farm.store.overrides import OverrideEntry
+
+    device = gpu_device("cuda", 0)
+    registry = default_engine_registry()
+    folder = Path(tempfile.mkdtemp(prefix="replay-engines-"))
+
+    def per_call_us(fn: Callable[[], Any]) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / calls * 1e3
+
+    rows = []
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        problem = Problem.create("matmul", {"A": [m, k], "B": [k, n]}, dtype="bf16")
+        base = {"host": lambda: _host_us(lambda: a @ b, calls=calls, rounds=rounds),
+                "eager": lambda: per_call_us(lambda: a @ b)}
+        for name in LIBRARY_ENGINES:
+            engine = registry.get(name)
+            support = registry.config_for(engine, problem, device)
+            if not support.applicable:
+                rows.append({"shape": f"{m}x{k}x{n}", "engine": name, "skipped": support.reason})
+                continue
+            path = folder / f"{name}-{m}x{k}x{n}.json"
+            write_overrides(path, [OverrideEntry.for_problem(problem, name)],
+                            device={"signature": device.signature, "properties": device.properties.to_dict()},
+                            mode="replace")
+            os.environ["FARM_HEUR_CONFIG_PATH"] = str(path)
+            ops.reset()
+            ops.matmul(a, b)
+            torch.cuda.synchronize()
+            chosen = next(ch for ch in ops.choices() if ch["problem_key"] == problem.key)
+            timed = {"host": lambda: _host_us(lambda: ops.matmul(a, b), calls=calls, rounds=rounds),
+                     "eager": lambda: per_call_us(lambda: ops.matmul(a, b))}
+            got = _alternate({**{f"torch {k}": v for k, v in base.items()}, **{f"replay {k}": v for k, v in timed.items()}},
+                             rounds)
+            rows.append({"shape": f"{m}x{k}x{n}", "engine": name, "replayed": chosen["engine"],
+                         "source": chosen["source"], "torch_host_us": got["torch host"],
+                         "replay_host_us": got["replay host"], "host_over_torch_us": got["replay host"] - got["torch host"],
+                         "torch_eager_us": got["torch eager"], "replay_eager_us": got["replay eager"]})
+    os.environ.pop("FARM_HEUR_CONFIG_PATH", None)
+    ops.reset()
+    return rows
+
+
+def print_engines(rows: list[dict[str, Any]]) -> None:
+    print("| shape (bf16) | engine replayed by farm.ops | host us / call | torch.matmul host us | over torch us "
+          "| eager us / call | torch.matmul eager us |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        if "skipped" in r:
+            print(f"| {r['shape']} | {r['engine']} | - | - | - | - | - |  (not applicable: {r['skipped']})")
+            continue
+        print(f"| {r['shape']} | {r['replayed']} | {r['replay_host_us']:.2f} | {r['torch_host_us']:.2f} | "
+              f"{r['host_over_torch_us']:+.2f} | {r['replay_eager_us']:.2f} | {r['torch_eager_us']:.2f} |")
+    done = [r for r in rows if "skipped" not in r and r["engine"] != "torch.matmul"]
+    if done:
+        worst = max(done, key=lambda r: r["host_over_torch_us"])
+        print(f"\nlibrary engines through farm.ops: worst host cost over torch.matmul {worst['host_over_torch_us']:+.2f} us "
+              f"({worst['engine']}, {worst['shape']}; target <= 2 us)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("where", choices=("cpu", "gpu"))
+    parser.add_argument("where", choices=("cpu", "gpu", "engines"))
+    parser.add_argument("--shapes", default="1x4096x4096,16x4096x14336",
+                        help="engines: decode GEMM shapes MxKxN (bf16), comma-separated")
     parser.add_argument("--workload", default="examples/h200-replay.yaml")
     parser.add_argument("--published", help="farm publish root (gpu)")
     parser.add_argument("--results", help="the tuning run's results folder: compare with farm report's winners")
@@ -243,6 +331,10 @@ def main() -> int:
     if args.where == "cpu":
         rows = run_cpu(args.rounds)
         print_cpu(rows)
+    elif args.where == "engines":
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+        rows = run_engines(shapes, args.rounds)  # type: ignore[arg-type]
+        print_engines(rows)
     else:
         if not args.published:
             parser.error("gpu needs --published ROOT")

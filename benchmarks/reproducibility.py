@@ -1,6 +1,7 @@
 """Does tuning the same workload twice publish the same winners? Where it does not, could it tell them apart?
 
-    python benchmarks/reproducibility.py WORKLOAD [WORKLOAD...] [--devices auto] [--busy 0] [--json OUT.json]
+    python benchmarks/reproducibility.py WORKLOAD [WORKLOAD...] [--devices auto] [--busy 0] [--out DIR] [--json OUT.json]
+    python benchmarks/reproducibility.py --compare RUN1 RUN2      # two farm tune --out folders already there
 
 Each workload is tuned twice, each time a fresh `farm tune` into a fresh folder (``--busy N``: a load
 generator keeps N cores busy meanwhile). Per problem and calling mode the two published winners are
@@ -68,16 +69,23 @@ def compare(a: dict, b: dict) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("workloads", nargs="+")
+    ap.add_argument("workloads", nargs="*")
     ap.add_argument("--devices", default="auto")
     ap.add_argument("--busy", type=int, default=0, help="cores a load generator keeps busy during the tunes")
+    ap.add_argument("--out", help="keep the runs here (OUT/<workload>/run1, run2; default: a temporary folder)")
+    ap.add_argument("--compare", nargs=2, metavar="RUN", help="compare two farm tune --out folders; tune nothing")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
     every: list[dict] = []
-    took = []
-    with busy_cores(args.busy):
+    took: list[float] = []
+    if args.compare:
+        every = [{"workload": Path(args.compare[0]).name, **r}
+                 for r in compare(*(decisions(Path(d)) for d in args.compare))]
+    elif not args.workloads:
+        ap.error("name a workload, or --compare RUN1 RUN2")
+    with busy_cores(args.busy if not args.compare else 0):
         for wl in args.workloads:
-            root = Path(tempfile.mkdtemp(prefix="reproducibility-"))
+            root = Path(args.out) / Path(wl).stem if args.out else Path(tempfile.mkdtemp(prefix="reproducibility-"))
             runs = []
             for i in (1, 2):
                 took.append(tune(wl, root / f"run{i}", args.devices))
@@ -91,7 +99,8 @@ def main() -> None:
     good = sum(r["status"] in ("same winner", "confirmed tie") for r in every)
     same = sum(r["status"] == "same winner" for r in every)
     print(f"same winner, or a confirmed tie: {good}/{len(every)} = {good / max(len(every), 1):.1%} "
-          f"({same} same, {good - same} confirmed ties); tunes took {', '.join(f'{t:.0f}' for t in took)} s"
+          f"({same} same, {good - same} confirmed ties)"
+          + (f"; tunes took {', '.join(f'{t:.0f}' for t in took)} s" if took else "")
           + (f"; {args.busy} core(s) kept busy" if args.busy else ""))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": every, "fraction": good / max(len(every), 1),

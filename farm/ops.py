@@ -54,6 +54,7 @@ class _Cached:
     # the engine recorded for calls inside a captured graph, when it is not ``bound``'s, and how to tell a capture
     graph: "_Cached | None" = None
     capturing: Callable[[], bool] | None = None
+    alloc: Callable[[], Any] | None = None  # a fresh output of the bound layout (no per-call dtype or device lookup)
 
 
 class RuntimeRegistry:
@@ -165,6 +166,10 @@ class _Framework:
     def describe(self, t: Any) -> tuple[tuple[int, ...], tuple[int, ...], str]: ...
     def empty(self, like: Any, dims: tuple[int, ...], dtype: str, strides: tuple[int, ...] = ()) -> Any: ...
 
+    def allocator(self, like: Any, dims: tuple[int, ...], dtype: str, strides: tuple[int, ...] = ()) -> Callable[[], Any]:
+        """``empty`` of this layout with every argument bound now: what a call without ``out=`` runs."""
+        return functools.partial(self.empty, like, dims, dtype, strides)
+
 
 class _Numpy(_Framework):
     def describe(self, t: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...], str]:
@@ -191,6 +196,13 @@ class _Torch(_Framework):
         if strides:
             return self.torch.empty_strided(dims, strides, dtype=torch_dtype(dtype), device=like.device)
         return self.torch.empty(dims, dtype=torch_dtype(dtype), device=like.device)
+
+    def allocator(self, like: Any, dims: tuple[int, ...], dtype: str, strides: tuple[int, ...] = ()) -> Callable[[], Any]:
+        from engines.gpu._common import torch_dtype
+
+        if strides:
+            return functools.partial(self.torch.empty_strided, dims, strides, dtype=torch_dtype(dtype), device=like.device)
+        return functools.partial(self.torch.empty, dims, dtype=torch_dtype(dtype), device=like.device)
 
 
 _NUMPY = _Numpy()
@@ -252,8 +264,7 @@ def _run(op: str, tensors: Mapping[str, Any], params: Any, criteria: Callable[[]
         if cached.produce is not None:
             result = cached.produce(tensors)
             return result if cached.back is None else cached.back(result)
-        out = cached.framework.empty(next(iter(tensors.values())), cached.out_dims, cached.out_dtype,
-                                     cached.out_strides)
+        out = cached.alloc()  # type: ignore[misc]
     else:
         dims, strides, _ = cached.framework.describe(out)
         if dims != cached.out_dims:
@@ -285,7 +296,9 @@ def _bind(op: str, tensors: Mapping[str, Any], criteria: tuple[tuple[str, int], 
     bound = rt.bind(problem.key, problem)
     out_id = problem.output_ids[0]
     desc = problem.tensor(out_id)
-    cached = _Cached(bound, out_id, desc.dims, desc.dtype, bound.produce, fw, back, desc.strides)
+    like = next(iter(tensors.values()))
+    cached = _Cached(bound, out_id, desc.dims, desc.dtype, bound.produce, fw, back, desc.strides,
+                     alloc=fw.allocator(like, desc.dims, desc.dtype, desc.strides))
     check = rt.exec_device.extras.get("is_capturing")
     graph = rt.bind_call(problem.key, problem, "graph") if check is not None else None
     if graph is not None and (graph.engine_name, graph.knobs) != (bound.engine_name, bound.knobs):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from typing import Any, Mapping, Sequence
 
 
@@ -77,7 +78,13 @@ def compile_function(source: str, function: str, arch: str, device_index: int, d
 
 
 class Launcher:
-    """Launches one kernel, whose arguments are all pointers, on the caller's current stream."""
+    """Launches one kernel, whose arguments are all pointers, on the caller's current stream.
+
+    The argument array (``void*[n]`` and the ``void**`` that points into it) is made once per thread and
+    its values set in place each call: cuda-python then passes an address, where a tuple of values and
+    types would be packed into fresh memory at every launch. cuLaunchKernel copies the values at launch,
+    and a thread's array is its own, so concurrent launches from other threads cannot change them.
+    """
 
     def __init__(self, function: Any, stream_of: Any, device_index: int, what: str) -> None:
         self._function = function
@@ -85,8 +92,19 @@ class Launcher:
         self._index = device_index
         self._driver = bindings()[0][1]
         self._what = what
+        self._local = threading.local()
+
+    def _arguments(self, n: int) -> tuple[Any, int]:
+        found = getattr(self._local, "args", None)
+        if found is None or len(found[0]) != n:
+            values = (ctypes.c_void_p * n)()
+            size = ctypes.sizeof(ctypes.c_void_p)
+            slots = (ctypes.c_void_p * n)(*(ctypes.addressof(values) + i * size for i in range(n)))
+            found = self._local.args = (values, slots, ctypes.addressof(slots))
+        return found[0], found[2]
 
     def __call__(self, grid: tuple[int, int, int], block: tuple[int, int, int], pointers: Sequence[int]) -> None:
-        args = (tuple(pointers), (ctypes.c_void_p,) * len(pointers))
-        check(self._driver.cuLaunchKernel(self._function, *grid, *block, 0, self._stream_of(self._index), args, 0),
+        values, address = self._arguments(len(pointers))
+        values[:] = pointers
+        check(self._driver.cuLaunchKernel(self._function, *grid, *block, 0, self._stream_of(self._index), address, 0),
               f"{self._what}: cuLaunchKernel")

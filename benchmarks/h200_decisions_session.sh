@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Device sessions of issue 34 (decisions that hold) on one H200, in two parts that each fit a 10-minute call:
+#   OUT=runs/a bash benchmarks/h200_decisions_session.sh a   # engines' host cost; tune the decode workload; call modes
+#   OUT=runs/b bash benchmarks/h200_decisions_session.sh b   # tune it again (reproducibility); a killed run
+# Part b compares with part a's run when RUN1 names its folder (e.g. RUN1=/tmp/decisions/d1, same machine).
+# Each step has its own time limit; logs and the runs' folders (tarred) go to $OUT.
+set -u
+part=${1:?a or b}
+OUT=${OUT:-runs/h200-decisions}
+WORK=${WORK:-/tmp/decisions}
+WORKLOAD=${WORKLOAD:-examples/h200-decode.yaml}
+mkdir -p "$OUT" "$WORK"
+step() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s): $*"; local t0=$SECONDS
+         timeout "$limit" "$@"; echo "== $name: exit $? after $((SECONDS - t0)) s"; }
+tune() {  # tune WORKLOAD into $1, its --json to $2; prints its wall time
+    local t0; t0=$(date +%s.%N)
+    python3 -m farm tune "$WORKLOAD" --devices gpu --out "$1" --json > "$2" 2> "$2.err"
+    echo "exit $? wall $(python3 -c "import time; print(round(time.time() - $t0, 1))") s" | tee "$2.wall"
+}
+
+nvidia-smi --query-gpu=index,name,uuid,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv \
+    > "$OUT/session-$part.log" 2>&1
+{
+if [ "$part" = a ]; then
+    step engines 150 python3 benchmarks/replay_overhead.py engines --rounds 5 --json "$OUT/engines.json"
+    step tune1 330 tune "$WORK/d1" "$OUT/tune1.json"
+    step report1 60 python3 -m farm report "$WORK/d1"
+    step modes1 150 python3 benchmarks/call_modes.py "$WORK/d1" --json "$OUT/modes1.json"
+    tar -C "$WORK" -czf "$OUT/d1.tgz" --exclude='*.lock' d1 2>/dev/null
+else
+    step tune2 330 tune "$WORK/d2" "$OUT/tune2.json"
+    [ -n "${RUN1:-}" ] && step compare 60 python3 benchmarks/reproducibility.py --compare "$RUN1" "$WORK/d2" \
+        --json "$OUT/reproducibility.json"
+    wall=$(sed -n 's/.*wall \([0-9.]*\) s/\1/p' "$OUT/tune2.json.wall")
+    step kill 420 python3 benchmarks/kill_recovery.py "$WORKLOAD" --devices gpu --uninterrupted "$WORK/d2" \
+        --uninterrupted-s "$wall" --at 0.4 --out "$WORK/kill" --json "$OUT/kill.json"
+    tar -C "$WORK" -czf "$OUT/d2.tgz" --exclude='*.lock' d2 kill/killed 2>/dev/null
+fi
+} >> "$OUT/session-$part.log" 2>&1
+grep -v '^INFO\|^WARNING\|^(raylet)' "$OUT/session-$part.log" | tail -c 11000
