@@ -22,10 +22,10 @@ nvidia-smi --query-gpu=index,name,uuid,driver_version,clocks.sm,clocks.max.sm,te
     > "$OUT/session-$part.log" 2>&1
 {
 if [ "$part" = a ]; then
-    step engines 150 python3 benchmarks/replay_overhead.py engines --rounds 5 --json "$OUT/engines.json"
-    step tune1 330 tune "$WORK/d1" "$OUT/tune1.json"
-    step report1 60 python3 -m farm report "$WORK/d1"
-    step modes1 150 python3 benchmarks/call_modes.py "$WORK/d1" --json "$OUT/modes1.json"
+    step engines 100 python3 benchmarks/replay_overhead.py engines --rounds 3 --json "$OUT/engines.json"
+    step tune1 300 tune "$WORK/d1" "$OUT/tune1.json"
+    step report1 30 python3 -m farm report "$WORK/d1"
+    step modes1 140 python3 benchmarks/call_modes.py "$WORK/d1" --rounds 5 --json "$OUT/modes1.json"
     tar -C "$WORK" -czf "$OUT/d1.tgz" --exclude='*.lock' d1 2>/dev/null
 else
     step tune2 330 tune "$WORK/d2" "$OUT/tune2.json"
