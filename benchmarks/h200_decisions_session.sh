@@ -12,9 +12,10 @@ WORKLOAD=${WORKLOAD:-examples/h200-decode.yaml}
 mkdir -p "$OUT" "$WORK"
 step() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s): $*"; local t0=$SECONDS
          timeout "$limit" "$@"; echo "== $name: exit $? after $((SECONDS - t0)) s"; }
-tune() {  # tune WORKLOAD into $1, its --json to $2; prints its wall time
+tune() {  # tune WORKLOAD into $1 (--json to $2) within $3 seconds; prints its wall time
     local t0; t0=$(date +%s.%N)
-    python3 -m farm tune "$WORKLOAD" --devices gpu --out "$1" --json > "$2" 2> "$2.err"
+    echo "== tune $1 (limit $3 s)"
+    timeout "$3" python3 -m farm tune "$WORKLOAD" --devices gpu --out "$1" --json > "$2" 2> "$2.err"
     echo "exit $? wall $(python3 -c "import time; print(round(time.time() - $t0, 1))") s" | tee "$2.wall"
 }
 
@@ -22,13 +23,14 @@ nvidia-smi --query-gpu=index,name,uuid,driver_version,clocks.sm,clocks.max.sm,te
     > "$OUT/session-$part.log" 2>&1
 {
 if [ "$part" = a ]; then
-    step engines 100 python3 benchmarks/replay_overhead.py engines --rounds 3 --json "$OUT/engines.json"
-    step tune1 300 tune "$WORK/d1" "$OUT/tune1.json"
+    [ -n "${ENGINES:-1}" ] && step engines 100 python3 benchmarks/replay_overhead.py engines --rounds 3 \
+        --json "$OUT/engines.json"
+    tune "$WORK/d1" "$OUT/tune1.json" 300
     step report1 30 python3 -m farm report "$WORK/d1"
     step modes1 140 python3 benchmarks/call_modes.py "$WORK/d1" --rounds 5 --json "$OUT/modes1.json"
     tar -C "$WORK" -czf "$OUT/d1.tgz" --exclude='*.lock' d1 2>/dev/null
 else
-    step tune2 330 tune "$WORK/d2" "$OUT/tune2.json"
+    tune "$WORK/d2" "$OUT/tune2.json" 330
     [ -n "${RUN1:-}" ] && step compare 60 python3 benchmarks/reproducibility.py --compare "$RUN1" "$WORK/d2" \
         --json "$OUT/reproducibility.json"
     wall=$(sed -n 's/.*wall \([0-9.]*\) s/\1/p' "$OUT/tune2.json.wall")
