@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=index,name,uuid,driver_version,clocks.sm,clocks.max.sm,te
     > "$OUT/session-$part.log" 2>&1
 {
 if [ "$part" = a ]; then
-    [ -n "${ENGINES:-1}" ] && step engines 100 python3 benchmarks/replay_overhead.py engines --rounds 3 \
+    [ -n "${ENGINES-1}" ] && step engines 100 python3 benchmarks/replay_overhead.py engines --rounds 3 \
         --json "$OUT/engines.json"
     tune "$WORK/d1" "$OUT/tune1.json" 300
     step report1 30 python3 -m farm report "$WORK/d1"
