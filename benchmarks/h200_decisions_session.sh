@@ -30,11 +30,14 @@ if [ "$part" = a ]; then
     step modes1 140 python3 benchmarks/call_modes.py "$WORK/d1" --rounds 5 --json "$OUT/modes1.json"
     tar -C "$WORK" -czf "$OUT/d1.tgz" --exclude='*.lock' d1 2>/dev/null
 else
-    tune "$WORK/d2" "$OUT/tune2.json" 330
+    tune "$WORK/d2" "$OUT/tune2.json" 300
+    step modes2 100 python3 benchmarks/call_modes.py "$WORK/d2" --rounds 5 --json "$OUT/modes2.json"
+    [ -n "${ENGINES-1}" ] && step engines 100 python3 benchmarks/replay_overhead.py engines --rounds 3 --profile \
+        --json "$OUT/engines2.json" > "$OUT/engines2.log" 2>&1 && grep -A14 '^| shape' "$OUT/engines2.log"
     [ -n "${RUN1:-}" ] && step compare 60 python3 benchmarks/reproducibility.py --compare "$RUN1" "$WORK/d2" \
         --json "$OUT/reproducibility.json"
     wall=$(sed -n 's/.*wall \([0-9.]*\) s/\1/p' "$OUT/tune2.json.wall")
-    step kill 420 python3 benchmarks/kill_recovery.py "$WORKLOAD" --devices gpu --uninterrupted "$WORK/d2" \
+    step kill 300 python3 benchmarks/kill_recovery.py "$WORKLOAD" --devices gpu --uninterrupted "$WORK/d2" \
         --uninterrupted-s "$wall" --at 0.4 --out "$WORK/kill" --json "$OUT/kill.json"
     tar -C "$WORK" -czf "$OUT/d2.tgz" --exclude='*.lock' d2 kill/killed 2>/dev/null
 fi

@@ -236,7 +236,8 @@ def print_gpu(rows: list[dict[str, Any]]) -> None:
 LIBRARY_ENGINES = ("torch.matmul", "cudnn.graph", "cublaslt", "cuda.decode_gemm", "triton.gemm_splitk")
 
 
-def run_engines(shapes: list[tuple[int, int, int]], rounds: int, calls: int = 400) -> list[dict[str, Any]]:
+def run_engines(shapes: list[tuple[int, int, int]], rounds: int, calls: int = 400,
+                profile: bool = False) -> list[dict[str, Any]]:
     """Per decode shape and library engine: farm.ops replaying that engine (an override file naming it, read by
     the Config policy) beside torch.matmul: host time to issue a call, and the per-call time of back-to-back
     calls (device events around ``calls`` calls, nothing queued ahead: launch cost included)."""
@@ -291,6 +292,15 @@ def run_engines(shapes: list[tuple[int, int, int]], rounds: int, calls: int = 40
                      "eager": lambda: per_call_us(lambda: ops.matmul(a, b))}
             got = _alternate({**{f"torch {k}": v for k, v in base.items()}, **{f"replay {k}": v for k, v in timed.items()}},
                              rounds)
+            if profile:  # where a replayed call's host time goes (Python functions; C calls as builtins)
+                import cProfile
+                import pstats
+
+                prof = cProfile.Profile()
+                prof.runcall(lambda: [ops.matmul(a, b) for _ in range(2000)])
+                torch.cuda.synchronize()
+                print(f"-- {name} {m}x{k}x{n}: 2000 calls")
+                pstats.Stats(prof).sort_stats("tottime").print_stats(8)
             rows.append({"shape": f"{m}x{k}x{n}", "engine": name, "replayed": chosen["engine"],
                          "source": chosen["source"], "torch_host_us": got["torch host"],
                          "replay_host_us": got["replay host"], "host_over_torch_us": got["replay host"] - got["torch host"],
@@ -322,6 +332,7 @@ def main() -> int:
     parser.add_argument("where", choices=("cpu", "gpu", "engines"))
     parser.add_argument("--shapes", default="1x4096x4096,16x4096x14336",
                         help="engines: decode GEMM shapes MxKxN (bf16), comma-separated")
+    parser.add_argument("--profile", action="store_true", help="engines: print where each replayed call's host time goes")
     parser.add_argument("--workload", default="examples/h200-replay.yaml")
     parser.add_argument("--published", help="farm publish root (gpu)")
     parser.add_argument("--results", help="the tuning run's results folder: compare with farm report's winners")
@@ -333,7 +344,7 @@ def main() -> int:
         print_cpu(rows)
     elif args.where == "engines":
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-        rows = run_engines(shapes, args.rounds)  # type: ignore[arg-type]
+        rows = run_engines(shapes, args.rounds, profile=args.profile)  # type: ignore[arg-type]
         print_engines(rows)
     else:
         if not args.published:

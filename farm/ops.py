@@ -248,10 +248,12 @@ def _layout(t: Any) -> tuple[Any, ...]:
 
 
 def _run(op: str, tensors: Mapping[str, Any], params: Any, criteria: Callable[[], tuple[tuple[str, int], ...]],
-         compute_dtype: str | None, out: Any) -> Any:
+         compute_dtype: str | None, out: Any, key: tuple[Any, ...] | None = None) -> Any:
     """The per-call path: one dictionary lookup on the tensors' layouts and the op's raw arguments
-    (``params``), then the library call. ``criteria()`` is evaluated only when a new shape is bound."""
-    key = (op, params, compute_dtype, *[_layout(t) for t in tensors.values()])
+    (``params``), then the library call. ``criteria()`` is evaluated only when a new shape is bound.
+    ``key``: the op's own flat key of torch tensors (see matmul), where it could make one."""
+    if key is None:
+        key = (op, params, compute_dtype, *[_layout(t) for t in tensors.values()])
     cached = RUNTIMES.cache.get(key)
     if cached is None:
         cached = _bind(op, tensors, criteria(), compute_dtype, key)
@@ -332,8 +334,17 @@ def _pair(value: int | tuple[int, int], name: str) -> tuple[int, int]:
 # -- the ops ------------------------------------------------------------------------------------
 def matmul(a: Any, b: Any, bias: Any = None, *, out: Any = None, compute_dtype: str | None = None) -> Any:
     """``a @ b (+ bias)``; batched when ``a`` has more than two dims. ``compute_dtype="tf32"`` allows TF32."""
-    tensors = {"A": a, "B": b} if bias is None else {"A": a, "B": b, "bias": bias}
-    return _run("matmul", tensors, (), _no_criteria, compute_dtype, out)
+    if bias is None:
+        try:  # torch tensors: one flat key, no per-tensor tuples (a replayed decode GEMM is host-bound)
+            key = (_MATMUL, compute_dtype, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype,
+                   b.device)
+        except (AttributeError, TypeError):  # numpy arrays (strides, no stride()): the general key
+            key = None
+        return _run("matmul", {"A": a, "B": b}, (), _no_criteria, compute_dtype, out, key)
+    return _run("matmul", {"A": a, "B": b, "bias": bias}, (), _no_criteria, compute_dtype, out)
+
+
+_MATMUL = ("matmul", "flat")  # the flat key's head: never equal to a general key's
 
 
 def _no_criteria() -> tuple[tuple[str, int], ...]:

@@ -133,6 +133,8 @@ def torch_is_capturing(device: Device) -> bool:
     torch = sys.modules.get("torch")  # a process that never imported torch captures no torch graph
     if torch is None:
         return False
+    if torch.cuda.current_device() == device.index:  # the usual case: no device switch (replay asks every call)
+        return bool(torch.cuda.is_current_stream_capturing())
     with torch.cuda.device(device.index):
         return bool(torch.cuda.is_current_stream_capturing())
 
