@@ -304,8 +304,10 @@ def _bind(op: str, tensors: Mapping[str, Any], criteria: tuple[tuple[str, int], 
     check = rt.exec_device.extras.get("is_capturing")
     graph = rt.bind_call(problem.key, problem, "graph") if check is not None else None
     if graph is not None and (graph.engine_name, graph.knobs) != (bound.engine_name, bound.knobs):
+        probe = rt.exec_device.extras.get("capture_probe")
         cached = dataclasses.replace(cached, graph=dataclasses.replace(cached, bound=graph, produce=graph.produce),
-                                     capturing=functools.partial(check, rt.exec_device))
+                                     capturing=probe(rt.exec_device) if probe is not None
+                                     else functools.partial(check, rt.exec_device))
     RUNTIMES.cache[key] = cached
     return cached
 

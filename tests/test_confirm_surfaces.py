@@ -61,8 +61,10 @@ def test_after_the_main_round_each_calling_mode_gets_one_confirm_task_retried_wh
         _run(sched, task, medians)
     eager, graph = sched.next_task("sig", "d1"), sched.next_task("sig", "d2")
     assert (eager.round, eager.call, graph.call) == (CONFIRM, "eager", "graph")
-    # each shard's leader, its near rival and the default, not the slow one
-    assert set(eager.specs) == {_spec(0), _spec(1), _spec(2)} and eager.reference == _spec(0)
+    # graph: each shard's leader, its near rival and the default, not the slow one; eager: every engine's
+    # fastest too (each candidate here is an engine of its own), since engines differ in host cost a call
+    assert set(graph.specs) == {_spec(0), _spec(1), _spec(2)} and eager.reference == graph.reference == _spec(0)
+    assert set(eager.specs) == {_spec(0), _spec(1), _spec(2), _spec(3)}
     assert sched.remeasured == 0 and not sched.done
     # a stage whose worker dies is run again whole, once; lost twice, the problem keeps its main decision
     sched.on_task_lost(eager, [], "crash", None)

@@ -186,3 +186,18 @@ def test_plans_are_built_once_when_threads_ask_together():
     for th in threads:
         th.join()
     assert len(made) == 1 and len({id(g) for g in got}) == 1 and len(cache) == 1
+
+
+def test_an_empty_triton_hook_chain_is_no_hook():
+    """Triton 3.6 keeps an empty HookChain as the launch hook: launches must still go straight to the kernel."""
+    from engines.gpu.triton_gemm import _hook_set
+
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+
+        def __call__(self, *a):
+            pass
+
+    assert not _hook_set(None) and not _hook_set(Chain([]))
+    assert _hook_set(Chain([print])) and _hook_set(print)

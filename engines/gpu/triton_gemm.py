@@ -11,6 +11,7 @@ compiler's reason, and becomes a failed row.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from ._common import (
     torch_module,
 )
 from .library_plans import plan_limit
+
+log = logging.getLogger("farm.engines.gpu")
 
 COMPILE_PROCS_ENV = "FARM_TRITON_COMPILE_PROCS"
 
@@ -242,6 +245,12 @@ def load_binary(compiled: Any) -> None:
             init()
 
 
+def _hook_set(hook: Any) -> bool:
+    """A launch hook is in force: a function, or a chain of them (Triton 3.6 keeps an empty ``HookChain`` there
+    always, which a None test took for a hook: every launch went through the JIT)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def direct_launcher(jit_fn: Any, compiled: Any, grid: tuple[int, int, int], meta: Mapping[str, Any],
                     device_index: int) -> Callable[..., None]:
     """``launch(*args)``: the compiled kernel launched straight through its launcher on the caller's stream,
@@ -256,11 +265,14 @@ def direct_launcher(jit_fn: Any, compiled: Any, grid: tuple[int, int, int], meta
     try:
         from triton import knobs as triton_knobs
 
-        hooked = triton_knobs.runtime.launch_enter_hook is not None or triton_knobs.runtime.launch_exit_hook is not None
+        hooked = _hook_set(triton_knobs.runtime.launch_enter_hook) or _hook_set(triton_knobs.runtime.launch_exit_hook)
     except (ImportError, AttributeError):
         hooked = True
     raw_stream = current_raw_stream(torch_module())
     if tail is None or run is None or function is None or packed is None or hooked:
+        why = "a launch hook is set" if hooked else "this Triton's compiled kernels differ from what it knows"
+        log.info("autotune: %s launches through Triton's JIT (%s): some microseconds more a call",
+                 getattr(jit_fn, "__name__", jit_fn), why)
         slow = jit_fn[grid]
         return lambda *args: slow(*args, **meta)
     g0, g1, g2 = grid

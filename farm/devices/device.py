@@ -76,6 +76,7 @@ def gpu_device(kind: str | Any, index: int = 0) -> Device:
     # makes them (their launch cost included)
     return Device(runtime, index, props, TorchArrays(index), timer, stream,
                   extras={"capture_graph": torch_graph, "is_capturing": torch_is_capturing,
+                          "capture_probe": torch_capture_probe,
                           "follow_caller": torch_follow_caller, "eager_timer": torch_eager_timer})
 
 
@@ -137,6 +138,19 @@ def torch_is_capturing(device: Device) -> bool:
         return bool(torch.cuda.is_current_stream_capturing())
     with torch.cuda.device(device.index):
         return bool(torch.cuda.is_current_stream_capturing())
+
+
+def torch_capture_probe(device: Device) -> Any:
+    """``probe()`` -> whether the caller's current stream on this device is capturing a graph, asked of torch's
+    own C functions (replay asks at every call of a problem with a separate graph decision)."""
+    import torch
+
+    get_device, capturing, index = torch._C._cuda_getDevice, torch._C._cuda_isCurrentStreamCapturing, device.index
+
+    def probe() -> bool:
+        return bool(capturing()) if get_device() == index else torch_is_capturing(device)
+
+    return probe
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from farm.model.plans import PlanSpec
-from farm.model.records import AutotuneConfig, AutotuneResult, ConfirmSettings, Disposition
+from farm.model.records import AutotuneConfig, AutotuneResult, CallMode, ConfirmSettings, Disposition
 from farm.model.workload import WorkloadProblem
 from farm.tuner.confirm import Measured, participants
 from farm.tuner.winner import is_noisy
@@ -366,17 +366,18 @@ class Scheduler:
                     for spec, (session, median, mad) in state.successes.items()]
         defaults = [m for m in measured if not m.spec.knobs]
         default = min(defaults, key=lambda m: m.index).spec if defaults else None
-        chosen = participants(measured, default=default, incumbent=state.incumbent,
-                              max_candidates=self.confirm.max_candidates, runners_up=self.confirm.runners_up)
-        if not chosen:
-            state.confirmed.update(todo)
-            return False
-        leader = min(measured, key=lambda m: (m.median_ms, m.index)).spec
+        leader = min(measured, key=lambda m: (m.median_ms, m.index)).spec if measured else None
+        queued = False
         for call in todo:
-            state.confirmed.add(call)  # queued: settled when its task ends (or is given up)
-            self._push(signature, index, chosen, round=CONFIRM, urgent=True, call=call,
-                       reference=default or leader, incumbent=state.incumbent)
-        return True
+            state.confirmed.add(call)  # queued: settled when its task ends (or is given up); nothing to compare: none
+            chosen = participants(measured, default=default, incumbent=state.incumbent,
+                                  max_candidates=self.confirm.max_candidates, runners_up=self.confirm.runners_up,
+                                  engine_leaders=call == CallMode.EAGER.value)
+            if chosen:
+                self._push(signature, index, chosen, round=CONFIRM, urgent=True, call=call,
+                           reference=default or leader, incumbent=state.incumbent)
+                queued = True
+        return queued
 
     @staticmethod
     def _retire(state: _Problem) -> None:

@@ -60,10 +60,12 @@ class Measured:
 
 
 def participants(measured: Sequence[Measured], *, default: PlanSpec | None, incumbent: PlanSpec | None,
-                 max_candidates: int, runners_up: int = 0) -> tuple[PlanSpec, ...]:
+                 max_candidates: int, runners_up: int = 0, engine_leaders: bool = False) -> tuple[PlanSpec, ...]:
     """Who is re-measured: each session's leader, its next ``runners_up`` fastest and every candidate within its
     noise band, the default and the incumbent, at most ``max_candidates`` (the leaders, the default and the
-    incumbent first, then the nearest to their session's leader). Empty when there is nothing to compare."""
+    incumbent first, then the nearest to their session's leader). ``engine_leaders``: every engine's fastest
+    too (an eager stage: engines differ in host cost a call, which a main round of device time does not see).
+    Empty when there is nothing to compare."""
     by_session: dict[str, list[Measured]] = {}
     for m in measured:
         if m.median_ms is not None and math.isfinite(m.median_ms) and m.median_ms > 0:
@@ -81,7 +83,12 @@ def participants(measured: Sequence[Measured], *, default: PlanSpec | None, incu
             if m.median_ms - lead.median_ms <= band or place <= runners_up:
                 ranked.append((m.median_ms / lead.median_ms if lead.median_ms else 1.0, m.index, m.spec))
     present = {m.spec for m in measured}
-    must = [s for s in (*sorted(set(leaders), key=lambda s: leaders.index(s)), default, incumbent)
+    best_of: dict[int, Measured] = {}
+    if engine_leaders:
+        for m in sorted(measured, key=lambda m: (m.median_ms, m.index)):
+            best_of.setdefault(m.spec.engine_id, m)
+    must = [s for s in (*sorted(set(leaders), key=lambda s: leaders.index(s)), default, incumbent,
+                        *(m.spec for m in best_of.values()))
             if s is not None and s in present]
     chosen = list(dict.fromkeys(must))
     for _, _, spec in sorted(ranked):
@@ -359,12 +366,15 @@ def confirm_problem(problem: Problem, device: Device, registry: EngineRegistry, 
         return []
     defaults = [m for m in measured if not m.spec.knobs]
     default = min(defaults, key=lambda m: m.index).spec if defaults else None
-    chosen = participants(measured, default=default, incumbent=incumbent, max_candidates=config.confirm.max_candidates,
-                          runners_up=config.confirm.runners_up)
-    if not chosen:
-        return []
     index = {m.spec: m.index for m in measured}
-    leader = min(measured, key=lambda m: (m.median_ms, m.index)).spec
-    entries = [(s, index[s]) for s in chosen]
-    return [run_confirmation(problem, device, registry, entries, reference=default or leader, incumbent=incumbent,
-                             call=call, config=config, seed=seed) for call in calls]
+    leader = min(measured, key=lambda m: (m.median_ms, m.index)).spec if measured else None
+    runs = []
+    for call in calls:
+        chosen = participants(measured, default=default, incumbent=incumbent,
+                              max_candidates=config.confirm.max_candidates, runners_up=config.confirm.runners_up,
+                              engine_leaders=call is CallMode.EAGER)
+        if chosen:
+            runs.append(run_confirmation(problem, device, registry, [(s, index[s]) for s in chosen],
+                                         reference=default or leader, incumbent=incumbent, call=call, config=config,
+                                         seed=seed))
+    return runs
