@@ -2,6 +2,8 @@
 # Device sessions of issue 34 (decisions that hold) on one H200, in two parts that each fit a 10-minute call:
 #   OUT=runs/a bash benchmarks/h200_decisions_session.sh a   # engines' host cost; tune the decode workload; call modes
 #   OUT=runs/b bash benchmarks/h200_decisions_session.sh b   # tune it again (reproducibility); a killed run
+#   OUT=runs/c bash benchmarks/h200_decisions_session.sh c   # engines; a killed run beside an uninterrupted one
+#                                                            # (same machine, both cold); a second tune; call modes
 # Part b compares with part a's run when RUN1 names its folder (e.g. RUN1=/tmp/decisions/d1, same machine).
 # Each step has its own time limit; logs and the runs' folders (tarred) go to $OUT.
 set -u
@@ -29,6 +31,15 @@ if [ "$part" = a ]; then
     step report1 30 python3 -m farm report "$WORK/d1"
     step modes1 140 python3 benchmarks/call_modes.py "$WORK/d1" --rounds 5 --json "$OUT/modes1.json"
     tar -C "$WORK" -czf "$OUT/d1.tgz" --exclude='*.lock' d1 2>/dev/null
+elif [ "$part" = c ]; then
+    step engines 60 python3 benchmarks/replay_overhead.py engines --rounds 3 --json "$OUT/engines3.json"
+    step kill 380 python3 benchmarks/kill_recovery.py "$WORKLOAD" --devices gpu --at 0.4 --out "$WORK/kill" \
+        --json "$OUT/kill.json"
+    tune "$WORK/d4" "$OUT/tune4.json" 150
+    step compare 30 python3 benchmarks/reproducibility.py --compare "$WORK/kill/uninterrupted" "$WORK/d4" \
+        --json "$OUT/reproducibility.json"
+    step modes4 60 python3 benchmarks/call_modes.py "$WORK/d4" --rounds 5 --json "$OUT/modes4.json"
+    tar -C "$WORK" -czf "$OUT/c.tgz" --exclude='*.lock' kill/uninterrupted kill/killed d4 2>/dev/null
 else
     tune "$WORK/d2" "$OUT/tune2.json" 300
     step modes2 100 python3 benchmarks/call_modes.py "$WORK/d2" --rounds 5 --json "$OUT/modes2.json"

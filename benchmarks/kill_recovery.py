@@ -5,7 +5,8 @@
     python benchmarks/kill_recovery.py WORKLOAD --devices gpu --uninterrupted RUN --uninterrupted-s 150
                                                    # an uninterrupted run already made (its folder, wall time)
 
-Each run is a fresh `farm tune --json` process into a fresh folder. The first is left alone (its wall
+Each run is a fresh `farm tune --json` process into a fresh folder, with a Triton cache of its own (each
+compiles from nothing, as the first run on a machine does). The first is left alone (its wall
 time T); during the second, at ``--at`` x T, one `ray::DeviceWorkerImpl` process of that run is killed
 with SIGKILL (as the OOM killer or a segfault would). Printed: both wall times and their ratio (target
 <= 1.3 at 0.4), the candidates and rows of each, whether the killed run's `job.json` counts (rows and
@@ -47,7 +48,9 @@ def tune(workload: str, devices: str, out: Path, kill_after: float | None) -> di
             os.kill(mine[0], signal.SIGKILL)
             killed.append(mine[0])
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # each run compiles from nothing (a fresh Triton cache): the second run must not find the first's kernels
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="kill-recovery-triton-"))
     t0 = time.perf_counter()
     if kill_after is not None:
         threading.Thread(target=killer, daemon=True).start()
