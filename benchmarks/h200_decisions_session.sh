@@ -33,9 +33,9 @@ if [ "$part" = a ]; then
     tar -C "$WORK" -czf "$OUT/d1.tgz" --exclude='*.lock' d1 2>/dev/null
 elif [ "$part" = c ]; then
     step engines 60 python3 benchmarks/replay_overhead.py engines --rounds 3 --json "$OUT/engines3.json"
-    step kill 380 python3 benchmarks/kill_recovery.py "$WORKLOAD" --devices gpu --at 0.4 --out "$WORK/kill" \
+    step kill 360 python3 benchmarks/kill_recovery.py "$WORKLOAD" --devices gpu --at 0.4 --out "$WORK/kill" \
         --json "$OUT/kill.json"
-    tune "$WORK/d4" "$OUT/tune4.json" 150
+    tune "$WORK/d4" "$OUT/tune4.json" 160
     step compare 30 python3 benchmarks/reproducibility.py --compare "$WORK/kill/uninterrupted" "$WORK/d4" \
         --json "$OUT/reproducibility.json"
     step modes4 60 python3 benchmarks/call_modes.py "$WORK/d4" --rounds 5 --json "$OUT/modes4.json"
