@@ -4,6 +4,7 @@
 #   OUT=runs/b bash benchmarks/h200_decisions_session.sh b   # tune it again (reproducibility); a killed run
 #   OUT=runs/c bash benchmarks/h200_decisions_session.sh c   # engines; a killed run beside an uninterrupted one
 #                                                            # (same machine, both cold); a second tune; call modes
+#   OUT=runs/d bash benchmarks/h200_decisions_session.sh d   # the killed run again; GPU tests of the replay path
 # Part b compares with part a's run when RUN1 names its folder (e.g. RUN1=/tmp/decisions/d1, same machine).
 # Each step has its own time limit; logs and the runs' folders (tarred) go to $OUT.
 set -u
@@ -40,6 +41,12 @@ elif [ "$part" = c ]; then
         --json "$OUT/reproducibility.json"
     step modes4 60 python3 benchmarks/call_modes.py "$WORK/d4" --rounds 5 --json "$OUT/modes4.json"
     tar -C "$WORK" -czf "$OUT/c.tgz" --exclude='*.lock' kill/uninterrupted kill/killed d4 2>/dev/null
+elif [ "$part" = d ]; then
+    step kill 390 python3 benchmarks/kill_recovery.py "$WORKLOAD" --devices gpu --at 0.4 --out "$WORK/kill" \
+        --json "$OUT/kill.json"
+    step gpu-tests 150 python3 -m pytest -q -x -rs tests/gpu/test_ops_gpu.py tests/gpu/test_library_engines.py \
+        -k "splitk or triton or decode or replay or graph"
+    tar -C "$WORK" -czf "$OUT/d.tgz" --exclude='*.lock' kill/uninterrupted kill/killed 2>/dev/null
 else
     tune "$WORK/d2" "$OUT/tune2.json" 300
     step modes2 100 python3 benchmarks/call_modes.py "$WORK/d2" --rounds 5 --json "$OUT/modes2.json"

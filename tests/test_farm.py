@@ -187,3 +187,19 @@ def test_every_worker_prepares_the_engines_its_tasks_use(monkeypatch):
                             registry=registry)
     other.prepare(narrow.problems)
     assert prepared == []  # an engine the workload does not select is left alone
+
+
+def test_a_lone_worker_that_dies_with_windows_left_to_discover_loses_no_problem(tmp_path, local_ray):
+    """One device, 20 problems (three discovery windows): a candidate of the first kills the worker, perhaps with
+    the next window's discovery queued behind its task; that window is asked again once the worker is back."""
+    sweep = {"sim.gemm": {"block": [16, 32, 64], "stages": [1, 2]}}
+    wl = parse_workload({**workload_dict(20, sweep), "autotune": {"strategy": "fixed_average", "timed_iterations": 2}},
+                        registry=default_engine_registry())
+    first = wl.problems[0].problem.key
+    sim = SimConfig.parse({"devices": [{"name": "Sim A", "count": 1}], "sleep": 0.2, "faults": [
+        {"kind": "crash", "engine": "sim.gemm", "knobs": {"block": 32, "stages": 2}, "problem": first}]})
+    out = tmp_path / "run"
+    report = run_farm(wl, out, devices=DeviceRequest("sim", 1, sim), options=FarmOptions(candidate_timeout_s=30))
+    assert report.summary.missing == 0 and len(report.summary.decisions.winners) == len(wl.problems)
+    crashed = [r for r in rows(out) if r["disposition"] == "crashed"]
+    assert [r["problem_name"] for r in crashed] == ["mm0"]

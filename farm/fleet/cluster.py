@@ -226,19 +226,6 @@ def _stop_workers(handles: Sequence[Any]) -> None:
             pass
 
 
-def _expand(actors: Sequence[Any], problems: Any, signature: str) -> dict[int, Any]:
-    """Discovery on a worker of the signature; another one is tried if it dies."""
-    import ray
-
-    errors = []
-    for actor in actors:
-        try:
-            return ray.get(actor.expand.remote(problems))
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-            errors.append(_first_line(exc))
-    raise FarmFailed(f"engine discovery failed on every worker of {signature}: {'; '.join(errors)}")
-
-
 def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[WorkerInfo], options: FarmOptions,
            config: AutotuneConfig, progress: Callable[[FarmStatus], None] | None) -> FarmReport:
     """Plan the work, then pass every worker event to the driver until it is done."""
@@ -327,6 +314,7 @@ class Planner:
         self.dataset = ResultsDataset(jr.job.results) if jr.job.results.exists() else None
         self._prior: dict[str, dict[str, list[PriorRow]]] = {}
         self.inflight: dict[str, tuple[Any, list[tuple[int, WorkloadProblem]]]] = {}  # sig -> (expand ref, chunk)
+        self.again: dict[str, list[tuple[int, WorkloadProblem]]] = {}  # sig -> a window whose worker died under it
         self.skipped: dict[str, dict[str, str]] = {}
         for sig in self.by_sig:
             jr.tuning(sig)
@@ -334,7 +322,7 @@ class Planner:
     @property
     def open(self) -> bool:
         """Problems are left to discover on some signature (or a discovery is under way)."""
-        return bool(self.inflight) or any(n < len(self.problems) for n in self.next.values())
+        return bool(self.inflight) or bool(self.again) or any(n < len(self.problems) for n in self.next.values())
 
     def top_up(self) -> None:
         """Take in finished discoveries; start the next window where a signature has fewer queued tasks than
@@ -350,17 +338,24 @@ class Planner:
                     continue
                 del self.inflight[sig]
                 try:
-                    expanded = ray.get(ref)
+                    self._take(sig, chunk, ray.get(ref))
                 except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-                    expanded = _expand([w.actor for w in members], chunk, sig)  # its worker died: ask another
-                self._take(sig, chunk, expanded)
-            if self.next[sig] < len(self.problems) and self.sched.pending_tasks(sig) < 4 * len(members):
+                    # its worker died (a killed worker takes the discovery queued behind its task with it): the
+                    # window is asked again of a worker that is up, once one is
+                    self.again[sig] = chunk
+            if sig in self.inflight:
+                continue
+            # an idle worker answers at once (an actor runs one call at a time); else one that is up
+            worker = next((w for w in members if not w.restarting and w.task is None),
+                          next((w for w in members if not w.restarting), None))
+            if worker is None:
+                continue  # every worker of the signature is restarting: discovery waits for one
+            chunk = self.again.pop(sig, None)
+            if chunk is None and self.next[sig] < len(self.problems) and self.sched.pending_tasks(sig) < 4 * len(members):
                 start = self.next[sig]
                 chunk = self.problems[start:start + 8 * len(members)]
                 self.next[sig] = start + len(chunk)
-                # an idle worker answers at once (an actor runs one call at a time); else one that is up
-                worker = next((w for w in members if not w.restarting and w.task is None),
-                              next((w for w in members if not w.restarting), members[0]))
+            if chunk is not None:
                 self.inflight[sig] = (worker.actor.expand.remote(chunk), chunk)
 
     def _take(self, sig: str, chunk: Sequence[tuple[int, WorkloadProblem]], expanded: dict[int, Any]) -> None:
