@@ -115,7 +115,7 @@ def run_farm(
     report.summary = jr.finish(
         reduce=options.reduce, top_k=options.top_k,
         devices=[{"name": w.name, "host": w.host, "gpu_ids": list(w.gpu_ids), "signature": w.signature,
-                  "properties": w.properties.to_dict()} for w in report.workers],
+                  "niceness": w.niceness, "properties": w.properties.to_dict()} for w in report.workers],
         workers=[dataclasses.asdict(s) for s in report.statuses], skipped_problems=report.problems_skipped)
     report.reduce = report.summary.reduce
     report.wall_s = report.summary.wall_s
