@@ -9,7 +9,7 @@ folder while ``--busy`` cores spin in processes this script starts (a load gener
 busy during the tune and the re-check alike). Then, per problem, a fresh Python process loads the
 published override file (FARM_HEUR_CONFIG_PATH, the Config policy: replay as production runs it) and
 the default engine (what runs with nothing tuned: the winners table's ``default``) and times them in
-``--rounds`` rounds of random order, each sample back-to-back calls of at least 20 ms, and reports the
+``--rounds`` rounds of random order, each sample back-to-back calls of at least 10 ms, and reports the
 paired speed-up of the winner over the default with its 99 % interval.
 
 Checks, per problem whose published winner is not the default:
@@ -63,7 +63,7 @@ def once(f):
     return time.perf_counter() - t0
 
 one = min(once(f) for f in calls.values() for _ in range(3))  # the first of each warms it up
-n = max(1, int(math.ceil(20e-3 / max(one, 1e-7))))  # 20 ms samples, as the stage takes on a CPU
+n = max(1, int(math.ceil(10e-3 / max(one, 1e-7))))  # 10 ms samples, as the stage takes on a CPU
 samples = {k: [] for k in calls}
 rng = random.Random(7)
 for _ in range(rounds):

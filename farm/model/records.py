@@ -66,7 +66,7 @@ class ConfirmSettings:
     max_candidates: int = 6  # the leader, the default and the incumbent always; then the nearest by median
     runners_up: int = 2  # each session's next fastest are in too, inside the noise band or not (a busy main round)
     # an eager sample times back-to-back calls lasting at least this long; None: 1 ms where device events time
-    # them (a GPU), 20 ms on a CPU (several scheduler periods: what a busy machine does to a call, averaged)
+    # them (a GPU), 10 ms on a CPU (several scheduler periods: what a busy machine does to a call, averaged)
     sample_ms: float | None = None
     precision: float = 0.05  # a win stops the rounds once its speed-up's interval is within +-5 % (or the budget ends)
 

@@ -45,7 +45,7 @@ log = logging.getLogger("farm.tuner.autotuner")  # the tuner's lines
 GRAPH_REPEATS = 20  # calls per captured graph when the workload's graph_repeats is 0
 MAX_CALLS_PER_SAMPLE = 4096
 DEVICE_SAMPLE_MS = 1.0  # an eager sample on a GPU (device events; 1 ms is hundreds of microsecond calls)
-CPU_SAMPLE_MS = 20.0  # on a CPU: several scheduler periods, so a busy machine's preemptions average out
+CPU_SAMPLE_MS = 10.0  # on a CPU: several scheduler periods, so a busy machine's preemptions average out
 
 
 @dataclass(frozen=True)
