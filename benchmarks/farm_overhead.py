@@ -27,10 +27,10 @@ from farm.devices.sim import SimConfig  # noqa: E402
 from farm.model.workload import parse_workload  # noqa: E402
 
 
-def workload(problems: int):
+def workload(problems: int, confirm: bool = True):
     return parse_workload({
         "name": "overhead",
-        "autotune": {"strategy": "single_shot", "warmup_iterations": 0, "check": "off"},
+        "autotune": {"strategy": "single_shot", "warmup_iterations": 0, "check": "off", "confirm": confirm},
         "engines": {"include": ["sim.gemm"], "sweep": {"sim.gemm": {
             "block": [16, 32, 64, 128, 256], "stages": [1, 2, 3, 4, 5], "split_k": [1, 2, 4, 8]}}},
         "problems": [{"name": f"p{i}", "op": "matmul", "tensors": {"A": [8, 8 + i], "B": [8 + i, 8]}}
@@ -42,8 +42,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--problems", type=int, default=100, help="100 candidates each (default 100 -> 10,000)")
     ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--no-confirm", action="store_true",
+                    help="without the confirmation stage (a task of paired rounds per problem after its candidates)")
     args = ap.parse_args()
-    wl = workload(args.problems)
+    wl = workload(args.problems, confirm=not args.no_confirm)
     sim = SimConfig.parse({"devices": [{"name": "Sim GPU", "count": args.devices}], "noise": 0.0, "sleep": 0.0})
     out = Path(tempfile.mkdtemp(prefix="farm-overhead-")) / "run"
     t0 = time.perf_counter()

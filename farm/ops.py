@@ -167,8 +167,9 @@ class _Framework:
     def empty(self, like: Any, dims: tuple[int, ...], dtype: str, strides: tuple[int, ...] = ()) -> Any: ...
 
     def allocator(self, like: Any, dims: tuple[int, ...], dtype: str, strides: tuple[int, ...] = ()) -> Callable[[], Any]:
-        """``empty`` of this layout with every argument bound now: what a call without ``out=`` runs."""
-        return functools.partial(self.empty, like, dims, dtype, strides)
+        """``empty`` of this layout with every argument bound now: what a call without ``out=`` runs.
+        It keeps none of ``like`` but its device (the cache must not hold a caller's tensor alive)."""
+        ...
 
 
 class _Numpy(_Framework):
@@ -181,6 +182,9 @@ class _Numpy(_Framework):
 
     def empty(self, like: Any, dims: tuple[int, ...], dtype: str, strides: tuple[int, ...] = ()) -> np.ndarray:
         return np.empty(dims, dtype=NUMPY_DTYPES[dtype])  # numpy problems keep contiguous outputs
+
+    def allocator(self, like: Any, dims: tuple[int, ...], dtype: str, strides: tuple[int, ...] = ()) -> Callable[[], Any]:
+        return functools.partial(np.empty, dims, dtype=NUMPY_DTYPES[dtype])
 
 
 class _Torch(_Framework):
@@ -336,12 +340,15 @@ def _pair(value: int | tuple[int, int], name: str) -> tuple[int, int]:
 # -- the ops ------------------------------------------------------------------------------------
 def matmul(a: Any, b: Any, bias: Any = None, *, out: Any = None, compute_dtype: str | None = None) -> Any:
     """``a @ b (+ bias)``; batched when ``a`` has more than two dims. ``compute_dtype="tf32"`` allows TF32."""
-    if bias is None:
-        try:  # torch tensors: one flat key, no per-tensor tuples (a replayed decode GEMM is host-bound)
-            key = (_MATMUL, compute_dtype, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype,
-                   b.device)
-        except (AttributeError, TypeError):  # numpy arrays (strides, no stride()): the general key
-            key = None
+    if bias is None:  # one flat key, no per-tensor tuples (a replayed small GEMM is host-bound)
+        if type(a) is np.ndarray and type(b) is np.ndarray:
+            key = (_MATMUL, compute_dtype, a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype)
+        else:
+            try:  # torch tensors
+                key = (_MATMUL, compute_dtype, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype,
+                       b.device)
+            except (AttributeError, TypeError):  # anything else: the general key (and its clear error)
+                key = None
         return _run("matmul", {"A": a, "B": b}, (), _no_criteria, compute_dtype, out, key)
     return _run("matmul", {"A": a, "B": b, "bias": bias}, (), _no_criteria, compute_dtype, out)
 

@@ -47,6 +47,29 @@ def test_replay_returns_what_the_library_returns(monkeypatch):
     ops.reset()
 
 
+def test_replay_binds_each_layout_apart_and_keeps_no_callers_array_alive(monkeypatch):
+    import gc
+    import weakref
+
+    for name in ("FARM_TUNABLE_ENABLED", "FARM_HEUR_CONFIG_PATH", "FARM_HEUR_POLICY_ORDER"):
+        monkeypatch.delenv(name, raising=False)
+    ops.reset()
+    rng = np.random.default_rng(2)
+    a = rng.random((24, 24), dtype=np.float32)
+    b = rng.random((24, 24), dtype=np.float32)
+    assert np.allclose(ops.matmul(a, b), a @ b)
+    assert np.allclose(ops.matmul(a.T, b), a.T @ b)  # same shape, other strides: a choice of its own
+    assert np.allclose(ops.matmul(a.astype(np.float64), b.astype(np.float64)), a.astype(np.float64) @ b)
+    assert len(ops.RUNTIMES.cache) == 3
+    first = rng.random((8, 24), dtype=np.float32)
+    ref = weakref.ref(first)
+    ops.matmul(first, b)  # binds a new shape: the cache must not keep ``first`` alive to allocate later outputs
+    del first
+    gc.collect()
+    assert ref() is None
+    ops.reset()
+
+
 def test_a_replay_process_starts_no_thread_or_process(tmp_path, repo_root):
     script = textwrap.dedent("""
         import os, threading, numpy as np
