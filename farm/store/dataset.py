@@ -228,8 +228,10 @@ def _key_mismatch(problem_json: Any, problem_key: Any) -> Any:
         if pa.types.is_dictionary(chunk.type):
             expected = pa.array([key_of(v) if v is not None else None for v in chunk.dictionary.to_pylist()],
                                 pa.string()).take(chunk.indices)
-        else:
-            expected = pa.array([key_of(v) if v is not None else None for v in chunk.to_pylist()], pa.string())
+        else:  # each distinct text parsed once, without a Python string per row
+            distinct = pc.unique(chunk)
+            keys = pa.array([key_of(v) if v is not None else None for v in distinct.to_pylist()], pa.string())
+            expected = keys.take(pc.index_in(chunk, value_set=distinct))
         out.append(expected)
     expected = pa.chunked_array(out, pa.string())
     return pc.fill_null(pc.not_equal(expected, _str(problem_key)), False)

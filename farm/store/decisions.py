@@ -212,7 +212,9 @@ def _float(v: Any) -> float | None:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
+@functools.lru_cache(maxsize=4096)
 def _knobs_of(key: str) -> tuple[tuple[str, Any], ...]:
+    """A candidate key's knobs (a few hundred distinct keys stand behind a million rows)."""
     return spec_of(key).knobs
 
 

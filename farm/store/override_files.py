@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -404,10 +405,16 @@ def _not_primed(mode: str, supports: bool, ran: bool) -> str:
     return "priming did not run (benchmarked unprimed)" if supports else "the engine does not support exhaustive priming"
 
 
+ISO_SECONDS_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+_ISO_SECONDS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+
+
 def iso_seconds(timestamp: Any) -> str:
     """``2026-04-21T10:30:00Z`` from a datetime or an ISO 8601 text (UTC assumed when it names no zone)."""
     import datetime as dt
 
+    if isinstance(timestamp, str) and _ISO_SECONDS.fullmatch(timestamp):
+        return timestamp  # already in this form (the reducer formats a whole column at once)
     if isinstance(timestamp, dt.datetime):
         value = timestamp
     else:
@@ -417,4 +424,4 @@ def iso_seconds(timestamp: Any) -> str:
             value = dt.datetime.now(dt.timezone.utc)
     if value.tzinfo is None:
         value = value.replace(tzinfo=dt.timezone.utc)
-    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return value.astimezone(dt.timezone.utc).strftime(ISO_SECONDS_FORMAT)

@@ -80,7 +80,8 @@ class TensorRule:
         out["stride"] = list(self.strides)
         if self.data_type is not None:
             out["data_type"] = self.spelled or self.data_type
-        out.update({k: v for k, v in self.extra.items() if k not in out})
+        if self.extra:
+            out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
 
 
@@ -170,7 +171,8 @@ class OverrideEntry:
             elif not _describes(meta.get("knobs"), self.knobs):  # else the file's own list, with its fields
                 meta["knobs"] = knob_list(self.knobs)
             out["autotune_metadata"] = meta
-        out.update({k: v for k, v in self.extra.items() if k not in out})
+        if self.extra:
+            out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
 
     @staticmethod

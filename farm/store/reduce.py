@@ -18,6 +18,7 @@ Outputs, per signature, in the output folder:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -25,13 +26,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from farm._version import __version__
 from farm.errors import InputError
 from farm.fsutil import fsync_dir, temp_path
 from farm.store.dataset import ResultsDataset, safe_signature
-from farm.store.override_files import WriteReport, autotune_metadata, write_overrides
+from farm.store.override_files import ISO_SECONDS_FORMAT, WriteReport, autotune_metadata, write_overrides
 from farm.store.overrides import OverrideEntry, knob_list
 from farm.store.results import KNOB_TYPE, knobs_to_structs
 from farm.store.tunableop_csv import write_tunableop_csv
@@ -39,7 +41,7 @@ from farm.store.tunableop_csv import write_tunableop_csv
 log = logging.getLogger("farm.store.reduce")
 
 WINNERS_SUFFIX = ".winners.parquet"
-from farm.store.decisions import Decisions, Winner, _float, _knobs_of, decide_results, load_incumbents
+from farm.store.decisions import Decisions, Winner, _knobs_of, decide_results, load_incumbents
 
 
 @dataclass
@@ -116,15 +118,17 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
                "converged", "measured_at", "supports_exhaustive", "exhaustive_not_run_reason", "mad_ms", "problem_key",
                "problem_name", "job_id", "problem_json", "engine_name"]
     taken = table.take(pa.array([w.row for w in picked], type=pa.int64()))
-    cols = taken.select(columns).to_pydict()
+    # whole columns to Python at once: floats with NaN as None, timestamps already in the file's text form
+    cols = {c: _floats(taken[c]) if c.endswith("_ms") else taken[c].to_pylist() for c in columns if c != "measured_at"}
+    cols["measured_at"] = pc.strftime(taken["measured_at"].cast(pa.timestamp("s", tz="UTC"), safe=False),
+                                      format=ISO_SECONDS_FORMAT).to_pylist()
     winners = [dict(zip(columns, values)) for values in zip(*(cols[c] for c in columns))]
     ranked_idx = sorted({i for w in picked for i in decisions.top[(w.signature, w.problem_key)]})
     slim = table.select(["engine_name", "candidate_key", "min_ms", "median_ms"]).take(pa.array(ranked_idx, type=pa.int64()))
-    briefs = {i: {"engine_name": name, "knobs": dict(_knobs_of(key)), "median_time_ms": _float(med),
-                  "min_time_ms": _float(low)}
+    briefs = {i: {"engine_name": name, "knobs": _knob_dict(key), "median_time_ms": med, "min_time_ms": low}
               for i, name, key, med, low in zip(ranked_idx, slim["engine_name"].to_pylist(),
-                                                slim["candidate_key"].to_pylist(), slim["median_ms"].to_pylist(),
-                                                slim["min_ms"].to_pylist())}
+                                                slim["candidate_key"].to_pylist(), _floats(slim["median_ms"]),
+                                                _floats(slim["min_ms"]))}
     device = json.loads(taken["device_json"][0].as_py())
     entries = []
     for w, row in zip(picked, winners):
@@ -137,18 +141,19 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
                                        "median_time_ms": o.median_ms, "min_time_ms": o.min_ms,
                                        "selection": _selection(o)} for o in w.others}
         meta = autotune_metadata(
-            rank=0, min_ms=_float(row["min_ms"]), avg_ms=_float(row["avg_ms"]), stddev_ms=_float(row["stddev_ms"]),
+            rank=0, min_ms=row["min_ms"], avg_ms=row["avg_ms"], stddev_ms=row["stddev_ms"],
             workspace=int(row["workspace_bytes"] or 0), mode=row["mode"], ran_exhaustive=bool(row["ran_exhaustive"]),
             strategy=row["strategy"], iterations=int(row["iterations"]), converged=bool(row["converged"]),
             device=device.get("arch", ""), timestamp=row["measured_at"],
             supports_exhaustive=bool(row["supports_exhaustive"]), not_run_reason=row.get("exhaustive_not_run_reason"),
-            median_time_ms=w.median_ms, mad_ms=_float(row["mad_ms"]), problem_key=row["problem_key"],
+            median_time_ms=w.median_ms, mad_ms=row["mad_ms"], problem_key=row["problem_key"],
             problem_name=row["problem_name"], job_id=row["job_id"], selection=selection,
             top_k=[{"rank": r, **briefs[i]} for r, i in enumerate(decisions.top[(w.signature, w.problem_key)][:top_k])],
             **extra,
         )
         # rows were written from validated Problems: their canonical JSON needs no second validation
-        entries.append(OverrideEntry.from_canonical(json.loads(row["problem_json"]), row["engine_name"], w.knobs, meta))
+        entries.append(dataclasses.replace(_pattern(row["problem_json"]), engine_name=row["engine_name"],
+                                           knobs=tuple(sorted(w.knobs)), metadata=meta))
     return entries, device, sorted({row["job_id"] for row in winners})
 
 
@@ -162,6 +167,28 @@ def _selection(w: Winner) -> dict[str, Any]:
         selection["speedup_over_default"] = w.speedup_over_default
         selection["confirmation"] = w.confirmed.as_dict()
     return selection
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _pattern(problem_json: str) -> OverrideEntry:
+    """The exact entry of a problem's canonical JSON, engine and metadata left to fill in (parsed once for all
+    the signatures that tuned this problem; entries are frozen, so they share the tensor rules)."""
+    return OverrideEntry.from_canonical(json.loads(problem_json), "")
+
+
+def _floats(col: Any) -> list[float | None]:
+    """A float column as Python floats, NaN and null as None (what the JSON writes as null)."""
+    return pc.if_else(pc.is_nan(col), None, col).to_pylist()
+
+
+@functools.lru_cache(maxsize=4096)
+def _knob_dict(key: str) -> dict[str, Any]:
+    return dict(_knobs_of(key))  # shared by the entries that rank this candidate: read only
+
+
+@functools.lru_cache(maxsize=4096)
+def _knob_structs(knobs: tuple[tuple[str, Any], ...]) -> list[dict[str, str]]:
+    return knobs_to_structs(knobs)  # a few hundred distinct settings behind every winner: convert each once
 
 
 WINNERS_SCHEMA = pa.schema([
@@ -181,32 +208,42 @@ WINNERS_SCHEMA = pa.schema([
 def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winner]) -> Path:
     """One row per problem and calling mode: the decisions the override file holds (temp file, then rename).
     ``primary`` marks the one its entry names (``engine_name``); a graph decision beside an eager one is the other."""
-    every = [(w, x is w) for w in picked for x in (w, *w.others)] if any(w.others for w in picked) else \
-        [(w, True) for w in picked]
     shown = [x for w in picked for x in (w, *w.others)]
+    primary = [x is w for w in picked for x in (w, *w.others)]
     taken = decisions.table.take(pa.array([w.row for w in shown], type=pa.int64()))
-    cols = taken.select(["op", "job_id", "measured_at", "candidate_key"]).to_pydict()
-    rows = [{"op": o, "job_id": j, "measured_at": m, "candidate_key": k}
-            for o, j, m, k in zip(cols["op"], cols["job_id"], cols["measured_at"], cols["candidate_key"])]
-    device = json.loads(taken["device_json"][0].as_py()) if rows else {}
-    records = []
-    for w, (_, primary), r in zip(shown, every, rows):
-        interval = w.speedup_interval
-        records.append({
-            "device_signature": w.signature, "arch": device.get("arch", ""), "device_name": device.get("name", ""),
-            "problem_key": w.problem_key, "problem_name": w.problem_name, "op": r["op"],
-            "engine_name": w.engine_name, "knobs": knobs_to_structs(w.knobs),
-            "candidate_key": r["candidate_key"],
-            "median_ms": w.median_ms, "min_ms": w.min_ms, "mad_ms": w.mad_ms, "noisy": w.noisy,
-            "rule": w.rule.value, "why": w.why, "fastest": w.fastest, "fastest_median_ms": w.fastest_ms,
-            "default": w.default, "default_median_ms": w.default_ms, "speedup_over_default": w.speedup_over_default,
-            "candidates": w.candidates, "job_id": r["job_id"], "measured_at": r["measured_at"],
-            "call": w.call, "primary": primary, "speedup_low": interval[0] if interval else None,
-            "speedup_high": interval[1] if interval else None, "trusted": w.trusted,
-            "confirm_rounds": w.confirmed.rounds if w.confirmed else None,
-            "confirm_ms": w.confirmed.cost_ms if w.confirmed else None,
-        })
-    table = pa.Table.from_pylist(records, schema=WINNERS_SCHEMA)
+    device = json.loads(taken["device_json"][0].as_py()) if shown else {}
+    n = len(shown)
+
+    def col(get: Callable[[Winner], Any]) -> list[Any]:
+        return [get(w) for w in shown]
+
+    intervals = col(lambda w: w.speedup_interval or (None, None))
+    columns: dict[str, Any] = {
+        "device_signature": col(lambda w: w.signature), "arch": [device.get("arch", "")] * n,
+        "device_name": [device.get("name", "")] * n, "problem_key": col(lambda w: w.problem_key),
+        "problem_name": col(lambda w: w.problem_name), "op": taken["op"], "engine_name": col(lambda w: w.engine_name),
+        "knobs": col(lambda w: _knob_structs(w.knobs)), "candidate_key": taken["candidate_key"],
+        "median_ms": col(lambda w: w.median_ms), "min_ms": col(lambda w: w.min_ms), "mad_ms": col(lambda w: w.mad_ms),
+        "noisy": col(lambda w: w.noisy), "rule": col(lambda w: w.rule.value), "why": col(lambda w: w.why),
+        "fastest": col(lambda w: w.fastest), "fastest_median_ms": col(lambda w: w.fastest_ms),
+        "default": col(lambda w: w.default), "default_median_ms": col(lambda w: w.default_ms),
+        "speedup_over_default": col(lambda w: w.speedup_over_default), "candidates": col(lambda w: w.candidates),
+        "job_id": taken["job_id"], "measured_at": taken["measured_at"], "call": col(lambda w: w.call),
+        "primary": primary, "speedup_low": [i[0] for i in intervals], "speedup_high": [i[1] for i in intervals],
+        "trusted": col(lambda w: w.trusted),
+        "confirm_rounds": col(lambda w: w.confirmed.rounds if w.confirmed else None),
+        "confirm_ms": col(lambda w: w.confirmed.cost_ms if w.confirmed else None),
+    }
+    arrays = []
+    for spec in WINNERS_SCHEMA:
+        values = columns[spec.name]
+        if isinstance(values, (pa.Array, pa.ChunkedArray)):
+            values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+            values = values.dictionary_decode() if pa.types.is_dictionary(values.type) else values
+            arrays.append(values.cast(spec.type))
+        else:
+            arrays.append(pa.array(values, type=spec.type))
+    table = pa.Table.from_arrays(arrays, schema=WINNERS_SCHEMA)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
     pq.write_table(table, tmp)
