@@ -39,6 +39,8 @@ RELATIVE_TOLERANCE: dict[str, float] = {
 
 def canonical_dtype(name: object, *, field: str = "dtype", compute: bool = False) -> str:
     """Canonical short name of a dtype, or an InputError naming the field."""
+    if type(name) is str and name in (COMPUTE_DTYPES if compute else STORAGE_DTYPES):
+        return name  # already canonical (every problem read back from a file)
     if not isinstance(name, str):
         raise InputError("expected a dtype name such as fp32, fp16, bf16", field=field, value=name)
     key = name.strip().lower().replace("_", "").replace("torch.", "")

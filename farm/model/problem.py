@@ -242,14 +242,14 @@ def _problem_key(canonical_json: str) -> str:
 
 def _tensor_descs(tensors: Mapping[str, Any] | Iterable[TensorDesc], default_dtype: str) -> dict[str, TensorDesc]:
     out: dict[str, TensorDesc] = {}
-    if isinstance(tensors, Mapping):
+    if type(tensors) is dict or isinstance(tensors, Mapping):  # the exact type first: ABC checks are slow
         items = list(tensors.items())
     else:
         items = [(t.id, t) for t in tensors]
     for tid, spec in items:
         if isinstance(spec, TensorDesc):
             desc = spec if spec.id == tid else TensorDesc.create(tid, spec.dims, spec.strides, spec.dtype)
-        elif isinstance(spec, Mapping):
+        elif type(spec) is dict or isinstance(spec, Mapping):
             unknown = set(spec) - {"dims", "strides", "dtype"}
             if unknown:
                 raise InputError("unknown field(s); a tensor has dims, strides, dtype",
@@ -267,7 +267,7 @@ def _tensor_descs(tensors: Mapping[str, Any] | Iterable[TensorDesc], default_dty
 
 
 def _criteria(spec: OpSpec, given: Mapping[str, int]) -> dict[str, int]:
-    if not isinstance(given, Mapping):
+    if type(given) is not dict and not isinstance(given, Mapping):
         raise InputError("expected a mapping of criterion name to integer", field="criteria", value=given)
     crit = dict(spec.criteria)
     for name, value in given.items():
