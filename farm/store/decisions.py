@@ -213,6 +213,12 @@ def _float(v: Any) -> float | None:
 
 
 @functools.lru_cache(maxsize=4096)
+def _label(engine_name: str, key: str) -> str:
+    """The candidate's label from its engine and candidate key (few distinct ones: each made once)."""
+    return candidate_label(engine_name, _knobs_of(key))
+
+
+@functools.lru_cache(maxsize=4096)
 def _knobs_of(key: str) -> tuple[tuple[str, Any], ...]:
     """A candidate key's knobs (a few hundred distinct keys stand behind a million rows)."""
     return spec_of(key).knobs
@@ -328,7 +334,7 @@ class _Compared:
         self.keys.update(zip(wanted.tolist(), self._keys.take(idx).to_pylist()))
 
     def label(self, i: int) -> str:
-        return candidate_label(self.names[i], _knobs_of(self.keys[i]))
+        return _label(self.names[i], self.keys[i])
 
 
 def _winners(c: _Compared, d: Any, tuned: dict[str, set[str]]) -> dict[tuple[str, str], Winner]:
@@ -424,7 +430,7 @@ def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", 
         ref = dec.reference
 
         def label(j: int) -> str:
-            return candidate_label(names[rows[j]], _knobs_of(row_keys[j])) if j >= 0 else ""
+            return _label(names[rows[j]], row_keys[j]) if j >= 0 else ""
 
         med = [float(np.median(x)) if len(x) else math.nan for x in samples]
         mad = [float(np.median(np.abs(x - m))) if len(x) else math.nan for x, m in zip(samples, med)]

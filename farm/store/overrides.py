@@ -31,6 +31,8 @@ concurrent appenders lose no entry.
 
 from __future__ import annotations
 
+import functools
+
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -129,9 +131,7 @@ class OverrideEntry:
 
     def match_key(self) -> tuple[Any, ...]:
         """Identity for replace-on-append: (op, criteria, tensors by id ignoring order, compute dtype)."""
-        tensors = frozenset((t.tensor_id, t.dims, t.strides, t.data_type) for t in self.tensors) if not self.positional \
-            else tuple((t.dims, t.strides, t.data_type) for t in self.tensors)
-        return (self.op, tuple(sorted(_full_criteria(self.op, dict(self.criteria)).items())), tensors, self.compute_data_type)
+        return _match_key(self.op, self.criteria, self.tensors, self.compute_data_type)
 
     def matches(self, problem: Problem) -> bool:
         if problem.op != self.op or len(problem.tensors) < len(self.tensors) or not self.states_key_criteria:
@@ -217,6 +217,15 @@ def _describes(raw: Any, knobs: KnobSettings) -> bool:
     if not isinstance(raw, list) or not all(isinstance(k, dict) for k in raw):
         return False
     return len(raw) == len(knobs) and {k.get("knob_id"): k.get("value") for k in raw} == dict(knobs)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _match_key(op: str, criteria: tuple[tuple[str, int], ...], rules: tuple[TensorRule, ...],
+               compute_data_type: str | None) -> tuple[Any, ...]:
+    # cached: a reduce keys every entry it writes, and entries of one problem share these fields
+    tensors = frozenset((t.tensor_id, t.dims, t.strides, t.data_type) for t in rules) \
+        if all(t.tensor_id is not None for t in rules) else tuple((t.dims, t.strides, t.data_type) for t in rules)
+    return (op, tuple(sorted(_full_criteria(op, dict(criteria)).items())), tensors, compute_data_type)
 
 
 def _full_criteria(op: str, criteria: Mapping[str, int]) -> dict[str, int]:

@@ -119,10 +119,10 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
                "problem_name", "job_id", "problem_json", "engine_name"]
     taken = table.take(pa.array([w.row for w in picked], type=pa.int64()))
     # whole columns to Python at once: floats with NaN as None, timestamps already in the file's text form
-    cols = {c: _floats(taken[c]) if c.endswith("_ms") else taken[c].to_pylist() for c in columns if c != "measured_at"}
-    cols["measured_at"] = pc.strftime(taken["measured_at"].cast(pa.timestamp("s", tz="UTC"), safe=False),
+    c = {name: _floats(taken[name]) if name.endswith("_ms") else taken[name].to_pylist()
+         for name in columns if name != "measured_at"}
+    c["measured_at"] = pc.strftime(taken["measured_at"].cast(pa.timestamp("s", tz="UTC"), safe=False),
                                       format=ISO_SECONDS_FORMAT).to_pylist()
-    winners = [dict(zip(columns, values)) for values in zip(*(cols[c] for c in columns))]
     ranked_idx = sorted({i for w in picked for i in decisions.top[(w.signature, w.problem_key)]})
     slim = table.select(["engine_name", "candidate_key", "min_ms", "median_ms"]).take(pa.array(ranked_idx, type=pa.int64()))
     briefs = {i: {"engine_name": name, "knobs": _knob_dict(key), "median_time_ms": med, "min_time_ms": low}
@@ -131,7 +131,7 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
                                                 _floats(slim["min_ms"]))}
     device = json.loads(taken["device_json"][0].as_py())
     entries = []
-    for w, row in zip(picked, winners):
+    for j, w in enumerate(picked):
         selection = _selection(w)
         extra: dict[str, Any] = {}
         if w.call:
@@ -141,20 +141,20 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
                                        "median_time_ms": o.median_ms, "min_time_ms": o.min_ms,
                                        "selection": _selection(o)} for o in w.others}
         meta = autotune_metadata(
-            rank=0, min_ms=row["min_ms"], avg_ms=row["avg_ms"], stddev_ms=row["stddev_ms"],
-            workspace=int(row["workspace_bytes"] or 0), mode=row["mode"], ran_exhaustive=bool(row["ran_exhaustive"]),
-            strategy=row["strategy"], iterations=int(row["iterations"]), converged=bool(row["converged"]),
-            device=device.get("arch", ""), timestamp=row["measured_at"],
-            supports_exhaustive=bool(row["supports_exhaustive"]), not_run_reason=row.get("exhaustive_not_run_reason"),
-            median_time_ms=w.median_ms, mad_ms=row["mad_ms"], problem_key=row["problem_key"],
-            problem_name=row["problem_name"], job_id=row["job_id"], selection=selection,
+            rank=0, min_ms=c["min_ms"][j], avg_ms=c["avg_ms"][j], stddev_ms=c["stddev_ms"][j],
+            workspace=int(c["workspace_bytes"][j] or 0), mode=c["mode"][j], ran_exhaustive=bool(c["ran_exhaustive"][j]),
+            strategy=c["strategy"][j], iterations=int(c["iterations"][j]), converged=bool(c["converged"][j]),
+            device=device.get("arch", ""), timestamp=c["measured_at"][j],
+            supports_exhaustive=bool(c["supports_exhaustive"][j]), not_run_reason=c["exhaustive_not_run_reason"][j],
+            median_time_ms=w.median_ms, mad_ms=c["mad_ms"][j], problem_key=c["problem_key"][j],
+            problem_name=c["problem_name"][j], job_id=c["job_id"][j], selection=selection,
             top_k=[{"rank": r, **briefs[i]} for r, i in enumerate(decisions.top[(w.signature, w.problem_key)][:top_k])],
             **extra,
         )
         # rows were written from validated Problems: their canonical JSON needs no second validation
-        entries.append(dataclasses.replace(_pattern(row["problem_json"]), engine_name=row["engine_name"],
+        entries.append(dataclasses.replace(_pattern(c["problem_json"][j]), engine_name=c["engine_name"][j],
                                            knobs=tuple(sorted(w.knobs)), metadata=meta))
-    return entries, device, sorted({row["job_id"] for row in winners})
+    return entries, device, sorted(set(c["job_id"]))
 
 
 def _selection(w: Winner) -> dict[str, Any]:
