@@ -6,6 +6,7 @@ device's virtual clock by the modelled time of each run.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -56,6 +57,7 @@ class SimEngine:
     supports_exhaustive = False
     priority = 100
     name = ""
+    jit = False  # compiles a kernel per knob setting (sim.gemm), rather than picking a library's algorithm
 
     def applicable(self, problem: Problem, device: Device) -> Support:
         if device.vendor != "sim":
@@ -66,7 +68,52 @@ class SimEngine:
         return int(1024 * sum(v for v in knobs.values() if isinstance(v, int) and not isinstance(v, bool)))
 
     def compile(self, problem: Problem, knobs: Mapping[str, KnobValue], device: Device) -> SimPlan:
+        cost = device.extras["sim"].compile
+        if cost.active:
+            _pay_compile(self, problem, knobs, device, cost)
         return SimPlan(self.name, problem, knobs, device, self.estimate_workspace(problem, knobs))
+
+    def compile_key(self, problem: Problem, knobs: Mapping[str, KnobValue], device: Device) -> str | None:
+        """The kernel a JIT engine compiles (knobs and dtype: shared by every shape), when workers share a cache."""
+        cost = device.extras["sim"].compile
+        if not self.jit or cost.ms <= 0 or cost.cache != "host":
+            return None
+        return _kernel_key(self.name, problem, knobs)
+
+
+def _kernel_key(engine: str, problem: Problem, knobs: Mapping[str, KnobValue]) -> str:
+    clean = sorted((k, v) for k, v in knobs.items() if k != "global.benchmarking")
+    dtypes = sorted({t.dtype for t in problem.tensors})
+    return hashlib.sha1(repr((engine, problem.op, dtypes, clean)).encode()).hexdigest()[:20]
+
+
+def _pay_compile(engine: "SimEngine", problem: Problem, knobs: Mapping[str, KnobValue], device: Device,
+                 cost: Any) -> None:
+    """Sleep what this compile costs here: the problem's plan setup the first time this worker sees it, and a
+    JIT kernel's compile (or its load from the host's cache)."""
+    rt = device.runtime
+    if cost.setup_ms and problem.key not in rt.set_up:
+        rt.set_up.add(problem.key)
+        time.sleep(cost.setup_ms / 1e3)
+    if not engine.jit or cost.ms <= 0:
+        return
+    key = _kernel_key(engine.name, problem, knobs)
+    if key in rt.kernels:  # loaded in this process already: free, as a JIT's in-memory cache is
+        return
+    rt.kernels.add(key)
+    if cost.cache == "worker":
+        time.sleep(cost.ms / 1e3)
+        return
+    path = os.path.join(cost.cache_dir, key)
+    if os.path.exists(path):
+        time.sleep(cost.ms * cost.LOAD_SHARE / 1e3)
+        return
+    time.sleep(cost.ms / 1e3)
+    os.makedirs(cost.cache_dir, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(engine.name)
+    os.replace(tmp, path)  # whole or absent: a reader never sees half a kernel
 
 
 class SimVendor(SimEngine):
@@ -85,6 +132,7 @@ class SimGemm(SimEngine):
     ops = frozenset({"matmul"})
     priority = 50
     supports_exhaustive = True
+    jit = True
     knobs = (
         Knob.int("block", 64, choices=(16, 32, 64, 128, 256)),
         Knob.int("stages", 3, choices=(1, 2, 3, 4, 5)),

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farm.analysis.phases import RunPhases, run_phases
 from farm.store.dataset import ResultsDataset, results_folder
 from farm.store.decisions import CONFIRM, Decisions, Winner
 from farm.tuner.winner import NOISE_SIGMAS, NOISY_RELATIVE, RELATIVE_FLOOR, noise_sigma
@@ -113,6 +114,7 @@ class Report:
     root: str
     signatures: list[SignatureSummary]
     skipped_files: list[tuple[str, str]]
+    phases: RunPhases | None = None  # the latest farm run's device time by phase (job.json), when there is one
 
 
 def _candidate(row: dict[str, Any]) -> str:
@@ -131,7 +133,7 @@ def _noise(row: dict[str, Any]) -> float:
 
 
 def build_report(results_dir: str | Path, decisions: Decisions | None = None) -> Report:
-    from farm.store.decisions import decide_folder
+    from farm.store.decisions import decide_folder, job_record
 
     results_dir = results_folder(results_dir)  # a run folder (farm tune --out) works too
     data = ResultsDataset(results_dir)
@@ -142,7 +144,8 @@ def build_report(results_dir: str | Path, decisions: Decisions | None = None) ->
     for r in rows:
         by_sig.setdefault(r["device_signature"], []).append(r)
     skipped = list(dict.fromkeys([*decisions.skipped_files, *((s.path, s.reason) for s in data.skipped)]))
-    return Report(str(results_dir), [_signature(sig, rs, decisions) for sig, rs in sorted(by_sig.items())], skipped)
+    return Report(str(results_dir), [_signature(sig, rs, decisions) for sig, rs in sorted(by_sig.items())], skipped,
+                  run_phases(job_record(data)))
 
 
 def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> SignatureSummary:
@@ -231,6 +234,7 @@ def report_dict(report: Report) -> dict[str, Any]:
                              "device_spread": p.spread} for p in s.problems],
         })
     return {"results": report.root, "signatures": out,
+            "phases": report.phases.to_json() if report.phases is not None else None,
             "skipped_files": [{"path": p, "reason": r} for p, r in report.skipped_files]}
 
 

@@ -294,6 +294,8 @@ def farm_tables(workload: Any, report: Any) -> list[Table]:
         t = summary_table(outcomes, report.wall_s, lambda key, _s=sig: report.summary.winner(_s, key))
         t.title = Text(f"{sig}: {len(outcomes)} problem(s)")
         tables.append(t)
+    from farm.analysis.phases import from_statuses
+
     workers = Table(title=f"Workers ({report.tuning_s:.1f} s of tuning, {report.wall_s:.1f} s in all)",
                     title_justify="left")
     for col, justify in (("worker", "left"), ("host", "left"), ("device", "left"), ("signature", "left"),
@@ -304,7 +306,35 @@ def farm_tables(workload: Any, report: Any) -> list[Table]:
         workers.add_row(Text(st.name), Text(st.host), Text(st.device), Text(st.signature), str(st.candidates),
                         str(st.failures), str(st.restarts), f"{100 * frac:.0f} %")
     tables.append(workers)
+    if report.workers_started and report.statuses:
+        tables.append(phases_table(from_statuses(report.run_id, report.tuning_s, report.statuses)))
     return tables
+
+
+def phases_table(phases: Any) -> Table:
+    """Where each worker's time went (farm.analysis.phases.RunPhases): seconds and share per phase, a total row,
+    and in the title what kept the devices from measuring."""
+    from farm.tuner.phases import PHASES
+
+    total = phases.total
+    worst = ", ".join(f"{p} {100 * f:.0f} %" for p, f in phases.overhead()[:3])
+    t = Table(title=f"Device time by phase ({len(phases.workers)} worker(s), {phases.tuning_s:.1f} s of tuning"
+                    + (f"; not measuring: {worst}" if worst else "") + ")", title_justify="left")
+    t.add_column("worker")
+    t.add_column("signature", overflow="fold")
+    for p in PHASES:
+        t.add_column(p, justify="right")
+
+    def cells(split: Any) -> list[str]:
+        whole = split.total
+        return [f"{split.get(p):.{2 if split.get(p) < 10 else 1}f} s ({100 * split.get(p) / whole:.0f} %)" if whole > 0 and split.get(p) > 0 else "-"
+                for p in PHASES]
+
+    for w in phases.workers:
+        t.add_row(Text(w.name), Text(w.signature), *cells(w.split))
+    if len(phases.workers) > 1:
+        t.add_row(Text("total", style="bold"), "", *cells(total))
+    return t
 
 
 def farm_dict(workload: Any, out: str, report: Any) -> dict[str, Any]:
@@ -318,10 +348,10 @@ def farm_dict(workload: Any, out: str, report: Any) -> dict[str, Any]:
         "workload": {"name": workload.name, "source": workload.source, "digest": workload.digest},
         "autotune": to_jsonable(workload.autotune),
         "executor": "ray", "job_id": report.job_id, "run_id": report.run_id, "out": out, "wall_s": report.wall_s,
-        "tuning_s": report.tuning_s,
+        "tuning_s": report.tuning_s, "phases": {"tuning_s": report.tuning_s, "total": report.phases.to_json()},
         "rows_written": report.rows_written, "candidates": report.total, "remeasured": report.remeasured,
         "counts": report.counts, "skipped_problems": report.problems_skipped,
-        "workers": [{**dc.asdict(st), "gpu_ids": list(w.gpu_ids), "pid": w.pid,
+        "workers": [{**st.to_json(), "gpu_ids": list(w.gpu_ids), "pid": w.pid,
                      "properties": w.properties.to_dict()} for st, w in zip(report.statuses, report.workers)],
         "signatures": signatures,
         "no_winner": report.summary.no_winner,

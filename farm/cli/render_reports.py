@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from farm.cli.render import fmt_ms, fmt_speedup
+from farm.cli.render import fmt_ms, fmt_speedup, phases_table
 
 
 def _change_line(c: Any) -> str:
@@ -85,6 +85,8 @@ def report_tables(report: Any) -> list[Table]:
                         fmt_ms(p.default_ms), fmt_speedup(p.speedup, p.interval), f"{100 * p.noise:.1f} %",
                         f"{p.spread:.3f}", Text(why, style="yellow" if p.untrusted else "dim"))
         tables.append(per)
+    if report.phases is not None:
+        tables.append(phases_table(report.phases))
     return tables
 
 

@@ -16,6 +16,14 @@ would), ``hang`` blocks forever.
     faults:
       - {kind: crash, engine: sim.gemm, knobs: {block: 64}}
       - {kind: hang, engine: sim.vendor, knobs: {algo: 3}, problem: 1f0c2a3b4d5e6f70}
+    compile: {ms: 40, setup_ms: 20, cache: host}
+
+``compile`` models what a GPU worker pays before it measures (wall time, not scaled by ``sleep``): ``ms`` per
+kernel compiled, for the JIT engine (sim.gemm), whose kernels are specialised by knobs and dtype, not by shape
+(as Triton's are), so problems of one dtype share them; ``setup_ms`` per problem a worker builds plans for
+the first time (a library's plan list, as cuDNN's graph and heuristics); ``cache``: ``host`` keeps compiled
+kernels in one folder every worker of the host reads (Triton's cache directory; a load costs 5 % of a
+compile), ``worker`` in each worker's memory (a cache directory per worker).
 """
 
 from __future__ import annotations
@@ -57,12 +65,29 @@ class SimFault:
 
 
 @dataclass(frozen=True)
+class SimCompile:
+    """The cost of compiles and plan setup on simulated devices (see the module's text)."""
+
+    ms: float = 0.0
+    setup_ms: float = 0.0
+    cache: str = "host"  # "host" | "worker"
+    cache_dir: str = ""  # the host cache's folder (made when the config is read)
+
+    LOAD_SHARE = 0.05  # a cache hit's cost, of a compile's
+
+    @property
+    def active(self) -> bool:
+        return self.ms > 0 or self.setup_ms > 0
+
+
+@dataclass(frozen=True)
 class SimConfig:
     groups: tuple[SimGroup, ...] = (SimGroup("Sim GPU", 1),)
     noise: float = 0.02
     sleep: float = 0.0
     faults: tuple[SimFault, ...] = ()
     source: str = ""
+    compile: SimCompile = SimCompile()
 
     @property
     def device_count(self) -> int:
@@ -106,7 +131,8 @@ class SimConfig:
         for name, v in (("noise", noise), ("sleep", sleep)):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
                 raise bad("must be a finite number >= 0", name, v)
-        return SimConfig(tuple(groups), float(noise), float(sleep), tuple(faults), source)
+        return SimConfig(tuple(groups), float(noise), float(sleep), tuple(faults), source,
+                         _parse_compile(data.get("compile"), bad))
 
     @staticmethod
     def load(path: str | Path) -> "SimConfig":
@@ -124,6 +150,30 @@ class SimConfig:
         return SimConfig.parse(data, str(path))
 
 
+def _parse_compile(data: Any, bad: Any) -> SimCompile:
+    if data is None:
+        return SimCompile()
+    if not isinstance(data, Mapping) or set(data) - {"ms", "setup_ms", "cache", "cache_dir"}:
+        raise bad("expected {ms, setup_ms, cache: host|worker, cache_dir}", "compile", data)
+    values = {}
+    for name in ("ms", "setup_ms"):
+        v = data.get(name, 0.0)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 600_000:
+            raise bad("must be a number of milliseconds from 0 to 600000", f"compile.{name}", v)
+        values[name] = float(v)
+    cache = data.get("cache", "host")
+    if cache not in ("host", "worker"):
+        raise bad("must be host or worker", "compile.cache", cache)
+    folder = data.get("cache_dir", "")
+    if not isinstance(folder, str):
+        raise bad("expected a folder", "compile.cache_dir", folder)
+    if cache == "host" and values["ms"] > 0 and not folder:
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="tunefarm-sim-kernels-")  # cold for this config, shared by its workers
+    return SimCompile(values["ms"], values["setup_ms"], cache, folder)
+
+
 @dataclass
 class SimEvent:
     t: float = 0.0
@@ -137,6 +187,8 @@ class SimRuntime:
     def __init__(self, props: DeviceProperties) -> None:
         self._props = props
         self.clock_ms = 0.0
+        self.kernels: set[str] = set()  # kernels this worker compiled or loaded
+        self.set_up: set[str] = set()  # problems whose plans this worker has set up
 
     def device_count(self) -> int:
         return 1

@@ -32,6 +32,7 @@ from farm.store.dataset import ResultsDataset
 from farm.store.decisions import incumbent_file, incumbent_spec
 from farm.store.reduce import ReduceReport
 from farm.store.results import spec_of
+from farm.tuner.phases import PhaseSplit
 
 log = logging.getLogger("farm.fleet.cluster")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +56,7 @@ class FarmReport:
     total: int
     remeasured: int
     tuning_s: float = 0.0  # from the workers' start to the last result (busy fractions are of this)
+    phases: PhaseSplit = PhaseSplit()  # every worker's time by phase, summed (each worker's is in its status)
     results: dict[tuple[str, str], list[AutotuneResult]] = field(default_factory=dict)  # (signature, problem name)
     # (signature, problem name, calling mode) -> the confirmation stage's rows
     confirmations: dict[tuple[str, str, str], list[AutotuneResult]] = field(default_factory=dict)
@@ -116,7 +118,9 @@ def run_farm(
         reduce=options.reduce, top_k=options.top_k,
         devices=[{"name": w.name, "host": w.host, "gpu_ids": list(w.gpu_ids), "signature": w.signature,
                   "niceness": w.niceness, "properties": w.properties.to_dict()} for w in report.workers],
-        workers=[dataclasses.asdict(s) for s in report.statuses], skipped_problems=report.problems_skipped)
+        workers=[s.to_json() for s in report.statuses], skipped_problems=report.problems_skipped,
+        phases={"tuning_s": round(report.tuning_s, 3), "devices": len(report.statuses),
+                "total": report.phases.to_json()})
     report.reduce = report.summary.reduce
     report.wall_s = report.summary.wall_s
     return report
@@ -245,9 +249,24 @@ def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[Worke
     if progress is not None:
         progress(driver.status("done"))
     tuning = time.perf_counter() - driver.t0
+    _collect_phases(driver)
     return FarmReport(jr.run.job_id, jr.run.run_id, infos, [w.status for w in workers], planner.skipped, jr.counts,
                       wall_s=tuning, total=sched.total, remeasured=sched.remeasured, tuning_s=tuning,
-                      results=driver.results, confirmations=driver.confirmations)
+                      phases=driver.finish_phases(tuning), results=driver.results, confirmations=driver.confirmations)
+
+
+def _collect_phases(driver: Driver) -> None:
+    """What the workers did since their last task (discovery): asked once, at the end; a worker that does not
+    answer keeps what its tasks reported."""
+    import ray
+
+    live = [w for w in driver.workers if not w.restarting]
+    refs = [w.actor.take_phases.remote() for w in live]
+    for w, ref in zip(live, refs):
+        try:
+            driver.add_phases(w, ray.get(ref, timeout=10))
+        except Exception as exc:  # a dead or slow worker: its discovery time is not counted
+            log.debug("farm: no phase split from %s: %s", w.status.name, exc)
 
 
 def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, options: FarmOptions,

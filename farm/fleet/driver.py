@@ -17,6 +17,7 @@ So the fault paths (a lost worker, a silent one, a task that ended short) are te
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
@@ -29,6 +30,7 @@ from farm.fleet.worker import TaskEnd, WorkerInfo
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import WorkloadProblem
 from farm.store.results import MeasurementContext, new_id
+from farm.tuner.phases import LOST, PhaseSplit
 
 log = logging.getLogger("farm.fleet.driver")
 
@@ -65,6 +67,10 @@ class WorkerStatus:
     failures: int = 0
     restarts: int = 0
     busy_s: float = 0.0
+    phases: PhaseSplit = PhaseSplit()  # where its time went (farm.tuner.phases); idle is set at the end
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "phases": self.phases.to_json()}
 
 
 @dataclass
@@ -211,6 +217,7 @@ class Driver:
         r = w.task
         assert r is not None
         r.last_progress = self.clock()
+        w.status.phases = w.status.phases + end.phases
         if self.workers_write:
             self.sink.add_parts(end.parts)  # the worker set the ranks in its rows
         else:
@@ -292,9 +299,23 @@ class Driver:
         if w.status.state == WorkerState.BUSY.value:
             w.status.state, w.status.problem = WorkerState.IDLE.value, ""
 
+    def add_phases(self, w: WorkerHandle, split: PhaseSplit) -> None:
+        """Time a worker reported outside a TaskEnd (its discovery after its last task)."""
+        w.status.phases = w.status.phases + split
+
+    def finish_phases(self, window_s: float) -> PhaseSplit:
+        """Every worker's split over the tuning window (idle: what its phases leave of it); -> the sum."""
+        total = PhaseSplit()
+        for w in self.workers:
+            w.status.phases = w.status.phases.with_idle(window_s)
+            total = total + w.status.phases
+        return total
+
     def _lose(self, w: WorkerHandle, kind: LossKind, detail: str) -> None:
         r = w.task
         assert r is not None
+        if kind is not LossKind.ERROR:  # a dead or silent worker's task: its time bought nothing
+            w.status.phases = w.status.phases + PhaseSplit.of({LOST: self.clock() - r.started})
         self._release(w)
         w.task = None
         # a task that never started on the device (the worker was still restarting) proves nothing

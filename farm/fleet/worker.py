@@ -23,13 +23,15 @@ from farm.devices.properties import DeviceProperties
 from farm.devices.runtimes import RuntimeUnavailable
 from farm.devices.sim import SimConfig
 from farm.errors import AutotuneError, FarmError
-from farm.fleet.scheduler import CONFIRM, Candidate, Task
+from farm.fleet.scheduler import CONFIRM, FINALIST, Candidate, Task
 from farm.model.engine import EngineRegistry, default_engine_registry
 from farm.model.records import AutotuneConfig, AutotuneResult, CallMode
 from farm.model.workload import WorkloadProblem
 from farm.store.results import MeasurementContext, ResultWriter, RunContext, candidate_key, new_id, result_row
 from farm.tuner.autotuner import Autotuner
 from farm.tuner.confirm import run_confirmation
+from farm.tuner.phases import COMPILE, DISCOVER, MEASURE, SETUP, PhaseClock, PhaseSplit
+from farm.tuner.phases import CONFIRM as PHASE_CONFIRM
 from farm.tuner.problem_tuning import plan_specs_for
 
 log = logging.getLogger("farm.fleet.worker")
@@ -71,6 +73,7 @@ class TaskEnd:
     error: str = ""
     wall_ms: float = 0.0
     parts: tuple[tuple[str, int], ...] = ()
+    phases: PhaseSplit = PhaseSplit()  # the worker's time since its last report, by phase (this task and discovery)
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ class DeviceWorkerImpl:
 
             set_blas_threads(cpu_threads or usable_cores())
         self.registry = registry or default_engine_registry()
+        self.phases = PhaseClock()
         # before the device opens (torch's import, CUDA's start: seconds), so a compile pool's
         # processes start alongside it rather than during this worker's first task
         self.prepare(problems)
@@ -175,9 +179,14 @@ class DeviceWorkerImpl:
 
     def expand(self, problems: Sequence[tuple[int, WorkloadProblem]]) -> dict[int, list[Candidate] | str]:
         """Discovery where the signature lives: each problem's candidates here, or why there are none."""
-        out = expand_problems(problems, self.device, self.registry)
-        self._prepare(c.engine_name for cands in out.values() if not isinstance(cands, str) for c in cands)
+        with self.phases.phase(DISCOVER):
+            out = expand_problems(problems, self.device, self.registry)
+            self._prepare(c.engine_name for cands in out.values() if not isinstance(cands, str) for c in cands)
         return out
+
+    def take_phases(self) -> PhaseSplit:
+        """The time by phase since the last report (what no TaskEnd carried: discovery after the last task)."""
+        return self.phases.take()
 
     def prepare(self, problems: Sequence[WorkloadProblem]) -> None:
         """Start what the engines the workload selects want for their compiles (the worker does this
@@ -199,11 +208,14 @@ class DeviceWorkerImpl:
         rows = _TaskRows(self._writer(sink), sink, wp, where) if sink is not None and where is not None else None
         self._log_names.name_now = wp.name
         t0 = time.perf_counter()
+        before = {p: self.phases.seconds(p) for p in (COMPILE, MEASURE, PHASE_CONFIRM)}
         self._prepare(c.engine_name for c in candidates)  # discovery ran on one worker of the signature only
         index = {c.spec: c.index for c in candidates}
         items: queue.Queue = queue.Queue()
         session = new_id()
-        if self.device.vendor in ("nvidia", "amd") and config.compile_workers == 0:
+        sim = self.device.extras.get("sim")
+        compiles = self.device.vendor in ("nvidia", "amd") or (sim is not None and sim.compile.active)
+        if compiles and config.compile_workers == 0:
             config = dataclasses.replace(config, compile_workers=2)  # keep the GPU busy while JIT engines compile
 
         def tune() -> None:
@@ -216,7 +228,7 @@ class DeviceWorkerImpl:
             try:
                 for spec in task.specs:
                     tuner.add_engine(spec.engine_id, dict(spec.knobs))
-                ranked = tuner.autotune(config=config, seed=seed, listener=items.put)
+                ranked = tuner.autotune(config=config, seed=seed, listener=items.put, phases=self.phases)
             except AutotuneError as exc:
                 ranked, error = exc.results, "" if exc.results else str(exc)
             except Exception as exc:  # an engine bug must not kill the worker silently
@@ -232,7 +244,7 @@ class DeviceWorkerImpl:
             try:
                 run = run_confirmation(wp.problem, self.device, self.registry, [(s, index[s]) for s in task.specs],
                                        reference=task.reference, incumbent=task.incumbent, call=CallMode(task.call),
-                                       config=config, seed=seed)
+                                       config=config, seed=seed, phases=self.phases)
                 for r in run.results:
                     items.put(r)
             except Exception as exc:  # an engine bug must not kill the worker silently
@@ -260,13 +272,14 @@ class DeviceWorkerImpl:
                     batch, last = [], time.perf_counter()
                 continue
             if isinstance(item, TaskEnd):
+                thread.join()
+                item = dataclasses.replace(item, phases=self._task_phases(task, before, t0))
                 if rows is not None:
                     rows.add(batch)
                     batch = rows.release(item.ranks)
                     item = dataclasses.replace(item, parts=rows.parts())
                 if batch:
                     yield batch
-                thread.join()
                 self._check_health()
                 yield item
                 return
@@ -282,6 +295,18 @@ class DeviceWorkerImpl:
             elif task.careful or time.perf_counter() - last >= stream_interval_s:
                 yield batch
                 batch, last = [], time.perf_counter()
+
+    def _task_phases(self, task: Task, before: dict[str, float], t0: float) -> PhaseSplit:
+        """The worker's phases since its last report, this task's setup (what its compiles, measurements and
+        stage left of its wall time) added; a finalist round's measurements count as re-measuring."""
+        spent = {p: self.phases.seconds(p) - s for p, s in before.items()}
+        self.phases.add(SETUP, time.perf_counter() - t0 - sum(spent.values()))
+        split = self.phases.take()
+        if task.round == FINALIST:
+            d = dict(split.seconds)
+            d[PHASE_CONFIRM] = d.get(PHASE_CONFIRM, 0.0) + d.pop(MEASURE, 0.0)
+            split = PhaseSplit.of(d)
+        return split
 
     def _writer(self, sink: PartSink) -> ResultWriter:
         """This worker's writer into the run's results (one per run; its part names are its own)."""

@@ -490,16 +490,23 @@ def decide_folder(results_dir: str | Path) -> Decisions:
     ``farm report`` and ``farm diff`` call this, so they show what ``farm tune`` wrote.
     """
     data = ResultsDataset(results_dir)
-    record: Any = {}
-    if data.location.name == "results":  # the job folder's record (farm.fleet.job), local or on shared storage
-        try:
-            text = data.location.parent().read_text("job.json")
-            record = json.loads(text) if text is not None else {}
-        except (OSError, ValueError):
-            record = {}  # no incumbents; farm tune moves a corrupt record aside when it resumes
-    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+    record = job_record(data)
+    if not isinstance(record.get("settings"), dict):
         record = {"settings": {}}
     return decide_results(data, incumbents=load_incumbents((record.get("settings") or {}).get("incumbents"), data))
+
+
+def job_record(data: ResultsDataset) -> dict[str, Any]:
+    """The record (job.json) of the job folder holding these results, local or on shared storage; {} when there is
+    none or it is not a JSON object (farm tune moves a corrupt record aside when it resumes)."""
+    if data.location.name != "results":
+        return {}
+    try:
+        text = data.location.parent().read_text("job.json")
+        record = json.loads(text) if text is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 @functools.lru_cache(maxsize=1024)

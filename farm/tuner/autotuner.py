@@ -44,6 +44,7 @@ from farm.model.plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecColle
 from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig, AutotuneResult, BuildPolicy, ResultCheck, TuneMode
 from farm.tuner.candidate import _Candidate, _close_plan, _err
+from farm.tuner.phases import PhaseClock
 from farm.tuner.ranking import _rank
 from farm.tuner.session import _Run
 
@@ -290,6 +291,7 @@ class Autotuner:
         listener: Callable[[AutotuneResult], None] | None = None,
         seed: int = 0,
         only: Iterable[PlanSpec] | None = None,
+        phases: PhaseClock | None = None,
     ) -> list[AutotuneResult]:
         """Measure every candidate; return one result per candidate, ranked.
 
@@ -297,8 +299,9 @@ class Autotuner:
         the device. ``listener`` receives each candidate's result as soon as it
         is final (before ranking, so with rank -1). ``only`` restricts the run to
         those plan specs (resuming): the others get no result, and every result
-        keeps its candidate index in the full list. Raises AutotuneError when no
-        candidate succeeds; the error carries ``.results``.
+        keeps its candidate index in the full list. ``phases`` learns how long
+        the measuring thread waited for compiles and measured (farm.tuner.phases).
+        Raises AutotuneError when no candidate succeeds; the error carries ``.results``.
         """
         config = config or AutotuneConfig()
         if not self.device.checks_numerics and config.check is not ResultCheck.OFF:
@@ -312,7 +315,7 @@ class Autotuner:
         log.info("autotune: start %s (key %s) on %s: %d candidate(s), mode %s, strategy %s",
                  self.problem.label(), self.problem.key, self.device.properties.name, len(candidates),
                  config.mode.value, config.strategy.value)
-        run = _Run(self, config, tensors, listener)
+        run = _Run(self, config, tensors, listener, phases)
         results = run.execute(candidates, prebuilt=self._built is not None)
         ranked = _rank(results, config.ranking_fn)
         self.results = ranked

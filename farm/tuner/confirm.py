@@ -38,6 +38,7 @@ from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig, AutotuneResult, CallMode, ConfirmSettings, Disposition
 from farm.tuner.candidate import _Candidate, _close_plan, _err, _now_iso
 from farm.tuner.paired import CONFIDENCE, min_rounds
+from farm.tuner.phases import COMPILE, CONFIRM, PhaseClock, timed
 from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide_confirmed, decide_stage, noise_sigma
 
 log = logging.getLogger("farm.tuner.autotuner")  # the tuner's lines
@@ -139,9 +140,10 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
                      entries: Sequence[tuple[PlanSpec, int]], *, reference: PlanSpec | None,
                      incumbent: PlanSpec | None = None, call: CallMode = CallMode.EAGER,
                      config: AutotuneConfig | None = None, seed: int = 0,
-                     tensors: Mapping[str, Any] | None = None) -> ConfirmRun:
+                     tensors: Mapping[str, Any] | None = None, phases: PhaseClock | None = None) -> ConfirmRun:
     """Re-measure ``entries`` ((plan spec, discovery index) each) in paired rounds; never raises for a
-    candidate's failure (it gets a failed row and leaves the rounds)."""
+    candidate's failure (it gets a failed row and leaves the rounds). ``phases`` learns the time spent
+    building the participants' plans and in the rounds."""
     from farm.tuner.autotuner import Autotuner
     from farm.tuner.session import _Run
 
@@ -165,7 +167,8 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
             cand = tuner._candidate(index, spec)
             cand.started_at = started_at
             cands.append(cand)
-            plan = tuner.compile_candidate(cand)
+            with timed(phases, COMPILE):
+                plan = tuner.compile_candidate(cand)
             if plan is None:
                 results[spec] = _failed(problem, cand, Disposition.FAILED_COMPILE, cand.error, config, call)
                 continue
@@ -174,7 +177,8 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
                 finalize = getattr(plan, "finalize", None)
                 if callable(finalize):
                     finalize(workspace)
-                sampler, n, note = _sampler(problem, stage_device, timer, plan, workspace, sets, call, config)
+                with timed(phases, CONFIRM):  # a warm-up call, and a graph captured in graph mode
+                    sampler, n, note = _sampler(problem, stage_device, timer, plan, workspace, sets, call, config)
             except Exception as exc:
                 results[spec] = _failed(problem, cand, Disposition.FAILED_WARMUP,
                                         f"{cand.engine.name if cand.engine else spec.engine_id}: confirmation "
@@ -183,8 +187,9 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
             samplers[spec], calls[spec], notes[spec] = sampler, n, note
         order = [s for s, _ in entries if s in samplers]
         samples: dict[PlanSpec, list[float]] = {s: [] for s in order}
-        rounds, settled = _rounds(problem, {c.spec: c for c in cands}, order, samplers, samples, results, reference, incumbent, settings,
-                                  stage_device, timer, config, seed, call)
+        with timed(phases, CONFIRM):
+            rounds, settled = _rounds(problem, {c.spec: c for c in cands}, order, samplers, samples, results,
+                                      reference, incumbent, settings, stage_device, timer, config, seed, call)
         wall = (time.perf_counter() - t_start) * 1e3
         for cand in cands:
             spec = cand.spec

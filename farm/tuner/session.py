@@ -25,6 +25,7 @@ from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
 from farm.tuner.check import OutputCheck
 from farm.tuner.compile_claims import CompileQueue
+from farm.tuner.phases import COMPILE, MEASURE, PhaseClock, timed
 from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, is_noisy, noise_sigma
 
 if TYPE_CHECKING:
@@ -39,8 +40,9 @@ class _Run:
     """One autotune() call: classify, prime, compile, measure."""
 
     def __init__(self, tuner: Autotuner, config: AutotuneConfig, tensors: Mapping[str, Any],
-                 listener: Callable[[AutotuneResult], None] | None) -> None:
+                 listener: Callable[[AutotuneResult], None] | None, phases: PhaseClock | None = None) -> None:
         self.t = tuner
+        self.phases = phases
         self.cfg = config
         self.tensors = tensors
         self.listener = listener
@@ -91,20 +93,23 @@ class _Run:
             return self.results
         self._alone = len(todo) == 1
         if self.cfg.mode is TuneMode.EXHAUSTIVE:
-            for cand in todo:
-                self._prime(cand)
+            with timed(self.phases, COMPILE):  # a build and one run each: plan building, for the device
+                for cand in todo:
+                    self._prime(cand)
             primed = sum(c.ran_exhaustive for c in todo)
             log.info("autotune: primed %d of %d candidate(s); %d not primed", primed, len(todo), len(todo) - primed)
         if prebuilt or self.cfg.compile_workers == 0:
             unbuilt = [c for c in todo if c.plan is None and not c.error]  # the plan-spec path: all of them
             if unbuilt:
                 t0 = time.perf_counter()
-                for cand in unbuilt:
-                    self.t.compile_candidate(cand)
+                with timed(self.phases, COMPILE):
+                    for cand in unbuilt:
+                        self.t.compile_candidate(cand)
                 ok = sum(c.plan is not None for c in unbuilt)
                 log.info("autotune: compiled %d of %d candidate(s) in %.0f ms", ok, len(unbuilt), (time.perf_counter() - t0) * 1e3)
             for cand in todo:
-                self._measure(cand)
+                with timed(self.phases, MEASURE):
+                    self._measure(cand)
         else:
             self._compile_while_measuring(todo)
         return self.results
@@ -131,20 +136,25 @@ class _Run:
             threads = [pool.submit(compile_some) for _ in range(min(self.cfg.compile_workers, len(todo)))]
             try:
                 for _ in todo:
-                    while True:
-                        try:
-                            cand = ready.get(timeout=0.5)
-                            break
-                        except queue.Empty:
-                            if all(t.done() for t in threads) and ready.empty():
-                                for t in threads:
-                                    t.result()  # a compile thread that died raises here
-                                raise RuntimeError("compile threads ended with candidates left")  # pragma: no cover
-                    self._measure(cand)
+                    with timed(self.phases, COMPILE):  # the device waits for a compile
+                        cand = self._next_ready(ready, threads)
+                    with timed(self.phases, MEASURE):
+                        self._measure(cand)
             finally:
                 work.close()
         if work.deferred:
             log.info("autotune: %d compile(s) deferred: another process on this host was compiling them", work.deferred)
+
+    @staticmethod
+    def _next_ready(ready: "queue.Queue[_Candidate]", threads: list[concurrent.futures.Future]) -> _Candidate:
+        while True:
+            try:
+                return ready.get(timeout=0.5)
+            except queue.Empty:
+                if all(t.done() for t in threads) and ready.empty():
+                    for t in threads:
+                        t.result()  # a compile thread that died raises here
+                    raise RuntimeError("compile threads ended with candidates left")  # pragma: no cover
 
     def _prime(self, cand: _Candidate) -> None:
         """EXHAUSTIVE mode: build a plan with the benchmarking knob, run it once, discard it."""
