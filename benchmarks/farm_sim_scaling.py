@@ -21,6 +21,7 @@ of every run is split by phase (farm.tuner.phases) and printed below the table.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -61,6 +62,17 @@ def winners(report) -> dict[str, str]:
     return out
 
 
+def cpu_ticks() -> tuple[float, float]:
+    """(busy, total) jiffies of the host's CPUs so far (Linux /proc/stat; zeros elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return sum(fields) - idle, sum(fields)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--devices", default="1,2,4,8,16")
@@ -76,25 +88,30 @@ def main() -> None:
         sim = SimConfig.parse({"devices": [{"name": "Sim GPU", "count": n}], "noise": 0.0, "sleep": args.sleep,
                                "compile": {"ms": args.compile_ms, "setup_ms": args.setup_ms, "cache": args.cache}})
         out = Path(tempfile.mkdtemp(prefix=f"sim-scaling-{n}-")) / "run"
-        t0 = time.perf_counter()
+        t0, (busy0, all0) = time.perf_counter(), cpu_ticks()
         report = run_farm(wl, out, devices=DeviceRequest("sim", n, sim), options=FarmOptions(reduce=False, keep_results=True))
         wall = time.perf_counter() - t0
+        busy1, all1 = cpu_ticks()
+        host_cpu = (busy1 - busy0) / (all1 - all0) if all1 > all0 else float("nan")
         busy = [s.busy_s / report.tuning_s for s in report.statuses]
         w = winners(report)
         if base is None:
             base, base_winners = report.tuning_s, w
         same = sum(w.get(k) == v for k, v in base_winners.items())
         rows.append((n, wall, report.tuning_s, report.total, base / (n * report.tuning_s), statistics.fmean(busy),
-                     min(busy), f"{same}/{len(base_winners)}"))
+                     min(busy), f"{same}/{len(base_winners)}", host_cpu))
         splits.append((n, report.phases))
         print(f"{n} devices: tuning {report.tuning_s:.1f} s", file=sys.stderr, flush=True)
     print(f"{args.problems} problems, {rows[0][3]} candidates, sleep x{args.sleep:g}, compile {args.compile_ms:g} ms "
           f"a kernel, setup {args.setup_ms:g} ms a problem, cache per {args.cache}")
-    print("| devices | wall s | tuning s | candidates/s | speed-up | efficiency | busy mean | busy min | winners as 1 device |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for n, wall, t, total, eff, bmean, bmin, same in rows:
+    print(f"host: {os.cpu_count()} CPU(s); host CPU is the share of all of them busy during the run (the driver, "
+          "Ray and every worker: a simulated device sleeps, its worker's Python does not)")
+    print("| devices | wall s | tuning s | candidates/s | speed-up | efficiency | busy mean | busy min | host CPU "
+          "| winners as 1 device |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for n, wall, t, total, eff, bmean, bmin, same, cpu in rows:
         print(f"| {n} | {wall:.1f} | {t:.2f} | {total / t:.0f} | {base / t:.2f} | {eff:.2f} | {100 * bmean:.0f} % | "
-              f"{100 * bmin:.0f} % | {same} |")
+              f"{100 * bmin:.0f} % | {100 * cpu:.0f} % | {same} |")
     print()
     print("Device time by phase, all workers summed (s, and share):")
     print("| devices | " + " | ".join(PHASES) + " |")

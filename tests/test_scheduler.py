@@ -3,7 +3,7 @@
 import pytest
 
 from fakes import fake_result, matmul_problem
-from farm.model.records import AutotuneConfig, Disposition
+from farm.model.records import AutotuneConfig, ConfirmSettings, Disposition
 from farm.model.ids import engine_name_to_id
 from farm.model.plans import PlanSpec
 from farm.fleet.scheduler import FINALIST, MAIN, Candidate, PriorRow, Scheduler
@@ -218,6 +218,29 @@ def test_when_every_task_is_of_a_family_running_elsewhere_the_first_is_taken():
     a, b = s.next_task("sig", "gpu0"), s.next_task("sig", "gpu1")
     assert (a.specs[0], b.specs[0]) == (cands(6)[0].spec, cands(6)[2].spec)  # in order: nobody idles
     assert s.next_task("sig") is not None  # without a device: plain order
+
+
+def test_a_device_goes_on_with_the_problem_it_set_up_and_another_takes_a_problem_nobody_runs():
+    """Problem affinity: one problem's shards and its confirmation stage stay on the device that paid its setup
+    (inputs, library plans, loaded kernels) while other problems are waiting."""
+    from farm.model.problem import Problem
+
+    def wp(i):
+        p = Problem.create("matmul", {"A": [64 + i, 64], "B": [64, 64]})
+        return WorkloadProblem(i, f"p{i}", p, EngineSelection())
+
+    s = Scheduler(shard_size=2, confirm=ConfirmSettings())
+    s.add_problem("sig", 0, wp(0), cands(4))  # two shards
+    s.add_problem("sig", 1, wp(1), cands(2))
+    a = s.next_task("sig", "gpu0")
+    b = s.next_task("sig", "gpu1")  # p0's second shard waits for gpu0: gpu1 starts p1, which nobody runs
+    assert (a.problem, b.problem) == (0, 1)
+    for t in (b, a):
+        for spec in t.specs:
+            s.on_result(t, result(s.candidates_of(t)[spec]), f"s{t.id}")
+        s.on_task_end(t)
+    assert s.next_task("sig", "gpu0").problem == 0  # the sibling shard, on the device that set p0 up
+    assert s.next_task("sig", "gpu1").problem == 1  # p1's stage (urgent), where p1 was measured
 
 
 def test_the_default_candidate_joins_the_finalist_round_even_when_outside_its_shards_top_k():

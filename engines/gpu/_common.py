@@ -197,6 +197,21 @@ def gemm_mkn(problem: Problem) -> tuple[int, int, int]:
     return a[-2], a[-1], c[-1]
 
 
+def triton_compile_key(kernel: str, device: Device, dtypes: tuple[str, ...], meta: Mapping[str, Any],
+                       scalars: tuple[int, ...]) -> str:
+    """Names a kernel binary in Triton's disk cache, which every worker of a host reads: the kernel, the
+    dtypes, the constexprs and the integer arguments' specialisation (==1, divisible by 16), not the shape
+    itself. Engines return it from ``compile_key`` so workers of one host compile each binary once."""
+    import os
+
+    import triton
+
+    spec = "".join("1" if v == 1 else "D" if v % 16 == 0 else "." for v in scalars)
+    cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    return "|".join((kernel, triton.__version__, cache, device.properties.arch, ",".join(dtypes),
+                     ",".join(f"{k}={v}" for k, v in sorted(meta.items())), spec))
+
+
 def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 

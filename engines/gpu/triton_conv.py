@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from farm.plugin import Device, Knob, KnobValue, Problem, Support, itemsize
 
-from ._common import TORCH_DTYPES, GpuEngine, PerStream, TorchPlan, torch_dtype, torch_module
+from ._common import TORCH_DTYPES, GpuEngine, PerStream, TorchPlan, torch_dtype, torch_module, triton_compile_key
 from .library_plans import plan_limit
 from .triton_gemm import CompilePool, cap_tile, direct_launcher, pipeline_bytes, shared_memory_bytes, triton_dot_support
 
@@ -341,6 +341,12 @@ class TritonConv(GpuEngine):
             return 0
         padded = channel_padded(problem, pad_c, rows=knobs.get("K_LOOP") == "rows")
         return sum(math.prod(padded.tensor(t).dims) * itemsize(padded.tensor(t).dtype) for t in ("X", "W"))
+
+    def compile_key(self, problem: Problem, knobs: Mapping[str, KnobValue], device: Device) -> str:
+        """The kernel binary in Triton's disk cache (farm.tuner.compile_claims: one compile a host)."""
+        _, meta, scalars = self.launch_args(problem, knobs)
+        dtypes = tuple(TORCH_DTYPES[problem.tensor(t).dtype] for t in ("X", "W", "Y"))
+        return triton_compile_key("triton.conv", device, dtypes, meta, scalars)
 
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
         kernel = _kernel()

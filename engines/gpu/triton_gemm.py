@@ -29,6 +29,7 @@ from ._common import (
     gemm_mkn,
     round_up,
     torch_module,
+    triton_compile_key,
 )
 from .library_plans import plan_limit
 
@@ -439,16 +440,9 @@ class TritonGemm(GpuEngine):
     def compile_key(self, problem: Problem, knobs: Mapping[str, KnobValue], device: Device) -> str:
         """Names the kernel binary in Triton's disk cache: dtypes, constexprs, and the integer
         arguments' specialisation (==1, divisible by 16), not the shape itself."""
-        import os
-
-        import triton
-
         _, meta, scalars = self._call(problem, knobs)
-        spec = "".join("1" if v == 1 else "D" if v % 16 == 0 else "." for v in scalars)
-        cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
         # "triton.gemm" for both engines: the padded one launches the same kernel binary
-        return "|".join(("triton.gemm", triton.__version__, cache, device.properties.arch,
-                         ",".join(self._dtype_names(problem)), ",".join(f"{k}={v}" for k, v in sorted(meta.items())), spec))
+        return triton_compile_key("triton.gemm", device, self._dtype_names(problem), meta, scalars)
 
     @staticmethod
     def _dtype_names(problem: Problem) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from farm.plugin import Device, Knob, KnobValue, Problem, Support, gil_heavy_section
 
-from ._common import TRITON_COMPILE_LOCK, GpuEngine, PerStream, TorchPlan, torch_dtype, torch_module
+from ._common import TRITON_COMPILE_LOCK, GpuEngine, PerStream, TorchPlan, torch_dtype, torch_module, triton_compile_key
 from .triton_gemm import direct_launcher, load_binary, triton_dot_support
 
 MAX_M = 256  # above this an output-tiled GEMM has tiles enough: the plain Triton GEMM and cuBLAS apply
@@ -167,18 +167,35 @@ class TritonSplitK(GpuEngine):
         counters = StreamScratch.SLOTS * _tiles(m, n, knobs) * 4 if knobs["REDUCTION"] == "serial" else 0
         return splits * m * n * 4 + counters
 
+    def _launch_args(self, problem: Problem, knobs: Mapping[str, KnobValue]
+                     ) -> tuple[tuple[int, ...], dict[str, Any], int]:
+        """(the product's integer arguments, the tiling constexprs, slices of K)."""
+        m, n, k, per, splits = self._plan_shape(problem, knobs)
+        a, b = problem.tensor("A"), problem.tensor("B")
+        bn = int(knobs["BLOCK_N"])
+        product = (m, n, k, per, a.strides[0], a.strides[1], b.strides[0], b.strides[1])
+        tiling = {"TF32": problem.compute_dtype == "tf32", "EVEN_K": per * splits == k, "EVEN_N": n % bn == 0,
+                  "BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": bn, "BLOCK_K": int(knobs["BLOCK_K"]),
+                  "num_warps": int(knobs["num_warps"]), "num_stages": int(knobs["num_stages"])}
+        return product, tiling, splits
+
+    def compile_key(self, problem: Problem, knobs: Mapping[str, KnobValue], device: Device) -> str:
+        """The kernel binaries in Triton's disk cache (farm.tuner.compile_claims: one compile a host)."""
+        knobs = _defaults(self, knobs)
+        product, tiling, splits = self._launch_args(problem, knobs)
+        c = problem.tensor("C")
+        dtypes = tuple(problem.tensor(t).dtype for t in ("A", "B", "C", "bias") if problem.has_tensor(t))
+        meta = {"SPLITS": splits, "REDUCTION": knobs["REDUCTION"], **tiling}
+        return triton_compile_key("triton.gemm_splitk", device, dtypes, meta, (*product, *c.strides))
+
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
         torch = torch_module()
         partial, reduce, serial = _kernels()
         m, n, k, per, splits = self._plan_shape(problem, knobs)
         a, b, c = problem.tensor("A"), problem.tensor("B"), problem.tensor("C")
         has_bias = problem.has_tensor("bias")
-        bn = int(knobs["BLOCK_N"])
         grid1 = (_tiles(m, n, knobs), splits, 1)
-        product = (m, n, k, per, a.strides[0], a.strides[1], b.strides[0], b.strides[1])
-        tiling = {"TF32": problem.compute_dtype == "tf32", "EVEN_K": per * splits == k, "EVEN_N": n % bn == 0,
-                  "BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": bn, "BLOCK_K": int(knobs["BLOCK_K"]),
-                  "num_warps": int(knobs["num_warps"]), "num_stages": int(knobs["num_stages"])}
+        product, tiling, _ = self._launch_args(problem, knobs)
         f32 = torch.float32
         a_dtype, b_dtype, c_dtype = (torch_dtype(t.dtype) for t in (a, b, c))
         bias_dtype = torch_dtype(problem.tensor("bias").dtype) if has_bias else c_dtype

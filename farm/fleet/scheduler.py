@@ -105,6 +105,16 @@ def confirmed_calls(rows: Iterable[PriorRow]) -> set[str]:
             and sessions[r.session] >= (r.session_size or 0)}
 
 
+def _take_first(tasks: collections.deque[Task] | None, problems: Any) -> Task | None:
+    """Remove and return the first of ``tasks`` whose (signature, problem) is in ``problems``; None if none is."""
+    pick = next((i for i, t in enumerate(tasks or ()) if (t.signature, t.problem) in problems), None)
+    if pick is None or tasks is None:
+        return None
+    task = tasks[pick]
+    del tasks[pick]
+    return task
+
+
 @dataclass
 class _Problem:
     wp: WorkloadProblem
@@ -133,7 +143,9 @@ class Scheduler:
         self._queues: dict[str, collections.deque[Task]] = {}
         self._urgent: dict[str, collections.deque[Task]] = {}
         self._problems: dict[tuple[str, int], _Problem] = {}
-        self._running: dict[int, tuple[object, tuple[str, ...]]] = {}  # task id: (device, kernel family)
+        # task id: (device, kernel family, (signature, problem))
+        self._running: dict[int, tuple[object, tuple[str, ...], tuple[str, int]]] = {}
+        self._set_up: dict[object, set[tuple[str, int]]] = {}  # device: the (signature, problem)s it has run
         self.total = 0  # candidates to measure in the main round
         self.finished = 0  # of those, with a final row
         self.remeasured = 0  # finalist measurements
@@ -185,20 +197,29 @@ class Scheduler:
 
     # -- pulling ---------------------------------------------------------------------------
     def next_task(self, signature: str, device: object = None) -> Task | None:
-        """The next task for a free ``device`` of ``signature`` (urgent ones first, in order; then the
-        first main task whose kernel family no other device is running, else the first)."""
+        """The next task for a free ``device`` of ``signature``. First a task of a problem this device set up
+        already (an urgent one: a stage, a retry; then a sibling shard); then the first urgent task; then a
+        main task of a problem no other device is running, of a kernel family no other device is running;
+        else one of a problem no other device is running; else the first. A device that set a problem
+        up (its inputs, its library plans, its kernels loaded) measures the rest of it without paying that
+        again, and two devices do not both pay one problem's setup while other problems wait."""
         urgent, queue = self._urgent.get(signature), self._queues.get(signature)
-        if urgent:
+        mine = self._set_up.get(device, ()) if device is not None else ()
+        task = _take_first(urgent, mine) or _take_first(queue, mine)  # this device's own problems first
+        if task is None and urgent:
             task = urgent.popleft()
-        elif queue:
-            elsewhere = {fam for dev, fam in self._running.values() if dev != device}
-            pick = next((i for i, t in enumerate(queue) if self._family(t) not in elsewhere), 0)
+        elif task is None and queue:
+            others = [(fam, prob) for dev, fam, prob in self._running.values() if dev != device]
+            families, problems = {f for f, _ in others}, {p for _, p in others}
+            free = [i for i, t in enumerate(queue) if (t.signature, t.problem) not in problems]
+            pick = next((i for i in free if self._family(queue[i]) not in families), free[0] if free else 0)
             task = queue[pick]
             del queue[pick]
-        else:
+        if task is None:
             return None
         if device is not None:
-            self._running[task.id] = (device, self._family(task))
+            self._running[task.id] = (device, self._family(task), (task.signature, task.problem))
+            self._set_up.setdefault(device, set()).add((task.signature, task.problem))
         return task
 
     def _family(self, task: Task) -> tuple[str, ...]:
