@@ -226,7 +226,7 @@ def test_a_device_goes_on_with_the_problem_it_set_up_and_another_takes_a_problem
     from farm.model.problem import Problem
 
     def wp(i):
-        p = Problem.create("matmul", {"A": [64 + i, 64], "B": [64, 64]})
+        p = Problem.create("matmul", {"A": [128 - 64 * i, 64], "B": [64, 64]})  # p0 the larger
         return WorkloadProblem(i, f"p{i}", p, EngineSelection())
 
     s = Scheduler(shard_size=2, confirm=ConfirmSettings())
@@ -241,6 +241,17 @@ def test_a_device_goes_on_with_the_problem_it_set_up_and_another_takes_a_problem
         s.on_task_end(t)
     assert s.next_task("sig", "gpu0").problem == 0  # the sibling shard, on the device that set p0 up
     assert s.next_task("sig", "gpu1").problem == 1  # p1's stage (urgent), where p1 was measured
+
+
+def test_the_largest_queued_problem_goes_first_so_devices_finish_together():
+    from farm.model.problem import Problem
+
+    s = Scheduler()
+    for i, m in enumerate([64, 4096, 512]):
+        s.add_problem("sig", i, WorkloadProblem(i, f"p{i}", Problem.create("matmul", {"A": [m, 256], "B": [256, 256]}),
+                                                EngineSelection()), cands(3))
+    order = [s.next_task("sig", f"gpu{i}").problem for i in range(3)]
+    assert order == [1, 2, 0]
 
 
 def test_the_default_candidate_joins_the_finalist_round_even_when_outside_its_shards_top_k():

@@ -200,7 +200,8 @@ class Scheduler:
         """The next task for a free ``device`` of ``signature``. First a task of a problem this device set up
         already (an urgent one: a stage, a retry; then a sibling shard); then the first urgent task; then a
         main task of a problem no other device is running, of a kernel family no other device is running;
-        else one of a problem no other device is running; else the first. A device that set a problem
+        else one of a problem no other device is running; else the first; of those, the one with the most work
+        (candidates x the problem's operations). A device that set a problem
         up (its inputs, its library plans, its kernels loaded) measures the rest of it without paying that
         again, and two devices do not both pay one problem's setup while other problems wait."""
         urgent, queue = self._urgent.get(signature), self._queues.get(signature)
@@ -208,11 +209,16 @@ class Scheduler:
         task = _take_first(urgent, mine) or _take_first(queue, mine)  # this device's own problems first
         if task is None and urgent:
             task = urgent.popleft()
+        elif task is None and queue and device is None:  # no device to place: plain order
+            task = queue.popleft()
         elif task is None and queue:
             others = [(fam, prob) for dev, fam, prob in self._running.values() if dev != device]
             families, problems = {f for f, _ in others}, {p for _, p in others}
             free = [i for i, t in enumerate(queue) if (t.signature, t.problem) not in problems]
-            pick = next((i for i in free if self._family(queue[i]) not in families), free[0] if free else 0)
+            apart = [i for i in free if self._family(queue[i]) not in families]
+            # the largest first (of what discovery has queued): small problems fill the end, so devices
+            # finish together instead of one device running the biggest problem alone at the end
+            pick = max(apart or free or [0], key=lambda i: (self._cost(queue[i]), -i))
             task = queue[pick]
             del queue[pick]
         if task is None:
@@ -224,6 +230,11 @@ class Scheduler:
 
     def _family(self, task: Task) -> tuple[str, ...]:
         return kernel_family(self.problem_of(task))
+
+    def _cost(self, task: Task) -> float:
+        """A task's expected device time, relatively: its candidates times its problem's work."""
+        p = self.problem_of(task).problem
+        return task.size * (p.flops or float(sum(t.nbytes for t in p.tensors)))
 
     def pending_tasks(self, signature: str | None = None) -> int:
         sigs = [signature] if signature else list(self._queues)
