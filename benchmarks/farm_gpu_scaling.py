@@ -8,7 +8,9 @@ compiles the same kernels. Reported per run: wall time (the whole command) and
 tuning time (workers ready to last result), candidates per second, scaling
 efficiency against 1 GPU (time(1) / (N * time(N))), each GPU's busy fraction,
 and whether the override files agree with the 1-GPU run (same winner, or a
-winner whose recorded time is within 3 % of the other's).
+winner whose recorded time is within 3 % of the other's); then each worker's device
+time by phase (discovery, setup, compiles waited for, measurement, confirmation, lost,
+idle): where a second GPU's time goes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from farm.tuner.phases import PHASES  # noqa: E402
 
 
 def run(n: int, workload: str, out: Path, log: Path, devices: str = "gpu") -> dict:
@@ -94,6 +98,17 @@ def main() -> None:
         sigs = {w["signature"] for w in r["workers"]}
         gpus = sorted((w["host"], tuple(w["gpu_ids"]), w["properties"]["uuid"]) for w in r["workers"])
         print(f"    {n} GPUs: workers {len(r['workers'])}, signatures {sorted(sigs)}, gpus {gpus}")
+    print()
+    print("Device time by phase (farm.tuner.phases; s, and share of the worker's tuning window):")
+    print("| GPUs | worker | " + " | ".join(PHASES) + " |")
+    print("| --- | --- |" + " --- |" * len(PHASES))
+    for n, r in sorted(reports.items()):
+        rows = [(w["name"], w.get("phases") or {}) for w in r["workers"]]
+        rows.append(("total", (r.get("phases") or {}).get("total") or {}))
+        for name, split in rows:
+            whole = sum(split.get(p, 0.0) for p in PHASES) or 1.0
+            print(f"| {n} | {name} | " + " | ".join(f"{split.get(p, 0.0):.1f} ({100 * split.get(p, 0.0) / whole:.0f} %)"
+                                                  for p in PHASES) + " |")
 
 
 if __name__ == "__main__":

@@ -238,6 +238,27 @@ def test_triton_compile_key_names_the_kernel_not_the_shape(dev):
     assert len({key(sq1), key(odd), key(fp16), key(sq1, BLOCK_M=128)}) == 4
 
 
+def test_split_k_and_conv_name_their_kernels_so_workers_of_a_host_compile_each_once(dev):
+    from engines.gpu.triton_conv import TritonConv
+    from engines.gpu.triton_splitk import TritonSplitK
+
+    sk = TritonSplitK()
+    base = {"SPLIT_K": 4, "BLOCK_N": 64}
+    a = Problem.create("matmul", {"A": [16, 4096], "B": [4096, 4096]}, dtype="bf16")
+    b = Problem.create("matmul", {"A": [16, 4096], "B": [4096, 14336]}, dtype="bf16")  # another N, same kernel
+    odd = Problem.create("matmul", {"A": [16, 4095], "B": [4095, 4096]}, dtype="bf16")
+    assert sk.compile_key(a, base, dev) == sk.compile_key(b, base, dev)
+    assert len({sk.compile_key(a, base, dev), sk.compile_key(odd, base, dev),
+                sk.compile_key(a, {**base, "SPLIT_K": 8}, dev),
+                sk.compile_key(a, {**base, "REDUCTION": "parallel"}, dev)}) == 4
+    conv = TritonConv()
+    x1 = Problem.create("conv_fprop", {"X": [32, 64, 56, 56], "W": [64, 64, 3, 3]}, dtype="fp16",
+                        criteria={"pad_h": 1, "pad_w": 1})
+    knobs = {k.name: k.default for k in conv.knobs}
+    key = conv.compile_key(x1, knobs, dev)
+    assert key.startswith("triton.conv|") and key == conv.compile_key(x1, dict(knobs), dev)
+
+
 SPLITK = EngineSweep("triton.gemm_splitk", {"SPLIT_K": [2, 8, 32], "BLOCK_N": [64, 128],
                                            "REDUCTION": ["serial", "parallel"]}, {"BLOCK_K": 128})
 
