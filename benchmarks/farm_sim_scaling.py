@@ -1,7 +1,7 @@
 """The scheduler's own scaling: the same workload on 1, 2, 4, 8, 16 simulated devices through the Ray farm.
 
     python benchmarks/farm_sim_scaling.py [--devices 1,2,4,8,16] [--problems 48] [--sleep 20]
-    python benchmarks/farm_sim_scaling.py --compile-ms 40 --setup-ms 20 [--cache host|worker]
+    python benchmarks/farm_sim_scaling.py --compile-ms 40 --build-ms 5 --setup-ms 20 [--cache host|worker]
 
 Simulated devices compute nothing: each timed run sleeps its simulated kernel
 time times --sleep, so a device is "busy" for a known wall time without using a
@@ -12,8 +12,9 @@ second, efficiency against 1 device (t1 / (N * tN)), the mean and lowest busy
 fraction of the workers, and whether the winners match the 1-device run.
 
 With ``--compile-ms`` each JIT kernel (a knob setting of sim.gemm; shared by every shape of a dtype, as
-Triton's kernels are) costs that much wall time to compile, and ``--setup-ms`` each problem a worker builds
-plans for the first time: the work a second device can repeat. ``--cache host`` shares compiled kernels
+Triton's kernels are) costs that much wall time to compile, ``--build-ms`` each plan built (every candidate,
+as cuDNN's plans), and ``--setup-ms`` each problem a worker builds plans for the first time: the work a
+second device can repeat. ``--cache host`` shares compiled kernels
 between the workers of the host (Triton's cache directory), ``worker`` gives each its own. The device time
 of every run is split by phase (farm.tuner.phases) and printed below the table.
 """
@@ -80,13 +81,15 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=200.0, help="wall seconds slept per simulated second")
     ap.add_argument("--compile-ms", type=float, default=0.0, help="wall ms to compile one JIT kernel")
     ap.add_argument("--setup-ms", type=float, default=0.0, help="wall ms to set up a problem's plans, per worker")
+    ap.add_argument("--build-ms", type=float, default=0.0, help="wall ms to build each candidate's plan")
     ap.add_argument("--cache", choices=("host", "worker"), default="host", help="who shares compiled kernels")
     args = ap.parse_args()
     wl = workload(args.problems)
     rows, base, base_winners, splits = [], None, None, []
     for n in (int(x) for x in args.devices.split(",")):
         sim = SimConfig.parse({"devices": [{"name": "Sim GPU", "count": n}], "noise": 0.0, "sleep": args.sleep,
-                               "compile": {"ms": args.compile_ms, "setup_ms": args.setup_ms, "cache": args.cache}})
+                               "compile": {"ms": args.compile_ms, "build_ms": args.build_ms, "setup_ms": args.setup_ms,
+                                           "cache": args.cache}})
         out = Path(tempfile.mkdtemp(prefix=f"sim-scaling-{n}-")) / "run"
         t0, (busy0, all0) = time.perf_counter(), cpu_ticks()
         report = run_farm(wl, out, devices=DeviceRequest("sim", n, sim), options=FarmOptions(reduce=False, keep_results=True))
@@ -103,7 +106,7 @@ def main() -> None:
         splits.append((n, report.phases))
         print(f"{n} devices: tuning {report.tuning_s:.1f} s", file=sys.stderr, flush=True)
     print(f"{args.problems} problems, {rows[0][3]} candidates, sleep x{args.sleep:g}, compile {args.compile_ms:g} ms "
-          f"a kernel, setup {args.setup_ms:g} ms a problem, cache per {args.cache}")
+          f"a kernel, build {args.build_ms:g} ms a plan, setup {args.setup_ms:g} ms a problem, cache per {args.cache}")
     print(f"host: {os.cpu_count()} CPU(s); host CPU is the share of all of them busy during the run (the driver, "
           "Ray and every worker: a simulated device sleeps, its worker's Python does not)")
     print("| devices | wall s | tuning s | candidates/s | speed-up | efficiency | busy mean | busy min | host CPU "

@@ -89,12 +89,14 @@ def _kernel_key(engine: str, problem: Problem, knobs: Mapping[str, KnobValue]) -
 
 def _pay_compile(engine: "SimEngine", problem: Problem, knobs: Mapping[str, KnobValue], device: Device,
                  cost: Any) -> None:
-    """Sleep what this compile costs here: the problem's plan setup the first time this worker sees it, and a
-    JIT kernel's compile (or its load from the host's cache)."""
+    """Sleep what this compile costs here: the problem's plan setup the first time this worker sees it, the plan's
+    build, and a JIT kernel's compile (or its load from the host's cache)."""
     rt = device.runtime
     if cost.setup_ms and problem.key not in rt.set_up:
         rt.set_up.add(problem.key)
         time.sleep(cost.setup_ms / 1e3)
+    if cost.build_ms:
+        time.sleep(cost.build_ms / 1e3)
     if not engine.jit or cost.ms <= 0:
         return
     key = _kernel_key(engine.name, problem, knobs)

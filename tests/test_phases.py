@@ -60,6 +60,18 @@ def test_the_driver_adds_each_tasks_split_counts_a_dead_workers_task_as_lost_and
     assert w.status.phases.get(IDLE) == pytest.approx(5.0) and total.total == pytest.approx(10.0)
 
 
+@pytest.mark.parametrize("compile_, field", [({"ms": -1}, "compile.ms"), ({"cache": "disk"}, "compile.cache"),
+                                             ({"build_ms": "slow"}, "compile.build_ms"), ("fast", "compile"),
+                                             ({"ms": 1, "when": 2}, "compile")])
+def test_a_bad_compile_cost_in_a_simulation_config_is_named(compile_, field):
+    from farm.devices.sim import SimConfig
+    from farm.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        SimConfig.parse({"devices": [{"name": "Sim", "count": 1}], "compile": compile_}, "sim.yaml")
+    assert err.value.field == field and "sim.yaml" in str(err.value)
+
+
 def test_run_phases_reads_the_latest_run_that_has_a_split():
     record = {"runs": [
         {"run_id": "r1", "workers": [{"name": "sim:0", "phases": {"measure": 1.0}}], "phases": {"tuning_s": 1.0}},

@@ -32,7 +32,7 @@ from .triton_splitk import TritonSplitK
 
 _TRITON = TritonGemm()
 ENGINES = (TorchMatmul(), TorchBlas(), TorchMatmulPadded(), _TRITON, TritonGemmPadded(_TRITON.compile_pool),
-           TritonSplitK(), CudaDecodeGemm(), TorchSdpa(), TorchConv(), TritonConv(_TRITON.compile_pool),
+           TritonSplitK(_TRITON.compile_pool), CudaDecodeGemm(), TorchSdpa(), TorchConv(), TritonConv(_TRITON.compile_pool),
            CudnnGraph(), CublasLt())
 
 __all__ = ["ENGINES"]

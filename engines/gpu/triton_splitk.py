@@ -15,13 +15,26 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping
 
-from farm.plugin import Device, Knob, KnobValue, Problem, Support, gil_heavy_section
+from farm.plugin import Device, Knob, KnobValue, Problem, Support
 
-from ._common import TRITON_COMPILE_LOCK, GpuEngine, PerStream, TorchPlan, torch_dtype, torch_module, triton_compile_key
-from .triton_gemm import direct_launcher, load_binary, triton_dot_support
+from ._common import TORCH_DTYPES, GpuEngine, PerStream, TorchPlan, torch_module, triton_compile_key
+from .triton_gemm import CompilePool, direct_launcher, triton_dot_support
 
 MAX_M = 256  # above this an output-tiled GEMM has tiles enough: the plain Triton GEMM and cuBLAS apply
 MIN_K = 512  # below this there is little K to split
+
+
+def _partial_kernel() -> Any:
+    return _kernels()[0]
+
+
+def _reduce_kernel() -> Any:
+    return _kernels()[1]
+
+
+def _serial_kernel() -> Any:
+    """The kernel factories the compile pool's processes call ("module:function")."""
+    return _kernels()[2]
 
 
 @functools.lru_cache(maxsize=1)
@@ -167,6 +180,16 @@ class TritonSplitK(GpuEngine):
         counters = StreamScratch.SLOTS * _tiles(m, n, knobs) * 4 if knobs["REDUCTION"] == "serial" else 0
         return splits * m * n * 4 + counters
 
+    def __init__(self, compile_pool: CompilePool | None = None) -> None:
+        self._procs = compile_pool or CompilePool()
+
+    def prepare(self, device_kind: str) -> None:
+        """Start the Triton compile pool in the background (a farm GPU worker, as for triton.gemm)."""
+        import importlib.util
+
+        if device_kind == "gpu" and importlib.util.find_spec("triton") is not None:
+            self._procs.start()
+
     def _launch_args(self, problem: Problem, knobs: Mapping[str, KnobValue]
                      ) -> tuple[tuple[int, ...], dict[str, Any], int]:
         """(the product's integer arguments, the tiling constexprs, slices of K)."""
@@ -196,18 +219,18 @@ class TritonSplitK(GpuEngine):
         has_bias = problem.has_tensor("bias")
         grid1 = (_tiles(m, n, knobs), splits, 1)
         product, tiling, _ = self._launch_args(problem, knobs)
-        f32 = torch.float32
-        a_dtype, b_dtype, c_dtype = (torch_dtype(t.dtype) for t in (a, b, c))
-        bias_dtype = torch_dtype(problem.tensor("bias").dtype) if has_bias else c_dtype
         serial_sum = knobs["REDUCTION"] == "serial"
         scratch = StreamScratch(torch, device.index, (splits, m, n), grid1[0] if serial_sum else 0)
+        names = [TORCH_DTYPES[t.dtype] for t in (a, b, c)]
+        bias_name = TORCH_DTYPES[problem.tensor("bias").dtype] if has_bias else names[2]
+        # compiled in the Triton compile pool's processes where it is up (in parallel, and without holding this
+        # process's GIL while the device measures), else here; the binary is loaded here either way
         if serial_sum:
             meta = {"SPLITS": splits, "HAS_BIAS": has_bias, **tiling}
             scalars = (*product, c.strides[0], c.strides[1])
-            with TRITON_COMPILE_LOCK, gil_heavy_section():
-                compiled = serial.warmup(a_dtype, b_dtype, f32, c_dtype, bias_dtype, torch.int32, *scalars,
-                                         grid=grid1, **meta)
-            load_binary(compiled)  # takes the GIL-heavy section itself (it is not reentrant)
+            compiled = self._procs.compile(f"{__name__}:_serial_kernel", serial,
+                                           (names[0], names[1], "float32", names[2], bias_name, "int32"), scalars,
+                                           grid1, meta)
             launch = direct_launcher(serial, compiled, grid1, meta, device.index)
 
             def fn(t: Mapping[str, Any]) -> None:
@@ -217,11 +240,10 @@ class TritonSplitK(GpuEngine):
             grid2 = (-(-(m * n) // REDUCE_BLOCK), 1, 1)
             summing = (m, n, c.strides[0], c.strides[1])
             meta2 = {"SPLITS": splits, "HAS_BIAS": has_bias, "BLOCK": REDUCE_BLOCK, "num_warps": 4}
-            with TRITON_COMPILE_LOCK, gil_heavy_section():
-                compiled = (partial.warmup(a_dtype, b_dtype, f32, *product, grid=grid1, **tiling),
-                            reduce.warmup(f32, c_dtype, bias_dtype, *summing, grid=grid2, **meta2))
-            for kernel in compiled:
-                load_binary(kernel)
+            compiled = (self._procs.compile(f"{__name__}:_partial_kernel", partial,
+                                            (names[0], names[1], "float32"), product, grid1, tiling),
+                        self._procs.compile(f"{__name__}:_reduce_kernel", reduce, ("float32", names[2], bias_name),
+                                            summing, grid2, meta2))
             launch1 = direct_launcher(partial, compiled[0], grid1, tiling, device.index)
             launch2 = direct_launcher(reduce, compiled[1], grid2, meta2, device.index)
 

@@ -16,11 +16,12 @@ would), ``hang`` blocks forever.
     faults:
       - {kind: crash, engine: sim.gemm, knobs: {block: 64}}
       - {kind: hang, engine: sim.vendor, knobs: {algo: 3}, problem: 1f0c2a3b4d5e6f70}
-    compile: {ms: 40, setup_ms: 20, cache: host}
+    compile: {ms: 40, build_ms: 5, setup_ms: 20, cache: host}
 
 ``compile`` models what a GPU worker pays before it measures (wall time, not scaled by ``sleep``): ``ms`` per
 kernel compiled, for the JIT engine (sim.gemm), whose kernels are specialised by knobs and dtype, not by shape
-(as Triton's are), so problems of one dtype share them; ``setup_ms`` per problem a worker builds plans for
+(as Triton's are), so problems of one dtype share them; ``build_ms`` per plan built, every time (a library plan
+such as cuDNN's, or loading a kernel into the context); ``setup_ms`` per problem a worker builds plans for
 the first time (a library's plan list, as cuDNN's graph and heuristics); ``cache``: ``host`` keeps compiled
 kernels in one folder every worker of the host reads (Triton's cache directory; a load costs 5 % of a
 compile), ``worker`` in each worker's memory (a cache directory per worker).
@@ -71,13 +72,14 @@ class SimCompile:
     ms: float = 0.0
     setup_ms: float = 0.0
     cache: str = "host"  # "host" | "worker"
+    build_ms: float = 0.0
     cache_dir: str = ""  # the host cache's folder (made when the config is read)
 
     LOAD_SHARE = 0.05  # a cache hit's cost, of a compile's
 
     @property
     def active(self) -> bool:
-        return self.ms > 0 or self.setup_ms > 0
+        return self.ms > 0 or self.setup_ms > 0 or self.build_ms > 0
 
 
 @dataclass(frozen=True)
@@ -153,10 +155,10 @@ class SimConfig:
 def _parse_compile(data: Any, bad: Any) -> SimCompile:
     if data is None:
         return SimCompile()
-    if not isinstance(data, Mapping) or set(data) - {"ms", "setup_ms", "cache", "cache_dir"}:
-        raise bad("expected {ms, setup_ms, cache: host|worker, cache_dir}", "compile", data)
+    if not isinstance(data, Mapping) or set(data) - {"ms", "build_ms", "setup_ms", "cache", "cache_dir"}:
+        raise bad("expected {ms, build_ms, setup_ms, cache: host|worker, cache_dir}", "compile", data)
     values = {}
-    for name in ("ms", "setup_ms"):
+    for name in ("ms", "build_ms", "setup_ms"):
         v = data.get(name, 0.0)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 600_000:
             raise bad("must be a number of milliseconds from 0 to 600000", f"compile.{name}", v)
@@ -171,7 +173,8 @@ def _parse_compile(data: Any, bad: Any) -> SimCompile:
         import tempfile
 
         folder = tempfile.mkdtemp(prefix="tunefarm-sim-kernels-")  # cold for this config, shared by its workers
-    return SimCompile(values["ms"], values["setup_ms"], cache, folder)
+    return SimCompile(ms=values["ms"], setup_ms=values["setup_ms"], cache=cache, cache_dir=folder,
+                      build_ms=values["build_ms"])
 
 
 @dataclass
