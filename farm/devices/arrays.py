@@ -153,6 +153,32 @@ class TorchArrays:
     def fill(self, tensor: Any, value: float) -> None:
         tensor.fill_(value)
 
+    def make(self, problem: Problem, seed: int = 0, *, poison: float = float("nan")) -> dict[str, Any]:
+        """Random inputs drawn on the device (as ``input_data`` draws them on the host: standard normal, small
+        integers, positive variances) and poisoned outputs: a problem with gigabytes of inputs costs
+        milliseconds here, where drawing float64 numbers on the host and copying them took seconds a task."""
+        torch = self.torch
+        gen = torch.Generator(device=f"cuda:{self.index}")
+        gen.manual_seed(int(seed))
+        tensors: dict[str, Any] = {}
+        for tid in problem.input_ids:
+            desc = problem.tensor(tid)
+            out = self.empty(desc)
+            kw = {"generator": gen, "device": out.device}
+            if problem.op == "batchnorm_inference" and tid == "var":
+                values = torch.rand(desc.dims, dtype=torch.float32, **kw) + 0.5
+            elif desc.dtype in ("int8", "int32"):
+                values = torch.randint(-8, 8, desc.dims, dtype=torch.int32, **kw)
+            else:
+                values = torch.randn(desc.dims, dtype=torch.float32, **kw)
+            out.copy_(values)
+            tensors[tid] = out
+        for tid in problem.output_ids:
+            out = self.empty(problem.tensor(tid))
+            out.fill_(poison)
+            tensors[tid] = out
+        return tensors
+
     def to_numpy(self, tensor: Any) -> np.ndarray:
         t = tensor.detach()
         if t.is_floating_point():
