@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import logging
 import os
+import stat
 import threading
 import time
 from typing import Any, Sequence
@@ -88,6 +89,8 @@ class _Session:
         self._from_root = False  # the file came from a published root (same-arch fallbacks allowed)
         self._said: set[tuple[str, Any]] = set()
         self.why = ""  # the last reason the file could not be used here ("" when it could)
+        # id(entry) -> (entry, its knobs checked, or None: declined): an entry is checked once, not every call
+        self._knobs: dict[int, tuple[Any, Any]] = {}
 
     def _once(self, key: Any, message: str, *args: Any, level: int = logging.INFO) -> None:
         if (message, key) not in self._said:
@@ -101,11 +104,18 @@ class _Session:
             log.warning("autotune: Config %s: no tuned winner from it is used", self.why)
 
     def _valid_knobs(self, entry: Any, source: str) -> Any:
-        """The entry's knobs validated like a workload's, or None: declined, with one warning per entry."""
+        """The entry's knobs validated like a workload's, or None: declined, with one warning per entry. An engine
+        this process does not know (hipDNN's MIOPEN_ENGINE...) is matched by id as hipDNN does; its knobs pass
+        through unchecked to whoever owns that engine (docs/policies.md)."""
         from farm.plugin import default_engine_registry, file_knobs
 
+        registry = default_engine_registry()
+        if entry.engine_name not in registry:
+            self._once((source, entry.engine_name), "selects %s by its id: this process does not know that engine, so "
+                       "its knobs go to whoever owns it unchecked", entry.engine_name)
+            return tuple(entry.knobs)
         try:
-            return file_knobs(default_engine_registry().get(entry.engine_name), entry.knobs, source=source)
+            return file_knobs(registry.get(entry.engine_name), entry.knobs, source=source)
         except FarmError as exc:
             key = ("knobs", source, str(exc))
             if key not in self._said:
@@ -141,12 +151,22 @@ class _Session:
         return target
 
     def _load(self, path: str) -> OverrideFile | None:
-        self._from_root = "://" in path or os.path.isdir(path)
+        # one stat a call for a file (what tells a changed file apart, and a folder from a file)
+        st: os.stat_result | None = None
+        if "://" in path:
+            self._from_root = True
+        else:
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None
+            self._from_root = st is not None and stat.S_ISDIR(st.st_mode)
         target = self._resolve(path) if self._from_root else path
         if target is None:
             return None
         try:
-            st = os.stat(target)
+            if st is None or self._from_root:
+                st = os.stat(target)
         except OSError as exc:
             self._unusable(target, "%s: %s", target, exc.strerror or "cannot be read")
             self._file, self._stamp = None, None
@@ -234,7 +254,12 @@ class _Session:
             self._once((f.source, entry.engine_name), "declines: %s names %s, which is not a candidate here",
                        f.source, entry.engine_name)
             return None
-        knobs = self._valid_knobs(entry, f.source)
+        cached = self._knobs.get(id(entry))
+        if cached is None or cached[0] is not entry:  # the entry held, so its id is not another's while cached
+            if len(self._knobs) >= 1 << 16:
+                self._knobs.clear()
+            cached = self._knobs[id(entry)] = (entry, self._valid_knobs(entry, f.source))
+        knobs = cached[1]
         if knobs is None:
             return None
         order = (eid,) + tuple(c for c in candidates if c != eid)

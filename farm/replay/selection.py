@@ -54,6 +54,8 @@ POLICY_API_VERSION = (1, 0)
 ENTRY_POINT_GROUP = "farm.policies"
 BUILTIN_POLICY_MODULES: tuple[str, ...] = ("policies.config", "policies.static")
 ORDER_ENV = "FARM_HEUR_POLICY_ORDER"
+HIPDNN_ORDER_ENV = "HIPDNN_HEUR_POLICY_ORDER"  # hipDNN's own name: read when ours says nothing
+ORDER_ENVS = (ORDER_ENV, HIPDNN_ORDER_ENV)
 _DECIMAL_ID = re.compile(r"[+-]?[0-9]+")
 CONFIG = "SelectionHeuristic::Config"
 STATIC_ORDERING = "SelectionHeuristic::StaticOrdering"
@@ -179,14 +181,18 @@ def default_policy_registry() -> PolicyRegistry:
 
 
 def resolve_order(registry: PolicyRegistry, order: Sequence[str | int] | None = None) -> list[Policy]:
-    """Env FARM_HEUR_POLICY_ORDER > ``order`` > the default; unknown names or ids are skipped (logged)."""
-    env = [t for t in os.environ.get(ORDER_ENV, "").split(",") if t.strip()]
-    tokens: Sequence[str | int]
-    if env:  # a value of blanks and separators only says nothing: the next source answers
-        tokens, source = env, ORDER_ENV
-    elif order:
+    """Env FARM_HEUR_POLICY_ORDER, else HIPDNN_HEUR_POLICY_ORDER > ``order`` > the default; unknown names or ids
+    are skipped (logged)."""
+    tokens: Sequence[str | int] = []
+    source = ""
+    for name in ORDER_ENVS:  # a value of blanks and separators only says nothing: the next source answers
+        tokens = [t for t in os.environ.get(name, "").split(",") if t.strip()]
+        if tokens:
+            source = name
+            break
+    if not tokens and order:
         tokens, source = order, "the caller's order"
-    else:
+    elif not tokens:
         tokens, source = DEFAULT_ORDER, "the default order"
     out: list[Policy] = []
     for tok in tokens:
@@ -263,7 +269,7 @@ class Selector:
             return Selection(tuple(chosen), policy.name, dict(choice.knobs))
         if not self.policies:
             raise NoSelection("no selection policy is loaded in the requested order "
-                              f"({os.environ.get(ORDER_ENV) or 'default'})")
+                              f"({os.environ.get(ORDER_ENV) or os.environ.get(HIPDNN_ORDER_ENV) or 'default'})")
         raise NoSelection("every selection policy declined: " + "; ".join(reasons))
 
 

@@ -13,6 +13,7 @@ from farm.errors import InputError
 from farm.fsutil import MAX_TEXT_BYTES, PathLock, atomic_write_text, move_aside, read_text_file
 from farm.model.dtypes import canonical_dtype
 from farm.model.knobs import KnobSettings, KnobType
+from farm.model.op_catalog import OPS
 from farm.model.problem import INT64_MAX
 from farm.store.overrides import (
     OVERRIDE_VERSION,
@@ -99,27 +100,60 @@ def _parse_document(data: Any, source: str, strict: bool = True) -> OverrideFile
 _KNOWN_ENTRY_FIELDS = {"op", "engine_name", "criteria", "tensors", "knobs", "autotune_metadata", "compute_data_type"}
 _KNOWN_TENSOR_FIELDS = {"tensor_id", "dim", "stride", "data_type"}
 
+# hipDNN's own spellings (its backend's match keys, SelectionHeuristic::Config), read as ours and written back as
+# the file spelled them: a file hipDNN wrote selects here without renaming anything (docs/overrides.md)
+HIPDNN_OPS = {"resample_fwd": "resample", "batchnorm_inference_variance_ext": "batchnorm_inference"}
+HIPDNN_CRITERIA = {"pointwise": {"pointwise_mode": "mode"}, "resample": {"resample_mode": "mode"},
+                   "reduction": {"reduction_mode": "mode"}}
+# hipDNN tensor ids (``<name>_tensor_uid``) whose name is not ours in another case (x -> X, dy -> dY, scale -> scale)
+_HIPDNN_TENSOR_NAMES = {"reduction": {"in": "X"}, "pointwise": {"in_0": "A", "in_1": "B"},
+                        "batchnorm_inference": {"variance": "var", "inv_variance": "var"}, "sdpa_bwd": {"do": "dO"}}
+
+
+def tensor_id_of(op: str, spelled: str) -> str:
+    """Our tensor id for a file's ``tensor_id``: hipDNN's ``x_tensor_uid``, ``dy_tensor_uid``... are read as X, dY...;
+    anything else is kept as it is."""
+    if not spelled.endswith("_tensor_uid"):
+        return spelled
+    base = spelled[:-len("_tensor_uid")]
+    named = _HIPDNN_TENSOR_NAMES.get(op, {}).get(base)
+    if named is not None:
+        return named
+    spec = OPS.get(op)
+    ours = {t.lower(): t for t in spec.tensor_ids} if spec is not None else {}
+    return ours.get(base.lower(), spelled)
+
 
 def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
     _need(isinstance(obj, dict), "expected an object", path, obj)
-    op = obj.get("op")
-    _need(isinstance(op, str) and op, "expected an op name", f"{path}.op", op)
+    op_spelled = obj.get("op")
+    _need(isinstance(op_spelled, str) and op_spelled, "expected an op name", f"{path}.op", op_spelled)
+    op = HIPDNN_OPS.get(op_spelled, op_spelled)
     engine = obj.get("engine_name")
     _need(isinstance(engine, str) and engine, "expected an engine name", f"{path}.engine_name", engine)
-    criteria = obj.get("criteria", {}) or {}
-    _need(isinstance(criteria, dict), "criteria must be an object", f"{path}.criteria", criteria)
-    for k, v in criteria.items():
+    raw_criteria = obj.get("criteria", {}) or {}
+    _need(isinstance(raw_criteria, dict), "criteria must be an object", f"{path}.criteria", raw_criteria)
+    aliases = HIPDNN_CRITERIA.get(op, {})
+    criteria: dict[str, int] = {}
+    criteria_spelled = []
+    for k, v in raw_criteria.items():
         _need(isinstance(v, int) and not isinstance(v, bool) and -INT64_MAX - 1 <= v <= INT64_MAX,
               "criteria values are 64-bit integers", f"{path}.criteria.{k}", v)
+        ours = aliases.get(k, k)
+        _need(ours not in criteria, "criterion given twice (under our name and hipDNN's)", f"{path}.criteria.{k}", v)
+        criteria[ours] = v
+        if ours != k:
+            criteria_spelled.append((ours, k))
     tensors_raw = obj.get("tensors")
     _need(isinstance(tensors_raw, list) and tensors_raw, "expected a non-empty list of tensors", f"{path}.tensors", tensors_raw)
     tensors = []
     for j, t in enumerate(tensors_raw):
         tp = f"{path}.tensors[{j}]"
         _need(isinstance(t, dict), "expected an object with dim and stride", tp, t)
-        tid = t.get("tensor_id")
+        tid = spelled_id = t.get("tensor_id")
         if version >= 2:
             _need(isinstance(tid, str) and tid, "v2 tensors need a tensor_id", f"{tp}.tensor_id", tid)
+            tid = tensor_id_of(op, tid)
         else:
             tid = None  # v1 matches by position: its tensor ids are ignored
         _need("dim" in t, "missing dim", f"{tp}.dim", None)
@@ -130,7 +164,8 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
         _need(dtype is None or isinstance(dtype, str), "expected a dtype name", f"{tp}.data_type", dtype)
         extra = {k: v for k, v in t.items() if k not in _KNOWN_TENSOR_FIELDS}
         canonical = _dtype_name(dtype)  # matched as ours, written back as the file spelled it
-        tensors.append(TensorRule(tid, dims, strides, canonical, extra, dtype if canonical != dtype else None))
+        tensors.append(TensorRule(tid, dims, strides, canonical, extra, dtype if canonical != dtype else None,
+                                  spelled_id if tid is not None and spelled_id != tid else None))
     if version >= 2:
         ids = [t.tensor_id for t in tensors]
         _need(len(set(ids)) == len(ids), "tensor_id values must be unique", f"{path}.tensors", ids)
@@ -145,7 +180,8 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
     extra = {k: v for k, v in obj.items() if k not in _KNOWN_ENTRY_FIELDS}
     canonical_cdt = _dtype_name(cdt, compute=True)
     return OverrideEntry(op, engine, tuple(tensors), tuple(sorted(criteria.items())), knobs, canonical_cdt, meta, extra,
-                         cdt if canonical_cdt != cdt else None)
+                         cdt if canonical_cdt != cdt else None, op_spelled if op_spelled != op else None,
+                         tuple(criteria_spelled))
 
 
 def _dtype_name(name: str | None, *, compute: bool = False) -> str | None:

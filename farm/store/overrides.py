@@ -17,8 +17,10 @@ same number of tensors, every tensor matched by ``tensor_id`` (by position in v1
 files) with equal dims (``-1`` matches any size) and strides (``[]`` or absent
 matches any layout, ``-1`` any element), and every criterion it names equal.
 ``data_type`` and ``compute_data_type`` (our additions, so fp16 and fp32 rules of
-one shape never collide) match when present. Exact entries are found by a hash
-lookup; wildcard entries are tried after them, in declaration order.
+one shape never collide) match when present. A rule must name its op's key tensors
+(``key_tensors``). Exact rules (no -1 in dims or given strides) come before wildcard
+rules, whatever their order in the file; within each bucket the first rule declared wins
+(heuristics RFC §5.3.5, §17). Rules that give every field are found by a hash lookup.
 
 Knobs live in ``autotune_metadata.knobs`` as the RFC lays them out (an entry-level ``knobs`` list, which
 files of older tunefarm versions carry, is still read). Fields this build does not know, at any level,
@@ -68,16 +70,23 @@ class TensorRule:
     data_type: str | None = None  # None: any
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)  # unknown fields, kept
     spelled: str | None = field(default=None, compare=False)  # the file's own name of data_type (HALF), kept
+    id_spelled: str | None = field(default=None, compare=False)  # the file's own tensor id (x_tensor_uid), kept
+
+    @property
+    def complete(self) -> bool:
+        """Every field given (found by hash)."""
+        return (self.tensor_id is not None and -1 not in self.dims and bool(self.strides)
+                and -1 not in self.strides and self.data_type is not None)
 
     @property
     def exact(self) -> bool:
-        return (self.tensor_id is not None and -1 not in self.dims and bool(self.strides)
-                and -1 not in self.strides and self.data_type is not None)
+        """No wildcard: no -1 in its dims, nor in its strides where it gives them (heuristics RFC §5.3.5)."""
+        return -1 not in self.dims and -1 not in self.strides
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.tensor_id is not None:
-            out["tensor_id"] = self.tensor_id
+            out["tensor_id"] = self.id_spelled or self.tensor_id
         out["dim"] = list(self.dims)
         out["stride"] = list(self.strides)
         if self.data_type is not None:
@@ -104,6 +113,9 @@ class OverrideEntry:
     metadata: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)  # unknown fields, kept on rewrite
     compute_spelled: str | None = field(default=None, compare=False)  # the file's own name of compute_data_type
+    # hipDNN's own spellings of the op and of criteria names (resample_fwd, pointwise_mode), kept on rewrite
+    op_spelled: str | None = field(default=None, compare=False)
+    criteria_spelled: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # (ours, the file's)
     # made from a validated Problem (from_canonical, for_problem): its op, tensors and criteria need no re-check
     from_problem: bool = field(default=False, compare=False, repr=False)
 
@@ -116,12 +128,27 @@ class OverrideEntry:
         return any(t.tensor_id is None for t in self.tensors)
 
     @property
-    def exact(self) -> bool:
+    def complete(self) -> bool:
         """Every field of a problem given (so it is found by hash): all of the op's tensors, fully."""
         spec = OPS.get(self.op)
-        return (spec is not None and not self.positional and all(t.exact for t in self.tensors)
+        return (spec is not None and not self.positional and all(t.complete for t in self.tensors)
                 and self.compute_data_type is not None and set(dict(self.criteria)) == set(spec.criteria)
                 and {t.tensor_id for t in self.tensors} >= set(spec.inputs) | set(spec.outputs))
+
+    @property
+    def exact(self) -> bool:
+        """In the exact bucket (heuristics RFC §5.3.5, §17): no -1 in any tensor's dims or given strides. An exact
+        rule is chosen before any wildcard rule, whatever their order in the file; within a bucket, the first."""
+        return all(t.exact for t in self.tensors)
+
+    @property
+    def names_key_tensors(self) -> bool:
+        """The rule states every key tensor of its op (X/W, dY/W, X/dY, A/B, Q/K/V...: ``key_tensors``): a rule
+        naming only A would otherwise match every B. Outputs and our extras stay optional."""
+        key = key_tensors(self.op)
+        if self.positional:
+            return len(self.tensors) >= len(key)
+        return set(key) <= {t.tensor_id for t in self.tensors}
 
     @property
     def states_key_criteria(self) -> bool:
@@ -134,7 +161,8 @@ class OverrideEntry:
         return _match_key(self.op, self.criteria, self.tensors, self.compute_data_type)
 
     def matches(self, problem: Problem) -> bool:
-        if problem.op != self.op or len(problem.tensors) < len(self.tensors) or not self.states_key_criteria:
+        if problem.op != self.op or len(problem.tensors) < len(self.tensors) or not self.states_key_criteria \
+                or not self.names_key_tensors:
             return False
         if self.compute_data_type is not None and self.compute_data_type != problem.compute_dtype:
             return False
@@ -159,8 +187,9 @@ class OverrideEntry:
         return True
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"op": self.op, "engine_name": self.engine_name}
-        out["criteria"] = dict(self.criteria)
+        out: dict[str, Any] = {"op": self.op_spelled or self.op, "engine_name": self.engine_name}
+        spelled = dict(self.criteria_spelled)
+        out["criteria"] = {spelled.get(k, k): v for k, v in self.criteria} if spelled else dict(self.criteria)
         out["tensors"] = [t.to_json() for t in self.tensors]
         if self.compute_data_type is not None:
             out["compute_data_type"] = self.compute_spelled or self.compute_data_type
@@ -294,23 +323,26 @@ class OverrideFile:
         # (exact entries by key, wildcard patterns), built at the first match: a file only written needs neither
         self._index: tuple[dict[tuple[Any, ...], OverrideEntry], dict[str, Any]] | None = None
 
-    def _build_index(self) -> tuple[dict[tuple[Any, ...], OverrideEntry], dict[str, Any]]:
-        exact: dict[tuple[Any, ...], OverrideEntry] = {}
-        # wildcard entries grouped by shape of rule (which fields are wildcards); within a group, by the
-        # values of the fields that are not, so a lookup costs one dict probe per group, not a scan
+    def _build_index(self) -> tuple[dict[tuple[Any, ...], tuple[int, OverrideEntry]], dict[str, Any]]:
+        complete: dict[tuple[Any, ...], tuple[int, OverrideEntry]] = {}
+        # the other entries grouped by shape of rule (which fields are wildcards or left out); within a group,
+        # by the values of the fields that are not, so a lookup costs one dict probe per group, not a scan
         patterns: dict[str, dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, OverrideEntry]]]] = {}
         for i, e in enumerate(self.entries):
             if not e.states_key_criteria:
                 log.info("overrides: %s: rule %d for %s states no %s; it matches nothing", self.source, i, e.op,
                          "/".join(KEY_CRITERIA[e.op]))
-            elif e.exact:
+            elif not e.names_key_tensors:
+                log.info("overrides: %s: rule %d for %s does not name %s; it matches nothing", self.source, i, e.op,
+                         "/".join(key_tensors(e.op)))
+            elif e.complete:
                 key = (e.op, tuple(sorted(dict(e.criteria).items())),
                        frozenset((t.tensor_id, t.dims, t.strides, t.data_type) for t in e.tensors), e.compute_data_type)
-                exact.setdefault(key, e)  # declaration order: the first one wins
+                complete.setdefault(key, (i, e))  # declaration order: the first one wins
             else:
                 pattern, values = _pattern(e)
                 patterns.setdefault(e.op, {}).setdefault(pattern, {}).setdefault(values, (i, e))
-        self._index = (exact, patterns)  # one assignment: a reader in another thread sees all of it or none
+        self._index = (complete, patterns)  # one assignment: a reader in another thread sees all of it or none
         return self._index
 
     @property
@@ -322,20 +354,22 @@ class OverrideFile:
         return self.version == OVERRIDE_VERSION and all(e.metadata is not None for e in self.entries)
 
     def match(self, problem: Problem) -> OverrideEntry | None:
-        """The entry for ``problem``: exact entries by hash, then wildcard entries in order (memoised)."""
+        """The entry for ``problem``: the first matching exact rule (no -1), else the first matching wildcard rule,
+        in declaration order (memoised). Complete rules are found by hash, the others one probe per rule shape."""
         try:
             return self._memo[problem.key]
         except KeyError:
             pass
-        exact, patterns = self._index or self._build_index()
-        hit = exact.get(_query_key(problem))
-        if hit is None:
-            found = []
-            for pattern, groups in patterns.get(problem.op, {}).items():
-                values = _project(problem, pattern)
-                if values is not None and values in groups:
-                    found.append(groups[values])
-            hit = min(found, key=lambda ie: ie[0])[1] if found else None
+        complete, patterns = self._index or self._build_index()
+        found = []
+        by_hash = complete.get(_query_key(problem))
+        if by_hash is not None:
+            found.append(by_hash)
+        for pattern, groups in patterns.get(problem.op, {}).items():
+            values = _project(problem, pattern)
+            if values is not None and values in groups:
+                found.append(groups[values])
+        hit = min(found, key=lambda ie: (not ie[1].exact, ie[0]))[1] if found else None
         if len(self._memo) >= _MEMO_LIMIT:
             self._memo.clear()
         self._memo[problem.key] = hit
