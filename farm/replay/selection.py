@@ -53,6 +53,7 @@ log = logging.getLogger("farm.replay.selection")
 POLICY_API_VERSION = (1, 0)
 ENTRY_POINT_GROUP = "farm.policies"
 BUILTIN_POLICY_MODULES: tuple[str, ...] = ("policies.config", "policies.static")
+NATIVE_POLICY_MODULE = "policies.native"  # loads C ABI heuristic plugins (shared libraries)
 ORDER_ENV = "FARM_HEUR_POLICY_ORDER"
 HIPDNN_ORDER_ENV = "HIPDNN_HEUR_POLICY_ORDER"  # hipDNN's own name: read when ours says nothing
 ORDER_ENVS = (ORDER_ENV, HIPDNN_ORDER_ENV)
@@ -112,6 +113,8 @@ class PolicyRegistry:
                 reg.register(policy, origin="built-in", strict=True)
         if entry_points:
             reg.load_entry_points()
+        # shared libraries with the heuristics RFC's C ABI (FARM_HEUR_PLUGIN_PATH, HIPDNN_HEURISTIC_PLUGIN_DIR)
+        importlib.import_module(NATIVE_POLICY_MODULE).load_plugins(reg)
         return reg
 
     def register(self, policy: Any, *, origin: str = "registered", strict: bool = False) -> bool:
@@ -137,7 +140,7 @@ class PolicyRegistry:
         major = tuple(policy.api_version)[0] if policy.api_version else None
         if major != POLICY_API_VERSION[0]:
             return f"API version {tuple(policy.api_version)} has major {major}; this host speaks {POLICY_API_VERSION[0]}.x"
-        if policy.id != policy_name_to_id(policy.name):
+        if getattr(policy, "named", True) and policy.id != policy_name_to_id(policy.name):
             return f"id {policy.id} is not policy_name_to_id({policy.name!r}) = {policy_name_to_id(policy.name)}"
         if policy.id in self._by_id:
             return f"duplicate id {policy.id} (already loaded: {self._info[policy.id].name} from {self._info[policy.id].origin})"
