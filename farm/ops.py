@@ -35,7 +35,7 @@ from farm.errors import InputError
 from farm.model.dtypes import canonical_dtype
 from farm.model.problem import Problem, contiguous_strides
 from farm.replay.tunable_runtime import Bound, TunableRuntime
-from farm.replay.tunable_settings import TunableSettings
+from farm.replay.tunable_settings import TunableSettings, _budget_ms, _budget_samples
 
 __all__ = ["matmul", "sdpa", "conv2d", "enable", "tuning_enable", "record_untuned_enable", "set_verbose",
            "set_filename", "runtime", "choices", "reset"]
@@ -79,6 +79,11 @@ class RuntimeRegistry:
     def _settings(self) -> TunableSettings:
         return dataclasses.replace(TunableSettings.from_env(), **self._changes)
 
+    def settings(self) -> TunableSettings:
+        """The settings a runtime created now would get (the environment, then every change made)."""
+        with self._lock:
+            return self._settings()
+
     def configure(self, **changes: Any) -> None:
         """Change settings for every runtime, present and future; cached choices are made again."""
         with self._lock:
@@ -110,17 +115,43 @@ def _devices(kind: str, index: int) -> tuple[Device, Device]:
 RUNTIMES = RuntimeRegistry()
 
 
-# -- the TunableOp-style switches ---------------------------------------------------------------
+# -- the runtime tuner's API (its design document's table; PyTorch TunableOp's names) ---------------------------
+# Settings apply to every device's runtime, present and future; the results calls to every runtime in use
+# (the CPU's when none is yet).
 def enable(on: bool = True) -> None:
     RUNTIMES.configure(enabled=on)
+
+
+def disable() -> None:
+    enable(False)
+
+
+def is_enabled() -> bool:
+    return RUNTIMES.settings().enabled
 
 
 def tuning_enable(on: bool = True) -> None:
     RUNTIMES.configure(tuning=on)
 
 
+def tuning_disable() -> None:
+    tuning_enable(False)
+
+
+def tuning_is_enabled() -> bool:
+    return RUNTIMES.settings().tuning
+
+
 def record_untuned_enable(on: bool = True) -> None:
     RUNTIMES.configure(record_untuned=on)
+
+
+def record_untuned_disable() -> None:
+    record_untuned_enable(False)
+
+
+def record_untuned_is_enabled() -> bool:
+    return RUNTIMES.settings().record_untuned
 
 
 def set_verbose(on: bool = True) -> None:
@@ -128,15 +159,54 @@ def set_verbose(on: bool = True) -> None:
 
 
 def set_max_tuning_duration(ms: float) -> None:
-    RUNTIMES.configure(max_tuning_duration_ms=float(ms))
+    """Per candidate, in ms; 0 turns the time limit off."""
+    RUNTIMES.configure(max_tuning_duration_ms=_budget_ms(str(ms)))
 
 
-def set_max_tuning_iterations(samples: int) -> None:
-    RUNTIMES.configure(max_tuning_samples=int(samples))
+def get_max_tuning_duration() -> float:
+    return RUNTIMES.settings().max_tuning_duration_ms
+
+
+def set_max_tuning_samples(samples: int) -> None:
+    """Per candidate; 0 turns the sample limit off."""
+    RUNTIMES.configure(max_tuning_samples=_budget_samples(str(samples)))
+
+
+def get_max_tuning_samples() -> int:
+    return RUNTIMES.settings().max_tuning_samples
+
+
+set_max_tuning_iterations = set_max_tuning_samples  # PyTorch TunableOp's names of the same setting
+get_max_tuning_iterations = get_max_tuning_samples
 
 
 def set_filename(filename: str) -> None:
     RUNTIMES.configure(filename=filename)
+
+
+def get_filename() -> str:
+    """The results file of the first runtime in use (each device's gets its ordinal); empty until set or used."""
+    return _in_use()[0].get_filename()
+
+
+def read_file(filename: str | None = None) -> bool:
+    """Load recorded winners into every runtime in use; False when no runtime could use the file (its
+    validators name another device or build: the reason is logged under verbose, and the file is left as it is)."""
+    return any([rt.read_file(filename) for rt in _in_use()])
+
+
+def write_file(filename: str | None = None) -> None:
+    for rt in _in_use():
+        rt.write_file(filename)
+
+
+def get_results() -> list[tuple[str, str, str, float]]:
+    """Every recorded winner as ``(op, params, kernel, time_ms)``."""
+    return [r for rt in _in_use() for r in rt.get_results()]
+
+
+def _in_use() -> list[TunableRuntime]:
+    return RUNTIMES.runtimes() or [RUNTIMES.get("cpu", 0)]
 
 
 def runtime(kind: str = "cpu", index: int = 0) -> TunableRuntime:

@@ -82,7 +82,8 @@ def test_tuning_records_once_and_a_new_runtime_replays_without_measuring(tmp_pat
     again = fresh.bind(p.key, p)
     assert (again.source, again.engine_name, again.knobs) == ("recorded", bound.engine_name, bound.knobs)
     assert fresh.measurements == 0
-    assert fresh.get_results()[0]["engine"] == bound.engine_name
+    assert fresh.results()[0]["engine"] == bound.engine_name
+    assert fresh.get_results()[0][2].split("[")[0] == bound.engine_name  # (op, params, kernel, time_ms)
 
 
 def test_tuning_off_and_nothing_recorded_uses_static_ordering(tmp_path):
@@ -183,7 +184,7 @@ def test_read_file_merges_into_what_is_recorded(tmp_path):
     other.bind(b.key, b)
     other.write_file(str(tmp_path / "b.json"))
     rt.read_file(str(tmp_path / "b.json"))
-    assert sorted(r["problem_key"] for r in rt.get_results()) == sorted([a.key, b.key])
+    assert sorted(r["problem_key"] for r in rt.results()) == sorted([a.key, b.key])
 
 
 def test_untuned_problems_become_a_workload_farm_tune_accepts(tmp_path):
@@ -203,7 +204,7 @@ def test_write_file_and_read_file_round_trip(tmp_path):
     rt.write_file(str(tmp_path / "copy.json"))
     other = TunableRuntime(cpu_device(), settings=quick(tmp_path, tuning=False, filename=str(tmp_path / "none.json")))
     assert other.read_file(str(tmp_path / "copy.json"))
-    assert other.get_results()[0]["problem_key"] == p.key
+    assert other.results()[0]["problem_key"] == p.key
 
 
 # -- farm.ops ----------------------------------------------------------------------------------------

@@ -12,6 +12,10 @@ warned about and ignored; the API overrides them):
     FARM_TUNABLE_FILENAME                 results file (default farm_tunable_results.json; the device
                                           ordinal goes before the extension, or where {ordinal} is)
 
+Each is also read under the runtime tuner's own name (TP_TUNABLEOP_ENABLED, ..._TUNING, ..._RECORD_UNTUNED,
+..._VERBOSE, ..._MAX_TUNING_DURATION_MS, ..._MAX_TUNING_SAMPLES, ..._FILENAME) where ours is not set: ours
+win when both are. The defaults are the document's (off, tuning on, 30 ms, 100 samples).
+
 With the feature on, a recorded winner runs at once. A missing one is measured
 once (tuning on) and appended to the file; with tuning off the selection
 policies choose (FARM_HEUR_CONFIG_PATH's file, then StaticOrdering). A recorded
@@ -44,7 +48,8 @@ from farm.model.records import AutotuneConfig
 from farm.replay.selection import Selector
 from farm.store.override_files import autotune_metadata, call_choice, load_overrides, merge_entries, write_overrides
 from farm.store.overrides import OverrideEntry, OverrideFile
-from farm.store.tunableop_csv import DEFAULT_KERNEL, is_tunableop_csv, load_tunableop_csv, write_tunableop_csv
+from farm.store.tunableop_csv import (DEFAULT_KERNEL, is_tunableop_csv, load_tunableop_csv, result_line,
+                                     write_tunableop_csv)
 from farm.tuner.autotuner import Autotuner
 
 log = logging.getLogger("farm.replay.tunable_runtime")
@@ -149,12 +154,16 @@ class TunableRuntime:
     def get_max_tuning_duration(self) -> float:
         return self.settings.max_tuning_duration_ms
 
-    def set_max_tuning_iterations(self, samples: int) -> None:
+    def set_max_tuning_samples(self, samples: int) -> None:
         """Per candidate; 0 turns the sample limit off."""
         self._set(max_tuning_samples=_budget_samples(str(samples)))
 
-    def get_max_tuning_iterations(self) -> int:
+    def get_max_tuning_samples(self) -> int:
         return self.settings.max_tuning_samples
+
+    # PyTorch TunableOp's names of the same setting
+    set_max_tuning_iterations = set_max_tuning_samples
+    get_max_tuning_iterations = get_max_tuning_samples
 
     def set_filename(self, filename: str, insert_device_ordinal: bool = True) -> None:
         self._set(filename=filename if insert_device_ordinal else filename.replace("{ordinal}", ""))
@@ -164,7 +173,8 @@ class TunableRuntime:
 
     def get_filename(self) -> str:
         """The results file: empty until set (set_filename, FARM_TUNABLE_FILENAME) or first used (TunableOp's API)."""
-        return self._results_path() if self._filename_used or "FARM_TUNABLE_FILENAME" in os.environ else ""
+        named = "FARM_TUNABLE_FILENAME" in os.environ or "TP_TUNABLEOP_FILENAME" in os.environ
+        return self._results_path() if self._filename_used or named else ""
 
     def _results_path(self) -> str:
         if self._insert_ordinal:
@@ -241,7 +251,18 @@ class TunableRuntime:
         else:
             write_overrides(path, entries, device=self._device_obj(), mode=mode)
 
-    def get_results(self) -> list[dict[str, Any]]:
+    def get_results(self) -> list[tuple[str, str, str, float]]:
+        """The recorded winners as the runtime tuner's API gives them: ``(op, params, kernel, time_ms)``, the fields
+        of its results file's lines (``kernel``: the engine, with its knobs in brackets)."""
+        self._ensure_results()
+        out = []
+        for e in (self._results.entries if self._results else []):
+            op, params, kernel, time_ms = result_line(e)
+            out.append((op, params, kernel, float(time_ms)))
+        return out
+
+    def results(self) -> list[dict[str, Any]]:
+        """The recorded winners with our fields: op, problem key, engine, knobs, time."""
         self._ensure_results()
         return [{"op": e.op, "problem_key": (e.metadata or {}).get("problem_key"), "engine": e.engine_name,
                  "knobs": dict(e.knobs), "min_time_ms": (e.metadata or {}).get("min_time_ms")}

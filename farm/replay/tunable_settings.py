@@ -13,6 +13,11 @@ log = logging.getLogger("farm.replay.tunable_runtime")
 
 
 ENV_PREFIX = "FARM_TUNABLE_"
+# the runtime tuner's design document's names, read where ours are not set (ours win when both are)
+DOCUMENT_ENV = {"enabled": "TP_TUNABLEOP_ENABLED", "tuning": "TP_TUNABLEOP_TUNING",
+                "record_untuned": "TP_TUNABLEOP_RECORD_UNTUNED", "verbose": "TP_TUNABLEOP_VERBOSE",
+                "max_tuning_duration_ms": "TP_TUNABLEOP_MAX_TUNING_DURATION_MS",
+                "max_tuning_samples": "TP_TUNABLEOP_MAX_TUNING_SAMPLES", "filename": "TP_TUNABLEOP_FILENAME"}
 
 
 DEFAULT_FILENAME = "farm_tunable_results.json"
@@ -37,6 +42,8 @@ class TunableSettings:
                              ("max_tuning_duration_ms", _budget_ms), ("max_tuning_samples", _budget_samples),
                              ("filename", _nonempty)):
             name = ENV_PREFIX + field.upper()
+            if name not in env:
+                name = DOCUMENT_ENV[field]
             if name not in env:
                 continue
             try:

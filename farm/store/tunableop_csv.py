@@ -188,7 +188,8 @@ def _blas_operand(strides: Sequence[int], cols: int, rows: int) -> tuple[str | N
     return None, 0
 
 
-def _line(e: OverrideEntry) -> list[str]:
+def result_line(e: OverrideEntry) -> list[str]:
+    """A result line's fields for an entry: op, params, kernel (the engine, knobs in brackets), time in ms."""
     if isinstance(e.extra.get(_LINE), list):
         return list(e.extra[_LINE])
     sig = gemm_signature(e)
@@ -231,7 +232,7 @@ def render_tunableop_csv(doc: OverrideFile) -> str:
     for v in ours + [v for v in kept if v[1] not in names]:  # ours first; a TunableOp user's others kept
         w.writerow(v)
     for e in doc.entries:
-        w.writerow(_line(e))
+        w.writerow(result_line(e))
     for row in doc.extra.get(FOREIGN, []):
         w.writerow(row)
     return buf.getvalue()

@@ -1,0 +1,81 @@
+"""The runtime tuner's API as its design document lists it, at module level in farm.ops, and its environment
+variables beside ours (ours win when both are set)."""
+
+import numpy as np
+import pytest
+
+import farm.ops as ops
+from farm.replay.tunable_settings import TunableSettings
+
+API = ["enable", "disable", "is_enabled", "tuning_enable", "tuning_disable", "tuning_is_enabled",
+       "record_untuned_enable", "record_untuned_disable", "record_untuned_is_enabled", "set_verbose",
+       "set_max_tuning_duration", "get_max_tuning_duration", "set_max_tuning_samples", "get_max_tuning_samples",
+       "set_filename", "get_filename", "read_file", "write_file", "get_results"]
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    for name in list(__import__("os").environ):
+        if name.startswith(("FARM_TUNABLE_", "TP_TUNABLEOP_", "FARM_HEUR_", "HIPDNN_HEUR_")):
+            monkeypatch.delenv(name)
+    ops.reset()
+    yield
+    ops.reset()
+
+
+def test_every_call_of_the_documents_table_exists_at_module_level():
+    missing = [name for name in API if not callable(getattr(ops, name, None))]
+    assert missing == []
+
+
+def test_switches_and_budgets_read_back_what_was_set():
+    assert not ops.is_enabled() and ops.tuning_is_enabled() and not ops.record_untuned_is_enabled()
+    ops.enable()
+    ops.tuning_disable()
+    ops.record_untuned_enable()
+    ops.set_max_tuning_duration(12.5)
+    ops.set_max_tuning_samples(7)
+    assert ops.is_enabled() and not ops.tuning_is_enabled() and ops.record_untuned_is_enabled()
+    assert ops.get_max_tuning_duration() == 12.5 and ops.get_max_tuning_samples() == 7
+    assert ops.get_max_tuning_iterations() == 7  # PyTorch TunableOp's name of the same setting
+    ops.disable()
+    ops.record_untuned_disable()
+    assert not ops.is_enabled() and not ops.record_untuned_is_enabled()
+    with pytest.raises(ValueError):
+        ops.set_max_tuning_samples(-1)
+
+
+def test_results_round_trip_through_the_files_as_op_params_kernel_time_tuples(tmp_path):
+    path = str(tmp_path / "results.json")
+    ops.enable()
+    ops.set_filename(path)
+    ops.set_max_tuning_duration(2)
+    ops.set_max_tuning_samples(3)
+    a, b = np.ones((32, 16), np.float32), np.ones((16, 8), np.float32)
+    ops.matmul(a, b)
+    results = ops.get_results()
+    assert len(results) == 1
+    op, params, kernel, time_ms = results[0]
+    # a GEMM is named as the runtime tuner names it (GemmTunableOp_<dtype>_<layout>, params "tn_M_N_K...")
+    assert op.startswith("GemmTunableOp_float") and kernel.startswith("cpu.matmul.") and time_ms > 0
+    assert "32" in params and "16" in params
+    ops.write_file()
+    assert ops.get_filename().startswith(str(tmp_path / "results"))
+    ops.reset()
+    ops.enable()
+    assert ops.read_file(str(tmp_path / "results0.json"))  # the device ordinal goes before the extension
+    assert ops.get_results() == results
+
+
+def test_the_documents_variables_are_read_and_ours_win(monkeypatch):
+    monkeypatch.setenv("TP_TUNABLEOP_ENABLED", "1")
+    monkeypatch.setenv("TP_TUNABLEOP_MAX_TUNING_SAMPLES", "9")
+    monkeypatch.setenv("TP_TUNABLEOP_FILENAME", "doc.json")
+    s = TunableSettings.from_env()
+    assert s.enabled and s.max_tuning_samples == 9 and s.filename == "doc.json"
+    monkeypatch.setenv("FARM_TUNABLE_MAX_TUNING_SAMPLES", "4")
+    monkeypatch.setenv("FARM_TUNABLE_ENABLED", "0")
+    s = TunableSettings.from_env()
+    assert not s.enabled and s.max_tuning_samples == 4 and s.filename == "doc.json"
+    monkeypatch.setenv("TP_TUNABLEOP_MAX_TUNING_DURATION_MS", "-3")  # a bad value: warned about, default kept
+    assert TunableSettings.from_env().max_tuning_duration_ms == 30.0
