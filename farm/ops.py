@@ -4,6 +4,7 @@
     c = farm.ops.matmul(a, b)                 # numpy on the CPU, torch tensors on their GPU
     o = farm.ops.sdpa(q, k, v, causal=True)
     y = farm.ops.conv2d(x, w, stride=2, padding=1)
+    y = farm.ops.layernorm(x, scale, bias); y = farm.ops.rmsnorm(x, scale)
 
 The first call for a shape builds its Problem and asks the device's
 TunableRuntime for an engine (a recorded winner, a tuning run when tuning is
@@ -12,10 +13,10 @@ StaticOrdering). The choice is cached per shape, so later calls cost a
 dictionary lookup plus the engine itself. Torch tensors run on the caller's
 current stream; CPU torch tensors are treated as numpy arrays (shared memory).
 
-The TunableOp-style switches apply to every device's runtime:
-``farm.ops.enable()``, ``tuning_enable()``, ``record_untuned_enable()``,
-``set_filename()``; ``runtime(...)`` gives one device's runtime
-(``read_file``/``write_file``/``get_results``); ``choices()`` says what runs.
+The runtime tuner's API (its design document's table, PyTorch TunableOp's names) is here at module level:
+``enable``/``disable``/``is_enabled``, ``tuning_*``, ``record_untuned_*``, ``set_verbose``, the duration and
+sample budgets, ``set_filename``/``get_filename``, ``read_file``, ``write_file``, ``get_results``; settings
+apply to every device's runtime. ``runtime(...)`` gives one device's runtime; ``choices()`` says what runs.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ from farm.model.problem import Problem, contiguous_strides
 from farm.replay.tunable_runtime import Bound, TunableRuntime
 from farm.replay.tunable_settings import TunableSettings, _budget_ms, _budget_samples
 
-__all__ = ["matmul", "sdpa", "conv2d", "enable", "tuning_enable", "record_untuned_enable", "set_verbose",
-           "set_filename", "runtime", "choices", "reset"]
+__all__ = ["matmul", "sdpa", "conv2d", "layernorm", "rmsnorm",
+           "enable", "disable", "is_enabled", "tuning_enable", "tuning_disable", "tuning_is_enabled",
+           "record_untuned_enable", "record_untuned_disable", "record_untuned_is_enabled", "set_verbose",
+           "set_max_tuning_duration", "get_max_tuning_duration", "set_max_tuning_samples", "get_max_tuning_samples",
+           "set_filename", "get_filename", "read_file", "write_file", "get_results", "runtime", "choices", "reset"]
 
 
 @dataclass(frozen=True)
@@ -453,3 +457,13 @@ def conv2d(x: Any, w: Any, *, stride: int | tuple[int, int] = 1, padding: int | 
                 ("stride_h", sh), ("stride_w", sw))
 
     return _run("conv_fprop", {"X": x, "W": w}, params, criteria, None, out)
+
+
+def layernorm(x: Any, scale: Any, bias: Any, *, out: Any = None) -> Any:
+    """Layer normalization over the last dim (eps 1e-5): ``(x - mean) / sqrt(var + eps) * scale + bias``."""
+    return _run("layernorm", {"X": x, "scale": scale, "bias": bias}, (), _no_criteria, None, out)
+
+
+def rmsnorm(x: Any, scale: Any, *, out: Any = None) -> Any:
+    """RMS normalization over the last dim (eps 1e-5): ``x / sqrt(mean(x^2) + eps) * scale``."""
+    return _run("rmsnorm", {"X": x, "scale": scale}, (), _no_criteria, None, out)

@@ -79,3 +79,35 @@ def test_the_documents_variables_are_read_and_ours_win(monkeypatch):
     assert not s.enabled and s.max_tuning_samples == 4 and s.filename == "doc.json"
     monkeypatch.setenv("TP_TUNABLEOP_MAX_TUNING_DURATION_MS", "-3")  # a bad value: warned about, default kept
     assert TunableSettings.from_env().max_tuning_duration_ms == 30.0
+
+
+def test_layernorm_and_rmsnorm_replay_through_farm_ops():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    scale, bias = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    y = ops.layernorm(x, scale, bias)
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    assert np.allclose(y, (x - mean) / np.sqrt(var + 1e-5) * scale + bias, atol=1e-4)
+    r = ops.rmsnorm(x, scale)
+    assert np.allclose(r, x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * scale, atol=1e-4)
+    ops_seen = {c["problem"].split("(")[0].split()[0] for c in ops.choices()}
+    assert any("layernorm" in c["problem"] for c in ops.choices()) and any("rmsnorm" in c["problem"]
+                                                                          for c in ops.choices()), ops_seen
+
+
+def test_a_published_norm_winner_is_what_farm_ops_runs(tmp_path, monkeypatch):
+    from farm.devices.device import cpu_device
+    from farm.model.problem import Problem
+    from farm.store.override_files import write_overrides
+    from farm.store.overrides import OverrideEntry
+
+    device = cpu_device()
+    p = Problem.create("rmsnorm", {"X": [8, 64], "scale": [64]})
+    path = tmp_path / "o.json"
+    write_overrides(path, [OverrideEntry.for_problem(p, "cpu.rmsnorm.einsum", (), {"rank": 0})],
+                    device={"signature": device.signature, "properties": device.properties.to_dict()}, mode="new")
+    monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", str(path))
+    ops.reset()
+    ops.rmsnorm(np.ones((8, 64), np.float32), np.ones(64, np.float32))
+    [choice] = ops.choices()
+    assert choice["engine"] == "cpu.rmsnorm.einsum" and choice["source"] == "SelectionHeuristic::Config"
