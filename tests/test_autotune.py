@@ -272,6 +272,8 @@ def test_manual_path():
     assert [t.plan_name_at_index(i) for i in range(3)] == ["a[default]", "b[default]", "broken[default]"]
     assert t.workspace_size_at_index(1) == 16 and t.get_autotune_workspace_size() == 16
     assert "failed to build" in t.excluded_reason(2)
+    assert t.workspace_size_at_index(2) == -1  # never compiled: -1, as the autotuning RFC has it
+    assert t.estimated_workspace_at_index(1) == 16
     tensors = tensors_for(t.problem)
     t.execute_plan_at_index(1, tensors)
     assert b.calls.run == 1
@@ -672,3 +674,28 @@ def test_a_noisy_candidate_near_the_top_is_measured_again_and_does_not_win_on_no
     # b's median is lower, but it is noisy and within noise of the stable default: the default stays first
     assert by["b"].median_ms < by["a"].median_ms
     assert [r.engine_name for r in results][:2] == ["a", "b"]
+
+
+def test_results_carry_the_compiled_plan_index_and_minus_one_when_never_compiled():
+    a, b = FakeEngine("a", estimate=8), FakeEngine("b", estimate=16)
+    t = tuner_with(a, b, FakeEngine("broken", fail_at="compile"))
+    t.add_all_engines()
+    results = t.autotune(config=AutotuneConfig(strategy="fixed_average", timed_iterations=2, warmup_iterations=0,
+                                               check="off"))
+    by_name = {r.engine_name: r for r in results}
+    assert by_name["a"].compiled_plan_index == by_name["a"].candidate == 0
+    assert by_name["b"].compiled_plan_index == 1
+    assert by_name["broken"].compiled_plan_index == -1 and not by_name["broken"].succeeded
+
+
+def test_get_engine_configs_takes_the_heuristic_mode():
+    from farm.model.records import HeuristicMode
+
+    low, high = FakeEngine("z.low"), FakeEngine("a.high")
+    low.priority, high.priority = 5, 90
+    t = tuner_with(high, low)
+    assert [c.engine_name for c in t.get_engine_configs()] == [c.engine_name for c in t.engine_configs()]
+    assert [c.engine_name for c in t.get_engine_configs([HeuristicMode.A])] == ["z.low", "a.high"]
+    assert [c.engine_name for c in t.get_engine_configs(["b", "fallback"])] == ["z.low", "a.high"]  # each once
+    with pytest.raises(ValueError):
+        t.get_engine_configs(["z"])

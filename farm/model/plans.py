@@ -238,16 +238,28 @@ class PlanSpecCollection:
         log.info("autotune: %s lists %d plans for %s", engine.name, len(listed), self.problem.label())
         return added
 
+    def _available(self, key: int | str, where: str) -> Engine | None:
+        """The engine of a variant or sweep, or None: an engine that is not available here (unknown to this
+        process, or not serving the op) is skipped with a warning, as the autotuning RFC's §6.2.7 has it."""
+        try:
+            return self._engine_for(key, where=where)
+        except InputError as exc:
+            self.dropped.append((f"{key}[*]", exc.reason))
+            log.warning("autotune: %s: engine %r skipped: %s", where, key, exc.reason)
+            return None
+
     def add_engine_variants(self, variants: Sequence[EngineVariant]) -> int:
-        """Explicit (engine, knobs) candidates. An unknown engine, an unknown knob or a value out of range is an
-        InputError naming the first bad variant (those before it are kept); one that does not apply here is
-        left out (logged)."""
+        """Explicit (engine, knobs) candidates. An engine that is not available is skipped with a warning; an
+        unknown knob or a value out of range is an InputError naming the first bad variant (those before it are
+        kept); one that does not apply here is left out (logged)."""
         self._check_unlocked()
         if not variants:
             raise InputError("no variants given", field="variants", value=[])
         added = 0
         for i, v in enumerate(variants):
-            eng = self._engine_for(v.engine, where=f"variants[{i}].engine")
+            eng = self._available(v.engine, f"variants[{i}].engine")
+            if eng is None:
+                continue
             try:
                 spec = PlanSpec(engine_id(eng), self._normalize(eng, v.knobs))
             except InputError as exc:
@@ -257,13 +269,16 @@ class PlanSpecCollection:
         return added
 
     def add_engine_sweep(self, sweeps: Sequence[EngineSweep]) -> int:
-        """Cartesian sweeps; a sweep above 10,000 specs is an error, above 1,000 a warning."""
+        """Cartesian sweeps; a sweep above 10,000 specs is an error, above 1,000 a warning; a sweep of an engine
+        that is not available is skipped with a warning."""
         self._check_unlocked()
         if not sweeps:
             raise InputError("no sweeps given", field="sweeps", value=[])
         added = 0
         for i, sw in enumerate(sweeps):
-            eng = self._engine_for(sw.engine, where=f"sweeps[{i}].engine")
+            eng = self._available(sw.engine, f"sweeps[{i}].engine")
+            if eng is None:
+                continue
             combos = cartesian_product(self._sweep_axes(eng, sw.axes, i))  # raises above the limit
             if len(combos) > SWEEP_WARN_LIMIT:
                 log.warning("autotune: sweep %d on %s expands to %d plan specs", i, sw.engine, len(combos))

@@ -29,6 +29,14 @@ class BuildPolicy(str, enum.Enum):
     HEURISTICS_CHOICE = "heuristics_choice"  # the first plan in heuristic order that compiles
 
 
+class HeuristicMode(str, enum.Enum):
+    """How get_engine_configs() ranks the engines that apply (the autotuning RFC's heuristic modes)."""
+
+    A = "a"  # the selection policies in force (FARM_HEUR_POLICY_ORDER...: a tuned winner first)
+    B = "b"  # SelectionHeuristic::StaticOrdering alone: the engines' declared priority
+    FALLBACK = "fallback"  # discovery order
+
+
 class CallMode(str, enum.Enum):
     """How production calls a problem's op: what the confirmation stage times and ranks by."""
 
@@ -257,6 +265,12 @@ class AutotuneResult:
     compile_ms: float | None = None
     tuning_ms: float = 0.0
     started_at: str = ""
+
+    @property
+    def compiled_plan_index(self) -> int:
+        """The autotuning RFC's compiledPlanIndex: the plan's index in the compiled-plan list (its candidate
+        index), or -1 for a candidate never compiled (barred, excluded, failed to compile)."""
+        return self.candidate if self.workspace_size is not None and self.workspace_size >= 0 else -1
 
     @property
     def succeeded(self) -> bool:

@@ -37,12 +37,13 @@ from farm.model.engine import (
     EngineRegistry,
     Plan,
     default_engine_registry,
+    engine_priority,
     settings_to_resolved,
 )
 from farm.model.knobs import KnobValue, candidate_label
 from farm.model.plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection
 from farm.model.problem import Problem
-from farm.model.records import AutotuneConfig, AutotuneResult, BuildPolicy, ResultCheck, TuneMode
+from farm.model.records import AutotuneConfig, AutotuneResult, BuildPolicy, HeuristicMode, ResultCheck, TuneMode
 from farm.tuner.candidate import _Candidate, _close_plan, _err
 from farm.tuner.phases import PhaseClock
 from farm.tuner.ranking import _rank
@@ -79,6 +80,21 @@ class Autotuner:
     def engine_configs(self) -> list[EngineConfig]:
         """Applicable engines for this problem on this device."""
         return self.registry.discover(self.problem, self.device)
+
+    def get_engine_configs(self, modes: Sequence[HeuristicMode | str] = (HeuristicMode.FALLBACK,)) -> list[EngineConfig]:
+        """The applicable engines ranked by each heuristic mode in turn, each engine once (the autotuning RFC's
+        call; the default, FALLBACK, is discovery order). A and B rank by the engines' declared priority, then
+        name (StaticOrdering's rule: the one heuristic this package has; a tuned winner is the selection
+        policies' business, farm.replay.selection)."""
+        configs = self.engine_configs()
+        out: dict[int, EngineConfig] = {}
+        for mode in modes:
+            mode = HeuristicMode(mode)
+            ranked = configs if mode is HeuristicMode.FALLBACK else sorted(
+                configs, key=lambda c: (engine_priority(self.registry.get(c.engine_id)), c.engine_name))
+            for c in ranked:
+                out.setdefault(c.engine_id, c)
+        return list(out.values())
 
     def add_all_engines(self) -> int:
         self._guard_add()
@@ -209,7 +225,9 @@ class Autotuner:
         return slot.spec, slot.cand.engine, slot.cand.plan
 
     def workspace_size_at_index(self, index: int) -> int:
-        """The workspace plan ``index`` needs (compiled, else the estimate); -1: the plan execute() runs."""
+        """The workspace compiled plan ``index`` needs; -1 for a plan never compiled (not built, or its build
+        failed: the autotuning RFC's value; ``estimated_workspace_at_index`` gives the estimate). Index -1: the
+        plan execute() runs."""
         if index == -1 and not isinstance(index, bool):
             if self._active is None:
                 raise UsageError("no plan selected: run autotune() or build_plan_at_index() first")
@@ -217,7 +235,11 @@ class Autotuner:
         slot = self._slot(index)
         if slot.cand.plan is not None:
             return int(slot.cand.plan.workspace_size)
-        return int(slot.cand.estimated_workspace or 0)
+        return -1
+
+    def estimated_workspace_at_index(self, index: int) -> int:
+        """The engine's pre-compile workspace estimate for plan ``index`` (0 when it gives none)."""
+        return int(self._slot(index).cand.estimated_workspace or 0)
 
     def get_autotune_workspace_size(self) -> int:
         """The workspace autotune() needs on the compiled-plan path: the largest of the runnable built plans."""
