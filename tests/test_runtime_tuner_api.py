@@ -111,3 +111,39 @@ def test_a_published_norm_winner_is_what_farm_ops_runs(tmp_path, monkeypatch):
     ops.rmsnorm(np.ones((8, 64), np.float32), np.ones(64, np.float32))
     [choice] = ops.choices()
     assert choice["engine"] == "cpu.rmsnorm.einsum" and choice["source"] == "SelectionHeuristic::Config"
+
+
+def test_the_documents_csv_round_trips_and_another_devices_file_is_refused_with_the_reason(tmp_path, caplog):
+    import logging
+
+    path = tmp_path / "tunableop_results0.csv"
+    ops.enable()
+    ops.set_filename(str(tmp_path / "tunableop_results.csv"))
+    ops.set_max_tuning_duration(2)
+    ops.set_max_tuning_samples(3)
+    ops.matmul(np.ones((24, 16), np.float32), np.ones((16, 8), np.float32))
+    text = path.read_text()
+    lines = text.splitlines()
+    assert lines[0] == "Validator,TP_TUNABLEOP_FORMAT,1" and lines[1].startswith("Validator,")
+    result = [line for line in lines if not line.startswith("Validator")]
+    assert len(result) == 1 and len(result[0].split(",")) == 4  # op,params,kernel,avg_time
+    before = ops.get_results()
+    ops.reset()
+    ops.enable()
+    assert ops.read_file(str(path)) and ops.get_results() == before  # the round trip
+
+    arch = next(line for line in lines if line.startswith("Validator,ARCH,"))
+    foreign = tmp_path / "other.csv"
+    foreign.write_text(text.replace(arch, "Validator,ARCH,gfx942"))
+    ops.reset()
+    ops.enable()
+    ops.set_verbose(True)
+    with caplog.at_level(logging.WARNING, logger="farm"):
+        assert not ops.read_file(str(foreign))
+    assert "ARCH gfx942 vs" in caplog.text and foreign.exists()  # the reason, and the file left as it is
+    assert ops.get_results() == []
+    unknown = tmp_path / "v2.csv"
+    unknown.write_text(text.replace("TP_TUNABLEOP_FORMAT,1", "TP_TUNABLEOP_FORMAT,2"))
+    with caplog.at_level(logging.WARNING, logger="farm"):
+        assert not ops.read_file(str(unknown))
+    assert "TP_TUNABLEOP_FORMAT 2" in caplog.text

@@ -48,8 +48,8 @@ from farm.model.records import AutotuneConfig
 from farm.replay.selection import Selector
 from farm.store.override_files import autotune_metadata, call_choice, load_overrides, merge_entries, write_overrides
 from farm.store.overrides import OverrideEntry, OverrideFile
-from farm.store.tunableop_csv import (DEFAULT_KERNEL, is_tunableop_csv, load_tunableop_csv, result_line,
-                                     write_tunableop_csv)
+from farm.store.tunableop_csv import (DEFAULT_KERNEL, VALIDATORS, is_tunableop_csv, load_tunableop_csv,
+                                     result_line, validator_mismatch, write_tunableop_csv)
 from farm.tuner.autotuner import Autotuner
 
 log = logging.getLogger("farm.replay.tunable_runtime")
@@ -228,6 +228,8 @@ class TunableRuntime:
             return True
 
     def _mismatch(self, f: OverrideFile) -> str:
+        if VALIDATORS in f.extra:  # read from CSV: its validators decide, as the runtime tuner's document has it
+            return validator_mismatch(f, self._device_obj())
         sig = f.device_signature
         if sig and sig != self.device.signature:
             props = (f.device or {}).get("properties") or {}

@@ -1,5 +1,7 @@
-"""PyTorch TunableOp's results file, read and written: ``Validator`` lines, then ``op,params,kernel,time_ms``.
+"""The runtime tuner's results file (its design document's format, and PyTorch TunableOp's), read and written:
+``Validator`` lines, then ``op,params,kernel,avg_time`` (ms).
 
+    Validator,TP_TUNABLEOP_FORMAT,1
     Validator,PT_VERSION,2.13.0
     Validator,DEVICE_SIGNATURE,nvidia-h200-sm90-132cu-490820f783
     GemmTunableOp_Half_NN,nn_4096_1024_512_ld_4096_512_4096,triton.gemm[BLOCK_M=128;BLOCK_N=64],0.0123
@@ -13,7 +15,9 @@ operand is B), ``GemmTunableOp_<type>_<TA><TB>`` and ``<ta><tb>_m_n_k_ld_lda_ldb
 then its tensors (``id:dims:strides:dtype``), criteria (``name=value``) and compute type, separated by ``;``
 so no comma breaks TunableOp's reader. The kernel is ``engine[knob=value;...]``; ``Default`` is the
 heuristic's top choice. Lines this build cannot map (another TunableOp op, a malformed line) and validators
-are kept and written back, so a TunableOp user's file survives a round trip.
+are kept and written back, so a TunableOp user's file survives a round trip. A file is for this device and
+build when every validator it shares with ours (device name, arch, driver, runtime and library versions,
+DEVICE_SIGNATURE, PT_VERSION) has our value, and its format line, when it has one, says 1.
 """
 
 from __future__ import annotations
@@ -206,10 +210,15 @@ def result_line(e: OverrideEntry) -> list[str]:
     return [sig[0], sig[1], kernel, f"{time_ms:.6f}" if isinstance(time_ms, (int, float)) else "0"]
 
 
+FORMAT_VALIDATOR = ("TP_TUNABLEOP_FORMAT", "1")  # the runtime tuner's document's format line, written first
+_NOT_COMPARED = {"FARM_VERSION", FORMAT_VALIDATOR[0]}  # our own build, and the format (checked on its own)
+
+
 def device_validators(device: Mapping[str, Any] | None) -> list[list[str]]:
-    """Our Validator lines for a device (``{"signature", "properties"}``)."""
+    """Our Validator lines for a device (``{"signature", "properties"}``): the document's format line, then the
+    device and library lines."""
     props = (device or {}).get("properties") or {}
-    out = [["Validator", "FARM_VERSION", __version__]]
+    out = [["Validator", *FORMAT_VALIDATOR], ["Validator", "FARM_VERSION", __version__]]
     if (device or {}).get("signature"):
         out.append(["Validator", "DEVICE_SIGNATURE", device["signature"]])
     for key, name in (("name", "DEVICE_NAME"), ("arch", "ARCH"), ("driver_version", "DRIVER_VERSION"),
@@ -221,6 +230,20 @@ def device_validators(device: Mapping[str, Any] | None) -> list[list[str]]:
         if lib == "torch":
             out.append(["Validator", "PT_VERSION", str(version)])  # the name TunableOp checks
     return out
+
+
+def validator_mismatch(doc: OverrideFile, device: Mapping[str, Any]) -> str:
+    """Why a results file read from CSV is not for this device and build ("" when it is): an unknown format
+    version, or a validator both sides give with different values (one the file lacks is not compared, so a
+    PyTorch user's file with only PT_VERSION is judged on that)."""
+    given = {row[1]: row[2] for row in doc.extra.get(VALIDATORS, []) if isinstance(row, list) and len(row) >= 3}
+    fmt = given.get(FORMAT_VALIDATOR[0])
+    if fmt is not None and fmt.strip() != FORMAT_VALIDATOR[1]:
+        return f"validator {FORMAT_VALIDATOR[0]} {fmt} (this build reads format {FORMAT_VALIDATOR[1]})"
+    ours = {row[1]: row[2] for row in device_validators(device)}
+    differ = [f"{name} {given[name]} vs {value}" for name, value in ours.items()
+              if name not in _NOT_COMPARED and name in given and given[name].strip() != value]
+    return "validators differ: " + ", ".join(differ) if differ else ""
 
 
 def render_tunableop_csv(doc: OverrideFile) -> str:
