@@ -293,3 +293,14 @@ def test_a_rule_the_reader_cannot_use_is_skipped_and_the_rest_loads(session, dev
     with caplog.at_level(logging.WARNING):
         assert ask(session, p).order[0] == EINSUM
     assert "that rule is skipped" in caplog.text and "engine_overrides[0]" in caplog.text
+
+
+def test_a_run_folder_of_override_files_is_read_as_farm_tune_wrote_it(session, device, monkeypatch, tmp_path):
+    """FARM_HEUR_CONFIG_PATH at RUN/overrides (files named by signature, no published layout) finds this
+    device's file there."""
+    p = matmul_problem()
+    folder = tmp_path / "run" / "overrides"
+    folder.mkdir(parents=True)
+    write(folder / f"{device.signature}.json", [entry(p, "cpu.matmul.einsum")], device.properties)
+    monkeypatch.setenv("FARM_HEUR_CONFIG_PATH", str(folder))
+    assert ask(session, p).order[0] == EINSUM

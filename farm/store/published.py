@@ -147,7 +147,8 @@ def _read_index(store: Store) -> dict[str, Any]:
 
 
 def find_published(root: str, props: DeviceProperties) -> tuple[str, str] | None:
-    """(path, note) of the published file for this device: its signature, else one of the same arch.
+    """(path, note) of the published file for this device: its signature (in the published layout, or directly
+    in the folder, as ``farm tune``'s ``RUN/overrides`` holds it), else one of the same arch.
 
     The note is empty for an exact match and names what differs otherwise.
     """
@@ -165,6 +166,9 @@ def find_published(root: str, props: DeviceProperties) -> tuple[str, str] | None
                     props.signature, exact.get("path"), rel)
     if store.read(rel) is not None:
         return _local(store, rel), ""
+    flat = f"{props.signature}.json"  # a folder of override files as farm tune / farm reduce write them
+    if store.read(flat) is not None:
+        return _local(store, flat), ""
     same_arch = [e for e in index.values() if isinstance(e, dict) and e.get("arch") == props.arch
                  and _indexed_path_ok(store, e)]
     if not same_arch:
