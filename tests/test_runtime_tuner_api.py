@@ -81,6 +81,18 @@ def test_the_documents_variables_are_read_and_ours_win(monkeypatch):
     assert TunableSettings.from_env().max_tuning_duration_ms == 30.0
 
 
+def test_the_documents_variables_bring_its_default_results_file(monkeypatch, tmp_path):
+    assert TunableSettings.from_env().filename == "farm_tunable_results.json"  # ours, when ours configure it
+    monkeypatch.setenv("TP_TUNABLEOP_ENABLED", "1")
+    assert TunableSettings.from_env().filename == "tunableop_results.csv"  # the document's, in its CSV format
+    monkeypatch.chdir(tmp_path)
+    ops.reset()
+    ops.set_max_tuning_duration(2)
+    ops.set_max_tuning_samples(3)
+    ops.matmul(np.ones((8, 8), np.float32), np.ones((8, 8), np.float32))
+    assert (tmp_path / "tunableop_results0.csv").read_text().startswith("Validator,TP_TUNABLEOP_FORMAT,1")
+
+
 def test_layernorm_and_rmsnorm_replay_through_farm_ops():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 64)).astype(np.float32)

@@ -14,7 +14,8 @@ warned about and ignored; the API overrides them):
 
 Each is also read under the runtime tuner's own name (TP_TUNABLEOP_ENABLED, ..._TUNING, ..._RECORD_UNTUNED,
 ..._VERBOSE, ..._MAX_TUNING_DURATION_MS, ..._MAX_TUNING_SAMPLES, ..._FILENAME) where ours is not set: ours
-win when both are. The defaults are the document's (off, tuning on, 30 ms, 100 samples).
+win when both are. The defaults are the document's (off, tuning on, 30 ms, 100 samples; with its variables in use
+and no file named, its tunableop_results<device>.csv).
 
 With the feature on, a recorded winner runs at once. A missing one is measured
 once (tuning on) and appended to the file; with tuning off the selection

@@ -21,6 +21,7 @@ DOCUMENT_ENV = {"enabled": "TP_TUNABLEOP_ENABLED", "tuning": "TP_TUNABLEOP_TUNIN
 
 
 DEFAULT_FILENAME = "farm_tunable_results.json"
+DOCUMENT_FILENAME = "tunableop_results.csv"  # the document's default: tunableop_results<device>.csv
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class TunableSettings:
                 changes[field] = parse(env[name])
             except ValueError as exc:
                 log.warning("autotune: %s=%r ignored: %s", name, env[name], exc)
+        if "filename" not in changes and any(n in env for n in DOCUMENT_ENV.values()):
+            # configured by the runtime tuner's variables: its results file, in its format, by default
+            changes["filename"] = DOCUMENT_FILENAME
         return dataclasses.replace(s, **changes)
 
 
