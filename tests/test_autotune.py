@@ -699,3 +699,24 @@ def test_get_engine_configs_takes_the_heuristic_mode():
     assert [c.engine_name for c in t.get_engine_configs(["b", "fallback"])] == ["z.low", "a.high"]  # each once
     with pytest.raises(ValueError):
         t.get_engine_configs(["z"])
+
+
+def test_a_tuning_process_prepares_its_engines_and_replay_does_not(tmp_path):
+    """Autotuner.autotune lets the candidates' engines start what their compiles want (Triton's compile pool on a
+    GPU: a process that tunes compiles in parallel); the replay runtime asks it not to (a library process starts
+    no pool it was not asked for)."""
+    calls = []
+
+    class Preparing(FakeEngine):
+        def prepare(self, device_kind):
+            calls.append((self.name, device_kind))
+
+    t = tuner_with(Preparing("p"), FakeEngine("plain"))
+    t.add_all_engines()
+    t.autotune(config=FAST)
+    assert calls == [("p", "cpu")]
+    calls.clear()
+    t2 = tuner_with(Preparing("p"))
+    t2.add_all_engines()
+    t2.autotune(config=FAST, prepare=False)
+    assert calls == []

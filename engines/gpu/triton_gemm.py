@@ -74,7 +74,8 @@ class CompilePool:
 
     Triton's compiler holds the GIL for most of its work, so threads would compile one at a time.
     The pool starts only where tuning asks for it: a farm GPU worker as it starts, ``farm tune
-    --in-process`` on a GPU (both through TritonGemm.prepare), or a process that sets
+    --in-process`` on a GPU, ``Autotuner.autotune()`` on a GPU (all through TritonGemm.prepare), or a process
+    that sets
     FARM_TRITON_COMPILE_POOL=1, at its first slow (cold-cache) compile. A replay process (farm.ops)
     never gets processes it did not ask for: it compiles in-process. Compiles go to the pool once
     its processes have imported torch and Triton; until then they stay in-process, so a pool that

@@ -408,7 +408,7 @@ class TunableRuntime:
                              max_tuning_samples=s.max_tuning_samples or None,
                              max_tuning_duration_ms=s.max_tuning_duration_ms or None)
         try:
-            results = tuner.autotune(config=cfg)
+            results = tuner.autotune(config=cfg, prepare=False)  # a library process starts no compile pool
         except AutotuneError as exc:
             tuner.close()
             raise FarmError(f"tuning {problem.label()} failed: {exc}") from None

@@ -314,6 +314,7 @@ class Autotuner:
         seed: int = 0,
         only: Iterable[PlanSpec] | None = None,
         phases: PhaseClock | None = None,
+        prepare: bool = True,
     ) -> list[AutotuneResult]:
         """Measure every candidate; return one result per candidate, ranked.
 
@@ -323,6 +324,9 @@ class Autotuner:
         those plan specs (resuming): the others get no result, and every result
         keeps its candidate index in the full list. ``phases`` learns how long
         the measuring thread waited for compiles and measured (farm.tuner.phases).
+        ``prepare``: let the candidates' engines start what their compiles want
+        (Triton's compile pool: a process that tunes compiles in parallel); the
+        replay runtime, which only tunes a missing shape now and then, passes False.
         Raises AutotuneError when no candidate succeeds; the error carries ``.results``.
         """
         config = config or AutotuneConfig()
@@ -333,6 +337,9 @@ class Autotuner:
             tensors = make(self.problem, seed) if make is not None else make_tensors(self.problem, self.device.arrays, seed)
         self._check_tensors(tensors)
         candidates = self._candidates(config, only)
+        if prepare:
+            kind = "gpu" if self.device.vendor in ("nvidia", "amd") else self.device.vendor
+            self.registry.prepare({c.engine.name for c in candidates if c.engine is not None}, kind)
         t0 = time.perf_counter()
         log.info("autotune: start %s (key %s) on %s: %d candidate(s), mode %s, strategy %s",
                  self.problem.label(), self.problem.key, self.device.properties.name, len(candidates),
