@@ -228,7 +228,9 @@ class DeviceWorkerImpl:
             try:
                 for spec in task.specs:
                     tuner.add_engine(spec.engine_id, dict(spec.knobs))
-                ranked = tuner.autotune(config=config, seed=seed, listener=items.put, phases=self.phases)
+                # the engines were prepared above, as the worker started and for this task's candidates
+                ranked = tuner.autotune(config=config, seed=seed, listener=items.put, phases=self.phases,
+                                        prepare=False)
             except AutotuneError as exc:
                 ranked, error = exc.results, "" if exc.results else str(exc)
             except Exception as exc:  # an engine bug must not kill the worker silently
