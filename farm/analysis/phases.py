@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from farm.tuner.phases import IDLE, MEASURE, PHASES, PhaseSplit
+from farm.tuner.phases import MEASURE, PHASES, PhaseSplit
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,3 @@ def from_statuses(run_id: str, tuning_s: float, statuses: Sequence[Any]) -> RunP
     """A run's split from the driver's worker statuses (farm tune's own summary)."""
     return RunPhases(run_id, tuning_s, tuple(WorkerPhases(s.name, s.signature, s.host, s.phases) for s in statuses))
 
-
-def idle_share(phases: RunPhases) -> float:
-    whole = phases.total.total
-    return phases.total.get(IDLE) / whole if whole > 0 else 0.0

@@ -376,7 +376,7 @@ class Scheduler:
         if state.calls:
             if self._queue_confirmations(signature, index, state):
                 return
-            self._retire(state)
+            self._retire(state, (signature, index))
             return
         if state.finalist == "none":
             order = self._finalists(state)
@@ -385,7 +385,7 @@ class Scheduler:
                 self._push(signature, index, order, round=FINALIST, urgent=True)
                 return
         if state.finalist != "queued":
-            self._retire(state)
+            self._retire(state, (signature, index))
 
     def _queue_confirmations(self, signature: str, index: int, state: _Problem) -> bool:
         """Queue a confirm task per calling mode that needs one; False when there is none to run."""
@@ -411,9 +411,10 @@ class Scheduler:
                 queued = True
         return queued
 
-    @staticmethod
-    def _retire(state: _Problem) -> None:
-        """A settled problem keeps only what ``done`` reads: its per-candidate state goes (the driver's memory
-        follows the problems in flight, not every candidate ever measured)."""
+    def _retire(self, state: _Problem, where: tuple[str, int]) -> None:
+        """A settled problem keeps only what ``done`` reads: its per-candidate state goes, and no device holds it as
+        set up (the driver's memory follows the problems in flight, not every candidate ever measured)."""
+        for problems in self._set_up.values():
+            problems.discard(where)
         state.candidates, state.successes = {}, {}
         state.strikes.clear()

@@ -43,11 +43,6 @@ class PhaseSplit:
     def total(self) -> float:
         return sum(s for _, s in self.seconds)
 
-    @property
-    def busy(self) -> float:
-        """Every phase but idle."""
-        return self.total - self.get(IDLE)
-
     def __add__(self, other: "PhaseSplit") -> "PhaseSplit":
         a, b = dict(self.seconds), dict(other.seconds)
         return PhaseSplit.of({p: a.get(p, 0.0) + b.get(p, 0.0) for p in PHASES})
