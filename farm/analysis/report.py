@@ -50,6 +50,7 @@ class ProblemSummary:
     interval: tuple[float, float] | None = None  # its interval (confirmed winners that are not the default)
     confirmation: Any = None  # farm.store.decisions.Confirmation, or None when no stage ran
     call: str = ""
+    pruned: int = 0  # candidates a cost model ranked out (farm tune --prune) and nobody measured
 
     @property
     def untrusted(self) -> bool:
@@ -84,6 +85,10 @@ class SignatureSummary:
     tuning_s: float
     device_noise: dict[str, list[float]]  # device -> robust noise of every successful candidate it measured
     confirm_s: float = 0.0  # of the tuning time, what the confirmation stages took
+
+    @property
+    def pruned(self) -> int:
+        return sum(p.pruned for p in self.problems)
 
     @property
     def speedups(self) -> list[float]:
@@ -152,7 +157,13 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
     failures: dict[str, int] = {}
     device_noise: dict[str, list[float]] = {}
     latest: dict[tuple[str, str, str], dict[str, Any]] = {}  # (problem, candidate, device) -> latest success
+    pruned: dict[str, set[str]] = {}  # problem -> candidates with a pruned row
+    measured: dict[str, set[str]] = {}  # problem -> candidates with any other row
     for r in rows:
+        if r["disposition"] == "pruned":  # not measured: no failure, no time, never a winner
+            pruned.setdefault(r["problem_key"], set()).add(r["candidate_key"])
+            continue
+        measured.setdefault(r["problem_key"], set()).add(r["candidate_key"])
         if not r["succeeded"]:
             failures[r["disposition"]] = failures.get(r["disposition"], 0) + 1
             continue
@@ -166,8 +177,8 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
     for (pk, _, dev), r in latest.items():
         per_problem.setdefault(pk, []).append({**r, "_device": dev})
         device_noise.setdefault(dev, []).append(_noise(r))
-    problems = [_problem(rs, decisions.winners[(sig, pk)]) for pk, rs in per_problem.items()
-                if (sig, pk) in decisions.winners]
+    problems = [_problem(rs, decisions.winners[(sig, pk)], len(pruned.get(pk, set()) - measured.get(pk, set())))
+                for pk, rs in per_problem.items() if (sig, pk) in decisions.winners]
     problems.sort(key=lambda p: p.name)
     devices = sorted({f"{r['host']}:{r['device_index']}" for r in rows})
     return SignatureSummary(sig, rows[0]["device_name"], devices, len(rows), problems, dict(sorted(failures.items())),
@@ -175,7 +186,7 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
                             sum(r["tuning_ms"] or 0.0 for r in rows if r["round"] == CONFIRM) / 1e3)
 
 
-def _problem(rows: list[dict[str, Any]], winner: Winner) -> ProblemSummary:
+def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0) -> ProblemSummary:
     cands: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         cands.setdefault(r["candidate_key"], []).append(r)
@@ -206,7 +217,7 @@ def _problem(rows: list[dict[str, Any]], winner: Winner) -> ProblemSummary:
         spread=max(win_times) / min(win_times) if min(win_times) > 0 else 1.0,
         samples={_candidate(rs[0]): [s for r in rs for s in (r["samples_ms"] or [r["median_ms"]])] for rs in cands.values()},
         speedup=winner.speedup_over_default, interval=winner.speedup_interval, confirmation=winner.confirmed,
-        call=winner.call,
+        call=winner.call, pruned=pruned,
     )
 
 
@@ -217,6 +228,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         out.append({
             "signature": s.signature, "device_name": s.device_name, "devices": s.devices, "rows": s.rows,
             "problems": len(s.problems), "candidates_measured": sum(p.candidates for p in s.problems),
+            "candidates_pruned": s.pruned,
             "failures": s.failures, "tuning_s": round(s.tuning_s, 3),
             "speedup_geomean": s.geomean_speedup, "speedup_worst": worst.speedup if worst else None,
             "speedup_worst_problem": worst.name if worst else None,
@@ -226,6 +238,7 @@ def report_dict(report: Report) -> dict[str, Any]:
                            "why": p.doubt} for p in s.untrusted()],
             "disagreements": [{"problem": p.name, "device_winners": p.device_winners} for p in s.disagreements()],
             "per_problem": [{"problem": p.name, "label": p.label, "problem_key": p.key, "candidates": p.candidates,
+                             "pruned": p.pruned,
                              "winner": p.winner, "winner_ms": p.winner_ms, "why": p.why, "default": p.default,
                              "default_ms": p.default_ms, "speedup": p.speedup,
                              "speedup_interval": list(p.interval) if p.interval else None, "call": p.call,

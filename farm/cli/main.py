@@ -16,6 +16,7 @@ from farm.errors import FarmError, InputError
 log = logging.getLogger("farm.cli")
 from farm.cli.args import _positive_int
 from farm.cli.console import _console, _print_json, _setup_logging, json_stdout
+from farm.cli.model import add_model_parser
 from farm.cli.tune import add_tune_parser
 
 
@@ -254,6 +255,8 @@ def _add_result_commands(sub: Any) -> None:
     p.add_argument("--html", help="also write a self-contained HTML page with plots (needs matplotlib)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_report)
+
+    add_model_parser(sub)
 
     p = sub.add_parser("diff", help="compare two results folders or two override files: winners and times")
     p.add_argument("a", help="the old side: a results folder (or run folder) or an override file")

@@ -113,8 +113,11 @@ def results_table(outcome: ProblemOutcome, position: str = "") -> Table:
             _status(r),
             style="bold" if r.rank == 0 else None,
         )
-    if outcome.skipped:
-        table.caption = Text(f"{outcome.skipped} candidate(s) measured before, not repeated")
+    notes = [f"{outcome.skipped} candidate(s) measured before, not repeated"] if outcome.skipped else []
+    if outcome.pruned:
+        notes.append(f"{outcome.pruned} candidate(s) not measured: the cost model ranked them out (pruned rows)")
+    if notes:
+        table.caption = Text("; ".join(notes))
     if outcome.error:
         table.caption = Text(outcome.error, style="red")
     return table
@@ -177,6 +180,7 @@ def outcome_dict(o: ProblemOutcome, winner: Any = None) -> dict[str, Any]:
         "error": o.error,
         "wall_ms": o.wall_ms,
         "skipped": o.skipped,
+        "pruned": o.pruned,
         "winner": winner.as_dict() if winner is not None else None,  # the reducer's decision (farm.tuner.winner)
         "results": results,
         "confirmation": [{"call": run.call.value, "rounds": run.rounds, "settled": run.settled,
@@ -308,7 +312,25 @@ def farm_tables(workload: Any, report: Any) -> list[Table]:
     tables.append(workers)
     if report.workers_started and report.statuses:
         tables.append(phases_table(from_statuses(report.run_id, report.tuning_s, report.statuses)))
+    if report.pruning:
+        tables.append(pruning_table(report.pruning))
     return tables
+
+
+def pruning_table(pruning: dict[str, Any]) -> Table:
+    """What farm tune --prune measured: settings, counts, and the problems it measured in full (and why)."""
+    t = Table(title=f"Pruned by the cost model {pruning['model']} (top-k {pruning['top_k']}, explore "
+                    f"{pruning['explore']:g}, seed {pruning['seed']})", title_justify="left", show_header=False)
+    t.add_column("what")
+    t.add_column("value", overflow="fold")
+    n, m = pruning["candidates"], pruning["measured"]
+    t.add_row("measured", f"{m} of {n} candidates ({n / m:.1f}x fewer)" if m else f"0 of {n}")
+    t.add_row("pruned", f"{pruning['pruned']} (rows with disposition pruned and the predicted relative time)")
+    full = [f"{name}: {why}" for problems in pruning["measured_in_full"].values() for name, why in problems.items()]
+    t.add_row("measured in full", Text("\n".join(full) or "none (every problem inside the training data)"))
+    trained = pruning.get("trained_on") or {}
+    t.add_row("trained on", Text(f"{trained.get('problems')} problem(s) of {', '.join(trained.get('families', []))}"))
+    return t
 
 
 def phases_table(phases: Any) -> Table:
@@ -356,6 +378,7 @@ def farm_dict(workload: Any, out: str, report: Any) -> dict[str, Any]:
         "signatures": signatures,
         "no_winner": report.summary.no_winner,
         "reduce": reduce_dict(report.reduce) if report.reduce else None,
+        "pruning": report.pruning,
     }
 
 
@@ -387,7 +410,7 @@ def local_dict(workload: Any, out: str, device: Any, report: Any) -> dict[str, A
         "autotune": to_jsonable(workload.autotune),
         "executor": "in-process", "job_id": report.job_id, "run_id": report.run_id, "out": out,
         "wall_s": report.wall_s, "rows_written": report.rows_written, "candidates": candidates, "remeasured": 0,
-        "counts": report.counts,
+        "counts": report.counts, "pruning": report.pruning,
         "skipped_problems": {device.signature: {o.problem.name: o.error for o in report.outcomes
                                                 if o.error and not o.results}},
         "workers": [{"name": f"in-process:{device.index}", "signature": device.signature, "host": device.properties.host,

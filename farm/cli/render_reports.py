@@ -58,6 +58,8 @@ def report_tables(report: Any) -> list[Table]:
         t.add_row("devices", Text(", ".join(s.devices)))
         t.add_row("problems tuned", str(len(s.problems)))
         t.add_row("candidates measured", f"{sum(p.candidates for p in s.problems)} ({s.rows} rows)")
+        if s.pruned:
+            t.add_row("candidates pruned", f"{s.pruned} not measured: a cost model ranked them out (farm tune --prune)")
         t.add_row("failures", Text(", ".join(f"{k} {v}" for k, v in s.failures.items()) or "none"))
         t.add_row("tuning time", f"{s.tuning_s:.1f} s" + (f" (confirmation stages {s.confirm_s:.1f} s)" if s.confirm_s
                                                           else ""))
@@ -75,13 +77,16 @@ def report_tables(report: Any) -> list[Table]:
         tables.append(t)
         per = Table(title="per problem", title_justify="left")
         # names wrap onto more lines rather than lose their ends ("cpu.matmu…") on a narrow terminal
-        for col, justify in (("problem", "left"), ("cand", "right"), ("winner", "left"), ("ms", "right"),
+        cols = (("problem", "left"), ("cand", "right")) + ((("pruned", "right"),) if s.pruned else ()) + (
+            ("winner", "left"), ("ms", "right"),
                              ("default", "left"), ("ms", "right"), ("speed-up", "right"), ("noise", "right"),
-                             ("device spread", "right"), ("why", "left")):
+                             ("device spread", "right"), ("why", "left"))
+        for col, justify in cols:
             per.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
         for p in s.problems:
             why = "; ".join(x for x in (p.why, f"not trusted: {p.doubt}" if p.untrusted else "") if x)
-            per.add_row(Text(p.name), str(p.candidates), Text(p.winner), fmt_ms(p.winner_ms), Text(p.default),
+            per.add_row(Text(p.name), str(p.candidates), *((str(p.pruned),) if s.pruned else ()), Text(p.winner),
+                        fmt_ms(p.winner_ms), Text(p.default),
                         fmt_ms(p.default_ms), fmt_speedup(p.speedup, p.interval), f"{100 * p.noise:.1f} %",
                         f"{p.spread:.3f}", Text(why, style="yellow" if p.untrusted else "dim"))
         tables.append(per)

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from farm.cli.args import _positive_int, _positive_seconds
+from farm.cli.args import _nonnegative_int, _positive_int, _positive_seconds, _share
 from farm.cli.console import _console, _print_json
 from farm.errors import InputError
 
@@ -23,12 +23,40 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     registry = default_engine_registry()
     workload = load_workload(args.workload, registry)  # every input error surfaces here, before any device time
+    workload = _with_pruning(args, workload)
     out = args.out or f"runs/{_folder_name(workload.name)}"
     if args.dry_run:
         return _dry_run(workload, _local_device(args.devices), registry, args.json)
     if args.in_process:
         return _tune_in_process(args, workload, out, registry)
     return _tune_on_ray(args, workload, out)
+
+
+def _with_pruning(args: argparse.Namespace, workload: Any) -> Any:
+    """--prune MODEL (and its settings) over the workload's autotune.prune; --no-prune drops it. The model file
+    is read here, so a missing or unfit model is refused before any device time."""
+    import dataclasses
+
+    from farm.model.records import PruneSettings
+
+    config = workload.autotune
+    if args.no_prune:
+        prune = None
+    elif args.prune or config.prune is not None:
+        base = PruneSettings(model=args.prune) if args.prune else config.prune
+        given = {k: v for k, v in (("top_k", args.prune_top_k), ("explore", args.prune_explore),
+                                   ("seed", args.prune_seed)) if v is not None}
+        prune = dataclasses.replace(base, **given)
+    else:
+        if any(v is not None for v in (args.prune_top_k, args.prune_explore, args.prune_seed)):
+            raise InputError("--prune-top-k, --prune-explore and --prune-seed need --prune MODEL (or autotune.prune "
+                             "in the workload)", field="--prune")
+        return workload
+    if prune is not None:
+        from farm.costmodel.model import CostModel
+
+        CostModel.load(prune.model)
+    return dataclasses.replace(workload, autotune=dataclasses.replace(config, prune=prune))
 
 
 def _check_fits(workload: Any, props: Any) -> None:
@@ -58,7 +86,7 @@ def _local_device(spec: str) -> Any:
 
 
 def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry: Any) -> int:
-    from farm.cli.render import local_dict, results_table, summary_table, where_table
+    from farm.cli.render import local_dict, pruning_table, results_table, summary_table, where_table
     from farm.fleet.job import run_local
 
     device = _local_device(args.devices)
@@ -85,6 +113,8 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
     else:
         console.print(summary_table(report.outcomes, report.wall_s,
                                     lambda key: report.summary.winner(device.signature, key)))
+        if report.pruning:
+            console.print(pruning_table(report.pruning))
         console.print(where_table(out, report.summary))
     return _finish(args, report.summary)
 
@@ -248,6 +278,15 @@ def add_tune_parser(sub: Any) -> None:
                    help="seconds between progress lines when output is not a terminal (default 10)")
     p.add_argument("--top-k", type=_positive_int, default=3, help="ranking depth kept in the override metadata (default 3)")
     p.add_argument("--no-reduce", action="store_true", help="write results only, no override files")
+    p.add_argument("--prune", metavar="MODEL",
+                   help="measure only what this cost model (farm model train) ranks worth it: the default, the "
+                        "incumbent, the top-k by predicted time and a random share of the rest (docs/costmodel.md)")
+    p.add_argument("--prune-top-k", type=_positive_int, default=None, help="with --prune: the top-k (default 7)")
+    p.add_argument("--prune-explore", type=_share, default=None,
+                   help="with --prune: the share of the rest measured at random (default 0.05)")
+    p.add_argument("--prune-seed", type=_nonnegative_int, default=None,
+                   help="with --prune: the random draw's seed, recorded in job.json (default 0)")
+    p.add_argument("--no-prune", action="store_true", help="measure every candidate, even if the workload prunes")
     p.add_argument("--incumbents", metavar="PATH",
                    help="override file, folder or published root: its winners are kept when a new candidate "
                         "is faster only within noise (default: none)")

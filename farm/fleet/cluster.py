@@ -24,6 +24,7 @@ from farm.errors import FarmError
 from farm.fleet.driver import Driver, FarmStatus, RunningTask, WorkerHandle, WorkerState, WorkerStatus
 from farm.fleet.job import JobRun, JobSummary, prior_rows
 from farm.fleet.options import DeviceRequest, FarmOptions
+from farm.fleet.pruning import PlanPruning
 from farm.fleet.scheduler import PriorRow, Scheduler
 from farm.fleet.worker import DeviceWorkerImpl, PartSink, TaskEnd, TaskStarted, WorkerInfo
 from farm.model.records import AutotuneConfig, AutotuneResult
@@ -58,6 +59,7 @@ class FarmReport:
     tuning_s: float = 0.0  # from the workers' start to the last result (busy fractions are of this)
     phases: PhaseSplit = PhaseSplit()  # every worker's time by phase, summed (each worker's is in its status)
     results: dict[tuple[str, str], list[AutotuneResult]] = field(default_factory=dict)  # (signature, problem name)
+    pruning: dict[str, Any] | None = None  # farm tune --prune: the settings and what was measured and pruned
     # (signature, problem name, calling mode) -> the confirmation stage's rows
     confirmations: dict[tuple[str, str, str], list[AutotuneResult]] = field(default_factory=dict)
     workers_started: bool = True  # False: a resume with nothing to measure, found without Ray
@@ -86,9 +88,14 @@ def run_farm(
     options = options or FarmOptions()
     request = DeviceRequest.parse(devices) if isinstance(devices, str) else devices
     config = config or workload.autotune
+    # a model file is read (and refused) before the job folder or Ray is touched
+    pruner = PlanPruning(config.prune, config, lambda rows: None) if config.prune is not None else None
     jr = JobRun(out, workload, {"executor": "ray", "devices": request.kind, "shard_size": options.shard_size,
                                 "finalist_k": options.finalist_k, "candidate_timeout_s": options.candidate_timeout_s,
-                                "address": address or "local", "incumbents": options.incumbents}, job_id)
+                                "address": address or "local", "incumbents": options.incumbents,
+                                "prune": pruner.pruner.record() if pruner else None}, job_id)
+    if pruner is not None:
+        pruner.write = jr.write
     started_ray = False
     handles: list[Any] = []
     try:
@@ -97,8 +104,8 @@ def run_farm(
 
             # the embedded instance runs on this host: production here runs with this process's threads
             options = dataclasses.replace(options, cpu_threads=blas_threads_in_force())
-        finished = _finished_here(workload, jr, request, options, config) if address is None and not ray.is_initialized() \
-            else None
+        finished = _finished_here(workload, jr, request, options, config, pruner) \
+            if address is None and not ray.is_initialized() else None
         if finished is not None:
             report = finished
         else:
@@ -106,7 +113,7 @@ def run_farm(
                 _init_ray(address, request)
                 started_ray = True
             handles, infos = _start_workers(request, options, workload.problems)
-            report = _drive(workload, jr, handles, infos, options, config, progress)
+            report = _drive(workload, jr, handles, infos, options, config, progress, pruner)
     except BaseException as exc:
         jr.fail(exc)
         raise
@@ -120,7 +127,9 @@ def run_farm(
                   "niceness": w.niceness, "properties": w.properties.to_dict()} for w in report.workers],
         workers=[s.to_json() for s in report.statuses], skipped_problems=report.problems_skipped,
         phases={"tuning_s": round(report.tuning_s, 3), "devices": len(report.statuses),
-                "total": report.phases.to_json()})
+                "total": report.phases.to_json()},
+        **({"pruning": pruner.pruner.tally.to_json()} if pruner else {}))
+    report.pruning = pruner.record() if pruner else None
     report.reduce = report.summary.reduce
     report.wall_s = report.summary.wall_s
     return report
@@ -231,14 +240,15 @@ def _stop_workers(handles: Sequence[Any]) -> None:
 
 
 def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[WorkerInfo], options: FarmOptions,
-           config: AutotuneConfig, progress: Callable[[FarmStatus], None] | None) -> FarmReport:
+           config: AutotuneConfig, progress: Callable[[FarmStatus], None] | None,
+           pruning: PlanPruning | None = None) -> FarmReport:
     """Plan the work, then pass every worker event to the driver until it is done."""
     workers = [WorkerHandle(i, info, h, WorkerStatus(info.name, info.signature, info.properties.name, info.host,
                                                        WorkerState.IDLE.value))
                for i, (info, h) in enumerate(zip(infos, handles))]
     sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes,
                       confirm=config.confirm)
-    planner = Planner(workload, jr, sched, workers, options.incumbents)
+    planner = Planner(workload, jr, sched, workers, options.incumbents, pruning)
     # on shared storage (a URI) the workers write their own rows; the driver gets what scheduling needs
     driver = Driver(sched, workers, jr, config, options, workers_write=jr.job.shared, planner=planner)
     sink = PartSink(str(jr.job.results), jr.run) if jr.job.shared else None
@@ -270,7 +280,7 @@ def _collect_phases(driver: Driver) -> None:
 
 
 def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, options: FarmOptions,
-                   config: AutotuneConfig) -> FarmReport | None:
+                   config: AutotuneConfig, pruning: PlanPruning | None = None) -> FarmReport | None:
     """A resume with nothing left to measure, on local devices (the CPU, simulated ones): found by the
     workers' own planning, run here, so no Ray instance starts to do nothing. None: there is work (or
     the devices are GPUs, which only Ray's workers open)."""
@@ -303,7 +313,8 @@ def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, optio
     problems = list(enumerate(workload.problems))
     registry = default_engine_registry()
     plans = {sig: expand_problems(problems, device, registry) for sig, device in by_sig.items()}
-    skipped = _schedule(problems, plans, sched, dataset)
+    skipped = _schedule(problems, plans, sched, dataset, pruning=pruning.dry() if pruning else None,
+                        props={sig: d.properties for sig, d in by_sig.items()})
     if sched.total or not sched.done:
         return None
     _record_plan(jr, plans, skipped)
@@ -321,8 +332,9 @@ class Planner:
     ``skipped``: signature -> problem name -> why it has no candidates."""
 
     def __init__(self, workload: Workload, jr: JobRun, sched: Scheduler, workers: Sequence[WorkerHandle],
-                 incumbents: str | None = None) -> None:
-        self.jr, self.sched = jr, sched
+                 incumbents: str | None = None, pruning: PlanPruning | None = None) -> None:
+        self.jr, self.sched, self.pruning = jr, sched, pruning
+        self.props = {w.info.signature: w.info.properties for w in workers}
         # the incumbents' override file per signature: its winners join the confirmation stage
         self.incumbents = {w.info.signature: incumbent_file(incumbents, w.info.properties) for w in workers}
         self.problems = list(enumerate(workload.problems))
@@ -381,7 +393,7 @@ class Planner:
         if sig not in self._prior:
             self._prior[sig] = prior_rows(self.dataset, sig)
         skipped = _schedule(chunk, {sig: expanded}, self.sched, prior={sig: self._prior[sig]},
-                            incumbents=self.incumbents)
+                            incumbents=self.incumbents, pruning=self.pruning, props=self.props)
         for name, why in skipped.get(sig, {}).items():
             self.skipped.setdefault(sig, {})[name] = why
             self.jr.skip(sig, name, why)
@@ -390,9 +402,11 @@ class Planner:
 def _schedule(problems: Sequence[tuple[int, WorkloadProblem]], plans: dict[str, dict[int, Any]], sched: Scheduler,
               dataset: ResultsDataset | None = None, *,
               prior: dict[str, dict[str, list[PriorRow]]] | None = None,
-              incumbents: dict[str, Any] | None = None) -> dict[str, dict[str, str]]:
+              incumbents: dict[str, Any] | None = None, pruning: PlanPruning | None = None,
+              props: dict[str, Any] | None = None) -> dict[str, dict[str, str]]:
     """Give the scheduler every problem discovery found candidates for (with its rows from earlier runs,
-    ``prior`` per signature or read from ``dataset``); -> signature -> problem name -> why it has none."""
+    ``prior`` per signature or read from ``dataset``; only those ``pruning`` keeps, the device's properties
+    being ``props[signature]``); -> signature -> problem name -> why it has none."""
     skipped: dict[str, dict[str, str]] = {}
     for sig, expanded in plans.items():
         rows = prior[sig] if prior is not None else prior_rows(dataset, sig)
@@ -401,8 +415,11 @@ def _schedule(problems: Sequence[tuple[int, WorkloadProblem]], plans: dict[str, 
             if isinstance(cands, str):
                 skipped.setdefault(sig, {})[wp.name] = cands
             else:
-                sched.add_problem(sig, index, wp, cands, rows.get(wp.problem.key, ()),
-                                  incumbent_spec((incumbents or {}).get(sig), wp.problem))
+                before = rows.get(wp.problem.key, ())
+                incumbent = incumbent_spec((incumbents or {}).get(sig), wp.problem)
+                if pruning is not None and props is not None:
+                    cands = pruning.apply(props[sig], wp, cands, before, incumbent)
+                sched.add_problem(sig, index, wp, cands, before, incumbent)
     return skipped
 
 

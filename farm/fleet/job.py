@@ -43,7 +43,9 @@ from farm.store.results import (
     result_row,
     spec_of,
 )
-from farm.fleet.scheduler import CONFIRM, PriorRow, confirmed_calls
+from farm.fleet.pruning import PlanPruning
+from farm.fleet.scheduler import CONFIRM, Candidate, PriorRow, confirmed_calls
+from farm.model.plans import PlanSpec
 from farm.model.records import CallMode
 from farm.tuner.confirm import ConfirmRun, Measured
 from farm.tuner.problem_tuning import ProblemOutcome, tune_problem
@@ -385,6 +387,7 @@ class JobRun:
 class LocalRunReport:
     outcomes: list[ProblemOutcome]
     summary: JobSummary
+    pruning: dict[str, Any] | None = None  # farm tune --prune: settings, measured and pruned counts
 
     @property
     def job_id(self) -> str:
@@ -433,10 +436,15 @@ def run_local(
     thread: the process cannot take the candidate back, so the caller ends or restarts it, and a
     resume goes on after the candidate.
     """
+    config = config or workload.autotune
+    pruning = PlanPruning(config.prune, config, lambda rows: None) if config.prune is not None else None
     jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents,
-                                "candidate_timeout_s": candidate_timeout_s})
+                                "candidate_timeout_s": candidate_timeout_s,
+                                "prune": pruning.pruner.record() if pruning else None})
+    if pruning is not None:
+        pruning.write = jr.write
     current: dict[str, Any] = {}  # the problem being tuned, for the hang watch
-    watch = _hang_watch(jr, current, config or workload.autotune, candidate_timeout_s, on_hang) \
+    watch = _hang_watch(jr, current, config, candidate_timeout_s, on_hang) \
         if candidate_timeout_s else None
     try:
         # a tuning run compiles for a while: engines may start what helps (Triton's compile pool on a GPU)
@@ -461,10 +469,16 @@ def run_local(
             previous = [spec_of(k) for k in done.get(wp.problem.key, ())]
             rows = prior.get(wp.problem.key, ())
             current.update(wp=wp, where=where)
-            outcome = tune_problem(wp, device, config or workload.autotune, registry, seed=workload.seed,
+            incumbent = incumbent_spec(standing, wp.problem)
+            select = None
+            if pruning is not None:
+                def select(specs: list[PlanSpec], _wp: Any = wp, _rows: Any = rows, _inc: Any = incumbent) -> list[PlanSpec]:
+                    cands = [Candidate(s, registry.get(s.engine_id).name, i) for i, s in enumerate(specs)]
+                    return [c.spec for c in pruning.apply(device.properties, _wp, cands, _rows, _inc)]
+            outcome = tune_problem(wp, device, config, registry, seed=workload.seed,
                                    done=previous, listener=stream, watch=watch, prior=measured_of(rows),
                                    confirmed={CallMode(c) for c in confirmed_calls(rows) if c in CALLS},
-                                   incumbent=incumbent_spec(standing, wp.problem), on_confirm=confirmed)
+                                   incumbent=incumbent, on_confirm=confirmed, select=select)
             jr.set_ranks(where.session_id, {candidate_key(r.engine_id, r.knobs): r.rank for r in outcome.results})
             if outcome.error and not outcome.results and not outcome.skipped:
                 jr.skip(device.signature, wp.name, outcome.error)
@@ -477,8 +491,9 @@ def run_local(
     finally:
         if watch is not None:
             watch.close()
-    summary = jr.finish(reduce=reduce, top_k=top_k, device=device.properties.to_dict())
-    return LocalRunReport(outcomes, summary)
+    summary = jr.finish(reduce=reduce, top_k=top_k, device=device.properties.to_dict(),
+                        **({"pruning": pruning.pruner.tally.to_json()} if pruning else {}))
+    return LocalRunReport(outcomes, summary, pruning.record() if pruning else None)
 
 
 def prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, list[PriorRow]]:
@@ -491,13 +506,14 @@ def prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, list
 
     # min_ms is read too, so a row the reducer would drop (an infinite time) is dropped here as well
     t = dataset.table(["problem_key", "candidate_key", "round", "call", "session_id", "succeeded", "median_ms",
-                       "mad_ms", "session_size", "measured_at", "min_ms"], filter=ds.field("device_signature") == signature)
+                       "mad_ms", "session_size", "disposition", "measured_at", "min_ms"],
+                      filter=ds.field("device_signature") == signature)
     when = pc.divide(pc.cast(t["measured_at"], pa.int64()), 1000.0).to_pylist()
     out: dict[str, list[PriorRow]] = {}
     cols = [t.column(c).to_pylist() for c in t.column_names[:-2]]
-    for (pk, ck, rnd, call, sess, ok, med, mad, size), at in zip(zip(*cols), when):
+    for (pk, ck, rnd, call, sess, ok, med, mad, size, disp), at in zip(zip(*cols), when):
         out.setdefault(pk, []).append(PriorRow(spec_of(ck), rnd, sess, bool(ok), med, mad, call or "", at or 0.0,
-                                               size))
+                                               size, disp == "pruned"))
     return out
 
 

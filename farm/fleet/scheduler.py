@@ -93,13 +93,14 @@ class PriorRow:
     call: str = ""  # the calling mode of a confirm row
     measured_at: float = 0.0  # seconds since the epoch
     session_size: int | None = None  # a confirm row: the rows its stage wrote in all
+    pruned: bool = False  # a cost model skipped it (farm tune --prune): no measurement, so still to measure
 
 
 def confirmed_calls(rows: Iterable[PriorRow]) -> set[str]:
     """The calling modes whose confirmation stage ran, whole, after the problem's last main-round measurement
     (a stage cut short has fewer rows on disk than its ``session_size``)."""
     rows = list(rows)
-    main = max((r.measured_at for r in rows if r.round != CONFIRM), default=0.0)
+    main = max((r.measured_at for r in rows if r.round != CONFIRM and not r.pruned), default=0.0)
     sessions = collections.Counter(r.session for r in rows if r.round == CONFIRM)
     return {r.call for r in rows if r.round == CONFIRM and r.measured_at >= main
             and sessions[r.session] >= (r.session_size or 0)}
@@ -165,8 +166,8 @@ class Scheduler:
             state.confirmed = confirmed_calls([r for r in prior if r.spec in by_spec])
         final_rounds: dict[str, set[PlanSpec]] = {}  # session -> finalists it measured
         for row in prior:
-            if row.spec not in by_spec:
-                continue  # measured under another workload
+            if row.spec not in by_spec or row.pruned:
+                continue  # measured under another workload; or never measured (a pruned tune's row)
             if row.round == CONFIRM:
                 continue
             if row.round == FINALIST:

@@ -119,6 +119,55 @@ class ConfirmSettings:
         return ConfirmSettings(**kwargs)
 
 
+@dataclass(frozen=True, kw_only=True)
+class PruneSettings:
+    """Measure only what a cost model ranks worth it (farm tune --prune; docs/costmodel.md).
+
+    Per problem: the default, the incumbent, the ``top_k`` candidates by predicted time, and ``explore`` (a
+    share) of the rest drawn at random with ``seed``; the others get a ``pruned`` row.
+    """
+
+    model: str  # the model file (farm model train --out)
+    top_k: int = 7
+    explore: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise InputError(rule, field=f"prune.{name}", value=getattr(self, name))
+
+        need(isinstance(self.model, str) and bool(self.model.strip()), "model", "must name a model file")
+        need(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 1, "top_k",
+             "must be an integer >= 1")
+        need(isinstance(self.explore, (int, float)) and not isinstance(self.explore, bool) and 0 <= self.explore <= 1,
+             "explore", "must be a share in [0, 1], e.g. 0.05")
+        need(isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0, "seed",
+             "must be an integer >= 0")
+
+    @staticmethod
+    def parse(value: Any) -> "PruneSettings | None":
+        """A model file's path, or a mapping of these settings; None or false: no pruning."""
+        if value is None or value is False or isinstance(value, PruneSettings):
+            return value or None
+        if isinstance(value, str):
+            return PruneSettings(model=value)
+        if not isinstance(value, Mapping):
+            raise InputError("expected a model file's path or a mapping (model, top_k, explore, seed)", field="prune",
+                             value=value)
+        allowed = {"model", "top_k", "explore", "seed"}
+        for key, v in value.items():
+            if key not in allowed:
+                raise InputError(f"unknown field (allowed: {', '.join(sorted(allowed))})", field=f"prune.{key}",
+                                 value=v)
+        if "model" not in value:
+            raise InputError("names no model file", field="prune.model", value=None)
+        return PruneSettings(**dict(value))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "top_k": self.top_k, "explore": self.explore, "seed": self.seed}
+
+
 class ResultCheck(str, enum.Enum):
     AUTO = "auto"  # float64 reference for small problems, else the first candidate's output
     REFERENCE = "reference"
@@ -139,6 +188,18 @@ class Disposition(str, enum.Enum):
     # Set by the farm, outside the in-process loop:
     TIMED_OUT = "timed_out"
     CRASHED = "crashed"
+    # Not measured: a cost model ranked it out of the candidates worth measuring (farm tune --prune). Never a
+    # failure, never a winner; the row carries the model's predicted time relative to the problem's best.
+    PRUNED = "pruned"
+
+    @property
+    def is_failure(self) -> bool:
+        """A candidate that was tried and did not give a result (not a success, not a candidate skipped by a
+        filter, a limit or a cost model)."""
+        return self not in _NOT_FAILURES
+
+
+_NOT_FAILURES = frozenset({Disposition.SUCCEEDED, Disposition.PRUNED})
 
 
 def _enum(cls: type[enum.Enum], value: Any, field_name: str) -> Any:
@@ -178,6 +239,7 @@ class AutotuneConfig:
     rotating_buffers: int = 0  # >0: that many extra input sets, used in turn, so inputs are not in cache
     graph_repeats: int = 0  # >0: time replays of a device graph holding that many runs (microsecond kernels)
     confirm: ConfirmSettings = field(default_factory=ConfirmSettings)  # the paired re-check before a winner is published
+    prune: PruneSettings | None = None  # measure only what a cost model ranks worth it (farm tune --prune)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", _enum(TuneMode, self.mode, "mode"))
@@ -186,6 +248,7 @@ class AutotuneConfig:
         object.__setattr__(self, "check", _enum(ResultCheck, self.check, "check"))
         object.__setattr__(self, "engine_id_filter", tuple(int(i) for i in self.engine_id_filter))
         object.__setattr__(self, "confirm", ConfirmSettings.parse(self.confirm))
+        object.__setattr__(self, "prune", PruneSettings.parse(self.prune))
         self._validate()
 
     def _validate(self) -> None:
@@ -265,6 +328,7 @@ class AutotuneResult:
     compile_ms: float | None = None
     tuning_ms: float = 0.0
     started_at: str = ""
+    predicted_rel: float | None = None  # a pruned candidate: the cost model's time relative to the problem's best
 
     @property
     def compiled_plan_index(self) -> int:

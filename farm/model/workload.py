@@ -19,6 +19,8 @@ the offending value.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import re
@@ -198,6 +200,11 @@ def parse_workload(data: Any, *, source: str = "<workload>", registry: EngineReg
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise InputError("must be an integer >= 0", field="seed", value=seed)
     config = _autotune_config(data.get("autotune") or {}, "autotune")
+    if config.prune is not None and source != "<workload>" and not Path(config.prune.model).is_absolute() \
+            and "://" not in config.prune.model:
+        # a workload names its model file as it names nothing else: relative to the workload file
+        config = dataclasses.replace(config, prune=dataclasses.replace(
+            config.prune, model=str(Path(source).parent / config.prune.model)))
     calls = parse_calls(data["call"], "call") if "call" in data else (CallMode.EAGER,)
     base = _engine_selection(data.get("engines") or {}, "engines", registry, None)
     problems_raw = data.get("problems")

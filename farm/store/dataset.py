@@ -159,8 +159,10 @@ class ResultsDataset:
         return sorted(set(self.table(["device_signature"]).column("device_signature").to_pylist()))
 
     def done_candidates(self, device_signature: str) -> dict[str, set[str]]:
-        """problem key -> candidate keys measured on this signature (any disposition): the resume set."""
-        t = self.table(["problem_key", "candidate_key"], filter=ds.field("device_signature") == device_signature)
+        """problem key -> candidate keys with a row on this signature (any disposition but ``pruned``: a
+        candidate a cost model skipped is measured by a run that does not prune): the resume set."""
+        t = self.table(["problem_key", "candidate_key"], filter=(ds.field("device_signature") == device_signature)
+                       & (ds.field("disposition") != "pruned"))
         done: dict[str, set[str]] = {}
         for pk, ck in zip(t.column("problem_key").to_pylist(), t.column("candidate_key").to_pylist()):
             done.setdefault(pk, set()).add(ck)

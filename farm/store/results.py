@@ -111,6 +111,8 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("max_rel_error", pa.float64(), "numerical check: relative error vs the reference"),
     ("compile_ms", pa.float64(), "time to compile this candidate's plan (a failed compile too)"),
     ("tuning_ms", pa.float64(), "wall time spent on this candidate: priming, compile and measurement"),
+    ("predicted_rel_time", pa.float64(), "disposition 'pruned': the cost model's predicted time relative to the "
+                                         "problem's best (farm tune --prune); null otherwise"),
 )
 FILE_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in COLUMNS],
                         metadata={b"tunefarm.schema_version": str(SCHEMA_VERSION).encode()})
@@ -247,6 +249,7 @@ def _candidate_fields(result: AutotuneResult) -> dict[str, Any]:
         "iterations": result.iterations,
         "warmups": result.warmups,
         "converged": result.converged,
+        "predicted_rel_time": result.predicted_rel,
         "workspace_bytes": result.workspace_size,
         "estimated_workspace_bytes": result.estimated_workspace,
         "ran_exhaustive": result.ran_exhaustive,

@@ -37,6 +37,7 @@ class ProblemOutcome:
     wall_ms: float = 0.0
     skipped: int = 0  # candidates measured before (resume)
     confirmations: tuple[ConfirmRun, ...] = ()  # the confirmation stage, per calling mode
+    pruned: int = 0  # candidates a cost model ranked out (farm tune --prune): not measured
 
     @property
     def winner(self) -> AutotuneResult | None:
@@ -94,13 +95,15 @@ def tune_problem(
     confirmed: Iterable[CallMode] = (),
     incumbent: PlanSpec | None = None,
     on_confirm: Callable[[ConfirmRun], None] | None = None,
+    select: Callable[[list[PlanSpec]], Sequence[PlanSpec]] | None = None,
 ) -> ProblemOutcome:
     """Tune one workload problem on ``device``; never raises for a candidate's or problem's failure.
 
     ``done`` lists plan specs measured before (resume); they are not measured again. ``watch``
     looks for a candidate that hangs. Then the confirmation stage (farm.tuner.confirm) runs for each of
     the problem's calling modes not in ``confirmed`` (stages of an earlier run), over this run's successes
-    and ``prior`` (earlier runs' successes); ``on_confirm`` receives each stage.
+    and ``prior`` (earlier runs' successes); ``on_confirm`` receives each stage. ``select`` (a pruned tune)
+    picks, from the discovered specs, those to measure.
     """
     t0 = time.perf_counter()
     tuner = Autotuner(wp.problem, device, registry=registry)
@@ -113,7 +116,8 @@ def tune_problem(
                                 if wp.engines.selects(c.engine_name)) or "no engine implements this op"
             return ProblemOutcome(wp, (), f"no applicable engine ({reasons})", (time.perf_counter() - t0) * 1e3)
         done_set = set(done)
-        todo = [s for s in specs if s not in done_set]
+        wanted = set(select(list(specs))) if select is not None else None
+        todo = [s for s in specs if s not in done_set and (wanted is None or s in wanted)]
         results: Sequence[AutotuneResult] = ()
         error = ""
         if todo:
@@ -142,8 +146,9 @@ def tune_problem(
             first = stage_winner(primary, default=default, incumbent=incumbent)
             ok = sorted((r for r in results if r.succeeded), key=lambda r: (r.spec != first, r.rank))
             results = [dataclasses.replace(r, rank=i) for i, r in enumerate(ok)] + [r for r in results if not r.succeeded]
-        return ProblemOutcome(wp, tuple(results), error, (time.perf_counter() - t0) * 1e3, len(specs) - len(todo),
-                              tuple(runs))
+        pruned = len(specs) - len(wanted) if wanted is not None else 0
+        return ProblemOutcome(wp, tuple(results), error, (time.perf_counter() - t0) * 1e3,
+                              len(specs) - len(todo) - pruned, tuple(runs), pruned)
     except FarmError as exc:
         return ProblemOutcome(wp, (), str(exc), (time.perf_counter() - t0) * 1e3)
     finally:
