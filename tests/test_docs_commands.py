@@ -21,6 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "deploy" / "README.md"]
 NOT_RUN = "<!-- not run by tests:"
 RAY_JOB = "<!-- run by tests/test_ray_job.py -->"
+OUTPUT = "<!-- output of the block above -->"  # a text block quoting what the command block before it prints
+QUICK_OUTPUT = "<!-- output of the Quick start -->"  # ... what the Quick start's farm tune prints
 VENV = Path(sys.executable).parents[1]
 LINKED = ("examples", "engines", "farm", "policies", "jobs", "pyproject.toml", "deploy", "benchmarks")
 
@@ -61,6 +63,36 @@ ALL = [b for p in DOCS for b in blocks(p)]
 COMMANDS = [b for b in ALL if b.lang in ("bash", "python")]
 
 
+def _quoted_outputs() -> dict[tuple[Path, int], Block]:
+    """(file, line of a command block) -> the text block quoting its output."""
+    out = {}
+    for path in DOCS:
+        bs = blocks(path)
+        for prev, b in zip(bs, bs[1:]):
+            if b.marker == OUTPUT:
+                assert prev.lang in ("bash", "python"), f"{b.where}: an output quote must follow a command block"
+                out[(prev.path, prev.line)] = b
+    return out
+
+
+QUOTED = _quoted_outputs()
+
+
+def check_quoted(quote: Block, printed: str) -> None:
+    """Each quoted line (but '...') is printed, in order; '...' inside a line stands for anything; runs of
+    spaces count as one (a table's padding depends on the terminal)."""
+    lines = [" ".join(line.split()) for line in printed.splitlines()]
+    at = 0
+    for want in quote.text.splitlines():
+        want = " ".join(want.split())
+        if not want or want == "...":
+            continue
+        pattern = re.compile(".*".join(re.escape(part.strip()) for part in want.split("...")))
+        hit = next((i for i in range(at, len(lines)) if pattern.search(lines[i])), None)
+        assert hit is not None, f"{quote.where}: {want!r} is not printed (after line {at}):\n{printed[-4000:]}"
+        at = hit + 1
+
+
 def test_every_command_block_runs_or_says_why_not():
     """No command block is silently left out: each one runs here, or its marker names a reason or its test."""
     for b in COMMANDS:
@@ -68,6 +100,9 @@ def test_every_command_block_runs_or_says_why_not():
             assert len(b.marker[len(NOT_RUN):].strip(" ->")) > 10, f"{b.where}: say why it is not run"
         else:
             assert b.marker in ("", RAY_JOB), f"{b.where}: unknown marker {b.marker!r}"
+    for b in ALL:
+        if b.marker in (OUTPUT, QUICK_OUTPUT):
+            assert b.lang == "text", f"{b.where}: quote an output in a text block"
     for b in ALL:  # shell commands are in bash blocks (so they are run), not in unlabelled ones
         if b.lang == "":
             assert not re.match(r"^\s*(\.venv/bin/|farm |ray |python3? )", b.text), f"{b.where}: label it bash"
@@ -87,6 +122,7 @@ def checkout(tmp_path_factory):
     quick = subprocess.run([str(VENV / "bin" / "farm"), "tune", "examples/cpu-quick.yaml", "--out", "runs/quick"],
                            cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert quick.returncode == 0, quick.stdout[-2000:] + quick.stderr[-2000:]
+    (work / "quick.out").write_text(quick.stdout + quick.stderr)
     return work
 
 
@@ -109,3 +145,21 @@ def test_the_block_runs_as_written(block, checkout):
     assert proc.returncode == 0, f"{block.where}\n{block.text}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n" \
                                  f"{proc.stderr[-3000:]}"
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    quote = QUOTED.get((block.path, block.line))
+    if quote is not None:
+        check_quoted(quote, proc.stdout + proc.stderr)
+
+
+def test_the_quick_start_prints_what_the_readme_quotes(checkout):
+    quotes = [b for b in ALL if b.marker == QUICK_OUTPUT]
+    assert quotes, "README.md quotes the Quick start's output"
+    for quote in quotes:
+        check_quoted(quote, (checkout / "quick.out").read_text())
+
+
+def test_a_quote_that_is_not_printed_fails():
+    quote = Block(REPO / "README.md", 1, "text", "Summary: 8 problem(s) ...\nnever printed\n", OUTPUT)
+    check_quoted(Block(REPO / "README.md", 1, "text", "Summary: 8 ...\n...\nb ... c\n", OUTPUT),
+                 "x\nSummary: 8 problem(s) in 3 s\na\nb   x   c\n")
+    with pytest.raises(AssertionError, match="never printed"):
+        check_quoted(quote, "Summary: 8 problem(s) in 3 s\n")

@@ -1,6 +1,6 @@
-"""The README's cluster sequence, verbatim, on a real Ray head with token authentication on.
+"""The cluster sequence of docs/usage.md, verbatim, on a real Ray head with token authentication on.
 
-The bash block after ``<!-- run by tests/test_ray_job.py -->`` in README.md (activate the venv,
+The bash block after ``<!-- run by tests/test_ray_job.py -->`` in docs/usage.md (activate the venv,
 ``RAY_AUTH_MODE=token``, ``ray start --head``, ``ray job submit -- python -m jobs.tune``, follow the
 logs, the status, ``farm report``, ``ray stop``) runs as one script from the checkout, in a fresh home
 folder (no Ray token yet, as on a new machine), with no other environment of ours.
@@ -23,7 +23,7 @@ pytest.importorskip("ray", reason="needs ray[default]")
 
 
 def _readme_cluster_block() -> str:
-    (block,) = [b for b in blocks(REPO / "README.md") if b.marker == RAY_JOB]
+    (block,) = [b for b in blocks(REPO / "docs" / "usage.md") if b.marker == RAY_JOB]
     return block.text
 
 

@@ -294,6 +294,7 @@ def write_html(report: Report, path: str | Path, *, max_problems: int = 24) -> l
             "</head><body>" + "\n".join(parts) + "</body></html>")
     from farm.fsutil import atomic_write_text
 
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # --html into a folder not made yet
     atomic_write_text(path, html)
     return titles
 

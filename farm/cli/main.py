@@ -34,6 +34,10 @@ def cmd_engines(args: argparse.Namespace) -> int:
 
         op_spec(args.op)  # unknown op -> clear error; known op with no engine -> empty list
     here = runs_here(registry, engines, local_devices())
+    if args.here:
+        engines = [e for e in engines if here[e.name].startswith("yes")]
+    # what runs on this machine first, then the rest (each group by op, priority, name)
+    engines.sort(key=lambda e: not here[e.name].startswith("yes"))
     if args.json:
         _print_json([{**engine_dict(registry, e), "runs_here": here[e.name]} for e in engines])
     elif args.op is not None and not engines:
@@ -206,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("engines", help="list engines, the ops they serve and their knobs")
     p.add_argument("--op", help="only engines implementing this op")
+    p.add_argument("--here", action="store_true", help="only engines that run on this machine's devices")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_engines)
 
@@ -289,7 +294,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     markup=True, highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
-        _console(stderr=True).print("interrupted")
+        err = _console(stderr=True)
+        if getattr(args, "func", None) is not None and args.func.__name__ == "cmd_tune":
+            import shlex
+
+            # every row measured so far is on disk: the same command goes on from there
+            err.print("interrupted: the results measured so far are kept; to go on, run again:\n  farm "
+                      + shlex.join(args.argv), markup=False, highlight=False, soft_wrap=True)
+        else:
+            err.print("interrupted")
         return 130
 
 

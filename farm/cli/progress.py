@@ -20,6 +20,8 @@ def clock(seconds: float) -> str:
 
 def progress_line(status: Any) -> str:
     """One plain line: counts, elapsed time, and what is left (``done`` at the end, never an unknown ETA there)."""
+    if not status.total and status.phase != "done":  # the workers list the candidates of the first problems
+        return f"discovering candidates in {clock(status.elapsed_s)}; {len(status.workers)} worker(s) up"
     busy = sum(w.state == "busy" for w in status.workers)
     restarting = sum(w.state == "restarting" for w in status.workers)
     pct = 100 * status.finished / status.total if status.total else 100.0
@@ -37,20 +39,37 @@ def progress_line(status: Any) -> str:
 class ProgressView:
     """Feed it FarmStatus snapshots (``update``); ``close`` at the end."""
 
-    def __init__(self, console: Console, title: str, *, interval_s: float = 10.0) -> None:
+    def __init__(self, console: Console, title: str, *, interval_s: float = 10.0, header: Any = None) -> None:
         self.console = console
         self.interval_s = interval_s
         self.live: Live | None = None
         self._last_line = 0.0
-        if console.is_terminal:
+        self.header = header  # printed with the first update: a run that starts no Ray instance prints none
+        self.title = title
+        self.bar: Progress | None = None
+
+    def _start(self) -> None:
+        if self.header is not None:
+            self.console.print(self.header, soft_wrap=True)
+            self.header = None
+        console, title = self.console, self.title
+        if console.is_terminal and self.bar is None:
             self.bar = Progress(TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("candidates"), TimeElapsedColumn(), TextColumn("ETA"),
                                 TimeRemainingColumn(), console=console)
             self.task = self.bar.add_task("tune", total=None)
-            self.live = Live(self.bar, console=console, refresh_per_second=4, transient=True)
+            self.live = Live(Text(""), console=console, refresh_per_second=4, transient=True)
             self.live.start()
 
     def update(self, status: Any) -> None:
+        if self.header is not None or (self.bar is None and self.console.is_terminal):
+            self._start()
+        if status.phase == "starting":  # Ray and the workers are starting: no candidate counts yet
+            if self.live is not None:
+                self.live.update(Text(f"{self.title}: starting Ray and the device workers...", style="dim"))
+            else:
+                self.console.print(Text("starting Ray and the device workers..."), soft_wrap=True)
+            return
         if self.live is not None:
             self.bar.update(self.task, total=status.total, completed=status.finished)
             self.live.update(Group(self.bar, self._workers(status)))

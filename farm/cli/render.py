@@ -46,6 +46,9 @@ def fmt_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+FOLD_KNOBS = 8  # knob lines shown per engine in farm engines' table
+
+
 def engines_table(registry: EngineRegistry, engines: Iterable[Engine], here: dict[str, str] | None = None) -> Table:
     table = Table(title="Engines", show_lines=True)
     table.add_column("engine", style="bold")
@@ -57,7 +60,11 @@ def engines_table(registry: EngineRegistry, engines: Iterable[Engine], here: dic
     if here is not None:
         table.add_column("runs here")
     for e in engines:
-        knobs = "\n".join(k.describe() for k in user_knobs(e)) or "-"
+        described = [k.describe() for k in user_knobs(e)]
+        if len(described) > FOLD_KNOBS:  # cuDNN's 47: the first few, and where to find the rest
+            described = described[:FOLD_KNOBS - 1] + [f"... and {len(described) - FOLD_KNOBS + 1} more "
+                                                      f"(farm engines --json)"]
+        knobs = "\n".join(described) or "-"
         row = [Text(e.name), str(engine_id(e)), Text(", ".join(sorted(e.ops))), Text(knobs),
                "yes" if e.supports_exhaustive else "no", Text(registry.origin(e))]
         if here is not None:

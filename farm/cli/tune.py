@@ -183,11 +183,11 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # -v asked for every line: Ray would fold repeats away
     address = args.address or os.environ.get("RAY_ADDRESS") or None
     console = _console()
-    view = None if args.json else ProgressView(console, workload.name, interval_s=args.progress_every)
-    if view is not None:
-        console.print(f"tuning [bold]{escape(workload.name)}[/] ({len(workload.problems)} problem(s)) on "
-                      f"{'Ray cluster ' + escape(address) if address else 'a local Ray instance'}, "
-                      f"devices: {escape(args.devices)}, into {escape(out)}")
+    header = (f"tuning [bold]{escape(workload.name)}[/] ({len(workload.problems)} problem(s)) on "
+              f"{'Ray cluster ' + escape(address) if address else 'a local Ray instance'}, "
+              f"devices: {escape(args.devices)}, into {escape(out)}")
+    # the header comes with the first progress update: a resume with nothing to measure starts no Ray and says so
+    view = None if args.json else ProgressView(console, workload.name, interval_s=args.progress_every, header=header)
     try:
         report = run_farm(workload, out, devices=request, address=address, options=options,
                           progress=view.update if view else None)

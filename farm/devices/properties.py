@@ -77,11 +77,44 @@ class DeviceProperties:
         return d
 
     @staticmethod
+    def parse(data: Any, *, source: str = "", field: str = "properties") -> "DeviceProperties":
+        """Properties read from a file: every field checked, an InputError naming the one that is wrong."""
+        from farm.errors import InputError
+
+        if not isinstance(data, Mapping):
+            raise InputError("expected a mapping of device properties", field=field, value=data, source=source)
+        for name, kind in _FIELD_TYPES.items():
+            if name not in data:
+                raise InputError("missing", field=f"{field}.{name}", source=source)
+            v = data[name]
+            if not isinstance(v, kind) or isinstance(v, bool):
+                raise InputError(f"expected {'an integer' if kind is int else 'a string'}", field=f"{field}.{name}",
+                                 value=v, source=source)
+        libs = data.get("libraries", {})
+        pairs = list(libs.items()) if isinstance(libs, Mapping) else libs if isinstance(libs, list) else None
+        if pairs is None or not all(isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                                    for p in pairs):
+            raise InputError("expected a mapping of library names to version strings", field=f"{field}.libraries",
+                             value=libs, source=source)
+        for name in ("index",):
+            if name in data and (not isinstance(data[name], int) or isinstance(data[name], bool)):
+                raise InputError("expected an integer", field=f"{field}.{name}", value=data[name], source=source)
+        for name in ("uuid", "host", "pci_bus"):
+            if name in data and not isinstance(data[name], str):
+                raise InputError("expected a string", field=f"{field}.{name}", value=data[name], source=source)
+        return DeviceProperties.from_dict({**data, "libraries": dict(pairs)})
+
+    @staticmethod
     def from_dict(data: Mapping[str, Any]) -> "DeviceProperties":
         fields = {k: data[k] for k in DeviceProperties.__dataclass_fields__ if k in data}
         libs = fields.get("libraries", ())
         fields["libraries"] = tuple(sorted((dict(libs) if isinstance(libs, Mapping) else dict(libs)).items()))
         return DeviceProperties(**fields)
+
+
+_FIELD_TYPES: dict[str, type] = {"vendor": str, "name": str, "arch": str, "compute_units": int, "total_memory": int,
+                                 "l2_bytes": int, "clock_mhz": int, "warp_size": int, "driver_version": str,
+                                 "runtime_version": str}
 
 
 def _major(version: str) -> str:

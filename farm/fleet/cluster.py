@@ -109,6 +109,8 @@ def run_farm(
         if finished is not None:
             report = finished
         else:
+            if progress is not None:
+                progress(FarmStatus(0, 0, 0, 0, 0.0, [], [], phase="starting"))
             if not ray.is_initialized():
                 _init_ray(address, request)
                 started_ray = True

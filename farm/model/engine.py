@@ -229,7 +229,12 @@ class EngineRegistry:
         else:
             engine = self._by_id.get(int(key))
         if engine is None:
-            raise UnknownNameError(f"unknown engine {key!r}; known engines: {', '.join(e.name for e in self)}")
+            import difflib
+
+            names = [e.name for e in self]
+            close = difflib.get_close_matches(str(key), names, n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            raise UnknownNameError(f"unknown engine {key!r}; {hint}known engines: {', '.join(names)}")
         return engine
 
     def origin(self, engine: Engine) -> str:

@@ -246,7 +246,11 @@ def op_spec(name: str) -> OpSpec:
     try:
         return OPS[name]
     except KeyError:
-        raise UnknownNameError(f"unknown op {name!r}; known ops: {', '.join(sorted(OPS))}") from None
+        import difflib
+
+        close = difflib.get_close_matches(str(name), sorted(OPS), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        raise UnknownNameError(f"unknown op {name!r}; {hint}known ops: {', '.join(sorted(OPS))}") from None
 
 
 def core_op(ops: Iterable[str]) -> str:

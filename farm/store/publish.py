@@ -119,7 +119,7 @@ def validate_for_publish(f: OverrideFile, name: str) -> DeviceProperties:
         raise InputError("only version-2 override files written by autotuning are published", source=name)
     if not f.device or not f.device.get("signature") or not f.device.get("properties"):
         raise InputError("the file names no device (signature and properties)", source=name)
-    props = DeviceProperties.from_dict(f.device["properties"])
+    props = DeviceProperties.parse(f.device["properties"], source=name, field="device.properties")
     if props.signature != f.device["signature"]:
         raise InputError(f"the device signature {f.device['signature']} does not match its properties "
                          f"({props.signature})", source=name)
@@ -151,7 +151,12 @@ def publish(overrides_dir: str | Path, root: str, *, force: bool = False, replac
     files = sorted(p for p in src.glob("*.json") if not p.name.startswith("."))
     if not files:
         raise InputError("no override files (*.json) to publish", source=str(src))
+    for path in files:  # every file checked before anything is made at the root
+        validate_for_publish(parse_overrides(read_text_file(path, "override file"), source=str(path)), str(path))
     store = Store(root)
+    if dry_run and not store.exists():
+        return [_plan(store, root, path, {"files": {}}, force=force, replace=replace).report for path in files]
+    store.ensure()
     with store.lock():
         index = _read_index(store)
         plans = [_plan(store, root, path, index, force=force, replace=replace) for path in files]

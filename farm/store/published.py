@@ -47,8 +47,17 @@ class Store:
             self.fs, self.path = pafs.FileSystem.from_uri(root)
             self.local = isinstance(self.fs, pafs.LocalFileSystem)
         else:
-            Path(root).mkdir(parents=True, exist_ok=True)
             self.fs, self.path, self.local = pafs.LocalFileSystem(), str(Path(root).resolve()), True
+
+    def exists(self) -> bool:
+        import pyarrow.fs as pafs
+
+        return self.fs.get_file_info(self.path).type != pafs.FileType.NotFound
+
+    def ensure(self) -> None:
+        """Make the root folder (a plain path or a file:// URI) before the first write; object stores need none."""
+        if self.local:
+            os.makedirs(self.path, exist_ok=True)
 
     def join(self, rel: str) -> str:
         """The full path of ``rel``, which must stay inside the root (paths come from index.json too)."""
@@ -141,6 +150,9 @@ def _read_index(store: Store) -> dict[str, Any]:
         data = json.loads(text)
         if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
             raise ValueError("no files mapping")
+        for sig, record in data["files"].items():
+            if not isinstance(record, dict):  # rewriting it would drop what the index said of that file
+                raise ValueError(f"files[{sig!r}] is {type(record).__name__}, not a mapping")
         return data
     except ValueError as exc:
         raise InputError(f"the publishing index is malformed ({exc}); fix or remove it", source=f"{store.uri}/{INDEX}") from None

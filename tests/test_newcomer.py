@@ -1,0 +1,139 @@
+"""What a newcomer trips on (issue 36): engine listings, "did you mean", Ctrl-C, progress while Ray starts,
+`farm report --html` into a new folder, and `farm publish` with malformed device properties, a malformed index
+entry or a file:// root that does not exist yet."""
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from farm.cli import main
+from farm.errors import UnknownNameError
+from tests.fakes import fake_props, matmul_problem
+from tests.test_publish import entry, overrides
+
+
+def test_farm_engines_here_lists_what_runs_on_this_machine_first_and_folds_long_knob_lists(capsys):
+    assert main(["engines", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    runs = [e["runs_here"].startswith("yes") for e in listed]
+    assert any(runs) and not all(runs)
+    assert runs == sorted(runs, reverse=True)  # every engine that runs here before any that does not
+    assert main(["engines", "--here", "--json"]) == 0
+    here = json.loads(capsys.readouterr().out)
+    assert here and all(e["runs_here"].startswith("yes") for e in here)
+    assert {e["name"] for e in here} == {e["name"] for e, r in zip(listed, runs) if r}
+    assert main(["engines", "--op", "conv_fprop"]) == 0
+    text = capsys.readouterr().out
+    long = next(e for e in listed if e["name"] == "cudnn.graph")
+    assert len(long["knobs"]) > 8 and f"and {len(long['knobs']) - 7} more" in text
+
+
+def test_an_unknown_engine_or_op_gets_did_you_mean(capsys):
+    from farm.model.engine import default_engine_registry
+
+    with pytest.raises(UnknownNameError, match="did you mean 'cpu.matmul.blas'"):
+        default_engine_registry().get("cpu.matmul.blass")
+    assert main(["engines", "--op", "conv_fprp"]) == 2
+    assert "did you mean 'conv_fprop'" in capsys.readouterr().err
+
+
+def test_ctrl_c_of_farm_tune_prints_the_command_that_resumes_it(monkeypatch, capsys, repo_root):
+    import farm.cli.tune
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(farm.cli.tune, "_tune_on_ray", interrupted)
+    code = main(["tune", f"{repo_root}/examples/cpu-quick.yaml", "--out", "runs/x y"])
+    err = capsys.readouterr().err
+    assert code == 130 and "to go on, run again" in err
+    assert f"farm tune {repo_root}/examples/cpu-quick.yaml --out 'runs/x y'" in err  # quoted for a shell
+
+
+def test_progress_says_ray_is_starting_and_prints_the_header_only_when_a_run_starts():
+    from farm.cli.progress import ProgressView
+    from farm.fleet.driver import FarmStatus
+
+    out = io.StringIO()
+    view = ProgressView(Console(file=out, width=120), "w", header="tuning w on a local Ray instance")
+    view.close()
+    assert out.getvalue() == ""  # a resume with nothing to measure starts no Ray: no header claiming it did
+    view = ProgressView(Console(file=out, width=120), "w", header="tuning w on a local Ray instance", interval_s=0)
+    view.update(FarmStatus(0, 0, 0, 0, 0.0, [], [], phase="starting"))
+    view.update(FarmStatus(10, 3, 0, 0, 1.0, [], []))
+    view.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "tuning w on a local Ray instance"
+    assert lines[1] == "starting Ray and the device workers..." and lines[2].startswith("3/10 candidates")
+    assert not any(line.startswith(("0/0 candidates", "0/?")) for line in lines)
+
+
+def test_report_html_into_a_folder_that_does_not_exist_yet(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="farm report --html needs matplotlib (tunefarm[report])")
+    from farm.model.engine import default_engine_registry
+    from farm.model.workload import parse_workload
+    from farm.fleet.job import run_local
+    from farm.devices.device import cpu_device
+
+    wl = parse_workload({"name": "h", "autotune": {"strategy": "fixed_average", "timed_iterations": 2,
+                                                   "check": "off", "confirm": False},
+                         "engines": {"include": ["cpu.matmul.blas", "cpu.matmul.einsum"]},
+                         "problems": [{"name": "a", "op": "matmul", "tensors": {"A": [8, 8], "B": [8, 8]}}]},
+                        registry=default_engine_registry())
+    run_local(wl, tmp_path / "run", cpu_device(), default_engine_registry())
+    target = tmp_path / "new" / "deeper" / "r.html"
+    assert main(["report", str(tmp_path / "run"), "--html", str(target)]) == 0
+    assert target.exists() and "<img" in target.read_text()
+
+
+def _props_file(tmp_path, mutate):
+    props = fake_props()
+    src = tmp_path / "src"
+    path = overrides(src, props, [entry(matmul_problem(8, 8, 8), "torch.matmul", 1.0, "p1")])
+    data = json.loads(path.read_text())
+    mutate(data["device"]["properties"])
+    path.write_text(json.dumps(data))
+    return src, path
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda p: p.update(libraries="torch 2.11"), "device.properties.libraries"),
+    (lambda p: p.update(compute_units="132"), "device.properties.compute_units"),
+    (lambda p: p.pop("arch"), "device.properties.arch"),
+    (lambda p: p.update(total_memory=None), "device.properties.total_memory"),
+])
+def test_publish_refuses_malformed_device_properties_naming_the_field_and_creates_nothing(tmp_path, capsys, mutate,
+                                                                                            field):
+    src, path = _props_file(tmp_path, mutate)
+    root = tmp_path / "root"
+    assert main(["publish", str(src), "--to", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not root.exists()  # no empty root left behind
+
+
+def test_publish_refuses_an_index_whose_files_entry_is_not_a_mapping(tmp_path, capsys):
+    props = fake_props()
+    src = tmp_path / "src"
+    overrides(src, props, [entry(matmul_problem(8, 8, 8), "torch.matmul", 1.0, "p1")])
+    root = tmp_path / "root"
+    root.mkdir()
+    index = {"version": 1, "files": {props.signature: "sm_90/x.json"}}
+    (root / "index.json").write_text(json.dumps(index))
+    assert main(["publish", str(src), "--to", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "index.json" in err and "not a mapping" in err
+    assert json.loads((root / "index.json").read_text()) == index  # untouched
+
+
+def test_publish_to_a_file_uri_whose_root_does_not_exist_yet(tmp_path):
+    props = fake_props()
+    src = tmp_path / "src"
+    overrides(src, props, [entry(matmul_problem(8, 8, 8), "torch.matmul", 1.0, "p1")])
+    root = tmp_path / "not" / "yet"
+    assert main(["publish", str(src), "--to", f"file://{root}"]) == 0
+    assert (root / "sm_90" / f"{props.signature}.json").exists() and (root / "index.json").exists()
+    assert main(["publish", str(src), "--to", str(tmp_path / "dry"), "--dry-run"]) == 0
+    assert not (tmp_path / "dry").exists()  # a dry run makes nothing
