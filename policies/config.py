@@ -245,6 +245,8 @@ class _Session:
             self._once(str(exc), "declines: %s", exc)
             return None
         entry = f.match(p)
+        if entry is None and log.isEnabledFor(logging.INFO):  # -v: why, with the nearest entry (a walk: not by default)
+            self._once(p.key, "declines %s: no entry of %s matches; %s", p.label(), f.source, f.nearest_miss(p))
         return (f, entry) if entry is not None else None
 
     def _choice(self, f: OverrideFile, candidates: Sequence[int], entry: Any) -> Choice | None:

@@ -137,3 +137,22 @@ def test_publish_to_a_file_uri_whose_root_does_not_exist_yet(tmp_path):
     assert (root / "sm_90" / f"{props.signature}.json").exists() and (root / "index.json").exists()
     assert main(["publish", str(src), "--to", str(tmp_path / "dry"), "--dry-run"]) == 0
     assert not (tmp_path / "dry").exists()  # a dry run makes nothing
+
+
+def test_config_says_under_verbose_which_fields_keep_the_nearest_entry_from_matching(tmp_path, caplog):
+    import logging
+
+    from farm.store.override_files import load_overrides
+
+    props = fake_props()
+    path = overrides(tmp_path / "o", props, [entry(matmul_problem(8, 8, 8), "torch.matmul", 1.0, "p1"),
+                                             entry(matmul_problem(64, 64, 64), "torch.blas", 1.0, "p2")])
+    f = load_overrides(path)
+    miss = matmul_problem(8, 8, 9)
+    why = f.nearest_miss(miss)
+    assert "engine_overrides[0] (torch.matmul)" in why and "A.dims [8, 8] ([8, 9])" in why and "B.dims [8, 8] ([9, 8])" in why
+    assert f.entries[0].differences(matmul_problem(8, 8, 8)) == []
+    from farm.model.problem import Problem
+
+    conv = Problem.create("conv_fprop", {"X": [1, 4, 8, 8], "W": [4, 4, 3, 3]}, criteria={"pad_h": 1, "pad_w": 1})
+    assert f.nearest_miss(conv) == "no entry is for op conv_fprop"

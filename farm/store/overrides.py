@@ -186,6 +186,33 @@ class OverrideEntry:
                 return False
         return True
 
+    def differences(self, problem: Problem) -> list[str]:
+        """What keeps this entry from matching ``problem``, field by field ([] when it matches)."""
+        if problem.op != self.op:
+            return [f"op {self.op} (the problem's: {problem.op})"]
+        out = []
+        if self.compute_data_type is not None and self.compute_data_type != problem.compute_dtype:
+            out.append(f"compute dtype {self.compute_data_type} ({problem.compute_dtype})")
+        crit = problem.criteria_dict
+        out += [f"criteria.{k} {v} ({crit.get(k)})" for k, v in self.criteria if crit.get(k) != v]
+        by_id = {t.id: t for t in problem.tensors}
+        order = [problem.tensor(t) for t in problem.spec.tensor_ids if problem.has_tensor(t)]
+        for i, rule in enumerate(self.tensors):
+            t = order[i] if self.positional and i < len(order) else by_id.get(rule.tensor_id)
+            name = rule.tensor_id or f"tensors[{i}]"
+            if t is None:
+                out.append(f"tensor {name} (the problem has none)")
+                continue
+            if not _fits(rule.dims, t.dims):
+                out.append(f"{name}.dims {list(rule.dims)} ({list(t.dims)})")
+            if rule.strides and not _fits(rule.strides, t.strides):
+                out.append(f"{name}.strides {list(rule.strides)} ({list(t.strides)})")
+            if rule.data_type is not None and rule.data_type != t.dtype:
+                out.append(f"{name}.data_type {rule.data_type} ({t.dtype})")
+        if not out and not self.matches(problem):
+            out.append("a key tensor or criterion the op needs is not stated")
+        return out
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op_spelled or self.op, "engine_name": self.engine_name}
         spelled = dict(self.criteria_spelled)
@@ -352,6 +379,21 @@ class OverrideFile:
     @property
     def is_autotune_file(self) -> bool:
         return self.version == OVERRIDE_VERSION and all(e.metadata is not None for e in self.entries)
+
+    def nearest_miss(self, problem: Problem) -> str:
+        """Why no entry matches ``problem``: the entry of its op that differs in the fewest fields, and how
+        (for a log line under verbose; it walks every entry of the op)."""
+        best: tuple[int, int, list[str]] | None = None
+        for i, e in enumerate(self.entries):
+            if e.op != problem.op:
+                continue
+            diff = e.differences(problem)
+            if best is None or len(diff) < len(best[2]):
+                best = (i, len(diff), diff)
+        if best is None:
+            return f"no entry is for op {problem.op}"
+        i, _, diff = best
+        return f"the nearest, engine_overrides[{i}] ({self.entries[i].engine_name}), differs in: {'; '.join(diff)}"
 
     def match(self, problem: Problem) -> OverrideEntry | None:
         """The entry for ``problem``: the first matching exact rule (no -1), else the first matching wildcard rule,
