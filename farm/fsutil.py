@@ -38,11 +38,20 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part."""
     path = Path(path)
     tmp = temp_path(path)
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:  # a full disk, a quota, an interrupt: the old file stays, and no half-written temp file beside it
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError) and not exc.filename:  # write() names no file: say which one it was
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
     fsync_dir(path.parent)
 
 

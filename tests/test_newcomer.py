@@ -156,3 +156,76 @@ def test_config_says_under_verbose_which_fields_keep_the_nearest_entry_from_matc
 
     conv = Problem.create("conv_fprop", {"X": [1, 4, 8, 8], "W": [4, 4, 3, 3]}, criteria={"pad_h": 1, "pad_w": 1})
     assert f.nearest_miss(conv) == "no entry is for op conv_fprop"
+
+
+def test_a_failed_atomic_write_leaves_no_temp_file_and_names_the_path(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from farm import fsutil
+
+    target = tmp_path / "x.json"
+    target.write_text("old")
+    real_fsync = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as err:
+        fsutil.atomic_write_text(target, "new")
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert err.value.filename == str(target) and err.value.errno == errno.ENOSPC
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_a_file_system_error_names_the_path_on_the_command_line(tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    props = fake_props()
+    src = tmp_path / "src"
+    overrides(src, props, [entry(matmul_problem(8, 8, 8), "torch.matmul", 1.0, "p1")])
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    assert main(["publish", str(src), "--to", str(tmp_path / "root")]) != 0
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and str(tmp_path / "root") in err and "a file:" not in err
+    assert not [p for p in (tmp_path / "root").rglob("*.tmp")]
+
+
+@pytest.mark.parametrize("where", ["warmup", "run", "compile"])
+def test_an_engine_that_calls_sys_exit_fails_its_candidate_at_once(where, cpu):
+    import sys
+
+    from farm.model.records import Disposition
+    from farm.tuner.autotuner import Autotuner
+    from tests.fakes import FakeEngine, FakePlan, registry_of
+
+    class Exiting(FakeEngine):
+        def compile(self, problem, knobs, device):
+            if where == "compile":
+                sys.exit(3)
+            return ExitingPlan(self, knobs)
+
+    class ExitingPlan(FakePlan):
+        def run(self, tensors, workspace, stream):
+            self.engine.calls.run += 1
+            if where == "warmup" or self.engine.calls.run >= 3:
+                raise SystemExit(3)
+            super().run(tensors, workspace, stream)
+
+    good, bad = FakeEngine("good"), Exiting("bad")
+    tuner = Autotuner(matmul_problem(), cpu, registry=registry_of(good, bad))
+    tuner.add_all_engines()
+    from farm.model.records import AutotuneConfig
+
+    config = AutotuneConfig(strategy="fixed_average", timed_iterations=3, check="off", confirm=False)
+    results = {r.engine_name: r for r in tuner.autotune(config=config)}
+    expected = {"warmup": Disposition.FAILED_WARMUP, "run": Disposition.FAILED_RUN,
+                "compile": Disposition.FAILED_COMPILE}[where]
+    assert results["bad"].disposition is expected and "SystemExit" in results["bad"].error
+    assert results["good"].succeeded

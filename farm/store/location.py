@@ -123,10 +123,19 @@ class Location:
             target = Path(self.path) / folder
             target.mkdir(parents=True, exist_ok=True)
             tmp = temp_path(target / name)
-            pq.write_table(table, tmp, compression="zstd")
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, target / name)
+            try:
+                pq.write_table(table, tmp, compression="zstd")
+                with open(tmp, "rb+") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(tmp, target / name)
+            except BaseException as exc:
+                try:  # a full disk: no half-written part beside the complete ones
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                if isinstance(exc, OSError) and not getattr(exc, "filename", None):
+                    raise OSError(exc.errno, exc.strerror or str(exc), str(target / name)) from exc
+                raise
             fsync_dir(target)
             return str(target / name)
         path = f"{self.path}/{folder}/{name}"

@@ -423,7 +423,7 @@ class Autotuner:
         self.in_flight[cand.spec] = time.monotonic()
         try:
             plan = engine.compile(self.problem, settings_to_resolved(engine, cand.spec.knobs, benchmarking=benchmarking), self.device)
-        except Exception as exc:  # any compile failure is that candidate's, not the tuner's
+        except (Exception, SystemExit) as exc:  # any compile failure is that candidate's, not the tuner's
             cand.error = f"{engine.name}: compile: {_err(exc)}"
             plan = None
         finally:

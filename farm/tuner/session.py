@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from farm.tuner.autotuner import Autotuner
 
 # the tuner's lines, wherever in the tuner they come from
+# what an engine's code may raise that is that candidate's failure: an engine that calls sys.exit() (or whose
+# library does) fails its candidate at once; it does not end the process (a farm worker: its whole task)
+ENGINE_ERRORS = (Exception, SystemExit)
+
 log = logging.getLogger("farm.tuner.autotuner")
 from farm.tuner.candidate import _Candidate, _close_plan, _err, _now_iso
 
@@ -179,7 +183,7 @@ class _Run:
                 plan.run(self.tensors, self.t.workspace_for(plan.workspace_size), self.t.device.stream)
                 self.t.device.synchronize()
                 cand.ran_exhaustive = True
-            except Exception as exc:
+            except ENGINE_ERRORS as exc:
                 failure = f"{engine.name}: priming run: {_err(exc)}"
         if plan is not None:
             _close_plan(plan)
@@ -213,7 +217,7 @@ class _Run:
             finalize = getattr(plan, "finalize", None)
             if callable(finalize):
                 finalize(workspace)
-        except Exception as exc:
+        except ENGINE_ERRORS as exc:
             self._finish(cand, Disposition.FAILED_FINALIZE, error=f"{cand.engine.name}: finalize: {_err(exc)}", workspace=ws)
             return
         warmed = self._warm_up(cand, plan, workspace, ws)
@@ -229,7 +233,7 @@ class _Run:
                 # its noise would decide ties: measure again rather than promote or demote it on noise
                 converged = self._sample(timed, per_call, samples, label)
                 note = "; ".join(x for x in (note, f"noisy near the top: re-measured ({len(samples)} samples)") if x)
-        except Exception as exc:
+        except ENGINE_ERRORS as exc:
             self._finish(cand, Disposition.FAILED_RUN, error=f"{cand.engine.name}: run {len(samples) + 1}: {_err(exc)}",
                          workspace=ws, warmups=warmups, samples=samples, max_err=max_err)
             return
@@ -278,7 +282,7 @@ class _Run:
                                      max_err=max_err)
                         return None
             dev.synchronize()
-        except Exception as exc:
+        except ENGINE_ERRORS as exc:
             self._finish(cand, Disposition.FAILED_WARMUP, error=f"{cand.engine.name}: warmup: {_err(exc)}", workspace=ws)
             return None
         return warmups, max_err
@@ -351,7 +355,7 @@ class _Run:
             try:
                 replay = capture(dev, lambda: call(sets[next(turn) % len(sets)]), repeats)
                 return (lambda i: replay), repeats, ""
-            except Exception as exc:
+            except ENGINE_ERRORS as exc:
                 note = f"graph capture failed, timed without graphs: {_err(exc)}"
                 log.info("autotune: %s: %s", cand.spec.describe(self.t.registry), note)
                 dev.synchronize()
