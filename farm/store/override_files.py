@@ -65,6 +65,9 @@ def _need(cond: bool, message: str, path: str, value: Any) -> None:
 
 
 def _int_list(value: Any, path: str, *, allow_wildcard: bool) -> tuple[int, ...]:
+    if type(value) is list and all(type(v) is int and (0 <= v <= INT64_MAX or (allow_wildcard and v == -1))
+                                   for v in value):
+        return tuple(value)  # the common case, checked without making a field path per element
     _need(isinstance(value, list), "expected a list of integers", path, value)
     out = []
     for i, v in enumerate(value):
@@ -127,42 +130,50 @@ def tensor_id_of(op: str, spelled: str) -> str:
 def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
     _need(isinstance(obj, dict), "expected an object", path, obj)
     op_spelled = obj.get("op")
-    _need(isinstance(op_spelled, str) and op_spelled, "expected an op name", f"{path}.op", op_spelled)
+    if not (isinstance(op_spelled, str) and op_spelled):
+        _need(False, "expected an op name", f"{path}.op", op_spelled)
     op = HIPDNN_OPS.get(op_spelled, op_spelled)
     engine = obj.get("engine_name")
-    _need(isinstance(engine, str) and engine, "expected an engine name", f"{path}.engine_name", engine)
+    if not (isinstance(engine, str) and engine):
+        _need(False, "expected an engine name", f"{path}.engine_name", engine)
     raw_criteria = obj.get("criteria", {}) or {}
     _need(isinstance(raw_criteria, dict), "criteria must be an object", f"{path}.criteria", raw_criteria)
     aliases = HIPDNN_CRITERIA.get(op, {})
     criteria: dict[str, int] = {}
     criteria_spelled = []
     for k, v in raw_criteria.items():
-        _need(isinstance(v, int) and not isinstance(v, bool) and -INT64_MAX - 1 <= v <= INT64_MAX,
-              "criteria values are 64-bit integers", f"{path}.criteria.{k}", v)
+        if not (type(v) is int and -INT64_MAX - 1 <= v <= INT64_MAX):
+            _need(False, "criteria values are 64-bit integers", f"{path}.criteria.{k}", v)
         ours = aliases.get(k, k)
-        _need(ours not in criteria, "criterion given twice (under our name and hipDNN's)", f"{path}.criteria.{k}", v)
+        if ours in criteria:
+            _need(False, "criterion given twice (under our name and hipDNN's)", f"{path}.criteria.{k}", v)
         criteria[ours] = v
         if ours != k:
             criteria_spelled.append((ours, k))
     tensors_raw = obj.get("tensors")
-    _need(isinstance(tensors_raw, list) and tensors_raw, "expected a non-empty list of tensors", f"{path}.tensors", tensors_raw)
+    if not (isinstance(tensors_raw, list) and tensors_raw):
+        _need(False, "expected a non-empty list of tensors", f"{path}.tensors", tensors_raw)
     tensors = []
     for j, t in enumerate(tensors_raw):
         tp = f"{path}.tensors[{j}]"
         _need(isinstance(t, dict), "expected an object with dim and stride", tp, t)
         tid = spelled_id = t.get("tensor_id")
         if version >= 2:
-            _need(isinstance(tid, str) and tid, "v2 tensors need a tensor_id", f"{tp}.tensor_id", tid)
+            if not (isinstance(tid, str) and tid):
+                _need(False, "v2 tensors need a tensor_id", f"{tp}.tensor_id", tid)
             tid = tensor_id_of(op, tid)
         else:
             tid = None  # v1 matches by position: its tensor ids are ignored
-        _need("dim" in t, "missing dim", f"{tp}.dim", None)
-        dims = _int_list(t["dim"], f"{tp}.dim", allow_wildcard=True)
-        strides = _int_list(t.get("stride") or [], f"{tp}.stride", allow_wildcard=True)
-        _need(not strides or len(strides) == len(dims), "stride needs one entry per dim (or [] for any)", f"{tp}.stride", list(strides))
+        _need("dim" in t, "missing dim", tp + ".dim", None)
+        dims = _int_list(t["dim"], tp + ".dim", allow_wildcard=True)
+        strides = _int_list(t.get("stride") or [], tp + ".stride", allow_wildcard=True)
+        if strides and len(strides) != len(dims):
+            _need(False, "stride needs one entry per dim (or [] for any)", f"{tp}.stride", list(strides))
         dtype = t.get("data_type")
-        _need(dtype is None or isinstance(dtype, str), "expected a dtype name", f"{tp}.data_type", dtype)
-        extra = {k: v for k, v in t.items() if k not in _KNOWN_TENSOR_FIELDS}
+        if dtype is not None and not isinstance(dtype, str):
+            _need(False, "expected a dtype name", f"{tp}.data_type", dtype)
+        extra = {k: v for k, v in t.items() if k not in _KNOWN_TENSOR_FIELDS} if not t.keys() <= _KNOWN_TENSOR_FIELDS \
+            else {}
         canonical = _dtype_name(dtype)  # matched as ours, written back as the file spelled it
         tensors.append(TensorRule(tid, dims, strides, canonical, extra, dtype if canonical != dtype else None,
                                   spelled_id if tid is not None and spelled_id != tid else None))
