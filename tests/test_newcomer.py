@@ -229,3 +229,29 @@ def test_an_engine_that_calls_sys_exit_fails_its_candidate_at_once(where, cpu):
                 "compile": Disposition.FAILED_COMPILE}[where]
     assert results["bad"].disposition is expected and "SystemExit" in results["bad"].error
     assert results["good"].succeeded
+
+
+def test_a_part_with_a_corrupt_data_page_is_measured_again_by_an_in_process_resume(tmp_path, capsys):
+    """The part's footer and key columns read fine, one column's page does not: resume and reduce agree that
+    the part is unreadable, so its candidates are measured again and the run ends with every winner."""
+    import pyarrow.parquet as pq
+
+    wl = tmp_path / "w.yaml"
+    wl.write_text("name: w\nautotune: {strategy: fixed_average, timed_iterations: 2, check: 'off', confirm: false}\n"
+                  "engines: {include: [cpu.matmul.blas, cpu.matmul.einsum]}\n"
+                  "problems: [{name: a, op: matmul, tensors: {A: [8, 8], B: [8, 8]}}]\n")
+    out = tmp_path / "run"
+    assert main(["tune", str(wl), "--in-process", "--out", str(out)]) == 0
+    [part] = list((out / "results").rglob("*.parquet"))
+    meta = pq.ParquetFile(part).metadata
+    column = next(meta.row_group(0).column(i) for i in range(meta.num_columns)
+                  if meta.row_group(0).column(i).path_in_schema.startswith("samples_ms"))
+    data = bytearray(part.read_bytes())
+    start = column.data_page_offset + 8
+    data[start:start + 24] = bytes(24)  # zeros inside a compressed page
+    part.write_bytes(bytes(data))
+    assert pq.read_table(part, columns=["problem_key", "candidate_key"]).num_rows == 2  # the keys still read
+    capsys.readouterr()
+    assert main(["tune", str(wl), "--in-process", "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["rows_written"] == 2 and report["no_winner"] == {}  # measured again, and a winner

@@ -311,7 +311,7 @@ def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, optio
     by_sig = {d.signature: d for d in devices}
     sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes,
                       confirm=config.confirm)
-    dataset = ResultsDataset(jr.job.results)
+    dataset = ResultsDataset(jr.job.results).check_pages()
     problems = list(enumerate(workload.problems))
     registry = default_engine_registry()
     plans = {sig: expand_problems(problems, device, registry) for sig, device in by_sig.items()}
@@ -344,7 +344,8 @@ class Planner:
         for w in workers:
             self.by_sig.setdefault(w.info.signature, []).append(w)
         self.next = {sig: 0 for sig in self.by_sig}
-        self.dataset = ResultsDataset(jr.job.results) if jr.job.results.exists() else None
+        # a part the reducer cannot read whole is not counted as measured (its candidates are measured again)
+        self.dataset = ResultsDataset(jr.job.results).check_pages() if jr.job.results.exists() else None
         self._prior: dict[str, dict[str, list[PriorRow]]] = {}
         self.inflight: dict[str, tuple[Any, list[tuple[int, WorkloadProblem]]]] = {}  # sig -> (expand ref, chunk)
         self.again: dict[str, list[tuple[int, WorkloadProblem]]] = {}  # sig -> a window whose worker died under it

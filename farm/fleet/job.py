@@ -277,7 +277,7 @@ class JobRun:
         """problem key -> candidate keys this folder has rows for on ``signature`` (the resume set)."""
         if not self.job.results.exists():
             return {}
-        return ResultsDataset(self.job.results).done_candidates(signature)
+        return ResultsDataset(self.job.results).check_pages().done_candidates(signature)
 
     def tuning(self, signature: str) -> None:
         """The workload's problems are tuned on ``signature`` (each one should end with a winner)."""
@@ -452,7 +452,7 @@ def run_local(
                          "gpu" if device.vendor in ("nvidia", "amd") else device.vendor)
         jr.tuning(device.signature)
         done = jr.done_candidates(device.signature)
-        prior = prior_rows(ResultsDataset(jr.job.results), device.signature) if done else {}
+        prior = prior_rows(ResultsDataset(jr.job.results).check_pages(), device.signature) if done else {}
         standing = incumbent_file(incumbents, device.properties)
         outcomes: list[ProblemOutcome] = []
         for wp in workload.problems:

@@ -63,6 +63,18 @@ class ResultsDataset:
             else:
                 self.files.append(path)
 
+    def check_pages(self) -> "ResultsDataset":
+        """Read every file whole, and skip those that fail (a corrupt data page under an intact footer reads fine
+        until its column is read): a resume then counts as measured exactly what the reducer will read."""
+        for path in list(self.files):
+            try:
+                with self.location.fs.open_input_file(path) as fh:
+                    pq.ParquetFile(fh).read()
+            except Exception as exc:  # any decoding error of any page: the part is unreadable for every reader
+                self.files.remove(path)
+                self._skip(path, f"not a readable Parquet file ({type(exc).__name__}: {_first_line(exc)})")
+        return self
+
     def partition(self, signature: str) -> "ResultsDataset":
         """This dataset's files of one device signature (checked already: nothing is listed or logged again)."""
         part = copy.copy(self)
