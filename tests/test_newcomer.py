@@ -255,3 +255,26 @@ def test_a_part_with_a_corrupt_data_page_is_measured_again_by_an_in_process_resu
     assert main(["tune", str(wl), "--in-process", "--out", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["rows_written"] == 2 and report["no_winner"] == {}  # measured again, and a winner
+
+
+def test_winners_measured_by_more_cpu_workers_than_cores_are_marked_and_not_published_unless_forced(
+        tmp_path, monkeypatch, capsys):
+    pytest.importorskip("ray", reason="the farm needs ray[default]")
+    import farm.devices.runtimes.cpu as cpu_runtime
+
+    monkeypatch.setattr(cpu_runtime, "usable_cores", lambda: 1)  # so two workers are one too many, on any host
+    wl = tmp_path / "w.yaml"
+    wl.write_text("name: w\nautotune: {strategy: fixed_average, timed_iterations: 2, check: 'off', confirm: false}\n"
+                  "engines: {include: [cpu.matmul.blas, cpu.matmul.einsum]}\n"
+                  "problems: [{name: a, op: matmul, tensors: {A: [8, 8], B: [8, 8]}}]\n")
+    out = tmp_path / "run"
+    assert main(["tune", str(wl), "--devices", "cpu:2", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "2 CPU workers at once on 1 usable core" in err and "farm publish refuses them unless --force" in err
+    [f] = list((out / "overrides").glob("*.json"))
+    assert "1 usable core" in json.loads(f.read_text())["generated_by"]["measurement_warning"]
+    assert main(["publish", str(out / "overrides"), "--to", str(tmp_path / "root")]) != 0
+    printed = capsys.readouterr()
+    assert "use --force to publish anyway" in " ".join((printed.out + printed.err).replace("│", " ").split())
+    assert not list((tmp_path / "root").rglob("*.json"))
+    assert main(["publish", str(out / "overrides"), "--to", str(tmp_path / "root"), "--force"]) == 0

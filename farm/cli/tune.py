@@ -149,9 +149,12 @@ def _warn_oversubscribed(workers: int) -> None:
             f"production's; use cpu:{cores} or fewer", soft_wrap=True)
 
 
-def _finish(args: argparse.Namespace, summary: Any) -> int:
+def _finish(args: argparse.Namespace, summary: Any, warning: str = "") -> int:
     """The closing line (stderr, so --json stays clean) and the exit status."""
     code = summary.exit_code(allow_partial=args.allow_partial)
+    if warning:
+        _console(stderr=True).print(f"[yellow]warning:[/] these winners were {escape(warning)}. The override files say "
+                                    "so, and farm publish refuses them unless --force", soft_wrap=True)
     if summary.missing:
         names = [f"{name} ({why})" for problems in summary.no_winner.values() for name, why in problems.items()]
         shown = "; ".join(names[:5]) + (f"; and {len(names) - 5} more" if len(names) > 5 else "")
@@ -203,7 +206,9 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
         for table in farm_tables(workload, report):
             console.print(table)
         console.print(where_table(out, report.summary))
-    return _finish(args, report.summary)
+    from farm.fleet.cluster import oversubscribed_cpu
+
+    return _finish(args, report.summary, oversubscribed_cpu(request, address))
 
 
 def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool) -> int:

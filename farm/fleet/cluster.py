@@ -96,6 +96,7 @@ def run_farm(
                                 "prune": pruner.pruner.record() if pruner else None}, job_id)
     if pruner is not None:
         pruner.write = jr.write
+    jr.measurement_warning = oversubscribed_cpu(request, address)
     started_ray = False
     handles: list[Any] = []
     try:
@@ -135,6 +136,18 @@ def run_farm(
     report.reduce = report.summary.reduce
     report.wall_s = report.summary.wall_s
     return report
+
+
+def oversubscribed_cpu(request: DeviceRequest, address: str | None) -> str:
+    """Why CPU measurements on this host are not production's: more workers than usable cores measure at once
+    ('' when they are not); the override files carry it and farm publish refuses them unless forced."""
+    from farm.devices.runtimes.cpu import usable_cores
+
+    workers, cores = request.count or 1, usable_cores()
+    if request.kind != "cpu" or address is not None or workers <= cores:
+        return ""
+    return (f"measured by {workers} CPU workers at once on {cores} usable core(s): slower and noisier than "
+            f"production; tune with --devices cpu:{cores} or fewer")
 
 
 CONNECT_TIMEOUT_S = 10.0

@@ -272,6 +272,7 @@ class JobRun:
         self.parts: list[tuple[str, int]] = []  # the files they wrote, with their rows: the run's manifest
         self._skipped: dict[str, dict[str, str]] = {}
         self._signatures: set[str] = set()
+        self.measurement_warning = ""  # why these measurements are not production's (written into the override files)
 
     def done_candidates(self, signature: str) -> dict[str, set[str]]:
         """problem key -> candidate keys this folder has rows for on ``signature`` (the resume set)."""
@@ -349,7 +350,8 @@ class JobRun:
             data = listing.partition(sig)
             d = decide_results(data, incumbents=load_incumbents(source, data), top_k=top_k)
             if reduce:
-                written += reduce_results(results, self.job.overrides, top_k=top_k, decisions=d).signatures
+                written += reduce_results(results, self.job.overrides, top_k=top_k, decisions=d,
+                                          measurement_warning=self.measurement_warning).signatures
             winners.update(d.winners)
             tuned.update(d.tuned)
             skipped += [s for s in d.skipped_files if s not in skipped]

@@ -195,6 +195,11 @@ def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: 
     if old is not None and old.device_signature != props.signature:
         rep.refused = f"{root}/{rel} holds device {old.device_signature}, not {props.signature}"
         return _Plan(rel, "", old_text, {}, rep)
+    warning = (new.extra.get("generated_by") or {}).get("measurement_warning") \
+        if isinstance(new.extra.get("generated_by"), dict) else None
+    if warning and not force:
+        rep.refused = f"{path}: {warning} (use --force to publish anyway)"
+        return _Plan(rel, "", old_text, {}, rep)
     old_entries = old.entries if old else []
     merged = list(new.entries) if replace else merge_entries(old_entries, new.entries)[0]
     rep.added, rep.changed, rep.removed, rep.unchanged = diff_entries(old_entries, merged)

@@ -74,12 +74,14 @@ class ReduceReport:
 
 def reduce_results(results_dir: Any, out_dir: str | Path, *, top_k: int = 3, mode: str = "append",
                    tunableop_csv: bool = False, incumbents: str | Path | None = None,
-                   decisions: Decisions | None = None, signatures: Sequence[str] | None = None) -> ReduceReport:
+                   decisions: Decisions | None = None, signatures: Sequence[str] | None = None,
+                   measurement_warning: str = "") -> ReduceReport:
     """Write ``<out_dir>/<device_signature>.json`` and ``.winners.parquet`` for every signature in the results
     (a local folder or a ``pyarrow.fs`` URI; ``signatures``: only these partitions are read and written).
 
     ``incumbents`` (an override file, folder or published root): winners there are kept when a new
-    candidate is faster only within noise (see :func:`load_incumbents`).
+    candidate is faster only within noise (see :func:`load_incumbents`). ``measurement_warning`` (e.g. more CPU
+    workers than cores) goes into each file's ``generated_by``; ``farm publish`` refuses such a file unless forced.
     """
     out = Path(out_dir)
     if decisions is None:
@@ -97,7 +99,8 @@ def reduce_results(results_dir: Any, out_dir: str | Path, *, top_k: int = 3, mod
         rep.entries = len(entries)
         rep.kept_over_fastest = sum(w.label != w.fastest for w in picked)
         if entries:
-            extra = {"generated_by": {"tool": "tunefarm", "version": __version__, "job_ids": job_ids}}
+            extra = {"generated_by": {"tool": "tunefarm", "version": __version__, "job_ids": job_ids,
+                                      **({"measurement_warning": measurement_warning} if measurement_warning else {})}}
             rep.write = write_overrides(out / f"{signature}.json", entries,
                                         device={"signature": signature, "properties": device}, mode=mode, extra=extra)
             rep.winners_path = str(write_winners_table(out / f"{signature}{WINNERS_SUFFIX}", decisions, picked))
