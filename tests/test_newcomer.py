@@ -278,3 +278,32 @@ def test_winners_measured_by_more_cpu_workers_than_cores_are_marked_and_not_publ
     assert "use --force to publish anyway" in " ".join((printed.out + printed.err).replace("│", " ").split())
     assert not list((tmp_path / "root").rglob("*.json"))
     assert main(["publish", str(out / "overrides"), "--to", str(tmp_path / "root"), "--force"]) == 0
+
+
+def test_the_html_report_has_alt_text_readable_labels_and_shows_untrusted_winners(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="farm report --html needs matplotlib (tunefarm[report])")
+    import re
+
+    from farm.analysis import report as report_mod
+    from farm.devices.device import cpu_device
+    from farm.fleet.job import run_local
+    from farm.model.engine import default_engine_registry
+    from farm.model.workload import parse_workload
+
+    wl = parse_workload({"name": "h", "autotune": {"strategy": "fixed_average", "timed_iterations": 2,
+                                                   "check": "off", "confirm": False},
+                         "engines": {"include": ["cpu.matmul.blas", "cpu.matmul.blocked"],
+                                     "sweep": {"cpu.matmul.blocked": {"block_k": [64, 128]}}},
+                         "problems": [{"name": "a", "op": "matmul", "tensors": {"A": [8, 8], "B": [8, 8]}}]},
+                        registry=default_engine_registry())
+    run_local(wl, tmp_path / "run", cpu_device(), default_engine_registry())
+    monkeypatch.setattr(report_mod.ProblemSummary, "untrusted", property(lambda self: True))
+    monkeypatch.setattr(report_mod.ProblemSummary, "doubt", property(lambda self: "within noise of 1 other(s)"))
+    report = report_mod.build_report(tmp_path / "run")
+    report_mod.write_html(report, tmp_path / "r.html")
+    html = (tmp_path / "r.html").read_text()
+    imgs = re.findall(r"<img [^>]*>", html)
+    assert imgs and all(re.search(r"alt='[^']{10,}'", i) for i in imgs)
+    assert "class=untrusted" in html and "not trusted: within noise of 1 other(s)" in html
+    assert report_mod._short("cudnn.graph[" + "X=1," * 40 + "engine=7]").endswith("engine=7]")
+    assert len(report_mod._short("x" * 200)) <= 48

@@ -275,22 +275,30 @@ def write_html(report: Report, path: str | Path, *, max_problems: int = 24) -> l
                            ("Per-device noise (1.4826 x MAD / median of every candidate)", _noise_figure(plt, s))):
             if fig is not None:
                 titles.append(title)
-                parts.append(f"<h3>{title}</h3>{_png(plt, fig)}")
+                parts.append(f"<h3>{title}</h3>{_png(plt, fig, title)}")
+        shaky = s.untrusted()
+        parts.append("<h3>Too noisy to trust</h3>" + ("<ul>" + "".join(
+            f"<li class='untrusted'>{_esc(p.name)}: {_esc(p.doubt)}</li>" for p in shaky) + "</ul>" if shaky
+            else "<p>nothing</p>"))
         parts.append("<h3>Winners (the override file's entries)</h3><table><tr><th>problem</th><th>winner</th>"
                      "<th>median ms</th><th>default</th><th>median ms</th><th>speed-up</th><th>why</th></tr>"
-                     + "".join(f"<tr><td>{_esc(p.name)}</td><td><code>{_esc(p.winner)}</code></td>"
+                     + "".join(f"<tr{' class=untrusted' if p.untrusted else ''}><td>{_esc(p.name)}</td>"
+                               f"<td><code>{_esc(p.winner)}</code></td>"
                                f"<td>{p.winner_ms:.4f}</td><td><code>{_esc(p.default)}</code></td>"
                                f"<td>{'-' if p.default_ms is None else f'{p.default_ms:.4f}'}</td>"
-                               f"<td>{'-' if p.speedup is None else f'{p.speedup:.3f}x'}</td><td>{_esc(p.why)}</td></tr>"
+                               f"<td>{'-' if p.speedup is None else f'{p.speedup:.3f}x'}</td>"
+                               f"<td>{_esc('; '.join(x for x in (p.why, f'not trusted: {p.doubt}' if p.untrusted else '') if x))}</td></tr>"
                                for p in s.problems) + "</table>")
         parts.append("<h3>Candidates' time distributions (winner in orange, default in blue)</h3>")
         titles.append("Candidates' time distributions")
         for p in s.problems[:max_problems]:
-            parts.append(_png(plt, _distribution_figure(plt, p)))
+            parts.append(_png(plt, _distribution_figure(plt, p),
+                              f"{p.name}: time per run of its fastest candidates; winner {p.winner}, default {p.default}"))
         if len(s.problems) > max_problems:
             parts.append(f"<p>{len(s.problems) - max_problems} more problems not drawn (see --json).</p>")
     html = ("<!doctype html><html><head><meta charset='utf-8'><title>tunefarm report</title>"
-            "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}img{max-width:100%}</style>"
+            "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}img{max-width:100%}"
+            "tr.untrusted td,li.untrusted{background:#fff3cd}</style>"
             "</head><body>" + "\n".join(parts) + "</body></html>")
     from farm.fsutil import atomic_write_text
 
@@ -305,11 +313,16 @@ def _esc(text: str) -> str:
     return html.escape(str(text))
 
 
-def _png(plt: Any, fig: Any) -> str:
+def _png(plt: Any, fig: Any, alt: str) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
-    return f"<img src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'>"
+    return f"<img alt='{_esc(alt)}' src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'>"
+
+
+def _short(name: str, width: int = 48) -> str:
+    """A tick label that stays readable: long candidate labels keep their start and end."""
+    return name if len(name) <= width else f"{name[:width - 17]}...{name[-14:]}"
 
 
 def _speedup_figure(plt: Any, s: SignatureSummary) -> Any:
@@ -318,7 +331,7 @@ def _speedup_figure(plt: Any, s: SignatureSummary) -> Any:
         return None
     fig, ax = plt.subplots(figsize=(10, 0.35 * len(ps) + 1.2))
     vals = [100 * (p.speedup - 1) for p in ps]  # type: ignore[operator]
-    ax.barh([p.name for p in ps], vals, color=["tab:green" if v > 0 else "tab:gray" for v in vals])
+    ax.barh([_short(p.name) for p in ps], vals, color=["tab:green" if v > 0 else "tab:gray" for v in vals])
     ax.axvline(0.0, color="black", linewidth=0.8)
     ax.set_xlabel("winner faster than the default engine by (%)")
     ax.invert_yaxis()
@@ -340,7 +353,8 @@ def _noise_figure(plt: Any, s: SignatureSummary) -> Any:
 def _distribution_figure(plt: Any, p: ProblemSummary) -> Any:
     names = sorted(p.samples, key=lambda c: statistics.median(p.samples[c]))[:20]
     fig, ax = plt.subplots(figsize=(10, 0.28 * len(names) + 1.3))
-    box = ax.boxplot([p.samples[c] for c in names], orientation="horizontal", tick_labels=names, patch_artist=True, showfliers=False,
+    box = ax.boxplot([p.samples[c] for c in names], orientation="horizontal", tick_labels=[_short(c) for c in names],
+                     patch_artist=True, showfliers=False,
                      medianprops={"color": "black"})
     for name, patch in zip(names, box["boxes"]):
         patch.set_facecolor("tab:orange" if name == p.winner else ("tab:blue" if name == p.default else "lightgray"))
@@ -351,5 +365,5 @@ def _distribution_figure(plt: Any, p: ProblemSummary) -> Any:
     ax.set_xlabel("time per run (ms)")
     ax.set_title(f"{p.name}: {p.label}" + (f"  (winner {p.speedup:.2f}x the default)" if p.speedup else "")
                  + (f"\n{p.why}" if p.why else ""), fontsize=9)
-    ax.tick_params(axis="y", labelsize=7)
+    ax.tick_params(axis="y", labelsize=9)
     return fig
