@@ -307,3 +307,93 @@ def test_the_html_report_has_alt_text_readable_labels_and_shows_untrusted_winner
     assert "class=untrusted" in html and "not trusted: within noise of 1 other(s)" in html
     assert report_mod._short("cudnn.graph[" + "X=1," * 40 + "engine=7]").endswith("engine=7]")
     assert len(report_mod._short("x" * 200)) <= 48
+
+
+def test_farm_tune_json_is_json_alone_on_stdout_even_when_a_worker_dies(tmp_path, repo_root):
+    """A crashing candidate kills its worker: Ray prints "(raylet) A worker died..." and the workers' lines; with
+    --json, stdout holds the JSON document and nothing else."""
+    pytest.importorskip("ray", reason="the farm needs ray[default]")
+    import subprocess
+    import sys
+
+    import yaml
+
+    (tmp_path / "sim.yaml").write_text(yaml.safe_dump({"devices": [{"name": "Sim A", "count": 1}], "faults": [
+        {"kind": "crash", "engine": "sim.gemm", "knobs": {"block": 32, "stages": 2}}]}))
+    (tmp_path / "w.yaml").write_text(yaml.safe_dump({
+        "name": "w", "autotune": {"strategy": "fixed_average", "timed_iterations": 2, "confirm": False},
+        "engines": {"include": ["sim.gemm"], "sweep": {"sim.gemm": {"block": [16, 32], "stages": [1, 2]}}},
+        "problems": [{"name": "mm", "op": "matmul", "tensors": {"A": [64, 64], "B": [64, 64]}}]}))
+    proc = subprocess.run([sys.executable, "-m", "farm", "tune", str(tmp_path / "w.yaml"), "--devices",
+                           f"sim:{tmp_path / 'sim.yaml'}", "--out", str(tmp_path / "run"), "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": repo_root})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)  # the whole of stdout is one JSON document
+    assert data["counts"].get("crashed") == 1
+    assert "died" in proc.stderr or "crash" in proc.stderr.lower()  # Ray's lines went to stderr
+
+
+def _descendants(root: int) -> set[int]:
+    import os
+
+    tree: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                text = open(f"/proc/{name}/stat").read()
+            except OSError:
+                continue
+            tree.setdefault(int(text[text.rindex(")") + 2:].split()[1]), []).append(int(name))
+    out, todo = set(), [root]
+    while todo:
+        for pid in tree.get(todo.pop(), ()):
+            out.add(pid)
+            todo.append(pid)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc (Linux)")
+def test_no_ray_process_of_the_job_survives_a_kill_9_of_the_driver(tmp_path, repo_root):
+    pytest.importorskip("ray", reason="the farm needs ray[default]")
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    (tmp_path / "sim.yaml").write_text(yaml.safe_dump({"devices": [{"name": "Sim A", "count": 1}], "faults": [
+        {"kind": "hang", "engine": "sim.gemm", "knobs": {"block": 32, "stages": 2}}]}))  # the job runs until killed
+    (tmp_path / "w.yaml").write_text(yaml.safe_dump({
+        "name": "w", "autotune": {"strategy": "fixed_average", "timed_iterations": 2, "confirm": False},
+        "engines": {"include": ["sim.gemm"], "sweep": {"sim.gemm": {"block": [16, 32], "stages": [1, 2]}}},
+        "problems": [{"name": "mm", "op": "matmul", "tensors": {"A": [64, 64], "B": [64, 64]}}]}))
+    driver = subprocess.Popen([sys.executable, "-m", "farm", "tune", str(tmp_path / "w.yaml"), "--devices",
+                               f"sim:{tmp_path / 'sim.yaml'}", "--out", str(tmp_path / "run")], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONPATH": repo_root})
+    started: set[int] = set()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (tmp_path / "run" / "results").exists():
+        started |= _descendants(driver.pid)
+        time.sleep(0.5)
+    time.sleep(3)
+    started |= _descendants(driver.pid)
+    assert (tmp_path / "run" / "results").exists() and len(started) >= 5  # gcs, raylet, agents, a worker...
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in started):
+        time.sleep(0.5)
+    left = [open(f"/proc/{p}/cmdline").read().replace("\0", " ")[:80] for p in started if _alive(p)]
+    assert not left, left

@@ -25,6 +25,7 @@ from farm.fleet.driver import Driver, FarmStatus, RunningTask, WorkerHandle, Wor
 from farm.fleet.job import JobRun, JobSummary, prior_rows
 from farm.fleet.options import DeviceRequest, FarmOptions
 from farm.fleet.pruning import PlanPruning
+from farm.fleet.reaper import Reaper
 from farm.fleet.scheduler import PriorRow, Scheduler
 from farm.fleet.worker import DeviceWorkerImpl, PartSink, TaskEnd, TaskStarted, WorkerInfo
 from farm.model.records import AutotuneConfig, AutotuneResult
@@ -98,6 +99,7 @@ def run_farm(
         pruner.write = jr.write
     jr.measurement_warning = oversubscribed_cpu(request, address)
     started_ray = False
+    reaper: Reaper | None = None
     handles: list[Any] = []
     try:
         if options.cpu_threads is None and address is None:
@@ -113,6 +115,8 @@ def run_farm(
             if progress is not None:
                 progress(FarmStatus(0, 0, 0, 0, 0.0, [], [], phase="starting"))
             if not ray.is_initialized():
+                if address is None:  # an embedded instance: stopped whole even if this process is killed
+                    reaper = Reaper()
                 _init_ray(address, request)
                 started_ray = True
             handles, infos = _start_workers(request, options, workload.problems)
@@ -124,6 +128,8 @@ def run_farm(
         _stop_workers(handles)
         if started_ray:
             ray.shutdown()
+        if reaper is not None:
+            reaper.done()
     report.summary = jr.finish(
         reduce=options.reduce, top_k=options.top_k,
         devices=[{"name": w.name, "host": w.host, "gpu_ids": list(w.gpu_ids), "signature": w.signature,
