@@ -397,3 +397,26 @@ def test_no_ray_process_of_the_job_survives_a_kill_9_of_the_driver(tmp_path, rep
         time.sleep(0.5)
     left = [open(f"/proc/{p}/cmdline").read().replace("\0", " ")[:80] for p in started if _alive(p)]
     assert not left, left
+
+
+def test_the_tune_summary_flags_a_noisy_winner_that_no_stage_confirmed():
+    import dataclasses
+
+    from farm.cli.render import summary_table
+    from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
+    from farm.model.workload import WorkloadProblem
+    from farm.store.decisions import Winner
+    from farm.tuner.problem_tuning import ProblemOutcome
+    from farm.tuner.winner import Rule
+
+    from farm.model.workload import EngineSelection
+
+    p = matmul_problem()
+    wp = WorkloadProblem(0, "p", p, EngineSelection())
+    r = AutotuneResult(p.key, 1, "e", (), Disposition.SUCCEEDED, TuneMode.STANDARD, Strategy.FIXED_AVERAGE, rank=0,
+                       median_ms=1.0, mad_ms=0.2)
+    w = Winner("sig", p.key, "p", "e", (), 1.0, 1.0, 0.2, True, Rule.FASTEST, "", "e[default]", 1.0, None, None, 2, 0)
+    table = summary_table([ProblemOutcome(wp, (r,))], 1.0, lambda key: w)
+    assert "p (the winner is noisy and no confirmation stage ran)" in str(table.caption)
+    quiet = summary_table([ProblemOutcome(wp, (r,))], 1.0, lambda key: dataclasses.replace(w, noisy=False))
+    assert "nothing" in str(quiet.caption)

@@ -149,6 +149,8 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
             note = "; ".join(x for x in ("measured before", note) if x)
         if w is not None and w.confirmed is not None and not w.confirmed.settled:
             doubtful.append(f"{o.problem.name} (undecided after {w.confirmed.rounds} paired rounds)")
+        elif w is not None and w.confirmed is None and w.noisy:  # as farm report says it (no stage to settle it)
+            doubtful.append(f"{o.problem.name} (the winner is noisy and no confirmation stage ran)")
         for other in (w.others if w is not None else ()):
             note = "; ".join(x for x in (note, f"{other.call}: {other.label} {fmt_speedup(other.speedup_over_default, other.speedup_interval)}") if x)
         table.add_row(Text(o.problem.name), o.problem.problem.op, str(len(o.results) + o.skipped), str(failed),
