@@ -26,13 +26,13 @@ def processes():
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
+        try:  # a process may end between the listing and the read: an empty or missing stat is skipped
             with open(f"/proc/{name}/stat") as f:
                 text = f.read()
-        except OSError:
+            fields = text[text.rindex(")") + 2:].split()
+            by_parent.setdefault(int(fields[1]), []).append((int(name), fields[19]))
+        except (OSError, ValueError, IndexError):
             continue
-        fields = text[text.rindex(")") + 2:].split()
-        by_parent.setdefault(int(fields[1]), []).append((int(name), fields[19]))
     return by_parent
 
 def descendants(root):
@@ -51,17 +51,23 @@ while True:
         if sys.stdin.read(1) == "x":
             sys.exit(0)  # the driver shut Ray down itself
         break  # the pipe closed: the driver is gone
-    known.update(descendants(driver))
+    try:
+        known.update(descendants(driver))
+    except Exception:  # never die while the driver lives: a missed poll is taken again in two seconds
+        pass
 for _ in range(2):  # what they started in the meantime too
     for pid in list(known):
-        known.update(descendants(pid))
+        try:
+            known.update(descendants(pid))
+        except Exception:
+            pass
 for pid, started in known.items():
     try:
         with open(f"/proc/{pid}/stat") as f:
             text = f.read()
         if text[text.rindex(")") + 2:].split()[19] == started:
             os.kill(pid, signal.SIGKILL)
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError):
         pass
 """
 
