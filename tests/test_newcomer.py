@@ -420,3 +420,59 @@ def test_the_tune_summary_flags_a_noisy_winner_that_no_stage_confirmed():
     assert "p (the winner is noisy and no confirmation stage ran)" in str(table.caption)
     quiet = summary_table([ProblemOutcome(wp, (r,))], 1.0, lambda key: dataclasses.replace(w, noisy=False))
     assert "nothing" in str(quiet.caption)
+    shaky_default = dataclasses.replace(w, noisy=False, default="torch.matmul[default]", default_ms=1.3,
+                                        default_noisy=True)
+    table = summary_table([ProblemOutcome(wp, (r,))], 1.0, lambda key: shaky_default)
+    assert "p (the default is noisy: the speed-up over it is doubtful)" in str(table.caption)
+
+
+def test_farm_report_says_the_same_of_a_noisy_default():
+    from farm.analysis.report import ProblemSummary
+
+    p = ProblemSummary(key="k", name="p", label="l", candidates=2, winner="e[x=1]", winner_ms=1.0, default="e[default]",
+                       default_ms=1.3, why="", noise=0.01, near=0, device_winners={}, spread=1.0, default_noisy=True)
+    assert p.untrusted and "the default is noisy" in p.doubt
+    same = ProblemSummary(key="k", name="p", label="l", candidates=2, winner="e[default]", winner_ms=1.0,
+                          default="e[default]", default_ms=1.0, why="", noise=0.01, near=0, device_winners={},
+                          spread=1.0, default_noisy=True)
+    assert not same.untrusted  # the default won: no speed-up to doubt
+
+
+def test_a_keyboard_interrupt_an_engine_raises_fails_its_candidate_but_a_users_ctrl_c_stops(cpu, monkeypatch):
+    import signal
+
+    from farm.model.records import AutotuneConfig, Disposition
+    from farm.tuner import interrupts
+    from farm.tuner.autotuner import Autotuner
+    from tests.fakes import FakeEngine, FakePlan, registry_of
+
+    class InterruptingPlan(FakePlan):
+        def run(self, tensors, workspace, stream):
+            raise KeyboardInterrupt
+
+    class Interrupting(FakeEngine):
+        def compile(self, problem, knobs, device):
+            return InterruptingPlan(self, knobs)
+
+    watch = interrupts.SigintWatch()
+    monkeypatch.setattr(interrupts, "SIGINTS", watch)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        watch.install()
+
+        def tune():
+            tuner = Autotuner(matmul_problem(), cpu, registry=registry_of(FakeEngine("good"), Interrupting("bad")))
+            tuner.add_all_engines()
+            config = AutotuneConfig(strategy="fixed_average", timed_iterations=2, check="off", confirm=False)
+            return {r.engine_name: r for r in tuner.autotune(config=config)}
+
+        results = tune()
+        assert results["bad"].disposition is Disposition.FAILED_WARMUP and "KeyboardInterrupt" in results["bad"].error
+        assert results["good"].succeeded
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # the user's Ctrl-C: noted, then raised as Python's own
+        assert watch.seen.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            tune()  # after a Ctrl-C, an interrupt stops the tuning
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -51,6 +51,7 @@ class ProblemSummary:
     confirmation: Any = None  # farm.store.decisions.Confirmation, or None when no stage ran
     call: str = ""
     pruned: int = 0  # candidates a cost model ranked out (farm tune --prune) and nobody measured
+    default_noisy: bool = False  # the default's own noise makes the speed-up over it doubtful (no stage)
 
     @property
     def untrusted(self) -> bool:
@@ -58,7 +59,7 @@ class ProblemSummary:
         the leader from the default, or (no stage) the winner is noisy and others are within its noise."""
         if self.confirmation is not None:
             return not self.confirmation.settled
-        return self.noise > NOISY_RELATIVE and self.near > 0
+        return (self.noise > NOISY_RELATIVE and self.near > 0) or (self.default_noisy and self.winner != self.default)
 
     @property
     def doubt(self) -> str:
@@ -67,7 +68,9 @@ class ProblemSummary:
             return ""
         if self.confirmation is not None:
             return f"undecided after {self.confirmation.rounds} paired rounds (budget ended)"
-        return f"winner within noise of {self.near} other(s), no confirmation stage"
+        if self.noise > NOISY_RELATIVE and self.near > 0:
+            return f"winner within noise of {self.near} other(s), no confirmation stage"
+        return "the default is noisy: the speed-up over it is doubtful, no confirmation stage"
 
     @property
     def disagree(self) -> bool:
@@ -217,7 +220,7 @@ def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0) -> Pro
         spread=max(win_times) / min(win_times) if min(win_times) > 0 else 1.0,
         samples={_candidate(rs[0]): [s for r in rs for s in (r["samples_ms"] or [r["median_ms"]])] for rs in cands.values()},
         speedup=winner.speedup_over_default, interval=winner.speedup_interval, confirmation=winner.confirmed,
-        call=winner.call, pruned=pruned,
+        call=winner.call, pruned=pruned, default_noisy=winner.default_noisy,
     )
 
 

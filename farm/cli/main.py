@@ -276,6 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for a restart (farm tune --in-process)
     _setup_logging(args.verbose + getattr(args, "tune_verbose", 0))
+    from farm.tuner.interrupts import SIGINTS
+
+    SIGINTS.install()  # a KeyboardInterrupt an engine raises fails its candidate; the user's Ctrl-C stops the run
     try:
         if getattr(args, "json", False):
             with json_stdout():  # JSON alone on stdout, whatever Ray or a library prints

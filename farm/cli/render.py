@@ -151,6 +151,8 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
             doubtful.append(f"{o.problem.name} (undecided after {w.confirmed.rounds} paired rounds)")
         elif w is not None and w.confirmed is None and w.noisy:  # as farm report says it (no stage to settle it)
             doubtful.append(f"{o.problem.name} (the winner is noisy and no confirmation stage ran)")
+        elif w is not None and w.confirmed is None and w.default_noisy and w.label != w.default:
+            doubtful.append(f"{o.problem.name} (the default is noisy: the speed-up over it is doubtful)")
         for other in (w.others if w is not None else ()):
             note = "; ".join(x for x in (note, f"{other.call}: {other.label} {fmt_speedup(other.speedup_over_default, other.speedup_interval)}") if x)
         table.add_row(Text(o.problem.name), o.problem.problem.op, str(len(o.results) + o.skipped), str(failed),

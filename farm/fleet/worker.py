@@ -150,6 +150,9 @@ class DeviceWorkerImpl:
                  cpu_threads: int | None = None, log_level: int = logging.WARNING) -> None:
         self._log_names = _worker_logging(log_level)
         self.kind = kind
+        from farm.tuner.interrupts import SIGINTS
+
+        SIGINTS.install()  # an engine's KeyboardInterrupt fails its candidate, not the task (where a handler can go)
         wanted = os.environ.get("RAY_worker_niceness")
         if wanted is not None and wanted.lstrip("-").isdigit() and os.nice(0) > int(wanted):
             log.warning("farm: this worker runs at niceness %d, below the driver's priority (%s): on a busy machine "

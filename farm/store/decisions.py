@@ -95,6 +95,7 @@ class Winner:
     row: int  # index into the decided table
     confirmed: Confirmation | None = None
     others: tuple["Winner", ...] = ()
+    default_noisy: bool = False  # the default's own noise makes a speed-up over it doubtful (no stage measured it)
 
     @property
     def label(self) -> str:
@@ -367,7 +368,7 @@ def _winners(c: _Compared, d: Any, tuned: dict[str, set[str]]) -> dict[tuple[str
             knobs=_knobs_of(c.keys[w]), median_ms=float(median[w]), min_ms=_float(mins[w]), mad_ms=_float(c.mad[w]),
             noisy=bool(noisy[w]), rule=rule, why=phrase, fastest=c.label(f), fastest_ms=float(median[f]),
             default=c.label(df) if df >= 0 else None, default_ms=float(median[df]) if df >= 0 else None,
-            candidates=int(counts[g]), row=w)
+            candidates=int(counts[g]), row=w, default_noisy=bool(noisy[df]) if df >= 0 else False)
     return out
 
 

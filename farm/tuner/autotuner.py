@@ -45,6 +45,7 @@ from farm.model.plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecColle
 from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig, AutotuneResult, BuildPolicy, HeuristicMode, ResultCheck, TuneMode
 from farm.tuner.candidate import _Candidate, _close_plan, _err
+from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.phases import PhaseClock
 from farm.tuner.ranking import _rank
 from farm.tuner.session import _Run
@@ -423,7 +424,8 @@ class Autotuner:
         self.in_flight[cand.spec] = time.monotonic()
         try:
             plan = engine.compile(self.problem, settings_to_resolved(engine, cand.spec.knobs, benchmarking=benchmarking), self.device)
-        except (Exception, SystemExit) as exc:  # any compile failure is that candidate's, not the tuner's
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # any compile failure is that candidate's
+            reraise_user_interrupt(exc)  # ... but a user's Ctrl-C stops the tuning
             cand.error = f"{engine.name}: compile: {_err(exc)}"
             plan = None
         finally:

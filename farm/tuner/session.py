@@ -25,6 +25,7 @@ from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
 from farm.tuner.check import OutputCheck
 from farm.tuner.compile_claims import CompileQueue
+from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.phases import COMPILE, MEASURE, PhaseClock, timed
 from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, is_noisy, noise_sigma
 
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 # the tuner's lines, wherever in the tuner they come from
 # what an engine's code may raise that is that candidate's failure: an engine that calls sys.exit() (or whose
 # library does) fails its candidate at once; it does not end the process (a farm worker: its whole task)
-ENGINE_ERRORS = (Exception, SystemExit)
+# and a KeyboardInterrupt an engine raised itself, told from a user's Ctrl-C by farm.tuner.interrupts
+ENGINE_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
 
 log = logging.getLogger("farm.tuner.autotuner")
 from farm.tuner.candidate import _Candidate, _close_plan, _err, _now_iso
@@ -184,6 +186,7 @@ class _Run:
                 self.t.device.synchronize()
                 cand.ran_exhaustive = True
             except ENGINE_ERRORS as exc:
+                reraise_user_interrupt(exc)
                 failure = f"{engine.name}: priming run: {_err(exc)}"
         if plan is not None:
             _close_plan(plan)
@@ -218,6 +221,7 @@ class _Run:
             if callable(finalize):
                 finalize(workspace)
         except ENGINE_ERRORS as exc:
+            reraise_user_interrupt(exc)
             self._finish(cand, Disposition.FAILED_FINALIZE, error=f"{cand.engine.name}: finalize: {_err(exc)}", workspace=ws)
             return
         warmed = self._warm_up(cand, plan, workspace, ws)
@@ -234,6 +238,7 @@ class _Run:
                 converged = self._sample(timed, per_call, samples, label)
                 note = "; ".join(x for x in (note, f"noisy near the top: re-measured ({len(samples)} samples)") if x)
         except ENGINE_ERRORS as exc:
+            reraise_user_interrupt(exc)
             self._finish(cand, Disposition.FAILED_RUN, error=f"{cand.engine.name}: run {len(samples) + 1}: {_err(exc)}",
                          workspace=ws, warmups=warmups, samples=samples, max_err=max_err)
             return
@@ -283,6 +288,7 @@ class _Run:
                         return None
             dev.synchronize()
         except ENGINE_ERRORS as exc:
+            reraise_user_interrupt(exc)
             self._finish(cand, Disposition.FAILED_WARMUP, error=f"{cand.engine.name}: warmup: {_err(exc)}", workspace=ws)
             return None
         return warmups, max_err
@@ -356,6 +362,7 @@ class _Run:
                 replay = capture(dev, lambda: call(sets[next(turn) % len(sets)]), repeats)
                 return (lambda i: replay), repeats, ""
             except ENGINE_ERRORS as exc:
+                reraise_user_interrupt(exc)
                 note = f"graph capture failed, timed without graphs: {_err(exc)}"
                 log.info("autotune: %s: %s", cand.spec.describe(self.t.registry), note)
                 dev.synchronize()
