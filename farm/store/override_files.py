@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -195,6 +196,7 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
                          tuple(criteria_spelled))
 
 
+@functools.lru_cache(maxsize=256)  # a file spells a handful of dtypes, once per tensor of every entry
 def _dtype_name(name: str | None, *, compute: bool = False) -> str | None:
     """Our name of a dtype a file spells its own way (``HALF``, ``float``, ``HIPDNN_DATA_TYPE_BFLOAT16``);
     a name we do not know is kept as it is (it then matches no problem)."""
