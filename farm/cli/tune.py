@@ -33,8 +33,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _with_pruning(args: argparse.Namespace, workload: Any) -> Any:
-    """--prune MODEL (and its settings) over the workload's autotune.prune; --no-prune drops it. The model file
-    is read here, so a missing or unfit model is refused before any device time."""
+    """--prune MODEL (and its settings) over the workload's autotune.prune; --no-prune drops it. Both executors
+    read (and refuse) the model file before the job folder or a device is touched; --dry-run reads it here."""
     import dataclasses
 
     from farm.model.records import PruneSettings
@@ -52,7 +52,7 @@ def _with_pruning(args: argparse.Namespace, workload: Any) -> Any:
             raise InputError("--prune-top-k, --prune-explore and --prune-seed need --prune MODEL (or autotune.prune "
                              "in the workload)", field="--prune")
         return workload
-    if prune is not None:
+    if prune is not None and args.dry_run:
         from farm.costmodel.model import CostModel
 
         CostModel.load(prune.model)
