@@ -118,7 +118,7 @@ class TorchPlan:
         self.fn = fn
         self.copies_output = copies_output and produce is not None
         self.workspace_size = workspace_size
-        self.context = context
+        self.context = None if isinstance(context, Flags) and not context else context  # no flag to set
         self._needed = getattr(context, "needed", None)
         self.stream = device_stream(device)
         self._torch = torch_module()
@@ -153,22 +153,49 @@ class TorchPlan:
 
 class Flags:
     """A context factory setting attributes of a torch flags object for a call; ``needed()`` says
-    whether any differs from the value in force (TorchPlan skips the context when none does)."""
+    whether any differs from the value in force (TorchPlan skips the context when none does).
+
+    ``needed()`` runs on every replayed call, so it reads each flag through the C function behind it where
+    torch has one (``torch.backends.cudnn.benchmark`` is a property over ``torch._C._get_cudnn_benchmark``;
+    ``torch.backends.cuda.matmul.allow_tf32`` a module ``__getattr__`` comparing strings before it calls
+    ``torch._C._get_cublas_allow_tf32``): tens of nanoseconds a flag instead of hundreds."""
 
     def __init__(self, obj: Any, **values: Any) -> None:
         self.obj = obj
         self.values = values
-        self._items = tuple(values.items())
+        self._checks = tuple((_flag_getter(obj, k), v) for k, v in values.items())
+
+    def __bool__(self) -> bool:
+        return bool(self.values)
 
     def needed(self) -> bool:
-        obj = self.obj
-        for k, v in self._items:
-            if getattr(obj, k) != v:
+        for get, v in self._checks:
+            if get() != v:
                 return True
         return False
 
     def __call__(self) -> Any:
         return flags(self.obj, **self.values)
+
+
+# torch.backends.cuda.matmul's flags and the C getters its __getattr__ calls for them
+_CUBLAS_GETTERS = {"allow_tf32": "_get_cublas_allow_tf32"}
+
+
+def _flag_getter(obj: Any, name: str) -> Callable[[], Any]:
+    """A function of no arguments returning ``getattr(obj, name)``, as cheap as torch allows; the fast one is
+    used only where it gives the same value as the attribute now."""
+    slow = functools.partial(getattr, obj, name)
+    fast = getattr(getattr(type(obj), name, None), "getter", None)  # torch.backends' ContextProp
+    if fast is None and name in _CUBLAS_GETTERS and type(obj).__name__ == "cuBLASModule":
+        fast = getattr(torch_module()._C, _CUBLAS_GETTERS[name], None)
+    if callable(fast):
+        try:
+            if fast() == slow():
+                return fast
+        except Exception:  # a getter of another signature: the attribute is read
+            pass
+    return slow
 
 
 @contextlib.contextmanager

@@ -40,6 +40,7 @@ from typing import Any, Mapping
 import yaml
 
 from farm.devices.device import Device
+from farm.dispatch.binding import Bound
 from farm.errors import AutotuneError, FarmError, InputError
 from farm.fsutil import atomic_write_text, move_aside, read_text_file
 from farm.model.engine import EngineRegistry, default_engine_registry, file_knobs, settings_to_resolved
@@ -55,25 +56,6 @@ from farm.tuner.autotuner import Autotuner
 
 log = logging.getLogger("farm.replay.tunable_runtime")
 from farm.replay.tunable_settings import DEFAULT_FILENAME, TunableSettings, _budget_ms, _budget_samples, with_ordinal
-
-
-@dataclass
-class Bound:
-    """A problem bound to the engine that runs it (the steady-state path is ``run``)."""
-
-    problem: Problem
-    engine_name: str
-    knobs: KnobSettings
-    plan: Any
-    workspace: Any
-    source: str  # "recorded", "tuned", the answering policy's name
-
-    def __post_init__(self) -> None:
-        # plans that can hand back the library's own output (no copy into a given one), when they need no workspace
-        self.produce = getattr(self.plan, "produce", None) if self.workspace is None else None
-
-    def run(self, tensors: Mapping[str, Any], stream: Any = None) -> None:
-        self.plan.run(tensors, self.workspace, stream)
 
 
 class TunableRuntime:
