@@ -43,7 +43,7 @@ from farm.devices.arrays import make_tensors
 from farm.model.engine import default_engine_registry, settings_to_resolved
 from farm.model.problem import Problem
 from farm.replay.tunable_runtime import TunableRuntime
-from farm.tuner.confirm import eager_call
+from farm.tuner.callers import eager_call
 from farm.tuner.paired import paired_ratio
 
 problem = Problem.from_canonical(json.loads(sys.argv[2]))

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from farm.plugin import Device, Knob, KnobValue, Problem, Support, unit_hash
+from farm.plugin import DirectCall, Device, Knob, KnobValue, Problem, Support, unit_hash
 
 PEAK_FLOPS = 100e12  # a speed-1 simulated device
 PEAK_BYTES = 2e12
@@ -37,7 +37,11 @@ class SimPlan:
         work = problem.flops / PEAK_FLOPS if problem.flops else sum(t.nbytes for t in problem.tensors) / PEAK_BYTES
         self.base_ms = work * 1e3 / (group.speed * efficiency) + LAUNCH_MS
         self.rng = np.random.default_rng(int(unit_hash(*key, group.name, "noise") * 2**32))
-        self.fault = next((f.kind for f in cfg.faults if f.matches(engine, clean, problem.key)), "")
+        fault = next((f for f in cfg.faults if f.matches(engine, clean, problem.key)), None)
+        self.fault = fault.kind if fault is not None else ""
+        if self.fault == "slow_replay" and device.extras.get("replay"):
+            # compiled by a replaying process (farm.ops, farm verify): slower than what was measured
+            self.base_ms *= fault.factor
 
     def run(self, tensors: Mapping[str, Any], workspace: Any, stream: Any) -> None:
         if self.fault == "crash":
@@ -49,6 +53,10 @@ class SimPlan:
         self.runtime.clock_ms += cost
         if self.sleep > 0:
             time.sleep(cost * self.sleep / 1e3)
+
+    def call(self, *tensors: Any) -> None:
+        """The plan as a library function of the inputs (a simulated direct call)."""
+        self.run({}, None, None)
 
 
 class SimEngine:
@@ -125,6 +133,11 @@ class SimVendor(SimEngine):
     ops = frozenset({"matmul", "conv_fprop", "sdpa_fwd", "layernorm", "rmsnorm", "batchnorm_inference", "pointwise"})
     priority = 10
     knobs = (Knob.int("algo", 0, min=0, max=15, doc="algorithm index"),)
+
+    def direct_call(self, problem: Problem, device: Device) -> DirectCall:
+        """The simulated library's own call with its default algorithm: what a caller without the farm makes."""
+        plan = SimPlan(self.name, problem, {"algo": 0}, device, 0)
+        return DirectCall(plan.call, problem.input_ids, label="sim.vendor's own call")
 
 
 class SimGemm(SimEngine):

@@ -16,6 +16,8 @@ from farm.errors import FarmError, InputError
 from farm.model.dtypes import itemsize
 from farm.model.engine import (
     CompileKeyed,
+    DirectCall,
+    DirectCallable,
     Engine,
     KnobAware,
     Plan,
@@ -40,7 +42,7 @@ from farm.tuner.reference import EPS
 __all__ = [
     # the engine contract and its optional capabilities
     "Engine", "Plan", "Support", "Knob", "KnobType", "KnobValue", "KnobAware", "CompileKeyed", "Preparable",
-    "PlanListing", "Prioritized", "engine_id", "engine_priority", "engine_name_to_id", "default_engine_registry", "file_knobs",
+    "PlanListing", "Prioritized", "DirectCall", "DirectCallable", "engine_id", "engine_priority", "engine_name_to_id", "default_engine_registry", "file_knobs",
     # what an engine is given
     "Problem", "TensorDesc", "contiguous_strides", "itemsize", "Device", "DeviceProperties",
     # helpers engines use

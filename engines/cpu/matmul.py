@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from farm.plugin import Device, Knob, KnobValue, Problem
+from farm.plugin import DirectCall, Device, Knob, KnobValue, Problem
 
 from ._base import THREADS_KNOB, CpuEngine, FunctionPlan, blas_threads, compute_dtype, nbytes, workspace_view
 
@@ -80,6 +80,13 @@ class BlasMatmul(CpuEngine):
                 return np.matmul(tensors["A"], tensors["B"])
 
         return FunctionPlan(run, self.estimate_workspace(problem, knobs), blas_threads(int(knobs["threads"])), produce)
+
+    def direct_call(self, problem: Problem, device: Device) -> DirectCall | None:
+        """``np.matmul(A, B)`` where numpy computes the problem as stored (no bias, no fp16 upcast)."""
+        _, upcast = _upcast_layout(problem)
+        if upcast or problem.has_tensor("bias"):
+            return None
+        return DirectCall(np.matmul, ("A", "B"), label="np.matmul(A, B)")
 
 
 class EinsumMatmul(CpuEngine):

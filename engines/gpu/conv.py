@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Mapping
 
-from farm.plugin import Device, Knob, KnobValue, Problem
+from farm.plugin import DirectCall, Device, Knob, KnobValue, Problem
 
 from ._common import Flags, GpuEngine, TorchPlan, torch_module
 
@@ -77,3 +77,13 @@ class TorchConv(GpuEngine):
 
         return TorchPlan(fn, device, context=Flags(torch.backends.cudnn, **settings), produce=produce,
                          copies_output=True)
+
+    def direct_call(self, problem: Problem, device: Device) -> DirectCall | None:
+        """``F.conv2d(X, W, None, stride, padding, dilation, groups)`` on the tensors as stored (forward only)."""
+        if problem.op != "conv_fprop" or len(problem.tensor("X").dims) != 4:
+            return None
+        c = problem.criteria_dict
+        stride, pad = (c["stride_h"], c["stride_w"]), (c["pad_h"], c["pad_w"])
+        dil, groups = (c["dilation_h"], c["dilation_w"]), c["groups"]
+        return DirectCall(torch_module().nn.functional.conv2d, ("X", "W"), (None, stride, pad, dil, groups),
+                          label=f"F.conv2d(X, W, None, {stride}, {pad}, {dil}, {groups})")

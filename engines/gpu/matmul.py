@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from farm.plugin import Device, Knob, KnobValue, Problem, Support, itemsize
+from farm.plugin import DirectCall, Device, Knob, KnobValue, Problem, Support, itemsize
 
 from ._common import (
     Flags,
@@ -63,7 +63,9 @@ class _TorchMatmulBase(GpuEngine):
         return Support.yes()
 
     def _matmul_flags(self, problem: Problem, reduced: bool | None = None) -> dict[str, Any]:
-        values: dict[str, Any] = {"allow_tf32": problem.compute_dtype == "tf32"}
+        """The matmul flags that decide this problem's result, set per call: TF32 for fp32 data only (it changes
+        nothing else, and a flag read is host time on every replayed call)."""
+        values: dict[str, Any] = {"allow_tf32": problem.compute_dtype == "tf32"} if problem.dtype == "fp32" else {}
         if reduced is not None:
             if problem.dtype == "fp16":
                 values["allow_fp16_reduced_precision_reduction"] = reduced
@@ -87,6 +89,18 @@ class TorchMatmul(_TorchMatmulBase):
                 return torch.matmul(t["A"], t["B"])
         return TorchPlan(_matmul_fn(problem), device, context=Flags(torch.backends.cuda.matmul, **settings),
                          produce=produce)
+
+    def direct_call(self, problem: Problem, device: Device) -> DirectCall | None:
+        """``torch.matmul(A, B)``, or ``torch.addmm(bias, A, B)`` for a 2-D product with a bias; none for TF32
+        (a user's call would depend on the process's global TF32 flag) or a batched product with a bias."""
+        if problem.compute_dtype == "tf32":
+            return None
+        torch = torch_module()
+        if not problem.has_tensor("bias"):
+            return DirectCall(torch.matmul, ("A", "B"), label="torch.matmul(A, B)")
+        if len(problem.tensor("A").dims) == 2:
+            return DirectCall(torch.addmm, ("bias", "A", "B"), label="torch.addmm(bias, A, B)")
+        return None
 
 
 class TorchBlas(_TorchMatmulBase):

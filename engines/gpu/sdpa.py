@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from farm.plugin import Device, Knob, KnobValue, Problem, Support
+from farm.plugin import DirectCall, Device, Knob, KnobValue, Problem, Support
 
 from ._common import GpuEngine, TorchPlan, empty_like_desc, torch_module
 
@@ -93,3 +93,13 @@ class TorchSdpa(GpuEngine):
                 return sdpa_kernel(chosen)
         return TorchPlan(fn, device, self.estimate_workspace(problem, knobs), context=context, produce=produce,
                          copies_output=True)
+
+    def direct_call(self, problem: Problem, device: Device) -> DirectCall | None:
+        """``F.scaled_dot_product_attention(Q, K, V, is_causal=..., enable_gqa=...)``: PyTorch's own dispatch."""
+        causal = bool(problem.criteria_dict.get("causal"))
+        kwargs: dict[str, Any] = {"is_causal": causal}
+        if problem.tensor("Q").dims[1] != problem.tensor("K").dims[1]:
+            kwargs["enable_gqa"] = True
+        flags = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+        return DirectCall(torch_module().nn.functional.scaled_dot_product_attention, ("Q", "K", "V"), kwargs=kwargs,
+                          label=f"F.scaled_dot_product_attention(Q, K, V, {flags})")

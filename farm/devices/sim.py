@@ -6,7 +6,9 @@ come from a deterministic cost model plus noise. Nothing is computed; time is
 slept only when ``sleep`` asks for it (a fraction of the simulated time), so
 scheduling can be studied with real wall time or none. Faults can be injected
 per candidate: ``crash`` ends the worker process (as kill -9 or a segfault
-would), ``hang`` blocks forever.
+would), ``hang`` blocks forever, ``slow_replay`` makes a plan that a replaying
+process compiles (farm.ops, farm verify) ``factor`` times slower than the one
+the farm measured (a decision that does not hold where it is replayed).
 
     devices:
       - {name: Sim A100, count: 4, speed: 1.0}
@@ -16,6 +18,7 @@ would), ``hang`` blocks forever.
     faults:
       - {kind: crash, engine: sim.gemm, knobs: {block: 64}}
       - {kind: hang, engine: sim.vendor, knobs: {algo: 3}, problem: 1f0c2a3b4d5e6f70}
+      - {kind: slow_replay, engine: sim.gemm, knobs: {block: 128}, factor: 1.5}
     compile: {ms: 40, build_ms: 5, setup_ms: 20, cache: host}
 
 ``compile`` models what a GPU worker pays before it measures (wall time, not scaled by ``sleep``): ``ms`` per
@@ -45,6 +48,9 @@ from farm.errors import InputError
 from farm.model.problem import Problem, TensorDesc
 
 
+FAULT_KINDS = ("crash", "hang", "slow_replay")
+
+
 @dataclass(frozen=True)
 class SimGroup:
     name: str
@@ -55,10 +61,11 @@ class SimGroup:
 
 @dataclass(frozen=True)
 class SimFault:
-    kind: str  # "crash" | "hang"
+    kind: str  # "crash" | "hang" | "slow_replay"
     engine: str
     knobs: tuple[tuple[str, Any], ...] = ()
     problem: str = ""  # problem key (see farm tune --dry-run); "" = any problem
+    factor: float = 1.0  # slow_replay: how much slower a plan a replaying process compiles runs
 
     def matches(self, engine: str, knobs: Mapping[str, Any], problem_key: str) -> bool:
         return (engine == self.engine and all(knobs.get(k) == v for k, v in self.knobs)
@@ -125,10 +132,15 @@ class SimConfig:
             raise bad("expected a list of faults", "faults", data.get("faults"))
         faults = []
         for i, f in enumerate(data.get("faults") or []):
-            if not isinstance(f, Mapping) or f.get("kind") not in ("crash", "hang") or not isinstance(f.get("engine"), str) \
+            if not isinstance(f, Mapping) or f.get("kind") not in FAULT_KINDS or not isinstance(f.get("engine"), str) \
                     or not isinstance(f.get("knobs") or {}, Mapping) or not isinstance(f.get("problem", ""), str):
-                raise bad("expected {kind: crash|hang, engine, knobs: {...}, problem: KEY}", f"faults[{i}]", f)
-            faults.append(SimFault(f["kind"], f["engine"], tuple(sorted((f.get("knobs") or {}).items())), f.get("problem", "")))
+                raise bad("expected {kind: crash|hang|slow_replay, engine, knobs: {...}, problem: KEY, factor: X}",
+                          f"faults[{i}]", f)
+            factor = f.get("factor", 1.0)
+            if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < float("inf"):
+                raise bad("must be a finite number > 0", f"faults[{i}].factor", factor)
+            faults.append(SimFault(f["kind"], f["engine"], tuple(sorted((f.get("knobs") or {}).items())),
+                                   f.get("problem", ""), float(factor)))
         noise, sleep = data.get("noise", 0.02), data.get("sleep", 0.0)
         for name, v in (("noise", noise), ("sleep", sleep)):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
@@ -264,6 +276,9 @@ class SimArrays:
 
     def make(self, problem: Problem, seed: int = 0) -> dict[str, SimTensor]:
         return {t.id: SimTensor(t.dims, t.dtype) for t in problem.tensors}
+
+    def clone(self, tensor: SimTensor) -> SimTensor:
+        return SimTensor(tensor.shape, tensor.dtype)
 
 
 def sim_properties(group: SimGroup, index: int) -> DeviceProperties:

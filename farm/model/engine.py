@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -114,6 +114,33 @@ class PlanListing(Protocol):
     device is; the list must be the same for the same problem, device and library (resume relies on it)."""
 
     def list_plans(self, problem: "Problem", device: "Device") -> Sequence[Mapping[str, KnobValue]]: ...
+
+
+@dataclass(frozen=True)
+class DirectCall:
+    """The library call a user makes for a problem without the farm: ``fn(*tensors, *args, **kwargs)``, the
+    problem's tensors named in ``tensors`` (``torch.matmul(A, B)``, ``F.conv2d(X, W, None, stride, padding,
+    dilation, groups)``, ``np.matmul(A, B)``). The confirmation stage times it as the default's calls, and
+    ``farm verify`` compares every replayed decision with it: a winner must beat the plain call, not the farm's
+    own wrapper of it."""
+
+    fn: Any
+    tensors: tuple[str, ...]
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    label: str = ""  # how a person would write it: "torch.matmul(A, B)"
+
+    def bind(self, tensors: Mapping[str, Any]) -> Any:
+        """The call on these tensors as a function of no arguments."""
+        return functools.partial(self.fn, *[tensors[t] for t in self.tensors], *self.args, **self.kwargs)
+
+
+@runtime_checkable
+class DirectCallable(Protocol):
+    """Knows the plain library call a user makes for a problem (usually the default engine of its op: the
+    call the farm's default wraps); None where there is none to make (a batched matmul with a bias)."""
+
+    def direct_call(self, problem: "Problem", device: "Device") -> DirectCall | None: ...
 
 
 @runtime_checkable

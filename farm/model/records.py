@@ -329,6 +329,11 @@ class AutotuneResult:
     tuning_ms: float = 0.0
     started_at: str = ""
     predicted_rel: float | None = None  # a pruned candidate: the cost model's time relative to the problem's best
+    # confirmation and verify rows: calls a sample (the same for every participant of a round), what a call
+    # called (farm.tuner.callers: "direct", "replay" or "plan") and the input sets the calls rotated over
+    calls_per_sample: int | None = None
+    call_path: str = ""
+    input_sets: int | None = None
 
     @property
     def compiled_plan_index(self) -> int:

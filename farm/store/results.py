@@ -51,15 +51,22 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("run_id", pa.string(), "one invocation of the job"),
     ("session_id", pa.string(), "one autotune() call: rows measured together on one device"),
     ("round", pa.string(), "'main'; 'finalist' for a re-measurement of shard winners; 'confirm' for the paired "
-                           "confirmation stage (its rows' samples_ms are paired by position: round i of a session)"),
-    ("call", pa.string(), "confirm rows: the calling mode timed, 'eager' (per call of back-to-back calls through the "
-                          "replay path, launch cost included) or 'graph' (device time inside a captured graph); "
-                          "'' for the other rounds"),
+                           "confirmation stage (its rows' samples_ms are paired by position: round i of a session); "
+                           "'verify' for farm verify's replay of a published decision beside the direct call (two "
+                           "rows a session, paired likewise)"),
+    ("call", pa.string(), "confirm and verify rows: the calling mode timed, 'eager' (per call of back-to-back "
+                          "calls as production makes them, launch cost included) or 'graph' (device time inside a "
+                          "captured graph); '' for the other rounds"),
     ("session_size", pa.int32(), "confirm rows: how many rows the stage wrote in all (its participants); a stage "
-                                 "with fewer on disk was cut short and is measured again; null for other rounds"),
+                                 "with fewer on disk was cut short and is measured again; verify rows: 2; null for "
+                                 "other rounds"),
+    ("verdict", pa.string(), "verify rows: what farm verify found of the decision, 'holds', 'flagged: why' or "
+                             "'fixed: why' (the default was published in its place); '' otherwise"),
     ("run_started_at", TIMESTAMP, "when the run started"),
     ("measured_at", TIMESTAMP, "when this candidate's measurement started"),
     ("host", pa.string(), "host name of the measuring process"),
+    ("host_cpu", pa.string(), "CPU model of the measuring host (/proc/cpuinfo): an eager call's time is as much "
+                              "the host's as the device's; null in rows written before it was recorded"),
     ("actor_id", pa.string(), "Ray actor id ('' in-process)"),
     ("device_index", pa.int32(), "device index on the host"),
     ("vendor", pa.string(), "nvidia / amd / cpu / sim"),
@@ -113,6 +120,15 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("tuning_ms", pa.float64(), "wall time spent on this candidate: priming, compile and measurement"),
     ("predicted_rel_time", pa.float64(), "disposition 'pruned': the cost model's predicted time relative to the "
                                          "problem's best (farm tune --prune); null otherwise"),
+    ("calls_per_sample", pa.int32(), "confirm and verify rows: back-to-back calls one sample timed (eager; the same "
+                                     "for every participant of a round) or calls in the captured graph (graph); null "
+                                     "otherwise"),
+    ("call_path", pa.string(), "confirm and verify rows: what each call called: 'direct' (the library call a user "
+                               "makes without the farm, the default's), 'replay' (farm.ops' entry point, its "
+                               "dispatch included), 'plan' (the plan, where farm.ops has no entry point for the "
+                               "problem); '' otherwise"),
+    ("input_sets", pa.int32(), "confirm and verify rows: input sets the calls took in turn (with cold_cache sized "
+                               "from the device's cache, so no call reads its inputs from it); null otherwise"),
 )
 FILE_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in COLUMNS],
                         metadata={b"tunefarm.schema_version": str(SCHEMA_VERSION).encode()})
@@ -139,6 +155,12 @@ def _ts(iso: str | None) -> _dt.datetime | None:
     if not iso:
         return None
     return _dt.datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+
+def _host_cpu() -> str:
+    from farm.devices.runtimes.cpu import host_cpu
+
+    return host_cpu()
 
 
 def now_iso() -> str:
@@ -171,6 +193,8 @@ class MeasurementContext:
     round: str = "main"
     call: str = ""  # the calling mode a confirm session timed
     session_size: int | None = None  # a confirm session: the rows it writes in all
+    host_cpu: str = field(default_factory=lambda: _host_cpu())  # the measuring host's CPU model
+    verdict: str = ""  # a verify session: what farm verify found
 
 
 def result_row(result: AutotuneResult, problem: Problem, problem_name: str, run: RunContext,
@@ -192,6 +216,8 @@ def _run_fields(result: AutotuneResult, run: RunContext, where: MeasurementConte
         "run_started_at": _ts(run.run_started_at),
         "measured_at": _ts(result.started_at) or _ts(now_iso()),
         "host": where.host or where.device.host,
+        "host_cpu": where.host_cpu,
+        "verdict": where.verdict,
         "actor_id": where.actor_id,
         "farm_version": __version__,
         "workload_name": run.workload_name,
@@ -250,6 +276,9 @@ def _candidate_fields(result: AutotuneResult) -> dict[str, Any]:
         "warmups": result.warmups,
         "converged": result.converged,
         "predicted_rel_time": result.predicted_rel,
+        "calls_per_sample": result.calls_per_sample,
+        "call_path": result.call_path,
+        "input_sets": result.input_sets,
         "workspace_bytes": result.workspace_size,
         "estimated_workspace_bytes": result.estimated_workspace,
         "ran_exhaustive": result.ran_exhaustive,

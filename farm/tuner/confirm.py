@@ -36,7 +36,11 @@ from farm.model.measurement import summarize
 from farm.model.plans import PlanSpec
 from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig, AutotuneResult, CallMode, ConfirmSettings, Disposition
+from farm.tuner.callers import (Caller, calls_per_sample, estimate_ms, eager_sampler, graph_sampler,
+                                input_set_count, input_sets, participant_caller)
 from farm.tuner.candidate import _Candidate, _close_plan, _err, _now_iso
+from farm.tuner.interrupts import reraise_user_interrupt
+from farm.tuner.session import ENGINE_ERRORS
 from farm.tuner.paired import CONFIDENCE, min_rounds
 from farm.tuner.phases import COMPILE, CONFIRM, PhaseClock, timed
 from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide_confirmed, decide_stage, noise_sigma
@@ -45,7 +49,7 @@ log = logging.getLogger("farm.tuner.autotuner")  # the tuner's lines
 
 GRAPH_REPEATS = 20  # calls per captured graph when the workload's graph_repeats is 0
 MAX_CALLS_PER_SAMPLE = 4096
-DEVICE_SAMPLE_MS = 1.0  # an eager sample on a GPU (device events; 1 ms is hundreds of microsecond calls)
+DEVICE_SAMPLE_MS = 2.0  # an eager sample on a GPU (device events; hundreds of microsecond calls)
 CPU_SAMPLE_MS = 10.0  # on a CPU: several scheduler periods, so a busy machine's preemptions average out
 
 
@@ -142,10 +146,11 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
                      config: AutotuneConfig | None = None, seed: int = 0,
                      tensors: Mapping[str, Any] | None = None, phases: PhaseClock | None = None) -> ConfirmRun:
     """Re-measure ``entries`` ((plan spec, discovery index) each) in paired rounds; never raises for a
-    candidate's failure (it gets a failed row and leaves the rounds). ``phases`` learns the time spent
+    candidate's failure (it gets a failed row and leaves the rounds). ``reference`` with default knobs is
+    timed as its engine's direct library call (farm.tuner.callers), every other participant through farm.ops'
+    entry point; every participant's sample holds the same number of calls. ``phases`` learns the time spent
     building the participants' plans and in the rounds."""
     from farm.tuner.autotuner import Autotuner
-    from farm.tuner.session import _Run
 
     config = config or AutotuneConfig()
     settings = config.confirm
@@ -159,10 +164,11 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
         if tensors is None:
             make = getattr(stage_device.arrays, "make", None)
             tensors = make(problem, seed) if make is not None else make_tensors(problem, stage_device.arrays, seed)
-        sets = _Run._rotations(tuner, tensors, config.rotating_buffers)
-        samplers: dict[PlanSpec, Callable[[], float]] = {}
-        calls: dict[PlanSpec, int] = {}
-        notes: dict[PlanSpec, str] = {}
+        count = input_set_count(problem, stage_device, rotating_buffers=config.rotating_buffers,
+                                cold_cache=config.cold_cache)
+        sets = input_sets(problem, stage_device, tensors, count)
+        callers: dict[PlanSpec, Caller] = {}
+        estimates: dict[PlanSpec, float] = {}
         for spec, index in entries:
             cand = tuner._candidate(index, spec)
             cand.started_at = started_at
@@ -172,19 +178,42 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
             if plan is None:
                 results[spec] = _failed(problem, cand, Disposition.FAILED_COMPILE, cand.error, config, call)
                 continue
+            name = cand.engine.name if cand.engine else str(spec.engine_id)
             try:
                 workspace = tuner.workspace_for(int(getattr(plan, "workspace_size", 0) or 0))
                 finalize = getattr(plan, "finalize", None)
                 if callable(finalize):
                     finalize(workspace)
-                with timed(phases, CONFIRM):  # a warm-up call, and a graph captured in graph mode
-                    sampler, n, note = _sampler(problem, stage_device, timer, plan, workspace, sets, call, config)
-            except Exception as exc:
+                with timed(phases, CONFIRM):  # a warm-up call, and how long one call takes
+                    stage_device.synchronize()
+                    caller = participant_caller(problem, stage_device, cand.engine, name, spec.knobs, plan, workspace,
+                                                sets, direct=spec == reference and not spec.knobs)
+                    stage_device.synchronize()
+                    if call is CallMode.EAGER:
+                        estimates[spec] = estimate_ms(timer, caller)
+            except ENGINE_ERRORS as exc:
+                reraise_user_interrupt(exc)
                 results[spec] = _failed(problem, cand, Disposition.FAILED_WARMUP,
-                                        f"{cand.engine.name if cand.engine else spec.engine_id}: confirmation "
-                                        f"warm-up: {_err(exc)}", config, call)
+                                        f"{name}: confirmation warm-up: {_err(exc)}", config, call)
                 continue
-            samplers[spec], calls[spec], notes[spec] = sampler, n, note
+            callers[spec] = caller
+        samplers: dict[PlanSpec, Callable[[], float]] = {}
+        notes: dict[PlanSpec, str] = {}
+        if call is CallMode.EAGER:
+            target = settings.sample_ms or (CPU_SAMPLE_MS if stage_device.vendor == "cpu" else DEVICE_SAMPLE_MS)
+            n = calls_per_sample(estimates, reference, target, most=MAX_CALLS_PER_SAMPLE)
+            samplers = {spec: eager_sampler(timer, c, n) for spec, c in callers.items()}
+        else:
+            n = config.graph_repeats or GRAPH_REPEATS
+            for spec, c in callers.items():
+                try:
+                    with timed(phases, CONFIRM):
+                        samplers[spec], notes[spec] = graph_sampler(stage_device, c, n)
+                except ENGINE_ERRORS as exc:
+                    reraise_user_interrupt(exc)
+                    cand = next(x for x in cands if x.spec == spec)
+                    results[spec] = _failed(problem, cand, Disposition.FAILED_WARMUP,
+                                            f"{c.label}: graph capture: {_err(exc)}", config, call)
         order = [s for s, _ in entries if s in samplers]
         samples: dict[PlanSpec, list[float]] = {s: [] for s in order}
         with timed(phases, CONFIRM):
@@ -196,6 +225,7 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
             if spec in results:
                 continue
             stats = summarize(samples[spec])
+            caller = callers[spec]
             results[spec] = AutotuneResult(
                 problem_key=problem.key, engine_id=spec.engine_id,
                 engine_name=cand.engine.name if cand.engine else str(spec.engine_id), knobs=spec.knobs,
@@ -203,15 +233,17 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
                 candidate=cand.index, min_ms=stats.min, avg_ms=stats.mean, stddev_ms=stats.stddev,
                 median_ms=stats.median, mad_ms=stats.mad, samples=tuple(samples[spec]), iterations=len(samples[spec]),
                 warmups=1, converged=settled,
-                error="; ".join(x for x in (f"confirmation ({call.value}): {rounds} paired rounds of "
-                                            f"{calls[spec]} call(s) a sample", notes[spec]) if x),
+                error="; ".join(x for x in (f"confirmation ({call.value}): {rounds} paired rounds of {n} call(s) a "
+                                            f"sample over {len(sets)} input set(s), {caller.describe()}",
+                                            notes.get(spec, "")) if x),
                 workspace_size=int(getattr(cand.plan, "workspace_size", 0) or 0),
                 estimated_workspace=cand.estimated_workspace,
                 supports_exhaustive=bool(cand.engine.supports_exhaustive) if cand.engine else False,
                 device_name=device.properties.name, compile_ms=cand.compile_ms,
-                tuning_ms=wall / max(len(cands), 1), started_at=started_at)
-        log.info("autotune: confirmation (%s) of %s: %d candidate(s), %d round(s), %s, %.0f ms", call.value,
-                 problem.label(), len(order), rounds, "settled" if settled else "budget ended", wall)
+                tuning_ms=wall / max(len(cands), 1), started_at=started_at,
+                calls_per_sample=n, call_path=caller.path, input_sets=len(sets))
+        log.info("autotune: confirmation (%s) of %s: %d candidate(s), %d round(s) of %d call(s) a sample, %s, %.0f ms",
+                 call.value, problem.label(), len(order), rounds, n, "settled" if settled else "budget ended", wall)
         return ConfirmRun(call, tuple(results[s] for s, _ in entries), rounds, settled, wall)
     finally:
         for cand in cands:
@@ -271,70 +303,6 @@ def _rounds(problem: Problem, cands: dict[PlanSpec, _Candidate], order: list[Pla
 def _precise(r: Any, precision: float) -> bool:
     """The interval of a paired ratio spans at most +-``precision`` of its median."""
     return r is not None and r.ratio > 0 and (r.high - r.low) / (2.0 * r.ratio) <= precision
-
-
-def _sampler(problem: Problem, device: Device, timer: Timer, plan: Any, workspace: Any,
-             sets: list[Mapping[str, Any]], call: CallMode, config: AutotuneConfig
-             ) -> tuple[Callable[[], float], int, str]:
-    """(one timed sample in ms per call, calls a sample, a note), after one untimed warm-up call."""
-    if call is CallMode.GRAPH:
-        return _graph_sampler(problem, device, plan, workspace, sets, config)
-    call_once = eager_call(problem, device, plan, workspace)
-    device.synchronize()
-    call_once(sets[0])  # warm-up (lazy allocations, the first launch of a kernel)
-    device.synchronize()
-    one = timer.measure(lambda: call_once(sets[0]))
-    target = config.confirm.sample_ms or (CPU_SAMPLE_MS if device.vendor == "cpu" else DEVICE_SAMPLE_MS)
-    n = int(min(MAX_CALLS_PER_SAMPLE, max(1, math.ceil(target / max(one, 1e-6)))))
-    turn = [0]
-
-    def calls() -> None:
-        k = turn[0]
-        for i in range(n):
-            call_once(sets[(k + i) % len(sets)])
-        turn[0] = k + n
-
-    def sample() -> float:
-        return timer.measure(calls) / n
-
-    return sample, n, ""
-
-
-def _graph_sampler(problem: Problem, device: Device, plan: Any, workspace: Any, sets: list[Mapping[str, Any]],
-                   config: AutotuneConfig) -> tuple[Callable[[], float], int, str]:
-    repeats = config.graph_repeats or GRAPH_REPEATS
-    capture = device.extras.get("capture_graph")
-
-    def run(tensors: Mapping[str, Any]) -> None:
-        plan.run(tensors, workspace, device.stream)
-
-    device.synchronize()
-    run(sets[0])
-    device.synchronize()
-    if capture is None:
-        def plain() -> float:
-            return device.timer.measure(lambda: [run(sets[i % len(sets)]) for i in range(repeats)]) / repeats
-
-        return plain, repeats, f"{device.runtime.name} devices offer no graph capture; timed plain runs"
-    turn = iter(range(1 << 62))
-    replay = capture(device, lambda: run(sets[next(turn) % len(sets)]), repeats)
-    return (lambda: device.timer.measure(replay) / repeats), repeats, ""
-
-
-def eager_call(problem: Problem, device: Device, plan: Any, workspace: Any) -> Callable[[Mapping[str, Any]], Any]:
-    """One call as replay (farm.ops) makes it: the plan's ``produce`` (the library's own output) when it has one
-    and needs no workspace, else a fresh output and ``run`` on the caller's stream."""
-    produce = getattr(plan, "produce", None) if workspace is None else None
-    if produce is not None and all(problem.tensor(o).is_contiguous for o in problem.output_ids):
-        return produce
-    outputs = [problem.tensor(o) for o in problem.output_ids]
-    empty = device.arrays.empty
-    stream = device.stream
-
-    def call(tensors: Mapping[str, Any]) -> None:
-        plan.run({**tensors, **{d.id: empty(d) for d in outputs}}, workspace, stream)
-
-    return call
 
 
 def _failed(problem: Problem, cand: _Candidate, disposition: Disposition, error: str, config: AutotuneConfig,

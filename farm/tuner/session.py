@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from farm.devices.arrays import make_tensors
 from farm.devices.timing import timed_section
 from farm.errors import AutotuneError
 from farm.model import dtypes
@@ -23,6 +22,7 @@ from farm.model.knobs import KnobSettings
 from farm.model.measurement import summarize
 from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
+from farm.tuner.callers import input_set_count, input_sets
 from farm.tuner.check import OutputCheck
 from farm.tuner.compile_claims import CompileQueue
 from farm.tuner.interrupts import reraise_user_interrupt
@@ -53,7 +53,7 @@ class _Run:
         self.tensors = tensors
         self.listener = listener
         self.rule = config.stop_rule()
-        self.rotations = self._rotations(tuner, tensors, config.rotating_buffers)
+        self.rotations = self._rotations(tuner, tensors, config)
         self.results: list[AutotuneResult] = []
         self._plans: dict[tuple[int, KnobSettings], tuple[PlanSpec, Engine, Plan]] = {}
         self._prebuilt = False
@@ -62,21 +62,12 @@ class _Run:
         self.check = OutputCheck(tuner.problem, tuner.device, tensors, config.check)
 
     @staticmethod
-    def _rotations(tuner: "Autotuner", tensors: Mapping[str, Any], extra: int) -> list[Mapping[str, Any]]:
-        """The tensor sets timed runs cycle through: the given one, then ``extra`` with other inputs.
-
-        Where the arrays live on a device (``clone``), the others are device copies of the given inputs:
-        other memory is what keeps them out of the cache, and copying on the device costs nothing next
-        to drawing gigabytes of random numbers on the host. Elsewhere they are fresh random inputs.
-        """
-        sets: list[Mapping[str, Any]] = [tensors]
-        p = tuner.problem
-        clone = getattr(tuner.device.arrays, "clone", None)
-        for i in range(extra):
-            fresh = {t: clone(tensors[t]) for t in p.input_ids} if clone is not None else \
-                make_tensors(p, tuner.device.arrays, 1000 + i)
-            sets.append({**{o: tensors[o] for o in p.output_ids}, **{t: fresh[t] for t in p.input_ids}})
-        return sets
+    def _rotations(tuner: "Autotuner", tensors: Mapping[str, Any], config: AutotuneConfig) -> list[Mapping[str, Any]]:
+        """The tensor sets timed runs cycle through: the given one, then ``rotating_buffers`` others, or with
+        ``cold_cache`` as many as keep every run's inputs out of the device's cache (farm.tuner.callers)."""
+        count = input_set_count(tuner.problem, tuner.device, rotating_buffers=config.rotating_buffers,
+                                cold_cache=config.cold_cache)
+        return input_sets(tuner.problem, tuner.device, tensors, count)
 
     # -- the pipeline ----------------------------------------------------------------
     def execute(self, candidates: list[_Candidate], *, prebuilt: bool) -> list[AutotuneResult]:

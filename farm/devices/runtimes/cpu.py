@@ -80,6 +80,19 @@ def _flush_buffer() -> np.ndarray:
     return np.zeros(2 * llc // 8, dtype=np.float64)
 
 
+def last_level_cache_bytes() -> int:
+    """The largest cache of this host's CPUs (what data must outgrow to come from memory), 0 when unknown."""
+    return max(_cache_bytes(3), _cache_bytes(2))
+
+
+@functools.lru_cache(maxsize=1)
+def host_cpu() -> str:
+    """This host's CPU model, as /proc/cpuinfo names it: an eager call's time is as much the host's as the
+    device's (a launch is host work), so results and decisions record it."""
+    info = _cpuinfo()
+    return info.get("model name") or info.get("Model") or platform.processor() or platform.machine() or "unknown"
+
+
 def _read(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as fh:
