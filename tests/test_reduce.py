@@ -149,10 +149,13 @@ def test_farm_tune_out_then_resume_then_reduce_cli(tmp_path, repo_root):
     rows = data["rows_written"]
     (sig,) = data["signatures"]
     problems = data["signatures"][sig]
-    # every row is a candidate's main measurement or its place in a confirmation stage
+    # every row is a candidate's main measurement, its place in a confirmation stage, or one side of farm verify's
+    # check of a decision (farm.ops and the direct call)
     stages = [c for p in problems for c in p["confirmation"]]
     assert stages and all(c["call"] == "eager" and c["rounds"] >= 8 for c in stages)
-    assert rows == sum(len(p["results"]) for p in problems) + sum(len(c["results"]) for c in stages) > 0
+    checks = [v for v in data["verified"] if v["delivered"] is not None]
+    assert len(checks) == len(problems)
+    assert rows == sum(len(p["results"]) for p in problems) + sum(len(c["results"]) for c in stages) + 2 * len(checks)
     files = list((out / "overrides").glob("*.json"))
     assert len(files) == 1 and files[0].name == f"{sig}.json"
     assert len(load_overrides(files[0]).entries) == len(problems)

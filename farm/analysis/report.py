@@ -22,7 +22,7 @@ from typing import Any
 
 from farm.analysis.phases import RunPhases, run_phases
 from farm.store.dataset import ResultsDataset, results_folder
-from farm.store.decisions import CONFIRM, Decisions, Winner
+from farm.store.decisions import CONFIRM, VERIFY, Decisions, Winner
 from farm.tuner.winner import NOISE_SIGMAS, NOISY_RELATIVE, RELATIVE_FLOOR, noise_sigma
 
 _COLUMNS = ["device_signature", "device_name", "host", "device_index", "problem_key", "problem_name", "problem_label",
@@ -52,6 +52,7 @@ class ProblemSummary:
     call: str = ""
     pruned: int = 0  # candidates a cost model ranked out (farm tune --prune) and nobody measured
     default_noisy: bool = False  # the default's own noise makes the speed-up over it doubtful (no stage)
+    checks: tuple[dict[str, Any], ...] = ()  # each calling mode's decision: published and delivered (farm verify)
 
     @property
     def untrusted(self) -> bool:
@@ -88,6 +89,33 @@ class SignatureSummary:
     tuning_s: float
     device_noise: dict[str, list[float]]  # device -> robust noise of every successful candidate it measured
     confirm_s: float = 0.0  # of the tuning time, what the confirmation stages took
+
+    @property
+    def checks(self) -> list[dict[str, Any]]:
+        return [{**c, "problem": p.name} for p in self.problems for c in p.checks]
+
+    def verified(self) -> tuple[int, int]:
+        """(decisions farm verify found holding, decisions it checked)."""
+        done = [c for c in self.checks if c["verdict"]]
+        return sum(c["verdict"] == "holds" for c in done), len(done)
+
+    def cpu_notes(self) -> list[str]:
+        """Where eager decisions were measured on hosts of several CPU models, or replayed on another than their
+        own: an eager call's time is the host's as much as the device's."""
+        eager = [c for c in self.checks if c["call"] == "eager"]
+        models: dict[str, list[str]] = {}
+        for c in eager:
+            for cpu in c["measured_cpus"]:
+                models.setdefault(cpu, []).append(c["problem"])
+        notes = []
+        if len(models) > 1:
+            notes.append("eager decisions were measured on hosts of " + str(len(models)) + " CPU models ("
+                         + "; ".join(f"{m}: {len(ps)} problem(s)" for m, ps in sorted(models.items())) + "): a decision "
+                         "for a host-bound call is one for that host's CPU as much as for the device")
+        for c in eager:
+            if c["host_cpu"] and c["measured_cpus"] and c["host_cpu"] not in c["measured_cpus"]:
+                notes.append(f"{c['problem']}: measured on {', '.join(c['measured_cpus'])}, verified on {c['host_cpu']}")
+        return notes
 
     @property
     def pruned(self) -> int:
@@ -170,7 +198,7 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
         if not r["succeeded"]:
             failures[r["disposition"]] = failures.get(r["disposition"], 0) + 1
             continue
-        if r["round"] == CONFIRM:
+        if r["round"] in (CONFIRM, VERIFY):
             continue  # paired samples of another kind of call: the decision's, not the candidates' distribution
         dev = f"{r['host']}:{r['device_index']}"
         key = (r["problem_key"], r["candidate_key"], dev)
@@ -220,8 +248,23 @@ def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0) -> Pro
         spread=max(win_times) / min(win_times) if min(win_times) > 0 else 1.0,
         samples={_candidate(rs[0]): [s for r in rs for s in (r["samples_ms"] or [r["median_ms"]])] for rs in cands.values()},
         speedup=winner.speedup_over_default, interval=winner.speedup_interval, confirmation=winner.confirmed,
-        call=winner.call, pruned=pruned, default_noisy=winner.default_noisy,
+        call=winner.call, pruned=pruned, default_noisy=winner.default_noisy, checks=_checks(winner),
     )
+
+
+def _checks(winner: Winner) -> tuple[dict[str, Any], ...]:
+    """Each calling mode's decision of a problem: what was published, and what farm verify found it delivers."""
+    out = []
+    for w in (winner, *winner.others):
+        v = w.verified
+        out.append({"call": w.call or "eager", "winner": w.label, "published": w.speedup_over_default,
+                    "published_interval": list(w.speedup_interval) if w.speedup_interval else None,
+                    "delivered": v.delivered if v else None,
+                    "delivered_interval": [v.low, v.high] if v and v.delivered is not None else None,
+                    "verdict": v.verdict if v else "", "host_cpu": v.host_cpu if v else "",
+                    "measured_cpus": list(w.confirmed.host_cpus) if w.confirmed else [],
+                    "verified_at": v.verified_at if v else ""})
+    return tuple(out)
 
 
 def report_dict(report: Report) -> dict[str, Any]:
@@ -247,7 +290,8 @@ def report_dict(report: Report) -> dict[str, Any]:
                              "speedup_interval": list(p.interval) if p.interval else None, "call": p.call,
                              "confirmation": p.confirmation.as_dict() if p.confirmation is not None else None,
                              "noise": p.noise, "within_noise_of": p.near, "untrusted": p.untrusted,
-                             "device_spread": p.spread} for p in s.problems],
+                             "device_spread": p.spread, "decisions": list(p.checks)} for p in s.problems],
+            "verified": dict(zip(("holds", "checked"), s.verified())), "cpu_notes": s.cpu_notes(),
         })
     return {"results": report.root, "signatures": out,
             "phases": report.phases.to_json() if report.phases is not None else None,

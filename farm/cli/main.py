@@ -18,6 +18,7 @@ from farm.cli.args import _positive_int
 from farm.cli.console import _console, _print_json, _setup_logging, json_stdout
 from farm.cli.model import add_model_parser
 from farm.cli.tune import add_tune_parser
+from farm.cli.verify import add_verify_parser
 
 
 # -- farm engines ---------------------------------------------------------------------------
@@ -262,6 +263,7 @@ def _add_result_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_report)
 
     add_model_parser(sub)
+    add_verify_parser(sub)
 
     p = sub.add_parser("diff", help="compare two results folders or two override files: winners and times")
     p.add_argument("a", help="the old side: a results folder (or run folder) or an override file")

@@ -36,6 +36,10 @@ def progress_line(status: Any) -> str:
             f"{f', {restarting} restarting' if restarting else ''}; {left}")
 
 
+PHASE_LINES = {"starting": "starting Ray and the device workers...",
+               "verifying": "verifying the decisions where they are replayed (farm.ops beside the direct call)..."}
+
+
 class ProgressView:
     """Feed it FarmStatus snapshots (``update``); ``close`` at the end."""
 
@@ -64,11 +68,12 @@ class ProgressView:
     def update(self, status: Any) -> None:
         if self.header is not None or (self.bar is None and self.console.is_terminal):
             self._start()
-        if status.phase == "starting":  # Ray and the workers are starting: no candidate counts yet
+        if status.phase in PHASE_LINES:  # no candidate counts to show: what is happening instead
+            line = PHASE_LINES[status.phase]
             if self.live is not None:
-                self.live.update(Text(f"{self.title}: starting Ray and the device workers...", style="dim"))
+                self.live.update(Text(f"{self.title}: {line}", style="dim"))
             else:
-                self.console.print(Text("starting Ray and the device workers..."), soft_wrap=True)
+                self.console.print(Text(line), soft_wrap=True)
             return
         if self.live is not None:
             self.bar.update(self.task, total=status.total, completed=status.finished)

@@ -325,6 +325,10 @@ def farm_tables(workload: Any, report: Any) -> list[Table]:
         tables.append(phases_table(from_statuses(report.run_id, report.tuning_s, report.statuses)))
     if report.pruning:
         tables.append(pruning_table(report.pruning))
+    if report.summary is not None and report.summary.verified:
+        from farm.cli.render_verify import verified_table
+
+        tables.append(verified_table(report.summary.verified, title="Verified where replayed"))
     return tables
 
 
@@ -390,6 +394,7 @@ def farm_dict(workload: Any, out: str, report: Any) -> dict[str, Any]:
         "no_winner": report.summary.no_winner,
         "reduce": reduce_dict(report.reduce) if report.reduce else None,
         "pruning": report.pruning,
+        "verified": report.summary.verified,
     }
 
 
@@ -430,6 +435,7 @@ def local_dict(workload: Any, out: str, device: Any, report: Any) -> dict[str, A
                                           for o in report.outcomes]},
         "no_winner": report.summary.no_winner,
         "reduce": reduce_dict(report.reduce) if report.reduce else None,
+        "verified": report.summary.verified,
     }
 
 

@@ -74,6 +74,14 @@ def report_tables(report: Any) -> list[Table]:
         t.add_row("devices disagree on", Text("; ".join(f"{p.name}: " + ", ".join(f"{d} {c}" for d, c in
                                                                                      p.device_winners.items())
                                                         for p in dis) or "nothing"))
+        held, checked = s.verified()
+        if checked:
+            bad = [f"{c['problem']} ({c['call']})" for c in s.checks if c["verdict"] and c["verdict"] != "holds"]
+            t.add_row("verified where replayed", Text(f"{held} of {checked} decision(s) hold (farm verify: farm.ops "
+                                                      "beside the direct call)" + (f"; not: {', '.join(bad)}" if bad else ""),
+                                                      style="yellow" if bad else ""))
+        for note in s.cpu_notes():
+            t.add_row("host CPUs", Text(note, style="yellow"))
         tables.append(t)
         per = Table(title="per problem", title_justify="left")
         # names wrap onto more lines rather than lose their ends ("cpu.matmu…") on a narrow terminal
@@ -90,9 +98,31 @@ def report_tables(report: Any) -> list[Table]:
                         fmt_ms(p.default_ms), fmt_speedup(p.speedup, p.interval), f"{100 * p.noise:.1f} %",
                         f"{p.spread:.3f}", Text(why, style="yellow" if p.untrusted else "dim"))
         tables.append(per)
+        checks = s.checks
+        if any(c["verdict"] for c in checks) or any(c["call"] == "graph" for c in checks):
+            tables.append(_decisions_table(checks))
     if report.phases is not None:
         tables.append(phases_table(report.phases))
     return tables
+
+
+def _decisions_table(checks: Sequence[dict[str, Any]]) -> Table:
+    """Each problem's decision per calling mode: published beside delivered where farm verify replayed it."""
+    t = Table(title="decisions by calling mode: published, and delivered where replayed (farm verify)",
+              title_justify="left")
+    for col, justify in (("problem", "left"), ("call", "left"), ("winner", "left"), ("published", "right"),
+                         ("delivered (99 % interval)", "right"), ("verdict", "left")):
+        t.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for c in checks:
+        delivered = "-"
+        if c["delivered"] is not None:
+            lo, hi = c["delivered_interval"] or (None, None)
+            delivered = f"{c['delivered']:.3f}x" + (f" ({lo:.3f}-{hi:.3f})" if lo is not None and hi is not None else "")
+        verdict = c["verdict"] or "not verified"
+        style = "green" if verdict == "holds" else "dim" if verdict == "not verified" else "yellow"
+        t.add_row(Text(c["problem"]), c["call"], Text(c["winner"]),
+                  f"{c['published']:.3f}x" if c["published"] else "-", delivered, Text(verdict, style=style))
+    return t
 
 
 def diff_table(rows: Sequence[Any], a: str, b: str, show_same: bool = False) -> Table:

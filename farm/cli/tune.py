@@ -87,6 +87,7 @@ def _local_device(spec: str) -> Any:
 
 def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry: Any) -> int:
     from farm.cli.render import local_dict, pruning_table, results_table, summary_table, where_table
+    from farm.cli.render_verify import verified_table
     from farm.fleet.job import run_local
 
     device = _local_device(args.devices)
@@ -107,7 +108,7 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
 
     report = run_local(workload, out, device, registry, on_problem=show, reduce=not args.no_reduce, top_k=args.top_k,
                        incumbents=args.incumbents, candidate_timeout_s=args.candidate_timeout,
-                       on_hang=lambda message: _restart(args, message))
+                       on_hang=lambda message: _restart(args, message), verifier=_verifier(args))
     if args.json:
         _print_json(local_dict(workload, out, device, report))
     else:
@@ -115,6 +116,8 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
                                     lambda key: report.summary.winner(device.signature, key)))
         if report.pruning:
             console.print(pruning_table(report.pruning))
+        if report.summary.verified:
+            console.print(verified_table(report.summary.verified, title="Verified where replayed"))
         console.print(where_table(out, report.summary))
     return _finish(args, report.summary)
 
@@ -135,6 +138,18 @@ def _restart(args: argparse.Namespace, message: str) -> None:
     sys.stderr.flush()
     os.environ["FARM_IN_PROCESS_RESTARTS"] = str(restarts)
     os.execv(sys.executable, [sys.executable, "-m", "farm", *args.argv])
+
+
+def _verifier(args: argparse.Namespace) -> Any:
+    """farm tune's check after its reduce (farm verify, fixing decisions that lose to the direct call), or None
+    with --no-verify or --no-reduce."""
+    if args.no_verify or args.no_reduce:
+        return None
+    import functools
+
+    from farm.replay.verify import verify_for_job
+
+    return functools.partial(verify_for_job, only_losers=True)
 
 
 def _warn_oversubscribed(workers: int) -> None:
@@ -176,7 +191,7 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     options = FarmOptions(shard_size=args.shard_size, finalist_k=args.finalist_k,
                           candidate_timeout_s=args.candidate_timeout, cpu_threads=args.cpu_threads,
                           reduce=not args.no_reduce, top_k=args.top_k, keep_results=True, incumbents=args.incumbents,
-                          log_level=logging.getLogger("farm").getEffectiveLevel())
+                          log_level=logging.getLogger("farm").getEffectiveLevel(), verifier=_verifier(args))
     if not sys.stderr.isatty():
         # the workers' lines Ray forwards here go to a file or a pipe: no colour codes in their prefix, and no
         # "[repeated Nx across cluster]" summaries (which carry colour codes of their own)
@@ -283,6 +298,10 @@ def add_tune_parser(sub: Any) -> None:
                    help="seconds between progress lines when output is not a terminal (default 10)")
     p.add_argument("--top-k", type=_positive_int, default=3, help="ranking depth kept in the override metadata (default 3)")
     p.add_argument("--no-reduce", action="store_true", help="write results only, no override files")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip the check after the reduce: each decision replayed through farm.ops beside the direct "
+                        "library call where it runs (farm verify); a decision that loses to the direct call is "
+                        "then not published")
     p.add_argument("--prune", metavar="MODEL",
                    help="measure only what this cost model (farm model train) ranks worth it: the default, the "
                         "incumbent, the top-k by predicted time and a random share of the rest (docs/costmodel.md)")

@@ -101,6 +101,7 @@ def run_farm(
     started_ray = False
     reaper: Reaper | None = None
     handles: list[Any] = []
+    verify: Callable[[str, str, list[str]], Any] | None = None
     try:
         if options.cpu_threads is None and address is None:
             from farm.devices.runtimes.cpu import blas_threads_in_force
@@ -111,6 +112,7 @@ def run_farm(
             if address is None and not ray.is_initialized() else None
         if finished is not None:
             report = finished
+            verify = _local_verify(request, options)
         else:
             if progress is not None:
                 progress(FarmStatus(0, 0, 0, 0, 0.0, [], [], phase="starting"))
@@ -121,6 +123,20 @@ def run_farm(
                 started_ray = True
             handles, infos = _start_workers(request, options, workload.problems)
             report = _drive(workload, jr, handles, infos, options, config, progress, pruner)
+            if options.verifier is not None:
+                if progress is not None:
+                    progress(FarmStatus(report.total, report.total, report.remeasured, 0, report.tuning_s,
+                                        report.statuses, [], phase="verifying"))
+                verify = _worker_verify(handles, report.workers, options.verifier)
+        # the workers are still up: the reduce's decisions are replayed on them before they stop
+        report.summary = jr.finish(
+            reduce=options.reduce, top_k=options.top_k, verify=verify,
+            devices=[{"name": w.name, "host": w.host, "gpu_ids": list(w.gpu_ids), "signature": w.signature,
+                      "niceness": w.niceness, "properties": w.properties.to_dict()} for w in report.workers],
+            workers=[s.to_json() for s in report.statuses], skipped_problems=report.problems_skipped,
+            phases={"tuning_s": round(report.tuning_s, 3), "devices": len(report.statuses),
+                    "total": report.phases.to_json()},
+            **({"pruning": pruner.pruner.tally.to_json()} if pruner else {}))
     except BaseException as exc:
         jr.fail(exc)
         raise
@@ -130,18 +146,55 @@ def run_farm(
             ray.shutdown()
         if reaper is not None:
             reaper.done()
-    report.summary = jr.finish(
-        reduce=options.reduce, top_k=options.top_k,
-        devices=[{"name": w.name, "host": w.host, "gpu_ids": list(w.gpu_ids), "signature": w.signature,
-                  "niceness": w.niceness, "properties": w.properties.to_dict()} for w in report.workers],
-        workers=[s.to_json() for s in report.statuses], skipped_problems=report.problems_skipped,
-        phases={"tuning_s": round(report.tuning_s, 3), "devices": len(report.statuses),
-                "total": report.phases.to_json()},
-        **({"pruning": pruner.pruner.tally.to_json()} if pruner else {}))
     report.pruning = pruner.record() if pruner else None
     report.reduce = report.summary.reduce
     report.wall_s = report.summary.wall_s
     return report
+
+
+def _worker_verify(handles: Sequence[Any], infos: Sequence[WorkerInfo],
+                   verifier: Callable[..., Any]) -> Callable[[str, str, list[str]], Any]:
+    """``verify(signature, text, keys)``: ``verifier`` run on a live worker of that signature (where the decisions
+    are replayed, as production on that kind of device would); a worker that died is passed over."""
+    import ray
+
+    def verify(signature: str, text: str, keys: list[str]) -> Any:
+        errors = []
+        for h, info in zip(handles, infos):
+            if info.signature != signature:
+                continue
+            try:
+                return ray.get(h.with_device.remote(verifier, text, keys))
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                errors.append(f"{info.name}: {_first_line(exc)}")
+            except ray.exceptions.RayTaskError as exc:
+                cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+                raise FarmFailed(f"verifying on {info.name} failed: {type(cause).__name__}: {_first_line(cause)}") \
+                    from None
+        raise FarmError(f"no worker of {signature} is up to verify its decisions ({'; '.join(errors) or 'none started'})")
+
+    return verify
+
+
+def _local_verify(request: DeviceRequest, options: FarmOptions) -> Callable[[str, str, list[str]], Any] | None:
+    """A resume with nothing to measure on local devices (the CPU, simulated ones) verifies here, on a device of
+    that kind opened in this process."""
+    if options.verifier is None:
+        return None
+    from farm.devices.open import open_device
+
+    def verify(signature: str, text: str, keys: list[str]) -> Any:
+        if request.kind == "sim" and request.sim is not None:
+            slots = [open_device("sim", i, sim=request.sim) for i in range(request.sim.device_count)]
+            device = next((d for d in slots if d.signature == signature), None)
+        else:
+            device = open_device("cpu", 0)
+            device = device if device.signature == signature else None
+        if device is None:
+            raise FarmError(f"no device of {signature} here to verify its decisions")
+        return options.verifier(device, text, keys)  # type: ignore[misc]
+
+    return verify
 
 
 def oversubscribed_cpu(request: DeviceRequest, address: str | None) -> str:

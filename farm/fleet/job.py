@@ -16,7 +16,7 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -24,8 +24,8 @@ import pyarrow as pa
 
 from farm._version import __version__
 from farm.devices.device import Device
-from farm.errors import InputError
-from farm.fsutil import atomic_write_bytes, move_aside
+from farm.errors import FarmError, InputError
+from farm.fsutil import atomic_write_bytes, move_aside, read_text_file
 from farm.model.engine import EngineRegistry
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
@@ -220,6 +220,7 @@ class JobSummary:
     no_winner: dict[str, dict[str, str]]  # signature -> problem name -> why it has no winner
     problems: int  # (signature, problem) pairs this run was asked for
     wall_s: float = 0.0
+    verified: list[dict[str, Any]] = field(default_factory=list)  # farm verify's record of each decision checked
 
     @property
     def winners(self) -> int:
@@ -309,9 +310,19 @@ class JobRun:
     def skip(self, signature: str, problem_name: str, reason: str) -> None:
         self._skipped.setdefault(signature, {})[problem_name] = reason
 
-    def finish(self, *, reduce: bool = True, top_k: int = 3, **fields: Any) -> JobSummary:
-        self.writer.close()
+    def finish(self, *, reduce: bool = True, top_k: int = 3,
+               verify: Callable[[str, str, list[str]], Any] | None = None, **fields: Any) -> JobSummary:
+        """Decide, reduce and close the record. ``verify(signature, override file text, problem keys)``, where
+        given and the files were written, replays each signature's decisions where they run (farm verify): its
+        rows join the results and the winners are decided again, so a decision it fixed is not published."""
+        self.writer.flush()  # every row measured is on disk before the decision reads them
         decisions, report = self._decide(reduce, top_k)
+        verification: dict[str, Any] | None = None
+        if verify is not None and report is not None:
+            verification = self._verify(report, decisions, verify)
+            if verification["rows"]:
+                decisions, report = self._decide(reduce, top_k)
+        self.writer.close()
         no_winner: dict[str, dict[str, str]] = {s: dict(v) for s, v in self._skipped.items()}
         problems = 0
         for sig in sorted(self._signatures):
@@ -324,13 +335,52 @@ class JobRun:
         manifest = self._write_manifest()
         if manifest:
             fields["manifest"] = manifest
+        if verification is not None:
+            fields["verify"] = {k: v for k, v in verification.items() if k != "rows"}
         summary = JobSummary(self.run.job_id, self.run.run_id, self.rows_written, dict(self.counts), decisions,
-                             report, no_winner, problems, time.perf_counter() - self.t0)
+                             report, no_winner, problems, time.perf_counter() - self.t0,
+                             verified=list((verification or {}).get("decisions", [])))
         self.job.finish(self.record, self.run, state="finished", rows_written=summary.rows_written, counts=summary.counts,
                         signatures=sorted(self._signatures), problems=problems, winners=summary.winners,
                         no_winner=no_winner, wall_s=summary.wall_s, **fields)
         self._lock.release()
         return summary
+
+    def _verify(self, report: ReduceReport, decisions: Decisions,
+                verify: Callable[[str, str, list[str]], Any]) -> dict[str, Any]:
+        """Each written override file's decisions of this workload that no check has seen yet (a resume verifies
+        only what changed), replayed by ``verify``; its rows are written."""
+        names = {wp.problem.key: wp.name for wp in self.workload.problems}
+        records: list[dict[str, Any]] = []
+        skipped: list[dict[str, str]] = []
+        rows = 0
+        for sig_report in report.signatures:
+            if sig_report.signature not in self._signatures or not sig_report.entries:
+                continue
+            sig = sig_report.signature
+            keys = [k for k in names if (sig, k) in decisions.winners and
+                    any(w.verified is None for w in (decisions.winners[(sig, k)], *decisions.winners[(sig, k)].others))]
+            if not keys:
+                continue
+            path = self.job.overrides / f"{sig}.json"
+            try:
+                outcome = verify(sig_report.signature, read_text_file(path, "override file"), keys)
+            except FarmError as exc:  # the tuning is done and kept: the check says why it did not run
+                log.warning("farm: verifying %s failed: %s", sig_report.signature, exc)
+                skipped.append({"signature": sig_report.signature, "why": str(exc)})
+                continue
+            made = [result_row(r, problem, names.get(problem.key, name), self.run, where)
+                    for r, problem, name, where in outcome.rows]
+            self.writer.append(made)
+            rows += len(made)
+            records += [dict(r, signature=sig_report.signature) for r in outcome.records]
+            skipped += [{"signature": sig_report.signature, "problem": n, "why": w} for n, w in outcome.skipped]
+        self.writer.flush()
+        tally = {"checked": len(records), "holds": sum(r["verdict"] == "holds" for r in records),
+                 "flagged": sum(r["verdict"].startswith("flagged") for r in records),
+                 "fixed": sum(r["verdict"].startswith("fixed") for r in records),
+                 "not_verified": sum(r["verdict"].startswith("not verified") for r in records)}
+        return {"rows": rows, **tally, "decisions": records, "skipped": skipped}
 
     def _decide(self, reduce: bool, top_k: int) -> tuple[Decisions, ReduceReport | None]:
         """The winners of the folder's results, one device signature at a time (the driver holds one
@@ -429,6 +479,7 @@ def run_local(
     incumbents: str | None = None,
     candidate_timeout_s: float | None = None,
     on_hang: Callable[[str], None] | None = None,
+    verifier: Callable[..., Any] | None = None,
 ) -> LocalRunReport:
     """Tune every problem on one in-process device into ``out``; resume what is there.
 
@@ -436,7 +487,8 @@ def run_local(
     ``candidate_timeout_s``: a candidate compiling or measured for longer gets a ``timed_out`` row
     (written at once, with every row before it), then ``on_hang(message)`` is called from the watch's
     thread: the process cannot take the candidate back, so the caller ends or restarts it, and a
-    resume goes on after the candidate.
+    resume goes on after the candidate. ``verifier(device, override file text, problem keys)``: after the
+    reduce, the decisions are replayed beside the direct call on ``device`` (farm.replay.verify.verify_for_job).
     """
     config = config or workload.autotune
     pruning = PlanPruning(config.prune, config, lambda rows: None) if config.prune is not None else None
@@ -493,7 +545,8 @@ def run_local(
     finally:
         if watch is not None:
             watch.close()
-    summary = jr.finish(reduce=reduce, top_k=top_k, device=device.properties.to_dict(),
+    check = None if verifier is None else (lambda sig, text, keys: verifier(device, text, keys))
+    summary = jr.finish(reduce=reduce, top_k=top_k, verify=check, device=device.properties.to_dict(),
                         **({"pruning": pruning.pruner.tally.to_json()} if pruning else {}))
     return LocalRunReport(outcomes, summary, pruning.record() if pruning else None)
 
@@ -507,9 +560,10 @@ def prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, list
     import pyarrow.dataset as ds
 
     # min_ms is read too, so a row the reducer would drop (an infinite time) is dropped here as well
+    # farm verify's rows check published decisions: no part of the tuning a resume rebuilds
     t = dataset.table(["problem_key", "candidate_key", "round", "call", "session_id", "succeeded", "median_ms",
                        "mad_ms", "session_size", "disposition", "measured_at", "min_ms"],
-                      filter=ds.field("device_signature") == signature)
+                      filter=(ds.field("device_signature") == signature) & (ds.field("round") != "verify"))
     when = pc.divide(pc.cast(t["measured_at"], pa.int64()), 1000.0).to_pylist()
     out: dict[str, list[PriorRow]] = {}
     cols = [t.column(c).to_pylist() for c in t.column_names[:-2]]

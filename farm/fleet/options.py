@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from farm.devices.sim import SimConfig
 from farm.errors import InputError
@@ -59,6 +60,9 @@ class FarmOptions:
     keep_results: bool = False  # keep every AutotuneResult in the report (the CLI's tables)
     incumbents: str | None = None  # an override file or published root whose winners are kept within noise
     log_level: int = logging.WARNING  # what the workers log of farm.* (INFO: the tuner's autotune: lines)
+    # after the reduce: ``verifier(device, override file text, problem keys)`` runs on a worker of each signature
+    # and returns rows to record and decisions' records (farm.replay.verify.verify_for_job); None: no check
+    verifier: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("shard_size", "finalist_k", "max_strikes", "top_k"):

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from farm.devices.device import Device
 from farm.devices.open import open_device
@@ -330,6 +330,10 @@ class DeviceWorkerImpl:
         except Exception as exc:
             log.error("farm: %s is unusable after a task (%s); restarting the worker", self.name, exc)
             os._exit(3)
+
+    def with_device(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(device, *args, **kwargs)`` on this worker's device (farm tune's verification runs so)."""
+        return fn(self.device, *args, **kwargs)
 
     def close(self) -> None:
         self.device.runtime.synchronize()

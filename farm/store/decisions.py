@@ -30,6 +30,7 @@ log = logging.getLogger("farm.store.decisions")
 
 
 CONFIRM = "confirm"  # the round of the confirmation stage's rows (farm.tuner.confirm)
+VERIFY = "verify"  # the round of farm verify's rows (farm.replay.verify)
 
 _DICT_COLUMNS = ("problem_json", "problem_name", "engine_name", "device_json", "round", "mode", "strategy", "job_id",
                  "session_id")
@@ -58,6 +59,10 @@ class Confirmation:
     best_high: float | None
     ties: tuple[str, ...]  # candidates whose paired interval against the winner includes 1
     confidence: float = CONFIDENCE
+    host_cpus: tuple[str, ...] = ()  # the CPU models of the hosts its rounds ran on (eager: part of the time)
+    calls_per_sample: int | None = None  # back-to-back calls a sample (eager) or calls in the graph (graph)
+    input_sets: int | None = None  # the input sets the calls rotated over
+    default_call: str = ""  # what the default's samples called: 'direct' (the library call), 'plan', 'replay'
 
     def as_dict(self) -> dict[str, Any]:
         return {"call": self.call, "rounds": self.rounds, "settled": self.settled, "cost_ms": self.cost_ms,
@@ -65,7 +70,41 @@ class Confirmation:
                 "interval": [self.low, self.high] if self.speedup is not None else None,
                 "best_challenger": self.best or None, "best_speedup": self.best_speedup,
                 "best_interval": [self.best_low, self.best_high] if self.best_speedup is not None else None,
-                "ties": list(self.ties)}
+                "ties": list(self.ties), "host_cpus": list(self.host_cpus), "calls_per_sample": self.calls_per_sample,
+                "input_sets": self.input_sets, "default_call": self.default_call or None}
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What farm verify found of a decision where it is replayed: farm.ops beside the direct call, paired."""
+
+    call: str
+    delivered: float | None  # direct time / farm.ops time (the paired median); None: nothing usable
+    low: float | None  # its interval at ``confidence``
+    high: float | None
+    rounds: int
+    verdict: str  # 'holds', 'flagged: why', 'fixed: why'
+    host_cpu: str
+    direct: str  # the direct side's candidate (the default), e.g. 'torch.matmul[default]'
+    calls_per_sample: int | None
+    input_sets: int | None
+    verified_at: str
+    confidence: float = CONFIDENCE
+
+    @property
+    def fixed(self) -> bool:
+        return self.verdict.startswith("fixed")
+
+    @property
+    def flagged(self) -> bool:
+        return self.verdict.startswith(("flagged", "fixed"))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"call": self.call, "delivered": self.delivered,
+                "interval": [self.low, self.high] if self.delivered is not None else None, "rounds": self.rounds,
+                "confidence": self.confidence, "verdict": self.verdict, "host_cpu": self.host_cpu,
+                "direct": self.direct, "calls_per_sample": self.calls_per_sample, "input_sets": self.input_sets,
+                "verified_at": self.verified_at}
 
 
 @dataclass(frozen=True)
@@ -96,6 +135,7 @@ class Winner:
     confirmed: Confirmation | None = None
     others: tuple["Winner", ...] = ()
     default_noisy: bool = False  # the default's own noise makes a speed-up over it doubtful (no stage measured it)
+    verified: Verification | None = None  # farm verify's replay of this decision beside the direct call
 
     @property
     def label(self) -> str:
@@ -126,7 +166,16 @@ class Winner:
         return self.confirmed is not None and self.confirmed.settled
 
     def for_call(self, call: str) -> "Winner | None":
-        return self if self.call == call else next((w for w in self.others if w.call == call), None)
+        """The decision for calls of kind ``call``; a decision no confirmation stage made is the eager one."""
+        if self.call == call or (call == "eager" and not self.call):
+            return self
+        return next((w for w in self.others if w.call == call), None)
+
+    def with_call(self, call: str, decision: "Winner") -> "Winner":
+        """This decision with the one for ``call`` replaced by ``decision``."""
+        if self.for_call(call) is self:
+            return dataclasses.replace(decision, others=self.others)
+        return dataclasses.replace(self, others=tuple(decision if w.call == call else w for w in self.others))
 
     def as_dict(self) -> dict[str, Any]:
         out = {"engine_name": self.engine_name, "knobs": dict(self.knobs), "label": self.label,
@@ -136,7 +185,8 @@ class Winner:
                "speedup_over_default": self.speedup_over_default,
                "speedup_interval": list(self.speedup_interval) if self.speedup_interval else None,
                "trusted": self.trusted, "candidates": self.candidates, "call": self.call,
-               "confirmation": self.confirmed.as_dict() if self.confirmed is not None else None}
+               "confirmation": self.confirmed.as_dict() if self.confirmed is not None else None,
+               "verified": self.verified.as_dict() if self.verified is not None else None}
         if self.others:
             out["other_calls"] = {w.call: w.as_dict() for w in self.others}
         return out
@@ -190,9 +240,11 @@ def _load_successes(data: ResultsDataset) -> tuple[pa.Table, bool, dict[str, set
         for s, p in zip(_strings(t["device_signature"].take(at)).to_pylist(), _strings(t["problem_key"].take(at)).to_pylist()):
             tuned.setdefault(s, set()).add(p)
     keep = t["succeeded"].to_numpy(zero_copy_only=False).astype(bool) if rows else np.zeros(0, bool)
-    stage = pc.equal(_strings(t["round"]), CONFIRM).to_numpy(zero_copy_only=False).astype(bool) if rows else keep
-    has_stage = bool((stage & keep).any())
-    keep &= ~stage
+    rounds = _strings(t["round"])
+    stage = pc.equal(rounds, CONFIRM).to_numpy(zero_copy_only=False).astype(bool) if rows else keep
+    verify = pc.equal(rounds, VERIFY).to_numpy(zero_copy_only=False).astype(bool) if rows else keep
+    has_stage = bool(((stage | verify) & keep).any())
+    keep &= ~(stage | verify)
     # latest first within each (signature, problem, candidate): a sort on integer codes, not on the strings
     idx = np.flatnonzero(keep)
     sig, pkey, ckey = sig[idx], pkey[idx], _codes(t["candidate_key"])[idx]
@@ -279,6 +331,7 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     winners = _winners(c, d, tuned)
     if has_stage:
         table, winners = _apply_confirmations(data, table, c, d, winners)
+        table, winners = _apply_verifications(data, table, winners)
     return Decisions(table, winners, top, tuned, skipped, read)
 
 
@@ -372,13 +425,17 @@ def _winners(c: _Compared, d: Any, tuned: dict[str, set[str]]) -> dict[tuple[str
     return out
 
 
-_CONFIRM_COLUMNS = (*_COLUMNS, "call", "samples_ms", "tuning_ms", "session_size", "succeeded")
+_CONFIRM_COLUMNS = (*_COLUMNS, "call", "samples_ms", "tuning_ms", "session_size", "succeeded", "host_cpu",
+                    "calls_per_sample", "input_sets", "call_path")
+_VERIFY_COLUMNS = (*_CONFIRM_COLUMNS, "verdict")
 
 
-def load_confirmations(data: ResultsDataset) -> pa.Table:
-    """The successful rows of every whole confirmation stage, with their samples (paired by position within a
-    session). A stage with fewer rows on disk than its ``session_size`` was cut short: its rows are left out."""
-    t = data.table(list(_CONFIRM_COLUMNS), filter=ds.field("round") == CONFIRM, dictionary=_DICT_COLUMNS)
+def load_confirmations(data: ResultsDataset, round: str = CONFIRM) -> pa.Table:
+    """The successful rows of every whole confirmation stage (``round``: or verify session), with their samples
+    (paired by position within a session). A stage with fewer rows on disk than its ``session_size`` was cut
+    short: its rows are left out."""
+    columns = _VERIFY_COLUMNS if round == VERIFY else _CONFIRM_COLUMNS
+    t = data.table(list(columns), filter=ds.field("round") == round, dictionary=_DICT_COLUMNS)
     if t.num_rows == 0:
         return t
     sessions = _strings(t["session_id"]).combine_chunks()
@@ -404,6 +461,10 @@ def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", 
     keys = _strings(conf["candidate_key"]).to_pylist()
     names = _strings(conf["engine_name"]).to_pylist()
     costs = conf["tuning_ms"].to_numpy(zero_copy_only=False).astype(float)
+    cpus = _strings(conf["host_cpu"]).to_pylist()
+    per_sample = conf["calls_per_sample"].to_pylist()
+    set_counts = conf["input_sets"].to_pylist()
+    paths = _strings(conf["call_path"]).to_pylist()
     lists = conf["samples_ms"].combine_chunks()
     values = lists.values.to_numpy(zero_copy_only=False).astype(float)
     offsets = lists.offsets.to_numpy()
@@ -447,7 +508,9 @@ def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", 
             cost_ms=float(np.nansum(costs[rows])), speedup=versus.speedup if won and versus else None,
             low=versus.speedup_low if won and versus else None, high=versus.speedup_high if won and versus else None,
             best=label(dec.best), best_speedup=best.speedup if best else None,
-            best_low=best.speedup_low if best else None, best_high=best.speedup_high if best else None, ties=ties)
+            best_low=best.speedup_low if best else None, best_high=best.speedup_high if best else None, ties=ties,
+            host_cpus=tuple(sorted({cpus[i] for i in rows if cpus[i]})), calls_per_sample=per_sample[rows[ref]],
+            input_sets=set_counts[rows[ref]], default_call=paths[rows[ref]] or "")
         decided.setdefault((sig, pkey), []).append(dataclasses.replace(
             main, engine_name=names[rows[w]], knobs=_knobs_of(row_keys[w]), median_ms=med[w],
             min_ms=float(np.min(samples[w])) if len(samples[w]) else None, mad_ms=mad[w],
@@ -464,6 +527,68 @@ def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", 
 
 
 CALL_ORDER = {"eager": 0, "graph": 1}  # the primary decision of a problem: its eager one, when it has one
+
+
+def _apply_verifications(data: ResultsDataset, table: pa.Table,
+                         winners: dict[tuple[str, str], Winner]) -> tuple[pa.Table, dict[tuple[str, str], Winner]]:
+    """Attach farm verify's latest check to each decision it checked (per calling mode); a check that fixed
+    the decision publishes the default in its place (rule ``not_delivered``). A check of another candidate than
+    the decision now in force (a later tune changed it) is left aside."""
+    from farm.tuner.winner import ConfirmedRule
+
+    ver = load_confirmations(data, VERIFY)
+    if ver.num_rows == 0:
+        return table, winners
+    ver = ver.sort_by([("device_signature", "ascending"), ("problem_key", "ascending"), ("call", "ascending"),
+                       ("measured_at", "descending")])
+    col = {name: _strings(ver[name]).to_pylist() for name in ("device_signature", "problem_key", "call", "session_id",
+                                                              "candidate_key", "engine_name", "call_path", "verdict",
+                                                              "host_cpu")}
+    per_sample, set_counts = ver["calls_per_sample"].to_pylist(), ver["input_sets"].to_pylist()
+    when = pc.strftime(ver["measured_at"].cast(pa.timestamp("s", tz="UTC"), safe=False),
+                       format="%Y-%m-%dT%H:%M:%SZ").to_pylist()
+    lists = ver["samples_ms"].combine_chunks()
+    values = lists.values.to_numpy(zero_copy_only=False).astype(float)
+    offsets = lists.offsets.to_numpy()
+    latest: dict[tuple[str, str, str], list[int]] = {}
+    session: dict[tuple[str, str, str], str] = {}
+    for i, key in enumerate(zip(col["device_signature"], col["problem_key"], col["call"])):
+        if session.setdefault(key, col["session_id"][i]) == col["session_id"][i]:
+            latest.setdefault(key, []).append(i)
+    offset = table.num_rows
+    out = dict(winners)
+    for (sig, pkey, call), rows in latest.items():
+        replayed = next((i for i in rows if col["call_path"][i] == "replay"), None)
+        direct = next((i for i in rows if i != replayed), None)
+        main = out.get((sig, pkey))
+        decision = main.for_call(call) if main is not None else None
+        if replayed is None or direct is None or decision is None or \
+                col["candidate_key"][replayed] != candidate_key(engine_name_to_id(decision.engine_name), decision.knobs):
+            continue
+        mine, theirs = values[offsets[replayed]:offsets[replayed + 1]], values[offsets[direct]:offsets[direct + 1]]
+        r = paired_ratio(mine, theirs)
+        ok = r.rounds > 0 and math.isfinite(r.ratio)
+        check = Verification(call=call, delivered=r.speedup if ok else None, low=r.speedup_low if ok else None,
+                             high=r.speedup_high if ok else None, rounds=r.rounds, verdict=col["verdict"][replayed],
+                             host_cpu=col["host_cpu"][replayed],
+                             direct=_label(col["engine_name"][direct], col["candidate_key"][direct]),
+                             calls_per_sample=per_sample[replayed], input_sets=set_counts[replayed],
+                             verified_at=when[replayed])
+        if check.fixed:
+            med = float(np.median(theirs)) if len(theirs) else math.nan
+            conf = decision.confirmed
+            fixed = dataclasses.replace(
+                decision, engine_name=col["engine_name"][direct], knobs=_knobs_of(col["candidate_key"][direct]),
+                median_ms=med, min_ms=float(np.min(theirs)) if len(theirs) else None,
+                mad_ms=float(np.median(np.abs(theirs - med))) if len(theirs) else None,
+                noisy=False, rule=ConfirmedRule.NOT_DELIVERED,
+                why=f"default published by farm verify: {decision.label} {check.verdict.split(': ', 1)[-1]}",
+                row=offset + direct, verified=check,
+                confirmed=dataclasses.replace(conf, speedup=None, low=None, high=None) if conf is not None else None)
+        else:
+            fixed = dataclasses.replace(decision, verified=check)
+        out[(sig, pkey)] = main.with_call(call, fixed)  # type: ignore[union-attr]
+    return pa.concat_tables([table, ver.select(list(_COLUMNS))], promote_options="permissive"), out
 
 
 def _in_groups(group: np.ndarray, flag: np.ndarray) -> np.ndarray:

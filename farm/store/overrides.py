@@ -213,6 +213,20 @@ class OverrideEntry:
             out.append("a key tensor or criterion the op needs is not stated")
         return out
 
+    def problem(self) -> Problem | None:
+        """The one problem an exact rule describes (its tensors' dims, strides and dtypes all given), to be
+        replayed as such (farm verify); None for a positional or wildcard rule, or one the op would refuse."""
+        from farm.errors import InputError
+
+        if self.positional or not self.exact or any(not t.strides or t.data_type is None for t in self.tensors):
+            return None
+        spec = {t.tensor_id: {"dims": list(t.dims), "strides": list(t.strides), "dtype": t.data_type}
+                for t in self.tensors}
+        try:
+            return Problem.create(self.op, spec, criteria=dict(self.criteria), compute_dtype=self.compute_data_type)
+        except InputError:
+            return None
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op_spelled or self.op, "engine_name": self.engine_name}
         spelled = dict(self.criteria_spelled)

@@ -169,6 +169,8 @@ def _selection(w: Winner) -> dict[str, Any]:
     if w.confirmed is not None:
         selection["speedup_over_default"] = w.speedup_over_default
         selection["confirmation"] = w.confirmed.as_dict()
+    if w.verified is not None:  # farm verify's replay beside the direct call: delivered next to published
+        selection["verified"] = w.verified.as_dict()
     return selection
 
 
@@ -205,7 +207,9 @@ WINNERS_SCHEMA = pa.schema([
     ("candidates", pa.int32()), ("job_id", pa.string()), ("measured_at", pa.timestamp("ms", tz="UTC")),
     ("call", pa.string()), ("primary", pa.bool_()), ("speedup_low", pa.float64()), ("speedup_high", pa.float64()),
     ("trusted", pa.bool_()), ("confirm_rounds", pa.int32()), ("confirm_ms", pa.float64()),
-], metadata={b"tunefarm.table": b"winners", b"tunefarm.schema_version": b"2"})
+    ("delivered_speedup", pa.float64()), ("delivered_low", pa.float64()), ("delivered_high", pa.float64()),
+    ("verdict", pa.string()), ("verified_on_cpu", pa.string()),
+], metadata={b"tunefarm.table": b"winners", b"tunefarm.schema_version": b"3"})
 
 
 def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winner]) -> Path:
@@ -236,6 +240,11 @@ def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winne
         "trusted": col(lambda w: w.trusted),
         "confirm_rounds": col(lambda w: w.confirmed.rounds if w.confirmed else None),
         "confirm_ms": col(lambda w: w.confirmed.cost_ms if w.confirmed else None),
+        "delivered_speedup": col(lambda w: w.verified.delivered if w.verified else None),
+        "delivered_low": col(lambda w: w.verified.low if w.verified else None),
+        "delivered_high": col(lambda w: w.verified.high if w.verified else None),
+        "verdict": col(lambda w: w.verified.verdict if w.verified else None),
+        "verified_on_cpu": col(lambda w: w.verified.host_cpu if w.verified else None),
     }
     arrays = []
     for spec in WINNERS_SCHEMA:

@@ -194,6 +194,8 @@ class ConfirmedRule(str, enum.Enum):
     CONFIRMED = "confirmed"  # a challenger beat the default in paired rounds
     DEFAULT_NOT_BEATEN = "default_not_beaten"  # no challenger beat it: the default is published
     INCUMBENT_NOT_BEATEN = "incumbent_not_beaten"  # the incumbent beat the default, and nothing beat the incumbent
+    NOT_DELIVERED = "not_delivered"  # farm verify found the winner short of what it promised where it is replayed:
+    # the default is published instead
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,217 @@
+"""farm verify: replay every published decision through farm.ops where it runs, beside the direct call.
+
+    farm verify RUN               # a farm tune --out folder: its rows and override file learn the delivered figures
+    farm verify ROOT              # a published root (farm publish): read-only unless --fix
+    farm verify FILE.json         # one override file
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from farm.cli.args import _positive_int
+from farm.cli.console import _console, _print_json
+from farm.errors import InputError
+
+
+@dataclass(frozen=True)
+class Target:
+    """What farm verify was pointed at: a run folder, a published root, or one file; and the file for this device."""
+
+    kind: str  # "run" | "root" | "file"
+    path: str  # the override file replayed
+    where: str  # the run folder, the root, or the file itself
+    note: str = ""  # the published file is another signature's (a same-arch fallback, as replay would use)
+
+
+def resolve(given: str, device: Any) -> Target:
+    """The override file a production process on ``device`` would replay from ``given``."""
+    from farm.store.published import find_published
+
+    sig = device.signature
+    if "://" not in given and os.path.isfile(given):
+        return Target("file", given, given)
+    if "://" not in given and not os.path.isdir(given):
+        raise InputError("no such file or folder", source=given)
+    if "://" not in given and os.path.isdir(os.path.join(given, "results")) \
+            and os.path.isdir(os.path.join(given, "overrides")):
+        path = os.path.join(given, "overrides", f"{sig}.json")
+        if not os.path.isfile(path):
+            have = sorted(p.name for p in Path(given, "overrides").glob("*.json") if not p.name.startswith("."))
+            raise InputError(f"holds no override file for this device ({sig}); it holds: {', '.join(have) or 'none'}",
+                             source=given)
+        return Target("run", path, given)
+    found = find_published(given, device.properties)
+    if found is None:
+        raise InputError(f"holds no override file for this device ({sig}) nor one of its arch", source=given)
+    path, note = found
+    kind = "root" if "://" in given or os.path.isfile(os.path.join(given, "index.json")) else "file"
+    return Target(kind, path, given if kind == "root" else path, note)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from farm.cli.render_verify import verified_table
+    from farm.cli.tune import _local_device
+    from farm.replay.verify import VerifySettings, mark_fixes, verify_file
+    from farm.store.override_files import load_overrides
+
+    calls = (args.call,) if args.call else ("eager", "graph")
+    settings = VerifySettings(calls=args.calls, rounds=args.rounds)
+    device = _local_device(args.devices)
+    target = resolve(args.target, device)
+    f = load_overrides(target.path, strict=False)
+    if f.device_signature and f.device_signature != device.signature and not target.note:
+        raise InputError(f"the file is for device {f.device_signature}, this device is {device.signature}: verify it "
+                         "where it is replayed, on a device of its signature", source=target.path)
+    if args.fix and target.note:
+        raise InputError(f"{target.note}: --fix republishes only a file of this device's own signature",
+                         source=target.where)
+    keys = _keys(f, args.problem, target.path)
+    console = _console(stderr=True)
+    if not args.json:
+        _console().print(f"verifying {escape(target.path)} on {escape(device.properties.name)} "
+                         f"[dim]{device.signature}[/] ({', '.join(calls)}; farm.ops beside the direct call)",
+                         soft_wrap=True)
+        if target.note:
+            console.print(f"[yellow]note:[/] {escape(target.note)}", soft_wrap=True)
+
+    def progress(done: int, total: int, v: Any) -> None:
+        if not args.json:
+            console.print(f"[{done}/{total}] {escape(v.decision.name)} ({v.decision.call}): {escape(v.verdict)}",
+                          soft_wrap=True, highlight=False)
+
+    verified, skipped = verify_file(target.path, f, device, keys=keys, calls=calls, settings=settings,
+                                    progress=progress)
+    if args.fix:
+        verified = mark_fixes(verified)
+    written = _record(target, f, verified, device, args.fix)
+    records = [v.as_dict() for v in verified]
+    if args.json:
+        _print_json({"target": target.where, "file": target.path, "device": device.signature, "note": target.note,
+                     "decisions": records, "not_verifiable": [{"problem": n, "why": w} for n, w in skipped],
+                     "written": written})
+    else:
+        out = _console()
+        out.print(verified_table(records))
+        for name, why in skipped:
+            out.print(f"[dim]not verifiable:[/] {escape(name)}: {escape(why)}", soft_wrap=True)
+        for line in written:
+            out.print(escape(line), soft_wrap=True)
+    left = [v for v in verified if v.flagged and v.fixable and not v.fixed]
+    return 1 if args.strict and left else 0
+
+
+def _keys(f: Any, names: list[str] | None, source: str) -> list[str] | None:
+    """The problem keys of the entries named (by problem name or key); None: every entry."""
+    if not names:
+        return None
+    have: dict[str, str] = {}
+    for e in f.entries:
+        meta = e.metadata or {}
+        problem = e.problem()
+        key = str(meta.get("problem_key") or (problem.key if problem else ""))
+        for n in (meta.get("problem_name"), key):
+            if n:
+                have[str(n)] = key
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise InputError(f"names no entry of the file (its problems: {', '.join(sorted(have)[:20])})",
+                         field="--problem", value=", ".join(missing), source=source)
+    return [have[n] for n in names]
+
+
+def _record(target: Target, f: Any, verified: list[Any], device: Any, fix: bool) -> list[str]:
+    """Keep what was found: a run folder gets the rows (and its override file, reduced again, the figures and
+    any fix); a published root or a file gets the fixes (and the figures) only with --fix."""
+    if target.kind == "run":
+        return _record_in_run(target, verified, device)
+    if not fix:
+        return []
+    from farm.replay.verify import fixed_entries
+    from farm.store.override_files import write_overrides
+
+    entries = fixed_entries(f, [v for v in verified if not v.skipped])
+    if not entries:
+        return []
+    fixed = sum(v.fixed for v in verified)
+    if target.kind == "file":
+        write_overrides(target.path, entries, device=f.device, mode="append")
+        return [f"{target.path}: {fixed} decision(s) replaced by the default, {len(verified)} check(s) recorded"]
+    import tempfile
+
+    from farm.store.publish import publish
+
+    with tempfile.TemporaryDirectory(prefix="farm-verify-") as tmp:
+        # the changed entries only: publishing merges them into the published file by match key
+        name = os.path.join(tmp, f"{f.device_signature or device.signature}.json")
+        write_overrides(name, entries, device=f.device, mode="new", extra=f.extra)
+        reports = publish(tmp, target.where, force=True)  # the default may be recorded slower: that is the fix
+    return [f"republished {r.path}: {fixed} decision(s) replaced by the default" for r in reports if r.written]
+
+
+def _record_in_run(target: Target, verified: list[Any], device: Any) -> list[str]:
+    from farm.fsutil import LockTimeout, PathLock
+    from farm.replay.verify import result_rows
+    from farm.store.override_files import load_overrides
+    from farm.store.reduce import reduce_results
+    from farm.store.results import ResultWriter, RunContext, new_id, result_row
+
+    run = Path(target.where)
+    record = _job_record(run)
+    lock = PathLock(run / ".job.lock", timeout=0)
+    try:
+        lock.acquire()
+    except LockTimeout:
+        raise InputError("a farm tune is running into this folder; verify it once that has finished",
+                         source=str(run)) from None
+    try:
+        ctx = RunContext(str(record.get("job_id") or new_id()), workload_name=str(record.get("workload", {}).get("name", ""))
+                         if isinstance(record.get("workload"), dict) else "")
+        rows = result_rows(verified, device)
+        with ResultWriter(run / "results", ctx.run_id, name="verify") as writer:
+            writer.append(result_row(r, d.problem, d.name, ctx, where) for r, d, where in rows)
+        old = load_overrides(target.path, strict=False)
+        warning = (old.extra.get("generated_by") or {}).get("measurement_warning", "") \
+            if isinstance(old.extra.get("generated_by"), dict) else ""
+        settings = record.get("settings") if isinstance(record.get("settings"), dict) else {}
+        report = reduce_results(run / "results", run / "overrides", incumbents=(settings or {}).get("incumbents"),
+                                signatures=[device.signature], measurement_warning=str(warning or ""))
+    finally:
+        lock.release()
+    written = [s.write.path for s in report.signatures if s.write is not None]
+    return [f"{len(rows)} verify row(s) in {run / 'results'}; reduced again: {', '.join(written)}"]
+
+
+def _job_record(run: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run / "job.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def add_verify_parser(sub: Any) -> None:
+    p = sub.add_parser("verify", help="replay every published decision through farm.ops beside the direct library "
+                                      "call, in its calling mode, and say what it delivers")
+    p.add_argument("target", help="a farm tune --out folder, a published root (farm publish), or an override file")
+    p.add_argument("--call", choices=("eager", "graph"),
+                   help="only decisions for this calling mode (default: both, each as it is made)")
+    p.add_argument("--devices", default="auto", help="auto (a GPU if any, else the CPU), gpu, cpu or sim:FILE.yaml")
+    p.add_argument("--problem", action="append", metavar="NAME",
+                   help="only this problem (its name or key in the file; repeatable)")
+    p.add_argument("--calls", type=_positive_int, default=400,
+                   help="back-to-back calls a sample, and calls in a captured graph, at most (default 400)")
+    p.add_argument("--rounds", type=_positive_int, default=9, help="paired rounds, interleaved (default 9)")
+    p.add_argument("--fix", action="store_true",
+                   help="publish the default in place of each flagged decision, saying why in the override file")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 while a flagged decision other than a default is left unfixed (for pipelines)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_verify)

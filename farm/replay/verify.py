@@ -1,0 +1,546 @@
+"""farm verify: every published decision replayed through farm.ops in its calling mode, beside the direct call.
+
+For each decision an override file records (the entry's own, and each ``calls`` mode beside it) the
+problem's tensors are made on the device, and two callers are timed in paired, interleaved rounds:
+
+* farm.ops' own entry point, its binder reading the file under test through the Config policy
+  (``FARM_HEUR_CONFIG_PATH``), as a production process would;
+* the direct call a user makes without the farm (the default engine's ``direct_call``: ``torch.matmul``,
+  ``F.conv2d``, ``np.matmul``...; the default's plan called straight where it has none).
+
+Eager: each sample is one loop of back-to-back calls over the input sets in turn (the rotation the
+confirmation stage used, recorded in the file; with none recorded, enough to keep the inputs out of the
+device's cache), synchronised at its ends only. Graph: each sample is a replay of a captured device graph
+of those calls (farm.ops runs its graph decision while a capture is under way).
+
+The delivered speed-up is the paired ratio direct / farm.ops. A decision is flagged when it delivers less
+than ``min_delivered`` of the direct call, or when its delivered figure is more than ``max_gap`` off the one
+published; fixing one publishes the default in its place, saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from farm.devices.arrays import make_tensors
+from farm.devices.device import Device, eager_device
+from farm.devices.runtimes.cpu import host_cpu
+from farm.dispatch.binding import Bound, Binding
+from farm.dispatch.calls import OpCalls
+from farm.dispatch.frameworks import Placement
+from farm.errors import FarmError
+from farm.model.engine import EngineRegistry, default_engine_registry, settings_to_resolved
+from farm.model.knobs import KnobSettings, candidate_label
+from farm.model.problem import Problem
+from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
+from farm.store.override_files import call_choice
+from farm.store.overrides import OverrideEntry, OverrideFile
+from farm.tuner.callers import (direct_caller, graph_sampler, estimate_ms, eager_sampler, input_set_count,
+                                input_sets, plan_caller, replay_caller)
+from farm.tuner.paired import CONFIDENCE, PairedRatio, paired_ratio
+from farm.tuner.winner import ConfirmedRule
+from farm.replay.tunable_runtime import TunableRuntime
+from farm.replay.tunable_settings import TunableSettings
+
+log = logging.getLogger("farm.replay.verify")
+
+CONFIG_ENV = "FARM_HEUR_CONFIG_PATH"
+CALLS = ("eager", "graph")
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    """How decisions are checked. ``calls``: back-to-back calls a sample (eager) and calls in the captured graph
+    (graph), at most; fewer when a sample would last longer than ``sample_ms`` (None: 50 ms on a GPU, 20 ms on a
+    CPU). ``rounds`` paired rounds, the order drawn anew each round."""
+
+    calls: int = 400
+    rounds: int = 9
+    sample_ms: float | None = None
+    min_delivered: float = 0.99
+    max_gap: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from farm.errors import InputError
+
+        for name, low in (("calls", 1), ("rounds", 2)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise InputError(f"must be an integer >= {low}", field=name, value=v)
+        if self.sample_ms is not None and not (isinstance(self.sample_ms, (int, float)) and self.sample_ms > 0):
+            raise InputError("must be a number of milliseconds > 0", field="sample_ms", value=self.sample_ms)
+        if not 0 < self.min_delivered <= 10:
+            raise InputError("must be a ratio > 0, e.g. 0.99", field="min_delivered", value=self.min_delivered)
+        if not 0 < self.max_gap < 1:
+            raise InputError("must be a fraction in (0, 1), e.g. 0.05", field="max_gap", value=self.max_gap)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One published decision: a problem, the calling mode it is for, what runs, and what was published."""
+
+    problem: Problem
+    name: str  # the problem's name in the file (its workload's), else its label
+    call: str  # eager | graph
+    engine_name: str
+    knobs: KnobSettings
+    published: float | None  # the speed-up over the default the file records for this mode (1.0: the default)
+    interval: tuple[float, float] | None
+    measured_cpus: tuple[str, ...] = ()  # the host CPU models the decision was measured on, where recorded
+    input_sets: int | None = None  # the input sets its confirmation stage rotated over, where recorded
+    entry_index: int = -1
+
+    @property
+    def label(self) -> str:
+        return candidate_label(self.engine_name, self.knobs)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A decision replayed beside the direct call, and the verdict."""
+
+    decision: Decision
+    signature: str
+    host_cpu: str
+    replayed: str = ""  # the candidate farm.ops ran
+    direct: str = ""  # what the direct side called ("torch.matmul(A, B)")
+    direct_engine: str = ""  # the default engine (the direct call's)
+    direct_path: str = ""  # "direct", or "plan" where the default engine has no direct call
+    delivered: PairedRatio | None = None  # the paired ratio farm.ops / direct (its ``speedup``: direct / farm.ops)
+    replay_samples: tuple[float, ...] = ()
+    direct_samples: tuple[float, ...] = ()
+    calls_per_sample: int = 0
+    input_sets: int = 0
+    flagged: str = ""  # why the decision does not hold ('' when it does)
+    skipped: str = ""  # why it was not measured
+    notes: tuple[str, ...] = ()
+    fixable: bool = False  # flagged, and not the default already: publishing the default changes something
+    loses: bool = False  # flagged for losing to the direct call (or running another candidate), not only its figure
+    fixed: bool = False
+    measured_at: str = ""
+
+    @property
+    def delivered_speedup(self) -> float | None:
+        return self.delivered.speedup if self.delivered is not None and self.delivered.rounds else None
+
+    @property
+    def ratio_to_published(self) -> float | None:
+        d, p = self.delivered_speedup, self.decision.published
+        return d / p if d is not None and p else None
+
+    @property
+    def verdict(self) -> str:
+        if self.skipped:
+            return f"not verified: {self.skipped}"
+        if not self.flagged:
+            return "holds"
+        return f"{'fixed' if self.fixed else 'flagged'}: {self.flagged}"
+
+    def as_dict(self) -> dict[str, Any]:
+        d = self.delivered
+        return {"problem": self.decision.name, "problem_key": self.decision.problem.key, "call": self.decision.call,
+                "published_winner": self.decision.label, "replayed": self.replayed, "direct": self.direct,
+                "published": self.decision.published,
+                "published_interval": list(self.decision.interval) if self.decision.interval else None,
+                "delivered": self.delivered_speedup,
+                "delivered_interval": [d.speedup_low, d.speedup_high] if d is not None and d.rounds else None,
+                "rounds": d.rounds if d is not None else 0, "calls_per_sample": self.calls_per_sample,
+                "input_sets": self.input_sets, "replay_ms": _median(self.replay_samples),
+                "direct_ms": _median(self.direct_samples), "verdict": self.verdict, "flagged": self.flagged,
+                "fixed": self.fixed, "host_cpu": self.host_cpu, "measured_cpus": list(self.decision.measured_cpus),
+                "notes": list(self.notes), "signature": self.signature}
+
+    def metadata(self) -> dict[str, Any]:
+        """What the override file records of this check (``selection.verified``)."""
+        d = self.delivered
+        return {"call": self.decision.call, "published": self.decision.published,
+                "delivered": self.delivered_speedup,
+                "interval": [d.speedup_low, d.speedup_high] if d is not None and d.rounds else None,
+                "rounds": d.rounds if d is not None else 0, "confidence": CONFIDENCE,
+                "calls_per_sample": self.calls_per_sample, "input_sets": self.input_sets,
+                "direct_call": self.direct, "verdict": self.verdict, "host_cpu": self.host_cpu,
+                "verified_at": self.measured_at}
+
+
+def _median(x: Sequence[float]) -> float | None:
+    return float(np.median(x)) if len(x) else None
+
+
+# -- the decisions a file records ------------------------------------------------------------------
+def decisions_in(f: OverrideFile, *, keys: Sequence[str] | None = None,
+                 calls: Sequence[str] = CALLS) -> tuple[list[Decision], list[tuple[str, str]]]:
+    """Every decision of ``f`` for the calling modes ``calls`` (of the problems ``keys`` when given), and
+    (name, why) of the entries that cannot be replayed as one problem (wildcard or positional rules)."""
+    wanted = set(keys) if keys is not None else None
+    out: list[Decision] = []
+    skipped: list[tuple[str, str]] = []
+    for i, e in enumerate(f.entries):
+        meta = e.metadata if isinstance(e.metadata, Mapping) else {}
+        problem = e.problem()
+        name = str(meta.get("problem_name") or (problem.label() if problem else f"engine_overrides[{i}]"))
+        if problem is None:
+            if wanted is None:
+                skipped.append((name, "a rule of wildcards, positions or no layouts describes no one problem"))
+            continue
+        if wanted is not None and problem.key not in wanted and meta.get("problem_key") not in wanted:
+            continue
+        own_call = meta.get("call") if meta.get("call") in CALLS else "eager"
+        for call in calls:
+            if call == own_call:
+                engine, knobs, selection = e.engine_name, tuple(e.knobs), meta.get("selection")
+            else:
+                try:
+                    picked = call_choice(e, call)
+                except FarmError as exc:
+                    skipped.append((name, f"its {call} decision is malformed: {exc}"))
+                    continue
+                if picked is None:
+                    continue
+                engine, knobs = picked
+                rec = (meta.get("calls") or {}).get(call) or {}
+                selection = rec.get("selection") if isinstance(rec, Mapping) else None
+            published, interval, cpus, sets = _published(selection)
+            out.append(Decision(problem, name, call, engine, tuple(sorted(knobs)), published, interval, cpus, sets, i))
+    return out, skipped
+
+
+def _published(selection: Any) -> tuple[float | None, tuple[float, float] | None, tuple[str, ...], int | None]:
+    """(speed-up over the default, its interval, host CPUs, input sets) a file's ``selection`` records."""
+    if not isinstance(selection, Mapping):
+        return None, None, (), None
+    speedup = selection.get("speedup_over_default")
+    conf = selection.get("confirmation") if isinstance(selection.get("confirmation"), Mapping) else {}
+    interval = conf.get("interval")
+    ok = isinstance(interval, list) and len(interval) == 2 and all(_finite(x) for x in interval)
+    cpus = tuple(str(c) for c in conf.get("host_cpus") or () if isinstance(c, str))
+    sets = conf.get("input_sets")
+    return (float(speedup) if _finite(speedup) and speedup > 0 else None,
+            (float(interval[0]), float(interval[1])) if ok else None, cpus,
+            int(sets) if isinstance(sets, int) and not isinstance(sets, bool) and sets > 0 else None)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# -- farm.ops over the file under test -------------------------------------------------------------
+@contextlib.contextmanager
+def config_path(path: str) -> Iterator[None]:
+    """FARM_HEUR_CONFIG_PATH names ``path`` while the block runs (what a production process sets)."""
+    old = os.environ.get(CONFIG_ENV)
+    os.environ[CONFIG_ENV] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(CONFIG_ENV, None)
+        else:
+            os.environ[CONFIG_ENV] = old
+
+
+class FileReplay:
+    """farm.ops as a production process has it with FARM_HEUR_CONFIG_PATH naming one file: a replay runtime
+    of its own (the runtime tuner's feature off: the selection policies choose, Config first) on a device
+    marked as a replaying one, and an OpCalls over it."""
+
+    def __init__(self, path: str, device: Device, registry: EngineRegistry | None = None) -> None:
+        self.path = path
+        exec_device = dataclasses.replace(device, stream=None, extras={**device.extras, "replay": True})
+        self.runtime = TunableRuntime(device, exec_device, settings=TunableSettings(enabled=False),
+                                      registry=registry)
+        self.calls = OpCalls(self._bind)
+
+    @property
+    def exec_device(self) -> Device:
+        return self.runtime.exec_device
+
+    def _bind(self, problem: Problem, where: Placement) -> tuple[Bound, Bound | None, Callable[[], bool] | None]:
+        rt = self.runtime
+        with config_path(self.path):
+            bound = rt.bind(problem.key, problem)
+            check = rt.exec_device.extras.get("is_capturing")
+            graph = rt.bind_call(problem.key, problem, "graph") if check is not None else None
+        if graph is None or (graph.engine_name, graph.knobs) == (bound.engine_name, bound.knobs):
+            return bound, None, None
+        probe = rt.exec_device.extras.get("capture_probe")
+        return bound, graph, probe(rt.exec_device) if probe is not None else functools.partial(check, rt.exec_device)
+
+    def binding_of(self, problem: Problem) -> Binding | None:
+        return next((b for b in self.calls.bindings.values() if b.bound.problem.key == problem.key), None)
+
+
+# -- measuring --------------------------------------------------------------------------------------
+def verify_file(path: str, f: OverrideFile, device: Device, *, keys: Sequence[str] | None = None,
+                calls: Sequence[str] = CALLS, settings: VerifySettings | None = None,
+                registry: EngineRegistry | None = None,
+                progress: Callable[[int, int, Verified], None] | None = None) -> tuple[list[Verified], list[tuple[str, str]]]:
+    """Replay every decision of ``f`` (read from ``path``) on ``device``; -> (each decision verified, entries
+    that could not be). Never raises for one decision's failure: it is flagged with the reason."""
+    settings = settings or VerifySettings()
+    registry = registry or default_engine_registry()
+    decisions, skipped = decisions_in(f, keys=keys, calls=calls)
+    replay = FileReplay(path, device, registry)
+    rng = np.random.default_rng(settings.seed)
+    out: list[Verified] = []
+    for i, d in enumerate(decisions):
+        try:
+            v = _verify_one(d, device, replay, registry, settings, rng)
+        except Exception as exc:  # one decision's failure is its own verdict
+            log.warning("verify: %s (%s): %s: %s", d.name, d.call, type(exc).__name__, exc)
+            v = Verified(d, device.signature, host_cpu(), flagged=f"replaying it failed: {type(exc).__name__}: {exc}",
+                         measured_at=_now())
+        out.append(v)
+        if progress is not None:
+            progress(i + 1, len(decisions), v)
+    return out, skipped
+
+
+def _now() -> str:
+    from farm.store.results import now_iso
+
+    return now_iso()
+
+
+def _verify_one(d: Decision, device: Device, replay: FileReplay, registry: EngineRegistry, settings: VerifySettings,
+                rng: np.random.Generator) -> Verified:
+    problem = d.problem
+    started = _now()
+    cpu = host_cpu()
+    base = Verified(d, device.signature, cpu, measured_at=started)
+    notes = _cpu_notes(d, cpu)
+    eager = d.call == "eager"
+    stage, timer = eager_device(replay.exec_device) if eager else (device, device.timer)
+    if not eager and device.extras.get("capture_graph") is None:
+        return dataclasses.replace(base, skipped=f"{device.runtime.name} devices capture no graphs", notes=notes)
+    default = next(iter(registry.discover(problem, replay.exec_device)), None)
+    if default is None:
+        return dataclasses.replace(base, skipped=f"no engine runs {problem.label()} here", notes=notes)
+    default_engine = registry.get(default.engine_id)
+    make = getattr(stage.arrays, "make", None)
+    tensors = make(problem, settings.seed) if make is not None else make_tensors(problem, stage.arrays, settings.seed)
+    count = d.input_sets or input_set_count(problem, stage, cold_cache=True)
+    sets = input_sets(problem, stage, tensors, count)
+    stage.synchronize()
+    replayed = replay_caller(problem, replay.calls, sets)
+    if replayed is None:
+        return dataclasses.replace(base, skipped=f"farm.ops has no entry point for {problem.label()}", notes=notes)
+    binding = replay.binding_of(problem)
+    ran = binding.bound if binding is not None else None
+    if not eager and binding is not None and binding.graph is not None:
+        ran = binding.graph.bound
+        binding.graph.call(sets[0])  # its first run outside the capture (lazy set-up must not be captured)
+    ran_label = candidate_label(ran.engine_name, ran.knobs) if ran is not None else "?"
+    direct = direct_caller(problem, default_engine, stage, sets)
+    if direct is None:
+        plan = default_engine.compile(problem, settings_to_resolved(default_engine, ()), replay.exec_device)
+        ws = stage.runtime.malloc(plan.workspace_size) if getattr(plan, "workspace_size", 0) else None
+        direct = plan_caller(problem, stage, default_engine.name, plan, ws, sets)
+    direct.calls[0]()
+    stage.synchronize()
+    clock = eager_device(replay.exec_device)[1]  # one call's time, as an eager caller's stream sees it
+    est = [estimate_ms(clock, c) for c in (replayed, direct)]
+    budget = settings.sample_ms or (20.0 if stage.vendor == "cpu" else 50.0)
+    n = max(1, min(settings.calls, math.floor(budget / max(max(est), 1e-9))))
+    if eager:
+        samplers = [eager_sampler(timer, replayed, n), eager_sampler(timer, direct, n)]
+    else:
+        samplers = [graph_sampler(stage, replayed, n)[0], graph_sampler(stage, direct, n)[0]]
+    got: list[list[float]] = [[], []]
+    while True:
+        for _ in range(settings.rounds if not got[0] else 3):
+            for j in rng.permutation(2):
+                got[j].append(samplers[j]())
+        ratio = paired_ratio(got[0], got[1])
+        # a verdict its own interval does not bear out (a busy host) gets more rounds, up to three times as many
+        if len(got[0]) >= 3 * settings.rounds or not _uncertain(ratio, d.published, settings):
+            break
+    v = dataclasses.replace(base, replayed=ran_label, direct=direct.label, direct_engine=default_engine.name,
+                            direct_path=direct.path, delivered=ratio, replay_samples=tuple(got[0]),
+                            direct_samples=tuple(got[1]), calls_per_sample=n, input_sets=len(sets), notes=notes)
+    return judge(v, settings, is_default=(d.engine_name == default_engine.name and not d.knobs))
+
+
+def _uncertain(r: PairedRatio, published: float | None, settings: VerifySettings) -> bool:
+    """The point estimate crosses a threshold its interval straddles: below ``min_delivered`` or off the
+    published figure by more than ``max_gap``, yet the interval reaches the other side."""
+    if not r.rounds or not math.isfinite(r.ratio):
+        return False
+    if r.speedup < settings.min_delivered <= r.speedup_high:
+        return True
+    if published:
+        off = abs(r.speedup / published - 1.0) > settings.max_gap
+        return off and r.speedup_low <= published <= r.speedup_high
+    return False
+
+
+def _cpu_notes(d: Decision, cpu: str) -> tuple[str, ...]:
+    others = [c for c in d.measured_cpus if c != cpu]
+    if d.call != "eager" or not others:
+        return ()
+    return (f"measured on {', '.join(sorted(set(d.measured_cpus)))}, replayed here on {cpu}: an eager call's time is "
+            "the host's as much as the device's, so a decision for a host-bound call may not carry over",)
+
+
+def judge(v: Verified, settings: VerifySettings, *, is_default: bool) -> Verified:
+    """The verdict: flagged when farm.ops runs another candidate than the one published, delivers less than
+    ``min_delivered`` of the direct call, or more than ``max_gap`` off the published figure."""
+    d = v.decision
+    if v.replayed != d.label:
+        why = f"farm.ops runs {v.replayed} here, not the published {d.label}"
+        return dataclasses.replace(v, flagged=why, fixable=not is_default, loses=True)
+    got = v.delivered_speedup
+    if got is None or not math.isfinite(got):
+        return dataclasses.replace(v, flagged="no usable time was measured", fixable=False)
+    problems = []
+    if got < settings.min_delivered:
+        problems.append(f"delivers {got:.3f}x of the direct call {v.direct} (below {settings.min_delivered:g})")
+    rel = v.ratio_to_published
+    if rel is not None and abs(rel - 1.0) > settings.max_gap:
+        problems.append(f"delivers {got:.3f}x where {d.published:.3f}x was published ({100 * (rel - 1):+.1f} %)")
+    if not problems:
+        return v
+    why = "; ".join(problems)
+    if is_default:
+        why += " (the default is published already: what shows is farm.ops' own cost a call over the direct call)"
+    return dataclasses.replace(v, flagged=why, fixable=not is_default, loses=got < settings.min_delivered)
+
+
+# -- fixing -------------------------------------------------------------------------------------------
+def fixed_entries(f: OverrideFile, verified: Sequence[Verified]) -> list[OverrideEntry]:
+    """The entries of ``f`` with each verified decision's check recorded (``selection.verified``), and every
+    decision marked ``fixed`` replaced by the default (why said in its ``selection``)."""
+    by_entry: dict[int, list[Verified]] = {}
+    for v in verified:
+        by_entry.setdefault(v.decision.entry_index, []).append(v)
+    out: list[OverrideEntry] = []
+    for index, vs in sorted(by_entry.items()):
+        entry = f.entries[index]
+        meta = dict(entry.metadata or {})
+        engine, knobs = entry.engine_name, tuple(entry.knobs)
+        calls = {k: dict(v) for k, v in (meta.get("calls") or {}).items()} if isinstance(meta.get("calls"), Mapping) \
+            else None
+        for v in vs:
+            if v.skipped:
+                continue
+            fix = v.fixed
+            own = v.decision.call == (meta.get("call") or "eager") and (engine, knobs) == (v.decision.engine_name,
+                                                                                     v.decision.knobs)
+            if own:
+                meta["selection"] = _with_check(meta.get("selection"), v, fix)
+                if fix:
+                    engine, knobs = v.direct_engine, ()
+                    meta.pop("knobs", None)
+                    meta["median_time_ms"] = _median(v.direct_samples)
+            elif calls is not None and v.decision.call in calls:
+                rec = calls[v.decision.call]
+                rec["selection"] = _with_check(rec.get("selection"), v, fix)
+                if fix:
+                    rec["engine_name"], rec["knobs"] = v.direct_engine, []
+                    rec["median_time_ms"] = _median(v.direct_samples)
+        if calls is not None:
+            meta["calls"] = calls
+        out.append(dataclasses.replace(entry, engine_name=engine, knobs=knobs, metadata=meta))
+    return out
+
+
+def _with_check(selection: Any, v: Verified, fixed: bool) -> dict[str, Any]:
+    sel = dict(selection) if isinstance(selection, Mapping) else {}
+    sel["verified"] = v.metadata()
+    if fixed:
+        sel.update(rule=ConfirmedRule.NOT_DELIVERED.value, why=f"default published by farm verify: the winner "
+                   f"{v.decision.label} {v.flagged}", speedup_over_default=1.0,
+                   replaced=v.decision.label)
+    return sel
+
+
+def mark_fixes(verified: Sequence[Verified], *, only_losers: bool = False) -> list[Verified]:
+    """The verified decisions with ``fixed`` set where a fix applies: every fixable flagged one; with
+    ``only_losers`` (farm tune's own check) only those that run another candidate than published, or lose to the
+    direct call beyond noise (the delivered interval below 1): a confirmed decision is not undone on a few
+    noisy rounds, and a figure off the published one but still a gain is flagged, not undone."""
+    out = []
+    for v in verified:
+        fix = v.fixable and bool(v.flagged)
+        if fix and only_losers:
+            d = v.delivered
+            fix = v.replayed != v.decision.label or (d is not None and d.rounds > 0 and d.speedup_high < 1.0)
+        out.append(dataclasses.replace(v, fixed=fix))
+    return out
+
+
+# -- results rows ------------------------------------------------------------------------------------
+def result_rows(verified: Sequence[Verified], device: Device, registry: EngineRegistry | None = None,
+                ) -> list[tuple[AutotuneResult, Decision, Any]]:
+    """Two rows per measured decision for the results dataset (round ``verify``): farm.ops' calls and the direct
+    calls, samples paired by position; with the measurement context each is written under."""
+    from farm.model.ids import engine_name_to_id
+    from farm.model.measurement import summarize
+    from farm.store.results import MeasurementContext, new_id
+
+    out = []
+    for v in verified:
+        if v.skipped or v.delivered is None:
+            continue
+        where = MeasurementContext(device.properties, session_id=new_id(), round="verify", call=v.decision.call,
+                                   session_size=2, host_cpu=v.host_cpu, verdict=v.verdict)
+        d = v.decision
+        for engine, knobs, samples, path, note in (
+                (d.engine_name, d.knobs, v.replay_samples, "replay", f"farm.ops replaying {v.replayed}"),
+                (v.direct_engine, (), v.direct_samples, v.direct_path, v.direct)):
+            s = summarize(samples)
+            out.append((AutotuneResult(
+                problem_key=d.problem.key, engine_id=engine_name_to_id(engine), engine_name=engine, knobs=knobs,
+                disposition=Disposition.SUCCEEDED, mode=TuneMode.STANDARD, strategy=Strategy.FIXED_AVERAGE,
+                candidate=-1, min_ms=s.min, avg_ms=s.mean, stddev_ms=s.stddev, median_ms=s.median, mad_ms=s.mad,
+                samples=tuple(samples), iterations=len(samples), warmups=1, converged=True,
+                error=f"verify ({d.call}): {note}; {v.verdict}", device_name=device.properties.name,
+                started_at=v.measured_at, calls_per_sample=v.calls_per_sample, call_path=path,
+                input_sets=v.input_sets), d, where))
+    return out
+
+
+def write_temp_file(text: str) -> str:
+    """``text`` in a private temporary file (a worker given a file's text replays it from there)."""
+    fd, path = tempfile.mkstemp(prefix="farm-verify-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return path
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """What a verification run gives a job: rows for its results (result, problem, problem name, where measured),
+    each decision's record (Verified.as_dict), and the entries it could not replay (name, why)."""
+
+    rows: tuple[tuple[AutotuneResult, Problem, str, Any], ...]
+    records: tuple[dict[str, Any], ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
+def verify_for_job(device: Device, text: str, keys: Sequence[str] | None = None, *,
+                   settings: VerifySettings | None = None, only_losers: bool = True) -> VerifyOutcome:
+    """farm tune's check after its reduce, run where the device is (in-process, or on a farm worker): the override
+    file's decisions of the problems ``keys`` replayed beside the direct call; a decision that loses to the direct
+    call is fixed (``only_losers``: a figure off the published one is flagged only)."""
+    from farm.store.override_files import parse_overrides
+
+    path = write_temp_file(text)
+    try:
+        f = parse_overrides(text, source=path, strict=False)
+        verified, skipped = verify_file(path, f, device, keys=keys, settings=settings)
+    finally:
+        os.unlink(path)
+    verified = mark_fixes(verified, only_losers=only_losers)
+    rows = tuple((r, d.problem, d.name, where) for r, d, where in result_rows(verified, device))
+    return VerifyOutcome(rows, tuple(v.as_dict() for v in verified), tuple(skipped))
