@@ -102,8 +102,9 @@ def test_the_default_is_timed_by_its_direct_call_never_its_plan():
     n, rounds = rows[default].calls_per_sample, rows[default].iterations
     assert rows[default].call_path == "direct" and "lib.mm(A, B)" in rows[default].error
     assert lib.calls.run == 0  # its plan was built, never run: the direct call stood for it
-    assert lib.direct_calls == 1 + 8 + n * rounds  # the warm-up, the estimate, every sample
-    assert other.calls.run == 1 + 8 + n * rounds and rows[challenger].call_path == "replay"
+    # the warm-up, the estimate, every sample and the untimed call before it
+    assert lib.direct_calls == 1 + 8 + (n + 1) * rounds
+    assert other.calls.run == 1 + 8 + (n + 1) * rounds and rows[challenger].call_path == "replay"
     # a default with no direct call: its plan, called straight (no farm dispatch)
     lib2, other2 = _Counted("lib2.mm", direct=False, priority=1), _Counted("fast2.mm", direct=False)
     d2 = PlanSpec(engine_name_to_id("lib2.mm"), ())
@@ -137,8 +138,9 @@ def test_cold_cache_sizes_the_rotation_from_the_cache_and_every_set_is_called():
                            config=config)
     assert {r.input_sets for r in run.results} == {want}
     r = run.results[0]
-    # the estimate's 8 calls and the samples' calls each take the next set (both from the first)
-    made = max(8, r.calls_per_sample * r.iterations)
+    # the estimate's 8 calls and the samples' calls each take the next set (both from the first); the untimed
+    # call before a sample takes the set before its first (the last set, before the first sample)
+    made = max(8, r.calls_per_sample * r.iterations) + 1
     assert r.calls_per_sample * r.iterations > 1
     assert len(lib.seen_a) == min(want, made) and len(other.seen_a) == min(want, made)
 

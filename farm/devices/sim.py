@@ -253,10 +253,18 @@ class SimRuntime:
 
 @dataclass(frozen=True)
 class SimTensor:
-    """A tensor that has a shape and nothing else."""
+    """A tensor that has a shape and nothing else (and torch's two layout methods a per-call key reads)."""
 
     shape: tuple[int, ...]
     dtype: str
+
+    def stride(self) -> tuple[int, ...]:
+        from farm.model.problem import contiguous_strides
+
+        return contiguous_strides(self.shape)
+
+    def get_device(self) -> int:
+        return 0
 
 
 class SimArrays:

@@ -199,7 +199,10 @@ def calls_per_sample(estimates: Mapping[Any, float], reference: Any, target_ms: 
 
 def eager_sampler(timer: Timer, caller: Caller, n: int) -> Callable[[], float]:
     """``sample()`` -> ms a call of ``n`` back-to-back calls (no synchronisation between them), the input sets
-    taken in turn across samples."""
+    taken in turn across samples. An untimed call on the set before the sample's first comes just before it:
+    every sample starts from the state a call leaves (a BLAS library's threads awake, a launch queue in
+    flight), whichever participant ran last in the round; else the one timed second in a round gains from the
+    first, and a round's order, not the candidate, decides a short sample."""
     calls, m = caller.calls, len(caller.calls)
     turn = [0]
 
@@ -207,6 +210,7 @@ def eager_sampler(timer: Timer, caller: Caller, n: int) -> Callable[[], float]:
         k = turn[0]
         seq = [calls[(k + i) % m] for i in range(n)]  # made before the clock starts
         turn[0] = (k + n) % m
+        calls[(k - 1) % m]()
 
         def loop() -> None:
             for f in seq:
