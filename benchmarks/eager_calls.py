@@ -117,10 +117,19 @@ def run_host(device: str, rounds: int, calls: int) -> list[dict[str, Any]]:
     import farm.ops as ops
 
     sync: Callable[[], None] = lambda: None  # noqa: E731
+    warm: Callable[[], None] = lambda: None  # noqa: E731
     if device == "gpu":
         import torch
 
         sync = torch.cuda.synchronize
+        big = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+        def warm() -> None:
+            # an idle GPU drops its clocks: tiny kernels then outlast their launches and fill the launch queue,
+            # and the loop measures the device; a few big products first keep it at speed through the loop
+            for _ in range(20):
+                big @ big
+            torch.cuda.synchronize()
     rows = []
     for label, case in _cases(device):
         ops.reset()
@@ -137,6 +146,7 @@ def run_host(device: str, rounds: int, calls: int) -> list[dict[str, Any]]:
             "bound (no check)": lambda: unchecked(*args), "farm.ops": lambda: entry(*args, **kw)}
 
         def loop(fn: Callable[[], Any]) -> float:
+            warm()
             sync()
             t0 = time.perf_counter()
             for _ in range(calls):

@@ -147,9 +147,9 @@ def _verifier(args: argparse.Namespace) -> Any:
         return None
     import functools
 
-    from farm.replay.verify import verify_for_job
+    from farm.replay.verify_process import verify_in_new_process
 
-    return functools.partial(verify_for_job, only_losers=True)
+    return functools.partial(verify_in_new_process, only_losers=True)
 
 
 def _warn_oversubscribed(workers: int) -> None:

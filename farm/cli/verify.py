@@ -63,7 +63,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from farm.store.override_files import load_overrides
 
     calls = (args.call,) if args.call else ("eager", "graph")
-    settings = VerifySettings(calls=args.calls, rounds=args.rounds)
+    settings = VerifySettings(calls=args.calls or 400, rounds=args.rounds, calls_given=args.calls is not None)
     device = _local_device(args.devices)
     target = resolve(args.target, device)
     f = load_overrides(target.path, strict=False)
@@ -206,8 +206,9 @@ def add_verify_parser(sub: Any) -> None:
     p.add_argument("--devices", default="auto", help="auto (a GPU if any, else the CPU), gpu, cpu or sim:FILE.yaml")
     p.add_argument("--problem", action="append", metavar="NAME",
                    help="only this problem (its name or key in the file; repeatable)")
-    p.add_argument("--calls", type=_positive_int, default=400,
-                   help="back-to-back calls a sample, and calls in a captured graph, at most (default 400)")
+    p.add_argument("--calls", type=_positive_int, default=None,
+                   help="calls a sample: back-to-back (eager) or in a captured graph (graph) (default: as many as the "
+                        "decision's confirmation stage timed, which the file records; else 400)")
     p.add_argument("--rounds", type=_positive_int, default=9, help="paired rounds, interleaved (default 9)")
     p.add_argument("--fix", action="store_true",
                    help="publish the default in place of each flagged decision, saying why in the override file")

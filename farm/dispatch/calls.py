@@ -21,6 +21,7 @@ import numpy as np
 from farm.dispatch.binding import Binding, Bound
 from farm.devices.sim import SimTensor
 from farm.dispatch.frameworks import Placement, TorchFramework, placement
+from farm.dispatch.guards import layout_check
 from farm.errors import InputError
 from farm.model.problem import Problem, contiguous_strides
 
@@ -100,6 +101,10 @@ def _no_criteria() -> Criteria:
     return ()
 
 
+_UNSET = object()
+_MAX_WEIGHTS = 4096
+
+
 class OpCalls:
     """The op entry points over one binder, with their cache of bound calls."""
 
@@ -111,11 +116,31 @@ class OpCalls:
         self._sdpa: dict[tuple[Any, ...], Callable[[Mapping[str, Any]], Any]] = {}
         self._norm: dict[tuple[Any, ...], Callable[[Mapping[str, Any]], Any]] = {}
         self.bindings: dict[tuple[Any, ...], Binding] = {}
+        # torch calls by the id of their weight (matmul's B, conv2d's W: the tensor a model passes again and again):
+        # a guard of the layouts of its last call, that call, and its other arguments; one C call instead of a key
+        # read field by field (farm.dispatch.guards). The guards are made once per key.
+        Seen = tuple[Callable[..., bool], Callable[[Mapping[str, Any]], Any], Any]
+        self._mm_weights: dict[int, Seen] = {}
+        self._conv_weights: dict[int, Seen] = {}
+        self._guards: dict[tuple[Any, ...], Callable[..., bool] | None] = {}
 
     def clear(self) -> None:
         """Forget every bound call (settings changed: the choices may be different now)."""
-        for d in (self._matmul, self._conv, self._sdpa, self._norm, self.bindings):
+        for d in (self._matmul, self._conv, self._sdpa, self._norm, self.bindings, self._mm_weights,
+                  self._conv_weights, self._guards):
             d.clear()
+
+    def _remember(self, weights: dict[int, Any], weight: Any, key: tuple[Any, ...], tensors: tuple[Any, ...],
+                  call: Callable[[Mapping[str, Any]], Any], settings: Any = None) -> None:
+        """Torch tensors bound by ``key``: their next call with this weight (and these ``settings``) tries a guard
+        of the tensors' layouts before the key."""
+        guard = self._guards.get(key, _UNSET)
+        if guard is _UNSET:
+            guard = self._guards[key] = layout_check(*tensors)
+        if guard is not None:
+            if len(weights) >= _MAX_WEIGHTS:  # weights made anew every call (views): start over
+                weights.clear()
+            weights[id(weight)] = (guard, call, settings)
 
     # -- binding ------------------------------------------------------------------------------
     def bind(self, op: str, tensors: Mapping[str, Any], criteria: Criteria, compute_dtype: str | None) -> Binding:
@@ -141,10 +166,16 @@ class OpCalls:
 
     def _miss(self, cache: dict[tuple[Any, ...], Callable[[Mapping[str, Any]], Any]], key: tuple[Any, ...] | None,
               op: str, tensors: Mapping[str, Any], criteria: Callable[[], Criteria], compute_dtype: str | None) -> Any:
-        binding = self.bind(op, tensors, criteria(), compute_dtype)
+        return self._bound(cache, key, op, tensors, criteria, compute_dtype)(tensors)
+
+    def _bound(self, cache: dict[tuple[Any, ...], Callable[[Mapping[str, Any]], Any]], key: tuple[Any, ...] | None,
+               op: str, tensors: Mapping[str, Any], criteria: Callable[[], Criteria],
+               compute_dtype: str | None) -> Callable[[Mapping[str, Any]], Any]:
+        """A new layout's bound call, kept under ``key``."""
+        call = self.bind(op, tensors, criteria(), compute_dtype).call
         if key is not None:
-            cache[key] = binding.call
-        return binding.call(tensors)
+            cache[key] = call
+        return call
 
     def _general(self, op: str, tensors: Mapping[str, Any], params: Any, criteria: Callable[[], Criteria],
                  compute_dtype: str | None, out: Any) -> Any:
@@ -167,18 +198,30 @@ class OpCalls:
     def matmul(self, a: Any, b: Any, bias: Any = None, *, out: Any = None, compute_dtype: str | None = None) -> Any:
         """``a @ b (+ bias)``; batched when ``a`` has more than two dims. ``compute_dtype="tf32"`` allows TF32."""
         if bias is None and out is None:
+            seen = self._mm_weights.get(id(b)) if compute_dtype is None else None
+            if seen is not None:
+                try:
+                    holds = seen[0](a, b)
+                except TypeError:  # another kind of object than the guard's
+                    holds = False
+                if holds:
+                    return seen[1]({"A": a, "B": b})
             try:
                 if type(a) is _NDARRAY:
                     key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, compute_dtype)
+                    torch_tensors = False
                 else:  # torch tensors: the device index (-1 on the CPU), not a device object made every call
                     key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
                            b.get_device(), compute_dtype)
+                    torch_tensors = type(b).__module__.startswith("torch")
                 hit = self._matmul.get(key)
             except (AttributeError, TypeError):  # anything else: the general path (and its clear error)
                 return self._general("matmul", {"A": a, "B": b}, (), _no_criteria, compute_dtype, None)
-            if hit is not None:
-                return hit({"A": a, "B": b})
-            return self._miss(self._matmul, key, "matmul", {"A": a, "B": b}, _no_criteria, compute_dtype)
+            if hit is None:
+                hit = self._bound(self._matmul, key, "matmul", {"A": a, "B": b}, _no_criteria, compute_dtype)
+            if torch_tensors and compute_dtype is None:
+                self._remember(self._mm_weights, b, key, (a, b), hit)
+            return hit({"A": a, "B": b})
         tensors = {"A": a, "B": b} if bias is None else {"A": a, "B": b, "bias": bias}
         return self._general("matmul", tensors, (), _no_criteria, compute_dtype, out)
 
@@ -206,6 +249,15 @@ class OpCalls:
                dilation: int | tuple[int, int] = 1, groups: int = 1, out: Any = None) -> Any:
         """2-D convolution, NCHW input, KCRS filter (no bias); a channels-last input gives a channels-last
         output, as torch's conv2d does."""
+        if out is None:
+            seen = self._conv_weights.get(id(w))
+            if seen is not None and seen[2] == (stride, padding, dilation, groups):
+                try:
+                    holds = seen[0](x, w)
+                except TypeError:
+                    holds = False
+                if holds:
+                    return seen[1]({"X": x, "W": w})
         tensors = {"X": x, "W": w}
         criteria = functools.partial(conv_criteria, stride, padding, dilation, groups)
         if out is None:
@@ -213,16 +265,20 @@ class OpCalls:
                 if type(x) is _NDARRAY:
                     key = (x.shape, x.strides, x.dtype, w.shape, w.strides, w.dtype, stride, padding, dilation,
                            groups)
+                    torch_tensors = False
                 else:
                     key = (x.shape, x.stride(), x.dtype, x.get_device(), w.shape, w.stride(), w.dtype, stride,
                            padding, dilation, groups)
+                    torch_tensors = type(w).__module__.startswith("torch")
                 hit = self._conv.get(key)  # lists for stride or padding: unhashable, the general path
             except (AttributeError, TypeError):
                 key, hit = None, None
-            if hit is not None:
-                return hit(tensors)
             if key is not None:
-                return self._miss(self._conv, key, "conv_fprop", tensors, criteria, None)
+                if hit is None:
+                    hit = self._bound(self._conv, key, "conv_fprop", tensors, criteria, None)
+                if torch_tensors:
+                    self._remember(self._conv_weights, w, key, (x, w), hit, (stride, padding, dilation, groups))
+                return hit(tensors)
         return self._general("conv_fprop", tensors, (stride, padding, dilation, groups), criteria, None, out)
 
     def layernorm(self, x: Any, scale: Any, bias: Any, *, out: Any = None) -> Any:
@@ -271,14 +327,22 @@ class OpCalls:
         binding = self.bind(op, dict(zip(names, given)), criteria, compute_dtype)
         call = binding.call
         shapes = tuple(t.shape for t in given)
+        guard = layout_check(*given) if check and _all_torch(given) else None  # shapes, strides, dtypes at once
         if len(names) == 2:
             n0, n1 = names
             s0, s1 = shapes
 
+            if guard is not None:
+                def guarded2(x: Any, y: Any) -> Any:
+                    if not guard(x, y):
+                        _wrong_layout(op, names, given, (x, y))
+                    return call({n0: x, n1: y})
+
+                return guarded2
             if check:
                 def bound2(x: Any, y: Any) -> Any:
                     if x.shape != s0 or y.shape != s1:
-                        _wrong_shapes(op, names, shapes, (x, y))
+                        _wrong_layout(op, names, given, (x, y))
                     return call({n0: x, n1: y})
 
                 return bound2
@@ -287,17 +351,25 @@ class OpCalls:
         def bound(*args: Any) -> Any:
             if len(args) != len(names):
                 raise InputError(f"expected {len(names)} tensors ({', '.join(names)})", field=op, value=len(args))
-            if check and tuple(t.shape for t in args) != shapes:
-                _wrong_shapes(op, names, shapes, args)
+            if check and (not guard(*args) if guard is not None else tuple(t.shape for t in args) != shapes):
+                _wrong_layout(op, names, given, args)
             return call(dict(zip(names, args)))
 
         return bound
 
 
-def _wrong_shapes(op: str, names: tuple[str, ...], shapes: tuple[Any, ...], args: tuple[Any, ...]) -> None:
-    got = ", ".join(f"{n}{list(t.shape)}" for n, t in zip(names, args))
-    want = ", ".join(f"{n}{list(s)}" for n, s in zip(names, shapes))
-    raise InputError(f"this bound {op} was made for {want}; bind another one for other shapes", field=op, value=got)
+def _all_torch(tensors: tuple[Any, ...]) -> bool:
+    return all(type(t).__module__.startswith("torch") for t in tensors)
+
+
+def _wrong_layout(op: str, names: tuple[str, ...], bound: tuple[Any, ...], args: tuple[Any, ...]) -> None:
+    def desc(t: Any) -> str:
+        stride = t.stride() if callable(getattr(t, "stride", None)) else getattr(t, "strides", "")
+        return f"{list(t.shape)} strides {tuple(stride)} {getattr(t, 'dtype', '')}"
+
+    got = ", ".join(f"{n}{desc(t)}" for n, t in zip(names, args))
+    want = ", ".join(f"{n}{desc(t)}" for n, t in zip(names, bound))
+    raise InputError(f"this bound {op} was made for {want}; bind another one for other layouts", field=op, value=got)
 
 
 def _causal(causal: bool) -> Criteria:

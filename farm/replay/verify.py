@@ -60,9 +60,11 @@ CALLS = ("eager", "graph")
 
 @dataclass(frozen=True)
 class VerifySettings:
-    """How decisions are checked. ``calls``: back-to-back calls a sample (eager) and calls in the captured graph
-    (graph), at most; fewer when a sample would last longer than ``sample_ms`` (None: 50 ms on a GPU, 20 ms on a
-    CPU). ``rounds`` paired rounds, the order drawn anew each round."""
+    """How decisions are checked. A sample holds as many calls as the decision's confirmation stage's did (the
+    file records it), else ``calls`` (or ``calls`` always, with ``calls_given``): back-to-back calls (eager) or
+    calls in the captured graph (graph); an eager sample fewer when it would last longer than ``sample_ms``
+    (None: 50 ms on a GPU, 20 ms on a CPU). ``rounds`` paired rounds, the order drawn anew each round, up to three
+    times as many where the verdict is not clear of the noise."""
 
     calls: int = 400
     rounds: int = 9
@@ -70,6 +72,7 @@ class VerifySettings:
     min_delivered: float = 0.99
     max_gap: float = 0.05
     seed: int = 0
+    calls_given: bool = False  # ``calls`` over the calls a sample the file records for a decision
 
     def __post_init__(self) -> None:
         from farm.errors import InputError
@@ -100,6 +103,7 @@ class Decision:
     measured_cpus: tuple[str, ...] = ()  # the host CPU models the decision was measured on, where recorded
     input_sets: int | None = None  # the input sets its confirmation stage rotated over, where recorded
     entry_index: int = -1
+    calls_per_sample: int | None = None  # the calls a sample of its confirmation stage held, where recorded
 
     @property
     def label(self) -> str:
@@ -210,24 +214,31 @@ def decisions_in(f: OverrideFile, *, keys: Sequence[str] | None = None,
                 engine, knobs = picked
                 rec = (meta.get("calls") or {}).get(call) or {}
                 selection = rec.get("selection") if isinstance(rec, Mapping) else None
-            published, interval, cpus, sets = _published(selection)
-            out.append(Decision(problem, name, call, engine, tuple(sorted(knobs)), published, interval, cpus, sets, i))
+            published, interval, cpus, sets, per_sample = _published(selection)
+            out.append(Decision(problem, name, call, engine, tuple(sorted(knobs)), published, interval, cpus, sets, i,
+                                per_sample))
     return out, skipped
 
 
-def _published(selection: Any) -> tuple[float | None, tuple[float, float] | None, tuple[str, ...], int | None]:
-    """(speed-up over the default, its interval, host CPUs, input sets) a file's ``selection`` records."""
+def _published(selection: Any) -> tuple[float | None, tuple[float, float] | None, tuple[str, ...], int | None,
+                                         int | None]:
+    """(speed-up over the default, its interval, host CPUs, input sets, calls a sample) a file's ``selection``
+    records."""
     if not isinstance(selection, Mapping):
-        return None, None, (), None
+        return None, None, (), None, None
     speedup = selection.get("speedup_over_default")
     conf = selection.get("confirmation") if isinstance(selection.get("confirmation"), Mapping) else {}
     interval = conf.get("interval")
     ok = isinstance(interval, list) and len(interval) == 2 and all(_finite(x) for x in interval)
     cpus = tuple(str(c) for c in conf.get("host_cpus") or () if isinstance(c, str))
-    sets = conf.get("input_sets")
     return (float(speedup) if _finite(speedup) and speedup > 0 else None,
-            (float(interval[0]), float(interval[1])) if ok else None, cpus,
-            int(sets) if isinstance(sets, int) and not isinstance(sets, bool) and sets > 0 else None)
+            (float(interval[0]), float(interval[1])) if ok else None, cpus, _count(conf.get("input_sets")),
+            _count(conf.get("calls_per_sample")))
+
+
+def _count(value: Any, most: int = 1 << 16) -> int | None:
+    """A positive count a file records (a value read from a file: bounded), else None."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= most else None
 
 
 def _finite(x: Any) -> bool:
@@ -329,7 +340,7 @@ def _verify_one(d: Decision, device: Device, replay: FileReplay, registry: Engin
     default_engine = registry.get(default.engine_id)
     make = getattr(stage.arrays, "make", None)
     tensors = make(problem, settings.seed) if make is not None else make_tensors(problem, stage.arrays, settings.seed)
-    count = d.input_sets or input_set_count(problem, stage, cold_cache=True)
+    count = min(d.input_sets or input_set_count(problem, stage, cold_cache=True), 1024)
     sets = input_sets(problem, stage, tensors, count)
     stage.synchronize()
     replayed = replay_caller(problem, replay.calls, sets)
@@ -348,10 +359,13 @@ def _verify_one(d: Decision, device: Device, replay: FileReplay, registry: Engin
         direct = plan_caller(problem, stage, default_engine.name, plan, ws, sets)
     direct.calls[0]()
     stage.synchronize()
+    # the calls a sample of the stage that published it held (the same protocol, so the figures compare), else
+    # ``calls``; fewer where a sample would outlast ``sample_ms``
     clock = eager_device(replay.exec_device)[1]  # one call's time, as an eager caller's stream sees it
     est = [estimate_ms(clock, c) for c in (replayed, direct)]
     budget = settings.sample_ms or (20.0 if stage.vendor == "cpu" else 50.0)
-    n = max(1, min(settings.calls, math.floor(budget / max(max(est), 1e-9))))
+    wanted = settings.calls if settings.calls_given or d.calls_per_sample is None else d.calls_per_sample
+    n = max(1, min(wanted, math.floor(budget / max(max(est), 1e-9)) if eager else wanted))
     if eager:
         samplers = [eager_sampler(timer, replayed, n), eager_sampler(timer, direct, n)]
     else:

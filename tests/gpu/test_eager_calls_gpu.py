@@ -71,7 +71,8 @@ def test_verify_replays_both_decisions_of_a_file_beside_torch_matmul(tmp_path):
     assert by_call["eager"].replayed == "torch.matmul[default]" and by_call["graph"].replayed == "torch.blas[backend=cublas]"
     for v in verified:
         assert v.direct == "torch.matmul(A, B)" and v.delivered is not None and 0.3 < v.delivered_speedup < 3
-        assert len(v.replay_samples) == len(v.direct_samples) == 4 and v.calls_per_sample >= 16
+        # 4 rounds, or more where the verdict was not clear of the noise
+        assert len(v.replay_samples) == len(v.direct_samples) >= 4 and v.calls_per_sample >= 16
 
 
 def test_bound_matmul_on_the_gpu_runs_the_bound_plan_on_the_current_stream():
@@ -98,3 +99,38 @@ def test_cold_cache_rotation_outgrows_the_l2():
     n = input_set_count(PROBLEM, dev, cold_cache=True)
     per_set = sum(PROBLEM.tensor(t).nbytes for t in PROBLEM.input_ids)
     assert (n - 1) * per_set >= 2 * dev.properties.l2_bytes
+
+
+def test_farm_ops_by_weight_follows_the_layout_not_the_tensor_object():
+    """A weight's last layout is checked with torch's guards before its call runs: another activation shape, or
+    the same tensor transposed in place, takes its own binding (and the right answer)."""
+    import farm.ops as ops
+
+    b = torch.randn(64, 48, device="cuda", dtype=torch.bfloat16)
+    for m in (16, 32, 16, 8):
+        a = torch.randn(m, 64, device="cuda", dtype=torch.bfloat16)
+        assert torch.allclose(ops.matmul(a, b).float(), (a @ b).float(), rtol=2e-2, atol=2e-2)
+    sq = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(16, 64, device="cuda", dtype=torch.bfloat16)
+    first = ops.matmul(a, sq)
+    sq.t_()  # the same object, now column-major: another problem
+    again = ops.matmul(a, sq)
+    assert torch.allclose(again.float(), (a @ sq).float(), rtol=2e-2, atol=2e-2)
+    assert not torch.allclose(first.float(), again.float(), rtol=2e-2, atol=2e-2)
+    assert len({b_.bound.problem.key for b_ in ops.CALLS.bindings.values()}) == 5  # m 16, 32, 8; sq, sq.T
+    x = torch.randn(2, 8, 16, 16, device="cuda", dtype=torch.float16)
+    w = torch.randn(16, 8, 3, 3, device="cuda", dtype=torch.float16)
+    y1 = ops.conv2d(x, w, padding=1)
+    y2 = ops.conv2d(x, w, padding=0)  # the same weight, other settings: not the last call's binding
+    assert y1.shape[-1] == 16 and y2.shape[-1] == 14
+
+
+def test_a_bound_call_refuses_another_layout_with_the_same_shape():
+    import farm.ops as ops
+    from farm.errors import InputError
+
+    a = torch.randn(32, 32, device="cuda", dtype=torch.bfloat16)
+    mm = ops.bind_matmul(a, a)
+    assert torch.allclose(mm(a, a).float(), (a @ a).float(), rtol=2e-2, atol=2e-2)
+    with pytest.raises(InputError, match="bind another one"):
+        mm(a, a.t())  # the same shape, other strides: the plan's layout is not this
