@@ -256,6 +256,13 @@ def test_verify_holds_for_a_decision_that_delivers_and_says_so_in_a_run_folder(t
     assert p["winner"] == "sim.vendor[default]" and p["decisions"][0]["verdict"].startswith("fixed")
     job = json.loads((run / "job.json").read_text())
     assert job["runs"][-1]["verify"]["fixed"] == 1
+    # farm verify again: it checks the default now published; the fix stays, with that newer check beside it
+    assert main(["verify", str(run), "--devices", f"sim:{cfg}", "--json"]) == 0
+    (d,) = json.loads(capsys.readouterr().out)["decisions"]
+    assert d["published_winner"] == "sim.vendor[default]"
+    (entry,) = load_overrides(run / "overrides" / f"{device.signature}.json").entries
+    sel = entry.metadata["selection"]
+    assert entry.engine_name == "sim.vendor" and sel["rule"] == "not_delivered" and sel["verified"]["verdict"] == d["verdict"]
     # resumed with nothing to measure: nothing new is verified (the decision in force was checked)
     assert main(["tune", str(wl), "--in-process", "--devices", f"sim:{cfg}", "--out", str(run), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rows_written"] == 0

@@ -135,6 +135,18 @@ class TorchPlan:
     def _producer(self, produce: Callable[[Mapping[str, Any]], Any]) -> Callable[[Mapping[str, Any]], Any]:
         if self.stream is None and self.context is None:
             return produce  # the replay path: the library call itself
+        context = self.context
+        if self.stream is None and isinstance(context, Flags):
+            checks = context._checks  # the replay path with flags: their reads inline, no frame of ours between
+
+            def flagged(tensors: Mapping[str, Any]) -> Any:
+                for get, value in checks:
+                    if get() != value:
+                        with context():
+                            return produce(tensors)
+                return produce(tensors)
+
+            return flagged
 
         def call(tensors: Mapping[str, Any]) -> Any:
             if self.stream is None:
@@ -186,7 +198,9 @@ def _flag_getter(obj: Any, name: str) -> Callable[[], Any]:
     """A function of no arguments returning ``getattr(obj, name)``, as cheap as torch allows; the fast one is
     used only where it gives the same value as the attribute now."""
     slow = functools.partial(getattr, obj, name)
-    fast = getattr(getattr(type(obj), name, None), "getter", None)  # torch.backends' ContextProp
+    # torch.backends' ContextProp, read off the class without calling it (its __get__ returns the value)
+    prop = next((vars(k)[name] for k in type(obj).__mro__ if name in vars(k)), None)
+    fast = getattr(prop, "getter", None)
     if fast is None and name in _CUBLAS_GETTERS and type(obj).__name__ == "cuBLASModule":
         fast = getattr(torch_module()._C, _CUBLAS_GETTERS[name], None)
     if callable(fast):

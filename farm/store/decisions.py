@@ -531,11 +531,10 @@ CALL_ORDER = {"eager": 0, "graph": 1}  # the primary decision of a problem: its 
 
 def _apply_verifications(data: ResultsDataset, table: pa.Table,
                          winners: dict[tuple[str, str], Winner]) -> tuple[pa.Table, dict[tuple[str, str], Winner]]:
-    """Attach farm verify's latest check to each decision it checked (per calling mode); a check that fixed
-    the decision publishes the default in its place (rule ``not_delivered``). A check of another candidate than
-    the decision now in force (a later tune changed it) is left aside."""
-    from farm.tuner.winner import ConfirmedRule
-
+    """Attach farm verify's checks to the decisions they checked (per calling mode). The newest check of the
+    decision the stage made, not older than the stage, decides: where it fixed the decision, the default is
+    published in its place (rule ``not_delivered``), and the newest check of that default (a later farm verify)
+    is attached to it. A check of a candidate that is not the decision (a later tune changed it) is left aside."""
     ver = load_confirmations(data, VERIFY)
     if ver.num_rows == 0:
         return table, winners
@@ -545,50 +544,78 @@ def _apply_verifications(data: ResultsDataset, table: pa.Table,
                                                               "candidate_key", "engine_name", "call_path", "verdict",
                                                               "host_cpu")}
     per_sample, set_counts = ver["calls_per_sample"].to_pylist(), ver["input_sets"].to_pylist()
+    stamps = pc.cast(ver["measured_at"], pa.int64()).to_numpy(zero_copy_only=False)
     when = pc.strftime(ver["measured_at"].cast(pa.timestamp("s", tz="UTC"), safe=False),
                        format="%Y-%m-%dT%H:%M:%SZ").to_pylist()
     lists = ver["samples_ms"].combine_chunks()
     values = lists.values.to_numpy(zero_copy_only=False).astype(float)
     offsets = lists.offsets.to_numpy()
-    latest: dict[tuple[str, str, str], list[int]] = {}
-    session: dict[tuple[str, str, str], str] = {}
-    for i, key in enumerate(zip(col["device_signature"], col["problem_key"], col["call"])):
-        if session.setdefault(key, col["session_id"][i]) == col["session_id"][i]:
-            latest.setdefault(key, []).append(i)
+    # (signature, problem, call) -> its sessions, newest first: (replay row, direct row)
+    sessions: dict[tuple[str, str, str], list[tuple[int, int]]] = {}
+    by_id: dict[str, list[int]] = {}
+    for i, sid in enumerate(col["session_id"]):
+        by_id.setdefault(sid, []).append(i)
+    for rows in sorted(by_id.values(), key=lambda r: r[0]):
+        replay = next((i for i in rows if col["call_path"][i] == "replay"), None)
+        direct = next((i for i in rows if i != replay), None)
+        if replay is not None and direct is not None:
+            key = (col["device_signature"][replay], col["problem_key"][replay], col["call"][replay])
+            sessions.setdefault(key, []).append((replay, direct))
+    made_at = pc.cast(table["measured_at"], pa.int64()).to_numpy(zero_copy_only=False)
     offset = table.num_rows
-    out = dict(winners)
-    for (sig, pkey, call), rows in latest.items():
-        replayed = next((i for i in rows if col["call_path"][i] == "replay"), None)
-        direct = next((i for i in rows if i != replayed), None)
-        main = out.get((sig, pkey))
-        decision = main.for_call(call) if main is not None else None
-        if replayed is None or direct is None or decision is None or \
-                col["candidate_key"][replayed] != candidate_key(engine_name_to_id(decision.engine_name), decision.knobs):
-            continue
-        mine, theirs = values[offsets[replayed]:offsets[replayed + 1]], values[offsets[direct]:offsets[direct + 1]]
+
+    def check_of(call: str, replay: int, direct: int) -> Verification:
+        mine, theirs = values[offsets[replay]:offsets[replay + 1]], values[offsets[direct]:offsets[direct + 1]]
         r = paired_ratio(mine, theirs)
         ok = r.rounds > 0 and math.isfinite(r.ratio)
-        check = Verification(call=call, delivered=r.speedup if ok else None, low=r.speedup_low if ok else None,
-                             high=r.speedup_high if ok else None, rounds=r.rounds, verdict=col["verdict"][replayed],
-                             host_cpu=col["host_cpu"][replayed],
-                             direct=_label(col["engine_name"][direct], col["candidate_key"][direct]),
-                             calls_per_sample=per_sample[replayed], input_sets=set_counts[replayed],
-                             verified_at=when[replayed])
+        return Verification(call=call, delivered=r.speedup if ok else None, low=r.speedup_low if ok else None,
+                            high=r.speedup_high if ok else None, rounds=r.rounds, verdict=col["verdict"][replay],
+                            host_cpu=col["host_cpu"][replay],
+                            direct=_label(col["engine_name"][direct], col["candidate_key"][direct]),
+                            calls_per_sample=per_sample[replay], input_sets=set_counts[replay],
+                            verified_at=when[replay])
+
+    def newest(found: list[tuple[int, int]], decision: Winner, since: int) -> tuple[int, int] | None:
+        want = candidate_key(engine_name_to_id(decision.engine_name), decision.knobs)
+        return next(((r, d) for r, d in found if col["candidate_key"][r] == want and stamps[r] >= since), None)
+
+    out = dict(winners)
+    for (sig, pkey, call), found in sessions.items():
+        main = out.get((sig, pkey))
+        decision = main.for_call(call) if main is not None else None
+        if decision is None:
+            continue
+        since = int(made_at[decision.row]) if 0 <= decision.row < len(made_at) else 0  # the stage's own time
+        hit = newest(found, decision, since)
+        if hit is None:
+            continue
+        check = check_of(call, *hit)
         if check.fixed:
-            med = float(np.median(theirs)) if len(theirs) else math.nan
-            conf = decision.confirmed
-            fixed = dataclasses.replace(
-                decision, engine_name=col["engine_name"][direct], knobs=_knobs_of(col["candidate_key"][direct]),
-                median_ms=med, min_ms=float(np.min(theirs)) if len(theirs) else None,
-                mad_ms=float(np.median(np.abs(theirs - med))) if len(theirs) else None,
-                noisy=False, rule=ConfirmedRule.NOT_DELIVERED,
-                why=f"default published by farm verify: {decision.label} {check.verdict.split(': ', 1)[-1]}",
-                row=offset + direct, verified=check,
-                confirmed=dataclasses.replace(conf, speedup=None, low=None, high=None) if conf is not None else None)
+            decision = _fixed(decision, check, col["engine_name"][hit[1]], _knobs_of(col["candidate_key"][hit[1]]),
+                              values[offsets[hit[1]]:offsets[hit[1] + 1]], offset + hit[1])
+            later = newest(found, decision, int(stamps[hit[0]]))  # the default's own check since, if any
+            if later is not None and later != hit:
+                decision = dataclasses.replace(decision, verified=check_of(call, *later))
         else:
-            fixed = dataclasses.replace(decision, verified=check)
-        out[(sig, pkey)] = main.with_call(call, fixed)  # type: ignore[union-attr]
+            decision = dataclasses.replace(decision, verified=check)
+        out[(sig, pkey)] = main.with_call(call, decision)  # type: ignore[union-attr]
     return pa.concat_tables([table, ver.select(list(_COLUMNS))], promote_options="permissive"), out
+
+
+def _fixed(decision: Winner, check: Verification, engine: str, knobs: KnobSettings, samples: np.ndarray,
+           row: int) -> Winner:
+    """The default in place of a decision farm verify fixed, timed by that check's direct calls."""
+    from farm.tuner.winner import ConfirmedRule
+
+    med = float(np.median(samples)) if len(samples) else math.nan
+    conf = decision.confirmed
+    return dataclasses.replace(
+        decision, engine_name=engine, knobs=knobs, median_ms=med, min_ms=float(np.min(samples)) if len(samples) else None,
+        mad_ms=float(np.median(np.abs(samples - med))) if len(samples) else None, noisy=False,
+        rule=ConfirmedRule.NOT_DELIVERED,
+        why=f"default published by farm verify: {decision.label} {check.verdict.split(': ', 1)[-1]}",
+        row=row, verified=check,
+        confirmed=dataclasses.replace(conf, speedup=None, low=None, high=None) if conf is not None else None)
 
 
 def _in_groups(group: np.ndarray, flag: np.ndarray) -> np.ndarray:
