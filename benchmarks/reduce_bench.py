@@ -135,7 +135,8 @@ def write_signature(root: Path, dev: DeviceProperties, probs: list[Problem], can
         "exhaustive_not_run_reason": pa.array([None] * n, type=pa.string()),
         "max_rel_error": pa.array(np.full(n, 1e-6)), "compile_ms": pa.array(np.ones(n)), "tuning_ms": pa.array(np.ones(n)),
     }
-    table = pa.table([cols[f.name] for f in FILE_SCHEMA], schema=FILE_SCHEMA)
+    # columns this script does not fill (added to the schema since) are null, as in older parts
+    table = pa.table([cols[f.name] if f.name in cols else pa.nulls(n, f.type) for f in FILE_SCHEMA], schema=FILE_SCHEMA)
     folder = root / f"device_signature={dev.signature}" / "op=matmul"
     folder.mkdir(parents=True)
     step = -(-n // files)

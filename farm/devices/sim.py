@@ -259,9 +259,12 @@ class SimTensor:
     dtype: str
 
     def stride(self) -> tuple[int, ...]:
-        from farm.model.problem import contiguous_strides
+        found = self.__dict__.get("_strides")  # kept beside the fields: a per-call key reads it every call
+        if found is None:
+            from farm.model.problem import contiguous_strides
 
-        return contiguous_strides(self.shape)
+            found = self.__dict__["_strides"] = contiguous_strides(self.shape)
+        return found
 
     def get_device(self) -> int:
         return 0

@@ -198,6 +198,15 @@ class OpCalls:
     def matmul(self, a: Any, b: Any, bias: Any = None, *, out: Any = None, compute_dtype: str | None = None) -> Any:
         """``a @ b (+ bias)``; batched when ``a`` has more than two dims. ``compute_dtype="tf32"`` allows TF32."""
         if bias is None and out is None:
+            if type(a) is _NDARRAY:  # numpy: its key is a few attribute reads
+                try:
+                    key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, compute_dtype)
+                    hit = self._matmul.get(key)
+                except (AttributeError, TypeError):  # b is not an array: the general path (and its clear error)
+                    return self._general("matmul", {"A": a, "B": b}, (), _no_criteria, compute_dtype, None)
+                if hit is None:
+                    hit = self._bound(self._matmul, key, "matmul", {"A": a, "B": b}, _no_criteria, compute_dtype)
+                return hit({"A": a, "B": b})
             seen = self._mm_weights.get(id(b)) if compute_dtype is None else None
             if seen is not None:
                 try:
@@ -206,20 +215,15 @@ class OpCalls:
                     holds = False
                 if holds:
                     return seen[1]({"A": a, "B": b})
-            try:
-                if type(a) is _NDARRAY:
-                    key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, compute_dtype)
-                    torch_tensors = False
-                else:  # torch tensors: the device index (-1 on the CPU), not a device object made every call
-                    key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
-                           b.get_device(), compute_dtype)
-                    torch_tensors = type(b).__module__.startswith("torch")
+            try:  # torch tensors: the device index (-1 on the CPU), not a device object made every call
+                key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(),
+                       compute_dtype)
                 hit = self._matmul.get(key)
             except (AttributeError, TypeError):  # anything else: the general path (and its clear error)
                 return self._general("matmul", {"A": a, "B": b}, (), _no_criteria, compute_dtype, None)
             if hit is None:
                 hit = self._bound(self._matmul, key, "matmul", {"A": a, "B": b}, _no_criteria, compute_dtype)
-            if torch_tensors and compute_dtype is None:
+            if compute_dtype is None and type(b).__module__.startswith("torch"):
                 self._remember(self._mm_weights, b, key, (a, b), hit)
             return hit({"A": a, "B": b})
         tensors = {"A": a, "B": b} if bias is None else {"A": a, "B": b, "bias": bias}

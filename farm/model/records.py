@@ -73,8 +73,9 @@ class ConfirmSettings:
     budget_ms: float = 2000.0  # timed rounds stop once they have taken this long (at least 8 rounds run)
     max_candidates: int = 6  # the leader, the default and the incumbent always; then the nearest by median
     runners_up: int = 2  # each session's next fastest are in too, inside the noise band or not (a busy main round)
-    # an eager sample times back-to-back calls lasting at least this long; None: 1 ms where device events time
-    # them (a GPU), 10 ms on a CPU (several scheduler periods: what a busy machine does to a call, averaged)
+    # an eager sample times back-to-back calls lasting at least this long (every participant of a round the same
+    # number of calls: the reference's in this time); None: 2 ms on a GPU (device events), 10 ms on a CPU (several
+    # scheduler periods: what a busy machine does to a call, averaged), 1 ms on a simulated device
     sample_ms: float | None = None
     precision: float = 0.05  # a win stops the rounds once its speed-up's interval is within +-5 % (or the budget ends)
 

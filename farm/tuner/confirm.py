@@ -49,7 +49,9 @@ log = logging.getLogger("farm.tuner.autotuner")  # the tuner's lines
 
 GRAPH_REPEATS = 20  # calls per captured graph when the workload's graph_repeats is 0
 MAX_CALLS_PER_SAMPLE = 4096
-DEVICE_SAMPLE_MS = 2.0  # an eager sample on a GPU (device events; hundreds of microsecond calls)
+GPU_SAMPLE_MS = 2.0  # an eager sample on a GPU (device events): a hundred microsecond calls or more, so the
+# sample's fixed cost (its first launch) is a percent or less of it
+DEVICE_SAMPLE_MS = 1.0  # on other devices with a clock of their own (simulated: virtual time, each call real Python)
 CPU_SAMPLE_MS = 10.0  # on a CPU: several scheduler periods, so a busy machine's preemptions average out
 
 
@@ -200,7 +202,8 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
         samplers: dict[PlanSpec, Callable[[], float]] = {}
         notes: dict[PlanSpec, str] = {}
         if call is CallMode.EAGER:
-            target = settings.sample_ms or (CPU_SAMPLE_MS if stage_device.vendor == "cpu" else DEVICE_SAMPLE_MS)
+            target = settings.sample_ms or {"cpu": CPU_SAMPLE_MS, "nvidia": GPU_SAMPLE_MS,
+                                             "amd": GPU_SAMPLE_MS}.get(stage_device.vendor, DEVICE_SAMPLE_MS)
             n = calls_per_sample(estimates, reference, target, most=MAX_CALLS_PER_SAMPLE)
             samplers = {spec: eager_sampler(timer, c, n) for spec, c in callers.items()}
         else:
