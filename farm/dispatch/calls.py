@@ -352,6 +352,19 @@ class OpCalls:
                 return bound2
             return lambda x, y: call({n0: x, n1: y})
 
+        if len(names) == 3 and not check:
+            m0, m1, m2 = names
+            return lambda x, y, z: call({m0: x, m1: y, m2: z})
+        if len(names) == 3 and guard is not None:
+            m0, m1, m2 = names
+
+            def guarded3(x: Any, y: Any, z: Any) -> Any:
+                if not guard(x, y, z) and not _same_layouts((x, y, z), given):
+                    _wrong_layout(op, names, given, (x, y, z))
+                return call({m0: x, m1: y, m2: z})
+
+            return guarded3
+
         def bound(*args: Any) -> Any:
             if len(args) != len(names):
                 raise InputError(f"expected {len(names)} tensors ({', '.join(names)})", field=op, value=len(args))
