@@ -352,3 +352,39 @@ def test_results_record_the_host_cpu_and_what_each_confirm_sample_called(tmp_pat
     assert len(verify) == 2 and {r["call_path"] for r in verify} == {"direct", "replay"}
     assert verify[0]["verdict"] == verify[1]["verdict"] and verify[0]["samples_ms"] and verify[1]["samples_ms"]
     assert all(r["calls_per_sample"] == verify[0]["calls_per_sample"] for r in verify)
+
+
+def test_verify_fix_republishes_a_published_root(tmp_path, capsys, replay_env):
+    """A published root (farm publish): read-only without --fix; --fix republishes the changed entry, the index
+    learns the new file, and a production process pointed at the root runs the default."""
+    from farm.cli.main import main
+    from farm.replay.verify import FileReplay
+    from farm.devices.sim import SimTensor
+    from farm.store.override_files import load_overrides
+    from farm.store.published import find_published
+
+    cfg, device = _sim(tmp_path)
+    problem = Problem.create("matmul", {"A": [2048, 2048], "B": [2048, 2048]}, dtype="fp16")
+    knobs, gain = _fastest_gemm(problem, device)
+    src = tmp_path / "ovr"
+    src.mkdir()
+    _override_file(src / f"{device.signature}.json", device, problem, "sim.gemm", knobs, gain)
+    root = tmp_path / "root"
+    assert main(["publish", str(src), "--to", str(root)]) == 0
+    capsys.readouterr()
+    index_before = (root / "index.json").read_text()
+    path, note = find_published(str(root), device.properties)
+    assert not note and load_overrides(path).entries[0].engine_name == "sim.gemm"
+    assert main(["verify", str(root), "--devices", f"sim:{cfg}", "--json"]) == 0
+    (d,) = json.loads(capsys.readouterr().out)["decisions"]
+    assert d["verdict"].startswith("flagged") and (root / "index.json").read_text() == index_before  # read-only
+    assert main(["verify", str(root), "--devices", f"sim:{cfg}", "--fix", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["decisions"][0]["fixed"] and any("republished" in w for w in out["written"])
+    (entry,) = load_overrides(path).entries
+    assert entry.engine_name == "sim.vendor" and entry.metadata["selection"]["rule"] == "not_delivered"
+    index = json.loads((root / "index.json").read_text())
+    assert index["files"][device.signature]["sha256"] != json.loads(index_before)["files"][device.signature]["sha256"]
+    replay = FileReplay(str(root), device)
+    replay.calls.matmul(SimTensor((2048, 2048), "fp16"), SimTensor((2048, 2048), "fp16"))
+    assert replay.binding_of(problem).bound.engine_name == "sim.vendor"
