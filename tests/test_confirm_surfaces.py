@@ -13,7 +13,7 @@ from farm.devices.device import cpu_device
 from farm.fleet.scheduler import CONFIRM, Candidate, PriorRow, Scheduler
 from farm.model.engine import default_engine_registry
 from farm.model.plans import PlanSpec
-from farm.model.records import CallMode, ConfirmSettings
+from farm.model.records import AutotuneConfig, CallMode, ConfirmSettings, Disposition
 from farm.model.workload import EngineSelection, WorkloadProblem
 from farm.store.decisions import decide_results
 from farm.store.override_files import call_choice, load_overrides
@@ -50,7 +50,7 @@ def _run(sched, task, medians):
     sched.on_task_end(task)
 
 
-def test_after_the_main_round_each_calling_mode_gets_one_confirm_task_retried_whole_once():
+def test_after_the_main_round_each_calling_mode_gets_one_confirm_task_probed_when_its_worker_dies():
     sched = Scheduler(shard_size=2, confirm=ConfirmSettings(runners_up=0))
     wp, cands = _problem()
     sched.add_problem("sig", 0, wp, cands)
@@ -66,11 +66,30 @@ def test_after_the_main_round_each_calling_mode_gets_one_confirm_task_retried_wh
     assert set(graph.specs) == {_spec(0), _spec(1), _spec(2)} and eager.reference == graph.reference == _spec(0)
     assert set(eager.specs) == {_spec(0), _spec(1), _spec(2), _spec(3)}
     assert sched.remeasured == 0 and not sched.done
-    # a stage whose worker dies is run again whole, once; lost twice, the problem keeps its main decision
-    sched.on_task_lost(eager, [], "crash", None)
+    # a stage whose worker dies: each participant runs alone (a probe); the one that kills its worker alone gets
+    # a failed row of the stage, and the stage runs again without it
+    config = AutotuneConfig()
+    sched.on_task_lost(eager, [], "crash", config, "worker died")
+    probes = [sched.next_task("sig", f"d{i}") for i in range(4)]
+    assert all(p.probe and p.careful and p.round == CONFIRM and p.call == "eager" for p in probes)
+    assert {p.specs for p in probes} == {(s,) for s in eager.specs} and not sched.done
+    for p in probes:
+        if p.specs == (_spec(1),):
+            rows = sched.on_task_lost(p, [], "crash", config, "worker died")
+            assert [(r.spec, r.disposition) for r in rows] == [(_spec(1), Disposition.CRASHED)]
+            assert "confirmation (eager)" in rows[0].error and "alone" in rows[0].error
+        else:
+            sched.on_task_end(p)  # a probe that passes reports nothing
     again = sched.next_task("sig", "d1")
-    assert (again.call, again.specs, again.attempt) == ("eager", eager.specs, 2)
-    sched.on_task_lost(again, [], "crash", None)
+    assert (again.call, again.attempt, again.probe) == ("eager", 2, False)
+    assert set(again.specs) == set(eager.specs) - {_spec(1)}
+    # lost again, probed again, nobody found: the stage runs a third time; lost then, the main round decides
+    sched.on_task_lost(again, [], "timeout", config)
+    for p in [sched.next_task("sig", f"d{i}") for i in range(3)]:
+        sched.on_task_end(p)
+    third = sched.next_task("sig", "d1")
+    assert (third.attempt, set(third.specs)) == (3, set(again.specs))
+    assert sched.on_task_lost(third, [], "crash", config) == []
     assert sched.next_task("sig", "d1") is None
     _run(sched, graph, medians)
     assert sched.done

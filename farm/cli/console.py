@@ -67,6 +67,19 @@ def json_stdout() -> Iterator[None]:
         out.close()
 
 
+def real_stdout() -> Any:
+    """The real stdout while a --json command runs (json_stdout), else None. Read it in the command's thread."""
+    return _JSON_OUT.get()
+
+
+def real_stdout_back(out: Any) -> None:
+    """Before this process replaces itself (os.execv), file descriptor 1 is ``out`` (:func:`real_stdout`) again:
+    a --json command that restarts prints its JSON where the first one would have."""
+    if out is not None:
+        sys.stdout.flush()
+        os.dup2(out.fileno(), sys.stdout.fileno())
+
+
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever sys.stderr is at the time (it may be replaced after setup, e.g. by test capture)."""
 

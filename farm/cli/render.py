@@ -143,7 +143,10 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
     doubtful = []
     for o in outcomes:
         w = winner_of(o.problem.problem.key) if winner_of is not None else None
-        failed = sum(not r.succeeded for r in o.results)
+        # a candidate that failed in the main round or in a confirmation stage (this run's, or one the reducer read)
+        failed = len({r.label for r in o.results if not r.succeeded}
+                     | {r.label for run in o.confirmations for r in run.results if not r.succeeded}
+                     | set(w.stage_failed if w is not None else ()))
         note = w.why if w is not None else ""
         if w is not None and not o.results:
             note = "; ".join(x for x in ("measured before", note) if x)

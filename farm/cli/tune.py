@@ -12,7 +12,7 @@ from typing import Any
 from rich.markup import escape
 
 from farm.cli.args import _nonnegative_int, _positive_int, _positive_seconds, _share
-from farm.cli.console import _console, _print_json
+from farm.cli.console import _console, _print_json, real_stdout, real_stdout_back
 from farm.errors import InputError
 
 
@@ -108,7 +108,8 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
 
     report = run_local(workload, out, device, registry, on_problem=show, reduce=not args.no_reduce, top_k=args.top_k,
                        incumbents=args.incumbents, candidate_timeout_s=args.candidate_timeout,
-                       on_hang=lambda message: _restart(args, message), verifier=_verifier(args))
+                       on_hang=lambda message, _out=real_stdout(): _restart(args, message, _out),
+                       verifier=_verifier(args))
     if args.json:
         _print_json(local_dict(workload, out, device, report))
     else:
@@ -125,7 +126,7 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
 MAX_RESTARTS = 50
 
 
-def _restart(args: argparse.Namespace, message: str) -> None:
+def _restart(args: argparse.Namespace, message: str, stdout: Any = None) -> None:
     """A candidate hung in this process: start the same command again; it resumes after that candidate."""
     restarts = int(os.environ.get("FARM_IN_PROCESS_RESTARTS", "0") or 0) + 1
     err = _console(stderr=True)
@@ -137,6 +138,7 @@ def _restart(args: argparse.Namespace, message: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.environ["FARM_IN_PROCESS_RESTARTS"] = str(restarts)
+    real_stdout_back(stdout)
     os.execv(sys.executable, [sys.executable, "-m", "farm", *args.argv])
 
 

@@ -191,11 +191,13 @@ class Driver:
             now = self.clock()
             where = MeasurementContext(w.info.properties, session_id=new_id(), host=w.info.host,
                                        actor_id=w.info.actor_id, round=task.round, call=task.call,
-                                       session_size=task.size if task.round == CONFIRM else None)
+                                       # a probe's rows are no stage's (a stage is whole when all its rows are in)
+                                       session_size=task.size if task.round == CONFIRM and not task.probe else None)
             w.task = RunningTask(task, where, now, now)
             wp = self.sched.problem_of(task)
             w.status.state = WorkerState.BUSY.value
-            what = {FINALIST: ", finalists", CONFIRM: f", confirming {task.call}"}.get(task.round, "")
+            what = {FINALIST: ", finalists", CONFIRM: f", {'probing' if task.probe else 'confirming'} {task.call}"
+                    }.get(task.round, "")
             w.status.problem = f"{wp.name} ({task.size}{what})"
             out.append((w, task))
         return out
@@ -224,7 +226,8 @@ class Driver:
             self.sink.set_ranks(r.where.session_id, end.ranks)
         if end.error:
             log.warning("farm: task %d on %s failed: %s", r.task.id, w.status.name, end.error)
-        if set(r.task.specs) - {x.spec for x in r.reported}:
+        # a probe reports its participant only when it failed (its times are no stage's)
+        if set(r.task.specs) - {x.spec for x in r.reported} and not (r.task.probe and not end.error):
             self._lose(w, LossKind.ERROR, end.error or "the worker reported no result")
 
     def on_stream_end(self, w: WorkerHandle) -> None:

@@ -10,6 +10,7 @@ Running a workload into a folder that already has results measures only the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -44,8 +45,9 @@ from farm.store.results import (
     spec_of,
 )
 from farm.fleet.pruning import PlanPruning
-from farm.fleet.scheduler import CONFIRM, Candidate, PriorRow, confirmed_calls
+from farm.fleet.scheduler import CONFIRM, Candidate, PriorRow, confirmed_calls, failed_in_stage
 from farm.model.plans import PlanSpec
+from farm.model.measurement import usable_time
 from farm.model.records import CallMode
 from farm.tuner.confirm import ConfirmRun, Measured
 from farm.tuner.problem_tuning import ProblemOutcome, tune_problem
@@ -574,10 +576,13 @@ def prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, list
 
 
 def measured_of(rows: Iterable[PriorRow]) -> list[Measured]:
-    """The successful main-round rows among ``rows`` (the latest of each candidate), for the confirmation stage."""
+    """The successful main-round rows among ``rows`` (the latest of each candidate), for the confirmation stage;
+    none of a candidate that failed in a stage since."""
+    rows = list(rows)
+    dropped = failed_in_stage(rows)
     latest: dict[Any, PriorRow] = {}
     for r in rows:
-        if r.round != CONFIRM and r.succeeded and r.median_ms is not None and r.median_ms > 0:
+        if r.round != CONFIRM and r.succeeded and usable_time(r.median_ms) and r.spec not in dropped:
             if r.spec not in latest or r.measured_at >= latest[r.spec].measured_at:
                 latest[r.spec] = r
     return [Measured(r.spec, -1, r.session, r.median_ms, r.mad_ms or 0.0) for r in latest.values()]
@@ -589,9 +594,15 @@ def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, tim
 
     def hung(tuner: Any, spec: Any, seconds: float) -> None:
         row = _timed_out_row(tuner, spec, seconds, config)
-        jr.write([(row, current["wp"], current["where"])])
+        where = current["where"]
+        stage = getattr(tuner, "stage", None)
+        if stage is not None:  # in a confirmation stage: a failed row of the stage (no session size: no stage ran)
+            where = MeasurementContext(where.device, round=CONFIRM, call=stage.value)
+            row = dataclasses.replace(row, error=f"confirmation ({stage.value}): {row.error}")
+        jr.write([(row, current["wp"], where)])
         jr.writer.flush()
         message = (f"{current['wp'].name}: {row.engine_name} {dict(spec.knobs)} hung for {seconds:.0f} s "
+                   f"{'in the confirmation stage ' if stage is not None else ''}"
                    f"(candidate timeout {timeout_s:g} s); recorded as timed_out")
         jr.job.finish(jr.record, jr.run, state="failed", error=message, rows_written=jr.writer.rows_written)
         if on_hang is not None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -37,7 +38,10 @@ from farm.model.workload import WorkloadProblem
 from farm.tuner.confirm import Measured, participants
 from farm.tuner.winner import is_noisy
 
+log = logging.getLogger("farm.fleet.scheduler")
+
 MAIN, FINALIST, CONFIRM = "main", "finalist", "confirm"
+MAX_STAGE_PROBES = 2  # a stage that loses its worker has its participants run alone, at most this many times
 
 
 def kernel_family(problem: WorkloadProblem) -> tuple[str, ...]:
@@ -73,7 +77,8 @@ class Task:
     call: str = ""  # a confirm task: the calling mode it times
     reference: PlanSpec | None = None  # a confirm task: the default (what a challenger must beat)
     incumbent: PlanSpec | None = None  # a confirm task: the incumbent
-    attempt: int = 1  # a confirm task: how many times it has been started (it is retried whole, once)
+    attempt: int = 1  # a confirm task: how many times its stage has been started
+    probe: bool = False  # a confirm task of one participant, alone: did it kill or hang the stage's worker?
 
     @property
     def size(self) -> int:
@@ -98,12 +103,29 @@ class PriorRow:
 
 def confirmed_calls(rows: Iterable[PriorRow]) -> set[str]:
     """The calling modes whose confirmation stage ran, whole, after the problem's last main-round measurement
-    (a stage cut short has fewer rows on disk than its ``session_size``)."""
+    (a stage cut short has fewer rows on disk than its ``session_size``; a stage's failed row written apart
+    from a stage, for a participant that hung or killed its worker, has none)."""
     rows = list(rows)
     main = max((r.measured_at for r in rows if r.round != CONFIRM and not r.pruned), default=0.0)
     sessions = collections.Counter(r.session for r in rows if r.round == CONFIRM)
-    return {r.call for r in rows if r.round == CONFIRM and r.measured_at >= main
-            and sessions[r.session] >= (r.session_size or 0)}
+    return {r.call for r in rows if r.round == CONFIRM and r.measured_at >= main and r.session_size
+            and sessions[r.session] >= r.session_size}
+
+
+def failed_in_stage(rows: Iterable[PriorRow]) -> set[PlanSpec]:
+    """The candidates whose newest row is a failed confirmation-stage row (newer than their main-round one):
+    they take part in no stage again and are never published, until a main round measures them again."""
+    newest: dict[PlanSpec, tuple[float, bool]] = {}
+    for r in rows:
+        if r.pruned:
+            continue
+        failed = r.round == CONFIRM and not r.succeeded
+        if r.round == CONFIRM and not failed:
+            continue
+        at = (r.measured_at, failed)  # at the same instant the failure counts
+        if r.spec not in newest or at > newest[r.spec]:
+            newest[r.spec] = at
+    return {spec for spec, (_, failed) in newest.items() if failed}
 
 
 def _take_first(tasks: collections.deque[Task] | None, problems: Any) -> Task | None:
@@ -114,6 +136,15 @@ def _take_first(tasks: collections.deque[Task] | None, problems: Any) -> Task | 
     task = tasks[pick]
     del tasks[pick]
     return task
+
+
+@dataclass
+class _StageProbe:
+    """A stage whose worker died or hung: each participant runs alone (a probe) to find which one did it."""
+
+    stage: Task
+    left: int  # probes not finished
+    culprits: set[PlanSpec] = field(default_factory=set)
 
 
 @dataclass
@@ -129,6 +160,7 @@ class _Problem:
     confirmed: set[str] = field(default_factory=set)  # calling modes whose stage is current
     incumbent: PlanSpec | None = None
     measured_now: bool = False  # main-round rows arrived in this run (an earlier stage is stale then)
+    probes: dict[str, _StageProbe] = field(default_factory=dict)  # calling mode -> its stage's probes in flight
 
 
 class Scheduler:
@@ -165,6 +197,7 @@ class Scheduler:
             state.calls = tuple(c.value for c in wp.calls)
             state.confirmed = confirmed_calls([r for r in prior if r.spec in by_spec])
         final_rounds: dict[str, set[PlanSpec]] = {}  # session -> finalists it measured
+        dropped = failed_in_stage(r for r in prior if r.spec in by_spec)
         for row in prior:
             if row.spec not in by_spec or row.pruned:
                 continue  # measured under another workload; or never measured (a pruned tune's row)
@@ -174,7 +207,7 @@ class Scheduler:
                 final_rounds.setdefault(row.session, set()).add(row.spec)
                 continue
             state.pending.discard(row.spec)
-            if row.succeeded and row.median_ms is not None:
+            if row.succeeded and row.median_ms is not None and row.spec not in dropped:
                 state.successes[row.spec] = (row.session, row.median_ms, row.mad_ms or 0.0)
         wanted = set(self._finalists(state) or ())
         if not state.pending and any(wanted <= done for done in final_rounds.values()):
@@ -257,6 +290,10 @@ class Scheduler:
         state = self._problems[(task.signature, task.problem)]
         if task.round in (FINALIST, CONFIRM):
             self.remeasured += 1
+            probing = state.probes.get(task.call) if task.probe else None
+            if probing is not None and not result.succeeded:
+                probing.culprits.add(result.spec)
+                state.successes.pop(result.spec, None)
             return
         state.measured_now = True
         if result.spec in state.pending:
@@ -285,11 +322,28 @@ class Scheduler:
         left = [s for s in task.specs if s not in seen]
         rows: list[AutotuneResult] = []
         if task.round == CONFIRM:
-            if kind == "not_started" or task.attempt < 2:  # the stage again, whole (its rows come at its end)
+            if kind == "not_started":  # again, as it was (its rows come at its end)
                 self._push(task.signature, task.problem, task.specs, round=CONFIRM, urgent=True, call=task.call,
-                           reference=task.reference, incumbent=task.incumbent,
-                           attempt=task.attempt + (kind != "not_started"))
-            else:  # twice lost: the problem is decided on its main round
+                           reference=task.reference, incumbent=task.incumbent, attempt=task.attempt, probe=task.probe,
+                           careful=task.careful)
+            elif task.probe:  # this participant, alone, killed or hung its worker: it is out of the stage
+                culprit = task.specs[0]
+                rows.append(self._failure_row(state, culprit, kind, config, detail, stage=task.call))
+                self._probe_done(task, culprit)
+            elif task.attempt <= MAX_STAGE_PROBES:
+                # the stage lost its worker: which participant did it is unknown (its rows come at its end), so
+                # each runs alone; the stage then runs again without those that failed
+                state.probes[task.call] = _StageProbe(task, len(task.specs))
+                log.warning("farm: the %s confirmation stage of %s lost its worker (%s): running its %d "
+                            "participant(s) one at a time to find which", task.call, state.wp.name, detail or kind,
+                            len(task.specs))
+                for spec in task.specs:
+                    self._push(task.signature, task.problem, (spec,), round=CONFIRM, urgent=True, careful=True,
+                               call=task.call, reference=task.reference, incumbent=task.incumbent,
+                               attempt=task.attempt, probe=True)
+            else:  # lost again: the problem is decided on its main round (without what failed in a probe)
+                log.warning("farm: the %s confirmation stage of %s lost its worker again (%s): decided on the main "
+                            "round", task.call, state.wp.name, detail or kind)
                 state.confirmed.add(task.call)
                 self._settle(task)
             return rows
@@ -325,14 +379,48 @@ class Scheduler:
         state = self._problems[(task.signature, task.problem)]
         if task.round == FINALIST and state.outstanding == 0:
             state.finalist = "done"
+        if task.probe:
+            self._probe_done(task, None)
+            return
         if task.round == CONFIRM:
             state.confirmed.add(task.call)
         self._maybe_finalist(task.signature, task.problem)
 
+    def _probe_done(self, task: Task, culprit: PlanSpec | None) -> None:
+        """A probe ended (``culprit``: its participant failed it). After the last one the stage runs again
+        without the participants that failed, or, with fewer than two left, the main round decides."""
+        state = self._problems[(task.signature, task.problem)]
+        probing = state.probes.get(task.call)
+        if probing is None:
+            return
+        if culprit is not None:
+            probing.culprits.add(culprit)
+            state.successes.pop(culprit, None)  # in no later stage either
+        probing.left -= 1
+        if probing.left > 0:
+            return
+        del state.probes[task.call]
+        stage = probing.stage
+        rest = tuple(s for s in stage.specs if s not in probing.culprits)
+        if len(rest) >= 2:
+            log.warning("farm: the %s confirmation stage of %s runs again without %d participant(s) that failed alone",
+                        task.call, state.wp.name, len(stage.specs) - len(rest))
+            self._push(task.signature, task.problem, rest, round=CONFIRM, urgent=True, call=stage.call,
+                       reference=stage.reference, incumbent=stage.incumbent, attempt=stage.attempt + 1)
+            return
+        state.confirmed.add(task.call)  # nothing left to compare: the main round decides
+        self._maybe_finalist(task.signature, task.problem)
+
     def _failure_row(self, state: _Problem, spec: PlanSpec, kind: str, config: AutotuneConfig,
-                     detail: str) -> AutotuneResult:
+                     detail: str, stage: str = "") -> AutotuneResult:
         cand = state.candidates[spec]
-        if kind == "timeout":
+        if stage:  # a confirmation stage's participant, run alone after its stage lost its worker
+            disposition = Disposition.TIMED_OUT if kind in ("timeout", "silent") else Disposition.CRASHED
+            what = ("no result within the candidate timeout; its worker was restarted" if kind in ("timeout", "silent")
+                    else "killed its worker" if kind == "crash" else "failed its task")
+            short = detail.split(": ")[0]  # 'worker sim:0 died' (Ray's account of it is for its log)
+            error = f"confirmation ({stage}): {what}, run alone after its stage lost its worker{': ' + short if short else ''}"
+        elif kind == "timeout":
             disposition = Disposition.TIMED_OUT
             error = f"no result within the candidate timeout; its worker was restarted{': ' + detail if detail else ''}"
         else:

@@ -30,6 +30,7 @@ from farm.model.workload import WorkloadProblem
 from farm.store.results import MeasurementContext, ResultWriter, RunContext, candidate_key, new_id, result_row
 from farm.tuner.autotuner import Autotuner
 from farm.tuner.confirm import run_confirmation
+from farm.tuner.session import ENGINE_ERRORS
 from farm.tuner.phases import COMPILE, DISCOVER, MEASURE, SETUP, PhaseClock, PhaseSplit
 from farm.tuner.phases import CONFIRM as PHASE_CONFIRM
 from farm.tuner.problem_tuning import plan_specs_for
@@ -236,7 +237,7 @@ class DeviceWorkerImpl:
                                         prepare=False)
             except AutotuneError as exc:
                 ranked, error = exc.results, "" if exc.results else str(exc)
-            except Exception as exc:  # an engine bug must not kill the worker silently
+            except ENGINE_ERRORS as exc:  # an engine bug (SystemExit included) must not end the task silently
                 error = f"{type(exc).__name__}: {exc}"
             finally:
                 tuner.close()
@@ -249,10 +250,11 @@ class DeviceWorkerImpl:
             try:
                 run = run_confirmation(wp.problem, self.device, self.registry, [(s, index[s]) for s in task.specs],
                                        reference=task.reference, incumbent=task.incumbent, call=CallMode(task.call),
-                                       config=config, seed=seed, phases=self.phases)
+                                       config=config, seed=seed, phases=self.phases, probe=task.probe)
                 for r in run.results:
-                    items.put(r)
-            except Exception as exc:  # an engine bug must not kill the worker silently
+                    if not (task.probe and r.succeeded):  # a probe's measurement is no stage's: only a failure counts
+                        items.put(r)
+            except ENGINE_ERRORS as exc:  # an engine bug must not end the task silently
                 error = f"{type(exc).__name__}: {exc}"
             items.put(TaskEnd(session, {}, error, (time.perf_counter() - t0) * 1e3))
 

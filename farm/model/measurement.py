@@ -25,6 +25,12 @@ class SampleStats:
         return None if self.count == 0 else coefficient_of_variation_from(self.mean or 0.0, self.stddev or 0.0)
 
 
+def usable_time(ms: float) -> bool:
+    """A time that can be a measurement: finite and above zero (a NaN, an infinity, 0 or a negative time is a
+    broken timer or engine, never a result)."""
+    return isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0
+
+
 def summarize(samples: Sequence[float]) -> SampleStats:
     """min / max / mean / population stddev / median / MAD of ``samples``."""
     n = len(samples)

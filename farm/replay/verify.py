@@ -47,7 +47,9 @@ from farm.store.override_files import call_choice
 from farm.store.overrides import OverrideEntry, OverrideFile
 from farm.tuner.callers import (direct_caller, graph_sampler, estimate_ms, eager_sampler, input_set_count,
                                 input_sets, plan_caller, replay_caller)
+from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.paired import CONFIDENCE, PairedRatio, paired_ratio
+from farm.tuner.session import ENGINE_ERRORS
 from farm.tuner.winner import ConfirmedRule
 from farm.replay.tunable_runtime import TunableRuntime
 from farm.replay.tunable_settings import TunableSettings
@@ -104,6 +106,7 @@ class Decision:
     input_sets: int | None = None  # the input sets its confirmation stage rotated over, where recorded
     entry_index: int = -1
     calls_per_sample: int | None = None  # the calls a sample of its confirmation stage held, where recorded
+    default_failed: str = ""  # its stage found the default failing (why): there is no direct call to replay beside
 
     @property
     def label(self) -> str:
@@ -215,8 +218,10 @@ def decisions_in(f: OverrideFile, *, keys: Sequence[str] | None = None,
                 rec = (meta.get("calls") or {}).get(call) or {}
                 selection = rec.get("selection") if isinstance(rec, Mapping) else None
             published, interval, cpus, sets, per_sample = _published(selection)
+            conf = selection.get("confirmation") if isinstance(selection, Mapping) else None
+            failed = conf.get("default_failed") if isinstance(conf, Mapping) else None
             out.append(Decision(problem, name, call, engine, tuple(sorted(knobs)), published, interval, cpus, sets, i,
-                                per_sample))
+                                per_sample, str(failed) if isinstance(failed, str) and failed else ""))
     return out, skipped
 
 
@@ -306,8 +311,14 @@ def verify_file(path: str, f: OverrideFile, device: Device, *, keys: Sequence[st
     out: list[Verified] = []
     for i, d in enumerate(decisions):
         try:
-            v = _verify_one(d, device, replay, registry, settings, rng)
-        except Exception as exc:  # one decision's failure is its own verdict
+            if d.default_failed:
+                v = Verified(d, device.signature, host_cpu(), measured_at=_now(),
+                             skipped=f"the default failed in the confirmation stage ({d.default_failed}): "
+                                     "no direct call to replay it beside")
+            else:
+                v = _verify_one(d, device, replay, registry, settings, rng)
+        except ENGINE_ERRORS as exc:  # one decision's failure is its own verdict (an engine's SystemExit too)
+            reraise_user_interrupt(exc)
             log.warning("verify: %s (%s): %s: %s", d.name, d.call, type(exc).__name__, exc)
             v = Verified(d, device.signature, host_cpu(), flagged=f"replaying it failed: {type(exc).__name__}: {exc}",
                          measured_at=_now())

@@ -63,9 +63,12 @@ class Confirmation:
     calls_per_sample: int | None = None  # back-to-back calls a sample (eager) or calls in the graph (graph)
     input_sets: int | None = None  # the input sets the calls rotated over
     default_call: str = ""  # what the default's samples called: 'direct' (the library call), 'plan', 'replay'
+    default_failed: str = ""  # the default failed in the stage (why): the rest were compared, none over it
+    failed: tuple[str, ...] = ()  # 'label (call): why' of each participant that failed in a stage: never published
 
     def as_dict(self) -> dict[str, Any]:
         return {"call": self.call, "rounds": self.rounds, "settled": self.settled, "cost_ms": self.cost_ms,
+                "default_failed": self.default_failed or None, "failed": list(self.failed),
                 "confidence": self.confidence, "speedup": self.speedup,
                 "interval": [self.low, self.high] if self.speedup is not None else None,
                 "best_challenger": self.best or None, "best_speedup": self.best_speedup,
@@ -136,6 +139,7 @@ class Winner:
     others: tuple["Winner", ...] = ()
     default_noisy: bool = False  # the default's own noise makes a speed-up over it doubtful (no stage measured it)
     verified: Verification | None = None  # farm verify's replay of this decision beside the direct call
+    stage_failed: tuple[str, ...] = ()  # labels of the candidates that failed in a confirmation stage: never published
 
     @property
     def label(self) -> str:
@@ -149,6 +153,8 @@ class Winner:
     @property
     def speedup_over_default(self) -> float | None:
         """The paired speed-up of the confirmation stage (1.0 when the default won), else the ratio of medians."""
+        if self.confirmed is not None and self.confirmed.default_failed:
+            return None  # nothing to compare with
         if self.confirmed is not None:
             return self.confirmed.speedup if self.confirmed.speedup is not None else 1.0
         return self.default_ms / self.median_ms if self.default_ms and self.median_ms else None
@@ -186,7 +192,8 @@ class Winner:
                "speedup_interval": list(self.speedup_interval) if self.speedup_interval else None,
                "trusted": self.trusted, "candidates": self.candidates, "call": self.call,
                "confirmation": self.confirmed.as_dict() if self.confirmed is not None else None,
-               "verified": self.verified.as_dict() if self.verified is not None else None}
+               "verified": self.verified.as_dict() if self.verified is not None else None,
+               "failed_in_stage": list(self.stage_failed)}
         if self.others:
             out["other_calls"] = {w.call: w.as_dict() for w in self.others}
         return out
@@ -227,9 +234,21 @@ def load_successes(data: ResultsDataset) -> pa.Table:
     return _load_successes(data)[0]
 
 
-def _load_successes(data: ResultsDataset) -> tuple[pa.Table, bool, dict[str, set[str]], int]:
+def _usable(*cols: pa.ChunkedArray) -> np.ndarray:
+    """Rows whose times are all usable measurements (finite, above zero; a null is not)."""
+    ok = np.ones(len(cols[0]), dtype=bool)
+    for col in cols:
+        v = col.to_numpy(zero_copy_only=False).astype(float)  # nulls read as NaN
+        ok &= np.isfinite(v) & (v > 0)
+    return ok
+
+
+def _load_successes(data: ResultsDataset) -> tuple[pa.Table, bool, dict[str, set[str]], int,
+                                                  dict[tuple[str, str], set[str]]]:
     """One scan for the decision: :func:`load_successes`' table, whether the dataset has confirmation rows,
-    signature -> every problem key with rows of any disposition, and the rows read."""
+    signature -> every problem key with rows of any disposition, the rows read, and (signature, problem key) ->
+    the candidate keys that failed in a confirmation stage since their main-round row (left out of the table:
+    never published until measured again)."""
     t = data.table([*_COLUMNS, "succeeded"], dictionary=_DICT_COLUMNS)
     rows = t.num_rows
     sig, pkey = _codes(t["device_signature"]), _codes(t["problem_key"])
@@ -244,16 +263,72 @@ def _load_successes(data: ResultsDataset) -> tuple[pa.Table, bool, dict[str, set
     stage = pc.equal(rounds, CONFIRM).to_numpy(zero_copy_only=False).astype(bool) if rows else keep
     verify = pc.equal(rounds, VERIFY).to_numpy(zero_copy_only=False).astype(bool) if rows else keep
     has_stage = bool(((stage | verify) & keep).any())
+    # a stage's row that failed, or whose times are unusable (an old part): its candidate failed in the stage
+    stage_failed = stage & ~(keep & _usable(t["median_ms"], t["min_ms"], t["avg_ms"])) if stage.any() else stage
     keep &= ~(stage | verify)
-    # latest first within each (signature, problem, candidate): a sort on integer codes, not on the strings
+    keep |= stage_failed
+    # latest first within each (signature, problem, candidate), a failure first at one instant: a sort on integer
+    # codes, not on the strings
     idx = np.flatnonzero(keep)
     sig, pkey, ckey = sig[idx], pkey[idx], _codes(t["candidate_key"])[idx]
     when = pc.cast(t["measured_at"], pa.int64()).to_numpy(zero_copy_only=False)[idx]
-    order = np.lexsort((-when, ckey, pkey, sig))
+    order = np.lexsort((~stage_failed[idx], -when, ckey, pkey, sig))
     sig, pkey, ckey = sig[order], pkey[order], ckey[order]
     first_row = np.ones(len(order), dtype=bool)
     first_row[1:] = (sig[1:] != sig[:-1]) | (pkey[1:] != pkey[:-1]) | (ckey[1:] != ckey[:-1])
-    return t.take(pa.array(idx[order[first_row]])).drop(["succeeded"]), has_stage, tuned, rows
+    chosen = idx[order[first_row]]
+    dropped: dict[tuple[str, str], set[str]] = {}
+    failed_rows = chosen[stage_failed[chosen]]
+    if len(failed_rows):
+        at = pa.array(failed_rows)
+        for s_, p_, c_ in zip(*(_strings(t[c].take(at)).to_pylist()
+                                for c in ("device_signature", "problem_key", "candidate_key"))):
+            dropped.setdefault((s_, p_), set()).add(c_)
+        chosen = chosen[~stage_failed[chosen]]
+    return t.take(pa.array(chosen)).drop(["succeeded"]), has_stage, tuned, rows, dropped
+
+
+@dataclass(frozen=True)
+class StageFailure:
+    """A candidate's failure in a confirmation stage (its newest row): it is never published."""
+
+    key: str  # candidate key
+    label: str
+    call: str
+    reason: str
+    index: int  # discovery order
+
+    @property
+    def is_default(self) -> bool:
+        return self.key.endswith(":[]")
+
+    def describe(self) -> str:
+        return f"{self.label} ({self.call or 'stage'}): {self.reason}"
+
+
+def _stage_failures(data: ResultsDataset, dropped: dict[tuple[str, str], set[str]]
+                    ) -> dict[tuple[str, str], dict[str, StageFailure]]:
+    """(signature, problem key) -> candidate key -> the stage failure that dropped it (its newest failed row)."""
+    t = data.table(["device_signature", "problem_key", "candidate_key", "engine_name", "call", "error", "disposition",
+                    "measured_at", "candidate_index", "succeeded", "median_ms", "min_ms", "avg_ms"],
+                   filter=ds.field("round") == CONFIRM, dictionary=_DICT_COLUMNS)
+    if t.num_rows == 0:
+        return {}
+    bad = ~(t["succeeded"].to_numpy(zero_copy_only=False).astype(bool) & _usable(t["median_ms"], t["min_ms"], t["avg_ms"]))
+    t = t.filter(pa.array(bad)).sort_by([("measured_at", "descending")])
+    out: dict[tuple[str, str], dict[str, StageFailure]] = {}
+    cols = [_strings(t[c]).to_pylist() for c in ("device_signature", "problem_key", "candidate_key", "engine_name",
+                                                   "call", "error", "disposition")]
+    for sig, pkey, ckey, engine, call, error, disp, index, ok in zip(*cols, t["candidate_index"].to_pylist(),
+                                                                     t["succeeded"].to_pylist()):
+        if ckey not in dropped.get((sig, pkey), ()) or ckey in out.get((sig, pkey), {}):
+            continue
+        reason = (error or disp or "failed") if not ok else "unusable times (not finite, or not above zero)"
+        prefix = f"confirmation ({call}): "
+        reason = reason[len(prefix):] if reason.startswith(prefix) else reason
+        out.setdefault((sig, pkey), {})[ckey] = StageFailure(ckey, _label(engine, ckey), call or "", reason,
+                                                             int(index) if index is not None else 1 << 30)
+    return out
 
 
 def _codes(col: pa.ChunkedArray) -> np.ndarray:
@@ -310,19 +385,22 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     the candidate it names for a problem gets the incumbent's benefit of the doubt.
     """
     data = data if isinstance(data, ResultsDataset) else ResultsDataset(data)
-    table, has_stage, tuned, read = _load_successes(data)
+    table, has_stage, tuned, read, dropped = _load_successes(data)
     skipped = [(f.path, f.reason) for f in data.skipped]
     median = table["median_ms"].to_numpy(zero_copy_only=False).astype(float)
     fallback = table["min_ms"].to_numpy(zero_copy_only=False).astype(float)
     median = np.where(np.isnan(median), fallback, median)
-    # a row without a usable time (NaN, negative) cannot be compared: it never wins
-    table = table.filter(pa.array(np.isfinite(median) & (median >= 0)))
-    median = median[np.isfinite(median) & (median >= 0)]
+    # a row without a usable time (NaN, infinite, zero, negative) cannot be compared: it never wins
+    usable = np.isfinite(median) & (median > 0)
+    table = table.filter(pa.array(usable))
+    median = median[usable]
     if table.num_rows == 0:
         return Decisions(table, {}, {}, tuned, skipped, read)
     group = np.cumsum(_changes(table["device_signature"]) | _changes(table["problem_key"])) - 1
     rows = _compared_rows(table, group)
     c = _Compared(table, rows, median, np.unique(group[rows], return_inverse=True)[1])
+    failures = _stage_failures(data, dropped) if dropped else {}
+    default_failed = c.drop_failed_defaults(failures) if failures else {}
     d = decide_groups(c.group, median[rows], c.mad[rows], c.order[rows], default=c.default[rows],
                       incumbent=c.incumbent_flags(incumbents)[rows], top_k=max(top_k, 1))
     top: dict[tuple[str, str], list[int]] = {}
@@ -330,9 +408,35 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
         top.setdefault((c.sigs[g], c.pkeys[g]), []).append(row)
     winners = _winners(c, d, tuned)
     if has_stage:
-        table, winners = _apply_confirmations(data, table, c, d, winners)
+        table, winners = _apply_confirmations(data, table, c, d, winners, failures, default_failed)
         table, winners = _apply_verifications(data, table, winners)
+    if failures:
+        winners = _note_failures(winners, failures, default_failed)
     return Decisions(table, winners, top, tuned, skipped, read)
+
+
+def _note_failures(winners: dict[tuple[str, str], Winner], failures: dict[tuple[str, str], dict[str, StageFailure]],
+                   default_failed: dict[tuple[str, str], StageFailure]) -> dict[tuple[str, str], Winner]:
+    """Decisions of problems whose stage dropped candidates say so (a stage's own decision says it already)."""
+    out = dict(winners)
+    for key, found in failures.items():
+        w = out.get(key)
+        if w is None:
+            continue
+        labels = tuple(f.label for f in found.values())
+        w = dataclasses.replace(w, stage_failed=labels,
+                                others=tuple(dataclasses.replace(o, stage_failed=labels) for o in w.others))
+        out[key] = w
+        if w.confirmed is not None:
+            continue
+        gone = default_failed.get(key)
+        note = "; ".join(f.describe() for f in found.values())
+        why = (f"the default, {gone.label}, failed in the confirmation stage; decided on the main round without it "
+               f"({w.why or 'the fastest'})" if gone is not None else
+               f"{w.why or 'the fastest'}; decided on the main round")
+        out[key] = dataclasses.replace(w, why=f"{why}; failed in the confirmation stage, never published: {note}",
+                                       **({"default": gone.label, "default_ms": None} if gone is not None else {}))
+    return out
 
 
 def _compared_rows(table: pa.Table, group: np.ndarray) -> np.ndarray:
@@ -359,7 +463,7 @@ class _Compared:
         self.order = table["candidate_index"].to_numpy(zero_copy_only=False).astype(np.int64)
         self._keys = _strings(table["candidate_key"])
         # default knobs; the earliest per group counts
-        self.default = pc.ends_with(self._keys, ":[]").to_numpy(zero_copy_only=False)
+        self.default = np.array(pc.ends_with(self._keys, ":[]").to_numpy(zero_copy_only=False), dtype=bool)
         self.first = rows[np.r_[True, group[1:] != group[:-1]]]
         self.sigs = _strings(table["device_signature"].take(pa.array(self.first))).to_pylist()
         self.pkeys = _strings(table["problem_key"].take(pa.array(self.first))).to_pylist()
@@ -379,6 +483,24 @@ class _Compared:
                 flags[self.rows] = pc.equal(self._keys.take(pa.array(self.rows)), wanted).to_numpy(
                     zero_copy_only=False)
         return flags
+
+    def drop_failed_defaults(self, failures: dict[tuple[str, str], dict[str, StageFailure]]
+                             ) -> dict[tuple[str, str], StageFailure]:
+        """Where the problem's default (its first default-knob candidate, dropped ones counted) failed in a
+        confirmation stage, no other candidate takes its place: the default flags of that group are cleared.
+        Returns (signature, problem key) -> the failed default's failure."""
+        out: dict[tuple[str, str], StageFailure] = {}
+        for g, (sig, pkey) in enumerate(zip(self.sigs, self.pkeys)):
+            gone = [f for f in failures.get((sig, pkey), {}).values() if f.is_default]
+            if not gone:
+                continue
+            first = min(gone, key=lambda f: f.index)
+            mine = self.rows[self.group == g]
+            present = self.order[mine][self.default[mine]]
+            if present.size == 0 or first.index < int(present.min()):
+                self.default[mine] = False
+                out[(sig, pkey)] = first
+        return out
 
     def name_rows(self, *rows: np.ndarray) -> None:
         """Read the engine names and candidate keys of these rows (the others are never shown)."""
@@ -442,13 +564,20 @@ def load_confirmations(data: ResultsDataset, round: str = CONFIRM) -> pa.Table:
     counts = pa.table({"s": sessions}).group_by("s").aggregate([("s", "count")])
     rows_on_disk = pc.take(counts["s_count"], pc.index_in(sessions, counts["s"]))
     whole = pc.greater_equal(rows_on_disk, pc.fill_null(t["session_size"], 0))
-    return t.filter(pc.and_(whole, t["succeeded"]))
+    usable = pa.array(_usable(t["median_ms"], t["min_ms"], t["avg_ms"]))  # an old part's NaN or negative times
+    return t.filter(pc.and_(pc.and_(whole, t["succeeded"]), usable))
 
 
 def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", d: Any,
-                         winners: dict[tuple[str, str], Winner]) -> tuple[pa.Table, dict[tuple[str, str], Winner]]:
+                         winners: dict[tuple[str, str], Winner],
+                         failures: dict[tuple[str, str], dict[str, StageFailure]] | None = None,
+                         default_failed: dict[tuple[str, str], StageFailure] | None = None,
+                         ) -> tuple[pa.Table, dict[tuple[str, str], Winner]]:
     """Decide every problem that has a confirmation stage from its latest session per calling mode
-    (farm.tuner.winner.decide_confirmed); its rows join the decided table so the winner's row is there."""
+    (farm.tuner.winner.decide_confirmed); its rows join the decided table so the winner's row is there.
+    A candidate in ``failures`` (failed in a stage) is in no decision; where the default is one of them
+    (``default_failed``), the rest are compared with no one given the default's benefit of the doubt."""
+    failures, default_failed = failures or {}, default_failed or {}
     conf = load_confirmations(data)
     if conf.num_rows == 0:
         return table, winners
@@ -473,7 +602,7 @@ def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", 
     for i, key in enumerate(zip(sigs, pkeys, calls)):
         if key not in latest:
             latest[key] = sessions[i]  # rows are sorted newest first within a problem and mode
-        if sessions[i] == latest[key]:
+        if sessions[i] == latest[key] and keys[i] not in failures.get(key[:2], ()):
             groups.setdefault(key, []).append(i)
     defaults = {(c.sigs[g], c.pkeys[g]): c.keys[c.rows[r]] for g, r in enumerate(d.default.tolist()) if r >= 0}
     offset = table.num_rows
@@ -483,9 +612,10 @@ def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", 
         if main is None or len(rows) < 2:
             continue
         want, inc_key = defaults.get((sig, pkey)), c.incumbent_keys.get((sig, pkey))
+        gone = default_failed.get((sig, pkey))
         dec, order = decide_stage([keys[i] for i in rows], [values[offsets[i]:offsets[i + 1]] for i in rows],
                                   default_key=want, incumbent_key=inc_key,
-                                  default_flags=[keys[i].endswith(":[]") for i in rows])
+                                  default_flags=[keys[i].endswith(":[]") for i in rows], default_failed=gone is not None)
         rows = [rows[j] for j in order]
         samples = [values[offsets[i]:offsets[i + 1]] for i in rows]
         row_keys = [keys[i] for i in rows]
@@ -510,13 +640,22 @@ def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", 
             best=label(dec.best), best_speedup=best.speedup if best else None,
             best_low=best.speedup_low if best else None, best_high=best.speedup_high if best else None, ties=ties,
             host_cpus=tuple(sorted({cpus[i] for i in rows if cpus[i]})), calls_per_sample=per_sample[rows[ref]],
-            input_sets=set_counts[rows[ref]], default_call=paths[rows[ref]] or "")
+            input_sets=set_counts[rows[ref]], default_call=paths[rows[ref]] or "",
+            default_failed=gone.reason if gone is not None else "",
+            failed=tuple(f.describe() for f in failures.get((sig, pkey), {}).values()))
+        phrase = confirmed_why(dec, label)
+        if gone is not None:
+            phrase = (f"the default, {gone.label}, failed in the confirmation stage ({gone.reason}): "
+                      f"{label(w)} is the fastest of the rest ({dec.versus.describe() + ' against ' + label(dec.best) if dec.versus and dec.best >= 0 else 'nothing else finished'})")
+        elif confirmation.failed:
+            phrase = f"{phrase}; failed in the confirmation stage, never published: {'; '.join(confirmation.failed)}"
         decided.setdefault((sig, pkey), []).append(dataclasses.replace(
             main, engine_name=names[rows[w]], knobs=_knobs_of(row_keys[w]), median_ms=med[w],
             min_ms=float(np.min(samples[w])) if len(samples[w]) else None, mad_ms=mad[w],
             noisy=bool(is_noisy(np.array([med[w]]), np.array([mad[w]]))[0]), rule=dec.rule,
-            why=confirmed_why(dec, label), fastest=label(fastest), fastest_ms=med[fastest],
-            default=label(ref), default_ms=med[ref], row=offset + rows[w], confirmed=confirmation))
+            why=phrase, fastest=label(fastest), fastest_ms=med[fastest],
+            default=gone.label if gone is not None else label(ref), default_ms=None if gone is not None else med[ref],
+            row=offset + rows[w], confirmed=confirmation))
     if not decided:
         return table, winners
     out = dict(winners)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,11 +47,25 @@ def parse_overrides(text: str, *, source: str = "<overrides>", strict: bool = Tr
         raise exc.within(source=source) from None
 
 
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
 def load_json(text: str, source: str) -> Any:
     """json.loads with an InputError for what a hostile file can hold: bad syntax, nesting too deep,
-    integers too long to convert."""
+    integers too long to convert, NaN or Infinity (Python writes them; JSON has no such number)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse_constant)
+    except _NonFinite as exc:
+        at = re.search(r"(?<![\w\"])-?" + re.escape(str(exc).lstrip("-")) + r"(?![\w\"])", text)
+        where = f" at line {text.count(chr(10), 0, at.start()) + 1} column {at.start() - text.rfind(chr(10), 0, at.start())}" \
+            if at else ""
+        raise InputError(f"not valid JSON: {exc}{where} (a number that is not finite; JSON has none, and no time "
+                         "or speed-up can be one)", source=source) from None
     except json.JSONDecodeError as exc:
         raise InputError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", source=source) from None
     except RecursionError:
@@ -269,17 +284,35 @@ def render(doc: OverrideFile, entries: Sequence[dict[str, Any]] | None = None) -
     head.update({k: v for k, v in doc.extra.items() if k not in ("version", "device", "engine_overrides")})
     lines = ["{"]
     for k, v in head.items():
-        lines.append(f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)},")
+        lines.append(f"  {json.dumps(k)}: {_dumps(v, sort_keys=True)},")
     if entries is None:
         entries = [e.to_json() for e in doc.entries]
     if not entries:
         lines.append('  "engine_overrides": []')
     else:
         lines.append('  "engine_overrides": [')
-        lines.append(",\n".join(f"    {json.dumps(e)}" for e in entries))
+        lines.append(",\n".join(f"    {_dumps(e)}" for e in entries))
         lines.append("  ]")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _dumps(value: Any, **kw: Any) -> str:
+    """JSON text; a non-finite number (NaN, an infinity: no JSON number) is written as null."""
+    try:
+        return json.dumps(value, allow_nan=False, **kw)
+    except ValueError:
+        return json.dumps(_finite_only(value), allow_nan=False, **kw)
+
+
+def _finite_only(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_only(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_only(v) for v in value]
+    return value
 
 
 def lock_path(path: Path) -> Path:

@@ -32,7 +32,7 @@ from farm.devices.arrays import make_tensors
 from farm.devices.device import Device, eager_device
 from farm.devices.timing import Timer, timed_section
 from farm.model.engine import EngineRegistry
-from farm.model.measurement import summarize
+from farm.model.measurement import summarize, usable_time
 from farm.model.plans import PlanSpec
 from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig, AutotuneResult, CallMode, ConfirmSettings, Disposition
@@ -43,6 +43,7 @@ from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.session import ENGINE_ERRORS
 from farm.tuner.paired import CONFIDENCE, min_rounds
 from farm.tuner.phases import COMPILE, CONFIRM, PhaseClock, timed
+from farm.tuner.watchdog import HangWatch
 from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide_confirmed, decide_stage, noise_sigma
 
 log = logging.getLogger("farm.tuner.autotuner")  # the tuner's lines
@@ -146,12 +147,16 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
                      entries: Sequence[tuple[PlanSpec, int]], *, reference: PlanSpec | None,
                      incumbent: PlanSpec | None = None, call: CallMode = CallMode.EAGER,
                      config: AutotuneConfig | None = None, seed: int = 0,
-                     tensors: Mapping[str, Any] | None = None, phases: PhaseClock | None = None) -> ConfirmRun:
+                     tensors: Mapping[str, Any] | None = None, phases: PhaseClock | None = None,
+                     watch: HangWatch | None = None, probe: bool = False) -> ConfirmRun:
     """Re-measure ``entries`` ((plan spec, discovery index) each) in paired rounds; never raises for a
-    candidate's failure (it gets a failed row and leaves the rounds). ``reference`` with default knobs is
-    timed as its engine's direct library call (farm.tuner.callers), every other participant through farm.ops'
-    entry point; every participant's sample holds the same number of calls. ``phases`` learns the time spent
-    building the participants' plans and in the rounds."""
+    candidate's failure: a participant that raises anything (SystemExit and an engine's KeyboardInterrupt
+    included; a user's Ctrl-C goes on up) or gives an unusable time gets a failed row and leaves the rounds.
+    ``reference`` with default knobs is timed as its engine's direct library call (farm.tuner.callers), every
+    other participant through farm.ops' entry point; every participant's sample holds the same number of calls.
+    ``phases`` learns the time spent building the participants' plans and in the rounds. ``watch`` (in-process
+    tuning) sees the participant being compiled, warmed up or sampled. ``probe``: the rounds run to the budget
+    even for one participant (a participant alone, run again to find which one killed its worker)."""
     from farm.tuner.autotuner import Autotuner
 
     config = config or AutotuneConfig()
@@ -160,6 +165,9 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
     started_at = _now_iso()
     stage_device, timer = eager_device(device) if call is CallMode.EAGER else (device, device.timer)
     tuner = Autotuner(problem, stage_device, registry=registry)
+    tuner.stage = call
+    if watch is not None:
+        watch.watch(tuner)
     results: dict[PlanSpec, AutotuneResult] = {}
     cands: list[_Candidate] = []
     try:
@@ -181,6 +189,7 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
                 results[spec] = _failed(problem, cand, Disposition.FAILED_COMPILE, cand.error, config, call)
                 continue
             name = cand.engine.name if cand.engine else str(spec.engine_id)
+            tuner.in_flight[spec] = time.monotonic()
             try:
                 workspace = tuner.workspace_for(int(getattr(plan, "workspace_size", 0) or 0))
                 finalize = getattr(plan, "finalize", None)
@@ -193,11 +202,15 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
                     stage_device.synchronize()
                     if call is CallMode.EAGER:
                         estimates[spec] = estimate_ms(timer, caller)
+                        if not usable_time(estimates[spec]):
+                            raise ValueError(f"unusable time {estimates[spec]!r} ms for one call")
             except ENGINE_ERRORS as exc:
                 reraise_user_interrupt(exc)
                 results[spec] = _failed(problem, cand, Disposition.FAILED_WARMUP,
                                         f"{name}: confirmation warm-up: {_err(exc)}", config, call)
                 continue
+            finally:
+                tuner.in_flight.pop(spec, None)
             callers[spec] = caller
         samplers: dict[PlanSpec, Callable[[], float]] = {}
         notes: dict[PlanSpec, str] = {}
@@ -209,6 +222,7 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
         else:
             n = config.graph_repeats or GRAPH_REPEATS
             for spec, c in callers.items():
+                tuner.in_flight[spec] = time.monotonic()
                 try:
                     with timed(phases, CONFIRM):
                         samplers[spec], notes[spec] = graph_sampler(stage_device, c, n)
@@ -217,11 +231,14 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
                     cand = next(x for x in cands if x.spec == spec)
                     results[spec] = _failed(problem, cand, Disposition.FAILED_WARMUP,
                                             f"{c.label}: graph capture: {_err(exc)}", config, call)
+                finally:
+                    tuner.in_flight.pop(spec, None)
         order = [s for s, _ in entries if s in samplers]
         samples: dict[PlanSpec, list[float]] = {s: [] for s in order}
         with timed(phases, CONFIRM):
             rounds, settled = _rounds(problem, {c.spec: c for c in cands}, order, samplers, samples, results,
-                                      reference, incumbent, settings, stage_device, timer, config, seed, call)
+                                      reference, incumbent, settings, stage_device, timer, config, seed, call,
+                                      tuner.in_flight, probe)
         wall = (time.perf_counter() - t_start) * 1e3
         for cand in cands:
             spec = cand.spec
@@ -259,8 +276,10 @@ def _rounds(problem: Problem, cands: dict[PlanSpec, _Candidate], order: list[Pla
             samplers: dict[PlanSpec, Callable[[], float]],
             samples: dict[PlanSpec, list[float]], failed: dict[PlanSpec, AutotuneResult],
             reference: PlanSpec | None, incumbent: PlanSpec | None, settings: ConfirmSettings, device: Device,
-            timer: Timer, config: AutotuneConfig, seed: int, call: CallMode) -> tuple[int, bool]:
-    """Timed rounds in a random order each; (rounds run, whether the decision settled before the budget)."""
+            timer: Timer, config: AutotuneConfig, seed: int, call: CallMode, in_flight: dict[PlanSpec, float],
+            probe: bool = False) -> tuple[int, bool]:
+    """Timed rounds in a random order each; (rounds run, whether the decision settled before the budget).
+    ``in_flight`` holds the participant being sampled (what a hang watch reads); ``probe``: no early stop."""
     looks, look_confidence = _looks(settings.max_rounds)
     floor = min_rounds(CONFIDENCE)
     rng = np.random.default_rng([seed, int(problem.key[:12], 16), 1 if call is CallMode.GRAPH else 0])
@@ -275,18 +294,29 @@ def _rounds(problem: Problem, cands: dict[PlanSpec, _Candidate], order: list[Pla
                 spec = live[i]
                 if spec not in samplers:
                     continue
+                in_flight[spec] = time.monotonic()
                 try:
                     if flush is not None:
                         flush(stream)
-                    samples[spec].append(samplers[spec]())
-                except Exception as exc:  # it leaves the rounds; the others go on
+                    t = samplers[spec]()
+                    if not usable_time(t):
+                        raise ValueError(f"unusable time {t!r} ms")
+                    samples[spec].append(t)
+                except ENGINE_ERRORS as exc:  # it leaves the rounds; the others go on
+                    reraise_user_interrupt(exc)
                     del samplers[spec]
                     failed[spec] = _failed(problem, cands[spec], Disposition.FAILED_RUN,
                                            f"round {rounds + 1}: {_err(exc)}", config, call)
+                finally:
+                    in_flight.pop(spec, None)
             live = [s for s in live if s in samplers]  # the others keep one sample a round: still paired
             rounds += 1
             spent = (time.perf_counter() - t0) * 1e3
             ref = reference if reference in samplers else (live[0] if live else None)
+            if probe:
+                if not live or (spent >= settings.budget_ms and rounds >= floor):
+                    break
+                continue
             if len(live) < 2 or ref is None:
                 settled = True
                 break
@@ -328,16 +358,17 @@ def stage_winner(run: ConfirmRun, *, default: PlanSpec | None, incumbent: PlanSp
     dec, order = decide_stage([r.spec.key for r in ok], [r.samples for r in ok],
                               default_key=default.key if default else None,
                               incumbent_key=incumbent.key if incumbent else None,
-                              default_flags=[not r.knobs for r in ok])
+                              default_flags=[not r.knobs for r in ok],
+                              default_failed=any(r.spec == default and not r.succeeded for r in run.results))
     return ok[order[dec.winner]].spec
 
 
 def confirm_problem(problem: Problem, device: Device, registry: EngineRegistry, config: AutotuneConfig,
                     calls: Sequence[CallMode], measured: Sequence[Measured], *, incumbent: PlanSpec | None = None,
-                    seed: int = 0) -> list[ConfirmRun]:
+                    seed: int = 0, watch: HangWatch | None = None) -> list[ConfirmRun]:
     """The stage for one problem, once per calling mode in ``calls``, from its main-round results
-    (``measured``: every successful candidate, this run's and earlier runs'). Nothing when it is off or
-    there is nothing to compare."""
+    (``measured``: every successful candidate, this run's and earlier runs'). A participant that fails one
+    mode's stage is in no later one. Nothing when it is off or there is nothing to compare."""
     if not config.confirm.enabled or not calls:
         return []
     defaults = [m for m in measured if not m.spec.knobs]
@@ -350,7 +381,10 @@ def confirm_problem(problem: Problem, device: Device, registry: EngineRegistry, 
                               max_candidates=config.confirm.max_candidates, runners_up=config.confirm.runners_up,
                               engine_leaders=call is CallMode.EAGER)
         if chosen:
-            runs.append(run_confirmation(problem, device, registry, [(s, index[s]) for s in chosen],
-                                         reference=default or leader, incumbent=incumbent, call=call, config=config,
-                                         seed=seed))
+            run = run_confirmation(problem, device, registry, [(s, index[s]) for s in chosen],
+                                   reference=default or leader, incumbent=incumbent, call=call, config=config,
+                                   seed=seed, watch=watch)
+            runs.append(run)
+            failed = {r.spec for r in run.results if not r.succeeded}
+            measured = [m for m in measured if m.spec not in failed]
     return runs

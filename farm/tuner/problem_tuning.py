@@ -135,7 +135,8 @@ def tune_problem(
                       for r in results if r.succeeded and r.median_ms is not None)]
         # new main-round rows make an earlier stage stale: every calling mode is confirmed again then
         left = list(wp.calls) if todo else [c for c in wp.calls if c not in set(confirmed)]
-        runs = confirm_problem(wp.problem, device, registry, config, left, measured, incumbent=incumbent, seed=seed)
+        runs = confirm_problem(wp.problem, device, registry, config, left, measured, incumbent=incumbent, seed=seed,
+                               watch=watch)
         for run in runs:
             if on_confirm is not None:
                 on_confirm(run)
@@ -144,7 +145,9 @@ def tune_problem(
             default = min(defaults, key=lambda m: m.index).spec if defaults else None
             primary = min(runs, key=lambda r: list(CallMode).index(r.call))
             first = stage_winner(primary, default=default, incumbent=incumbent)
-            ok = sorted((r for r in results if r.succeeded), key=lambda r: (r.spec != first, r.rank))
+            # a candidate that failed in a stage is never first, whatever its main-round time
+            dropped = {r.spec for run in runs for r in run.results if not r.succeeded}
+            ok = sorted((r for r in results if r.succeeded), key=lambda r: (r.spec in dropped, r.spec != first, r.rank))
             results = [dataclasses.replace(r, rank=i) for i, r in enumerate(ok)] + [r for r in results if not r.succeeded]
         pruned = len(specs) - len(wanted) if wanted is not None else 0
         return ProblemOutcome(wp, tuple(results), error, (time.perf_counter() - t0) * 1e3,

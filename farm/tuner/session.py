@@ -19,7 +19,7 @@ from farm.errors import AutotuneError
 from farm.model import dtypes
 from farm.model.engine import Engine, Plan
 from farm.model.knobs import KnobSettings
-from farm.model.measurement import summarize
+from farm.model.measurement import summarize, usable_time
 from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
 from farm.tuner.callers import input_set_count, input_sets
@@ -293,7 +293,10 @@ class _Run:
             while True:
                 if self.cfg.cold_cache:
                     dev.runtime.flush_l2(dev.stream)
-                samples.append(dev.timer.measure(timed(len(samples))) / per_call)
+                t = dev.timer.measure(timed(len(samples))) / per_call
+                if not usable_time(t):  # a broken timer or engine: the candidate fails, its time is no result
+                    raise ValueError(f"unusable time {t!r} ms")
+                samples.append(t)
                 stop, converged = self.rule.done(samples[first:], (time.perf_counter() - t0) * 1e3)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("autotune: %s iteration %d: %.4f ms%s", label, len(samples), samples[-1],

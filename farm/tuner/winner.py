@@ -22,7 +22,9 @@ nothing tuned: the earliest-discovered candidate with default knobs) or the
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -196,6 +198,7 @@ class ConfirmedRule(str, enum.Enum):
     INCUMBENT_NOT_BEATEN = "incumbent_not_beaten"  # the incumbent beat the default, and nothing beat the incumbent
     NOT_DELIVERED = "not_delivered"  # farm verify found the winner short of what it promised where it is replayed:
     # the default is published instead
+    DEFAULT_FAILED = "default_failed"  # the default failed in the stage: the fastest of the rest is published
 
 
 @dataclass(frozen=True)
@@ -263,12 +266,22 @@ def confirmed_why(d: ConfirmedDecision, label_of: Callable[[int], str]) -> str:
 
 
 def decide_stage(keys: Sequence[str], samples: Sequence[Sequence[float]], *, default_key: str | None,
-                 incumbent_key: str | None, default_flags: Sequence[bool]) -> tuple[ConfirmedDecision, list[int]]:
+                 incumbent_key: str | None, default_flags: Sequence[bool],
+                 default_failed: bool = False) -> tuple[ConfirmedDecision, list[int]]:
     """:func:`decide_confirmed` on one stage's rows as every surface reads them: in the order of their candidate
-    keys, the reference being ``default_key`` (else the first default-knob row, else the first row). Returns
-    the decision (indices into that order) and the order (indices into the caller's rows)."""
+    keys, the reference being ``default_key`` (else the first default-knob row, else the first row). With
+    ``default_failed`` (the default failed in the stage) the reference is the fastest by median: nobody gets
+    the default's benefit of the doubt, and the rule says so. Returns the decision (indices into that order)
+    and the order (indices into the caller's rows)."""
     order = sorted(range(len(keys)), key=lambda i: keys[i])
     ks = [keys[i] for i in order]
-    ref = ks.index(default_key) if default_key in ks else next((j for j, i in enumerate(order) if default_flags[i]), 0)
+    ordered = [samples[i] for i in order]
+    if default_failed:
+        ref = min(range(len(ks)), key=lambda j: (float(np.median(ordered[j])) if len(ordered[j]) else math.inf, j))
+    else:
+        ref = ks.index(default_key) if default_key in ks else next((j for j, i in enumerate(order) if default_flags[i]), 0)
     inc = ks.index(incumbent_key) if incumbent_key in ks else -1
-    return decide_confirmed([samples[i] for i in order], ref, incumbent=inc), order
+    dec = decide_confirmed(ordered, ref, incumbent=inc)
+    if default_failed:
+        dec = dataclasses.replace(dec, rule=ConfirmedRule.DEFAULT_FAILED)
+    return dec, order
