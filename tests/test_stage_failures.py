@@ -34,6 +34,8 @@ DEFAULT, FAST = {}, {"variant": 3}  # the default's knobs, the real winner's
 def _plugin(root: Path) -> Path:
     """The flaky engine as an installed-looking distribution under ``root``."""
     pkg = root / "flaky_engines"
+    if pkg.exists():
+        return root
     pkg.mkdir(parents=True)
     shutil.copy(REPO / "tests" / "data" / "flaky_plugin.py", pkg / "__init__.py")
     info = root / "flaky_engines-1.0.dist-info"
@@ -239,3 +241,51 @@ def test_a_resume_never_counts_a_lone_failed_stage_row_as_a_stage_and_drops_its_
     assert failed_in_stage(main + [hung, again]) == set()
     whole = [PriorRow(s, "confirm", "c", True, 1.0, 0.0, "eager", 400.0, 2) for s in (b, c)]
     assert confirmed_calls(main + [hung] + whole) == {"eager"}
+
+
+def test_in_process_a_native_crash_in_the_stage_is_named_by_the_runs_after_it(tmp_path):
+    """os.abort() takes farm tune --in-process with it; the journal of candidates in flight (a memory-mapped page
+    of the output folder) names it: the next run measures it again (a kill names nobody), and when that run ends
+    so too, the candidate gets a crashed row of the stage and the run goes on without it."""
+    faults = {64: "abort@11:default"}
+    codes = []
+    for _ in range(3):
+        proc, out = _tune(tmp_path, faults, "--in-process")
+        codes.append(proc.returncode)
+    assert codes[:2] == [-signal.SIGABRT] * 2, proc.stderr[-500:]
+    assert "ended the process twice in the confirmation stage (eager) of p64" in proc.stderr
+    _check(proc, out, faults, runs=3)
+    rows = ResultsDataset(out / "results").table(["round", "disposition", "error"]).to_pylist()
+    crashed = [r for r in rows if r["disposition"] == "crashed"]
+    assert len(crashed) == 1 and crashed[0]["round"] == "confirm" and "two runs in a row" in crashed[0]["error"]
+
+
+def test_the_in_flight_journal_survives_the_process_and_reads_a_foreign_page_as_nothing(tmp_path):
+    from farm.model.plans import PlanSpec
+    from farm.tuner.journal import InFlight, InFlightJournal, InFlightRecord
+
+    path = tmp_path / ".in-flight"
+    code = ("import sys, os, time; sys.path.insert(0, %r)\n"
+            "from farm.tuner.journal import InFlight, InFlightJournal\n"
+            "from farm.model.plans import PlanSpec\n"
+            "f = InFlight('abc'); f.stage = 'eager'; f.journal = InFlightJournal(%r)\n"
+            "f[PlanSpec(7, (('variant', 3),))] = time.monotonic()\n"
+            "os.abort()\n") % (str(REPO), str(path))
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == -signal.SIGABRT
+    journal = InFlightJournal(path)
+    now, suspect = journal.read()
+    assert now == InFlightRecord("abc", "eager", (PlanSpec(7, (("variant", 3),)).key,)) and suspect is None
+    journal.settle(now)
+    flight = InFlight("abc")
+    flight.journal = journal
+    flight[PlanSpec(1, ())] = 1.0
+    flight[PlanSpec(2, ())] = 2.0
+    assert len(journal.read()[0].candidates) == 2 and journal.read()[1] == now
+    flight.pop(PlanSpec(1, ()))
+    flight.pop(PlanSpec(2, ()))
+    assert journal.read() == (None, now)
+    journal.settle(None)
+    assert journal.read() == (None, None)
+    journal.close()
+    path.write_bytes(b"\x89PNG not ours" + b"\0" * 100)
+    assert InFlightJournal(path).read() == (None, None)

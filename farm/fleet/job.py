@@ -51,6 +51,7 @@ from farm.model.measurement import usable_time
 from farm.model.records import CallMode
 from farm.tuner.confirm import ConfirmRun, Measured
 from farm.tuner.problem_tuning import ProblemOutcome, tune_problem
+from farm.tuner.journal import InFlightJournal
 from farm.tuner.watchdog import HangWatch
 
 log = logging.getLogger("farm.fleet.job")
@@ -500,8 +501,11 @@ def run_local(
     if pruning is not None:
         pruning.write = jr.write
     current: dict[str, Any] = {}  # the problem being tuned, for the hang watch
-    watch = _hang_watch(jr, current, config, candidate_timeout_s, on_hang) \
-        if candidate_timeout_s else None
+    journal = InFlightJournal(jr.job.root / JOURNAL) if not jr.job.remote else None
+    if journal is not None:
+        _after_an_unfinished_run(jr, journal, workload, device, registry, config)
+    watch = _hang_watch(jr, current, config, candidate_timeout_s, on_hang, journal) \
+        if candidate_timeout_s or journal is not None else None
     try:
         # a tuning run compiles for a while: engines may start what helps (Triton's compile pool on a GPU)
         registry.prepare((e.name for e in registry if any(wp.engines.selects(e.name) for wp in workload.problems)),
@@ -547,6 +551,9 @@ def run_local(
     finally:
         if watch is not None:
             watch.close()
+        if journal is not None:  # this run ended in Python (finished, an error, a Ctrl-C): nothing to attribute
+            journal.settle(None)
+            journal.close()
     check = None if verifier is None else (lambda sig, text, keys: verifier(device, text, keys))
     summary = jr.finish(reduce=reduce, top_k=top_k, verify=check, device=device.properties.to_dict(),
                         **({"pruning": pruning.pruner.tally.to_json()} if pruning else {}))
@@ -588,9 +595,10 @@ def measured_of(rows: Iterable[PriorRow]) -> list[Measured]:
     return [Measured(r.spec, -1, r.session, r.median_ms, r.mad_ms or 0.0) for r in latest.values()]
 
 
-def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, timeout_s: float,
-                on_hang: Callable[[str], None] | None) -> HangWatch:
-    """A watch that records a stuck candidate as timed out (with every row before it) and ends the run's record."""
+def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, timeout_s: float | None,
+                on_hang: Callable[[str], None] | None, journal: InFlightJournal | None = None) -> HangWatch:
+    """A watch that records a stuck candidate as timed out (with every row before it) and ends the run's record;
+    with ``journal``, it keeps the candidates in flight there."""
 
     def hung(tuner: Any, spec: Any, seconds: float) -> None:
         row = _timed_out_row(tuner, spec, seconds, config)
@@ -601,6 +609,8 @@ def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, tim
             row = dataclasses.replace(row, error=f"confirmation ({stage.value}): {row.error}")
         jr.write([(row, current["wp"], where)])
         jr.writer.flush()
+        if journal is not None:
+            journal.settle(None)  # recorded: the restart has nothing to attribute
         message = (f"{current['wp'].name}: {row.engine_name} {dict(spec.knobs)} hung for {seconds:.0f} s "
                    f"{'in the confirmation stage ' if stage is not None else ''}"
                    f"(candidate timeout {timeout_s:g} s); recorded as timed_out")
@@ -608,7 +618,56 @@ def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, tim
         if on_hang is not None:
             on_hang(message)
 
-    return HangWatch(timeout_s, hung)
+    return HangWatch(timeout_s or None, hung, journal)
+
+
+JOURNAL = ".in-flight"  # farm.tuner.journal's file in an in-process run's output folder
+
+
+def _after_an_unfinished_run(jr: JobRun, journal: InFlightJournal, workload: Workload, device: Device,
+                             registry: EngineRegistry, config: AutotuneConfig) -> None:
+    """The last in-process run into this folder ended without finishing (a native crash of a candidate, or the
+    process killed) while one candidate ran: the first time it runs again (a kill names nobody), the second time
+    in a row it gets a ``crashed`` row (of the stage it was in), and the run goes on after it."""
+    from farm.model.records import Disposition
+    from farm.tuner.autotuner import Autotuner
+    from farm.tuner.problem_tuning import plan_specs_for
+
+    now, suspect = journal.read()
+    wp = next((w for w in workload.problems if now is not None and w.problem.key == now.problem_key), None)
+    if now is None or wp is None or len(now.candidates) != 1:
+        journal.settle(None)
+        return
+    spec = spec_of(now.candidates[0])
+    engine = registry.get(spec.engine_id) if spec is not None else None
+    where = f"{' confirmation stage (' + now.stage + ')' if now.stage else ' main round'}"
+    label = f"{engine.name if engine else now.candidates[0]} {dict(spec.knobs) if spec else ''}".strip()
+    if spec is None or engine is None or suspect != now:
+        log.warning("farm: the last run into this folder ended while %s ran in the%s of %s (a native crash, or the "
+                    "process was killed); it runs again, and is recorded as crashed if the run ends so again",
+                    label, where, wp.name)
+        journal.settle(now)
+        return
+    tuner = Autotuner(wp.problem, device, registry=registry)
+    try:
+        specs = plan_specs_for(wp, tuner)
+    except FarmError:
+        specs = []
+    finally:
+        tuner.close()
+    stage = f"confirmation ({now.stage}): " if now.stage else ""
+    row = AutotuneResult(
+        problem_key=wp.problem.key, engine_id=spec.engine_id, engine_name=engine.name, knobs=spec.knobs,
+        disposition=Disposition.CRASHED, mode=config.mode, strategy=config.strategy,
+        candidate=specs.index(spec) if spec in specs else -1,
+        error=f"{stage}the process ended while it ran, in two runs in a row (a native crash: in-process, nothing "
+              "survives it to say more); quarantined", started_at=now_iso())
+    context = MeasurementContext(device.properties, round=CONFIRM if now.stage else "main", call=now.stage)
+    jr.write([(row, wp, context)])
+    jr.writer.flush()
+    log.warning("farm: %s ended the process twice in the%s of %s: recorded as crashed; the run goes on without it",
+                label, where, wp.name)
+    journal.settle(None)
 
 
 def _timed_out_row(tuner: Any, spec: Any, seconds: float, config: AutotuneConfig) -> AutotuneResult:

@@ -46,6 +46,7 @@ from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig, AutotuneResult, BuildPolicy, CallMode, HeuristicMode, ResultCheck, TuneMode
 from farm.tuner.candidate import _Candidate, _close_plan, _err
 from farm.tuner.interrupts import reraise_user_interrupt
+from farm.tuner.journal import InFlight
 from farm.tuner.phases import PhaseClock
 from farm.tuner.ranking import _rank
 from farm.tuner.session import _Run
@@ -75,7 +76,7 @@ class Autotuner:
         self._workspace_size = 0
         self.results: list[AutotuneResult] = []
         # plan spec -> time.monotonic() its compile or measurement began: what a hang watch looks at
-        self.in_flight: dict[PlanSpec, float] = {}
+        self.in_flight = InFlight(problem.key)
         self.stage: CallMode | None = None  # the calling mode of the confirmation stage it runs, if it runs one
 
     # -- discovery and plan specs (delegated to the collection) ----------------------
