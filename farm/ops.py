@@ -22,7 +22,6 @@ apply to every device's runtime. ``runtime(...)`` gives one device's runtime; ``
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 from typing import Any, Callable
 
@@ -220,14 +219,7 @@ def reset() -> None:
 def _bind(problem: Problem, where: Placement) -> tuple[Bound, Bound | None, Callable[[], bool] | None]:
     """farm.ops' binder: the device's replay runtime chooses (recorded winners, the selection policies), and
     a separate graph decision is bound beside it where a file records one."""
-    rt = RUNTIMES.get(where.kind, where.index)
-    bound = rt.bind(problem.key, problem)
-    check = rt.exec_device.extras.get("is_capturing")
-    graph = rt.bind_call(problem.key, problem, "graph") if check is not None else None
-    if graph is None or (graph.engine_name, graph.knobs) == (bound.engine_name, bound.knobs):
-        return bound, None, None
-    probe = rt.exec_device.extras.get("capture_probe")
-    return bound, graph, probe(rt.exec_device) if probe is not None else functools.partial(check, rt.exec_device)
+    return RUNTIMES.get(where.kind, where.index).bind_for_ops(problem)
 
 
 CALLS = OpCalls(_bind)

@@ -603,16 +603,16 @@ def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, tim
     def hung(tuner: Any, spec: Any, seconds: float) -> None:
         row = _timed_out_row(tuner, spec, seconds, config)
         where = current["where"]
-        stage = getattr(tuner, "stage", None)
-        if stage is not None:  # in a confirmation stage: a failed row of the stage (no session size: no stage ran)
-            where = MeasurementContext(where.device, round=CONFIRM, call=stage.value)
-            row = dataclasses.replace(row, error=f"confirmation ({stage.value}): {row.error}")
+        stage = getattr(tuner.in_flight, "stage", "")
+        if stage:  # in a confirmation stage: a failed row of the stage (no session size: no stage ran)
+            where = MeasurementContext(where.device, round=CONFIRM, call=stage)
+            row = dataclasses.replace(row, error=f"confirmation ({stage}): {row.error}")
         jr.write([(row, current["wp"], where)])
         jr.writer.flush()
         if journal is not None:
             journal.settle(None)  # recorded: the restart has nothing to attribute
         message = (f"{current['wp'].name}: {row.engine_name} {dict(spec.knobs)} hung for {seconds:.0f} s "
-                   f"{'in the confirmation stage ' if stage is not None else ''}"
+                   f"{'in the confirmation stage ' if stage else ''}"
                    f"(candidate timeout {timeout_s:g} s); recorded as timed_out")
         jr.job.finish(jr.record, jr.run, state="failed", error=message, rows_written=jr.writer.rows_written)
         if on_hang is not None:

@@ -30,12 +30,13 @@ format the farm publishes), and the untuned file is a workload (the format
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -284,6 +285,18 @@ class TunableRuntime:
             if slot not in self._bound:
                 self._bound[slot] = self._choose_call(problem, call)
             return self._bound[slot]
+
+    def bind_for_ops(self, problem: Problem) -> tuple[Bound, Bound | None, Callable[[], bool] | None]:
+        """What farm.ops binds a problem to (farm.dispatch's binder contract): the eager decision, the separate
+        graph decision where a file records one and the device captures graphs, and the check that a graph is
+        being captured (None without a separate graph decision)."""
+        bound = self.bind(problem.key, problem)
+        check = self.exec_device.extras.get("is_capturing")
+        graph = self.bind_call(problem.key, problem, "graph") if check is not None else None
+        if graph is None or (graph.engine_name, graph.knobs) == (bound.engine_name, bound.knobs):
+            return bound, None, None
+        probe = self.exec_device.extras.get("capture_probe")
+        return bound, graph, probe(self.exec_device) if probe is not None else functools.partial(check, self.exec_device)
 
     def _choose_call(self, problem: Problem, call: str) -> Bound | None:
         if self.settings.enabled:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import math
 import os
@@ -282,15 +281,8 @@ class FileReplay:
         return self.runtime.exec_device
 
     def _bind(self, problem: Problem, where: Placement) -> tuple[Bound, Bound | None, Callable[[], bool] | None]:
-        rt = self.runtime
         with config_path(self.path):
-            bound = rt.bind(problem.key, problem)
-            check = rt.exec_device.extras.get("is_capturing")
-            graph = rt.bind_call(problem.key, problem, "graph") if check is not None else None
-        if graph is None or (graph.engine_name, graph.knobs) == (bound.engine_name, bound.knobs):
-            return bound, None, None
-        probe = rt.exec_device.extras.get("capture_probe")
-        return bound, graph, probe(rt.exec_device) if probe is not None else functools.partial(check, rt.exec_device)
+            return self.runtime.bind_for_ops(problem)
 
     def binding_of(self, problem: Problem) -> Binding | None:
         return next((b for b in self.calls.bindings.values() if b.bound.problem.key == problem.key), None)

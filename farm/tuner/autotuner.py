@@ -43,7 +43,7 @@ from farm.model.engine import (
 from farm.model.knobs import KnobValue, candidate_label
 from farm.model.plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection
 from farm.model.problem import Problem
-from farm.model.records import AutotuneConfig, AutotuneResult, BuildPolicy, CallMode, HeuristicMode, ResultCheck, TuneMode
+from farm.model.records import AutotuneConfig, AutotuneResult, BuildPolicy, HeuristicMode, ResultCheck, TuneMode
 from farm.tuner.candidate import _Candidate, _close_plan, _err
 from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.journal import InFlight
@@ -77,7 +77,6 @@ class Autotuner:
         self.results: list[AutotuneResult] = []
         # plan spec -> time.monotonic() its compile or measurement began: what a hang watch looks at
         self.in_flight = InFlight(problem.key)
-        self.stage: CallMode | None = None  # the calling mode of the confirmation stage it runs, if it runs one
 
     # -- discovery and plan specs (delegated to the collection) ----------------------
     def engine_configs(self) -> list[EngineConfig]:

@@ -165,7 +165,7 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
     started_at = _now_iso()
     stage_device, timer = eager_device(device) if call is CallMode.EAGER else (device, device.timer)
     tuner = Autotuner(problem, stage_device, registry=registry)
-    tuner.stage, tuner.in_flight.stage = call, call.value
+    tuner.in_flight.stage = call.value  # what a hang watch's row and the journal say
     if watch is not None:
         watch.watch(tuner)
     results: dict[PlanSpec, AutotuneResult] = {}

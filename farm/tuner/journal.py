@@ -102,7 +102,7 @@ class InFlight(dict):
     def __init__(self, problem_key: str) -> None:
         super().__init__()
         self.problem_key = problem_key
-        self.stage = ""
+        self.stage = ""  # the calling mode of the confirmation stage the tuner runs ("": the main round)
         self.journal: InFlightJournal | None = None
 
     def __setitem__(self, spec: PlanSpec, since: float) -> None:
