@@ -142,4 +142,70 @@ def test_two_workers_share_a_signature_and_results_are_kept_when_asked():
 
 
 def test_loss_kinds_are_the_schedulers_words():
-    assert {k.value for k in LossKind} == {"crash", "silent", "timeout", "error", "not_started"}
+    # a lost node is the scheduler's not_started (the driver passes it so): the task runs again as it was
+    assert {k.value for k in LossKind} - {"node_lost"} == {"crash", "silent", "timeout", "error", "not_started"}
+
+
+def on_node(driver, index, node, props=PROPS):
+    w = WorkerHandle(index, WorkerInfo(f"sim:{index}", f"a{index}", node, "host", 1, props), actor=object(),
+                     status=WorkerStatus(f"sim:{index}", props.signature, props.name, "host", WorkerState.IDLE.value,
+                                         node_id=node))
+    driver.add_worker(w)
+    return w
+
+
+def test_a_lost_node_s_task_runs_again_as_it_was_on_a_surviving_device_and_charges_nobody():
+    driver, [], sink, clock, cs = setup(n_candidates=4, workers=0)
+    a, b = on_node(driver, 0, "node-a"), on_node(driver, 1, "node-b")
+    [(w, task)] = driver.assignments()  # one task of 4: the first free worker takes it
+    driver.on_started(w)
+    driver.on_batch(w, [result(cs[0])])
+    lost = driver.on_node_lost(w.info.node_id, "removed")
+    assert lost == [w] and w.lost and not w.restarting and w.status.state == "lost" and w.status.restarts == 0
+    other = b if w is a else a
+    [(got, again)] = driver.assignments()
+    assert got is other and not again.careful and set(again.specs) == {c.spec for c in cs[1:]}
+    driver.on_started(other)
+    driver.on_batch(other, [result(c) for c in cs[1:]])
+    driver.on_end(other, TaskEnd("s", {}))
+    driver.on_stream_end(other)
+    # every candidate has exactly one row, none of them a failure; the lost worker does not hold the job open
+    assert sorted(r[0].candidate for r in sink.rows) == [0, 1, 2, 3] and all(r[0].succeeded for r in sink.rows)
+    # (with the confirmation stage off, rows of two sessions get a finalist round, as after any split)
+    [(got, finalists)] = driver.assignments()
+    assert got is other and finalists.round == "finalist"
+    driver.on_batch(other, [result(c) for c in cs if c.spec in finalists.specs])
+    driver.on_end(other, TaskEnd("f", {}))
+    driver.on_stream_end(other)
+    assert driver.done and driver.status().nodes[0].state == "lost" and driver.status().nodes[1].state == "active"
+    assert driver.on_node_lost(w.info.node_id) == []  # told twice (the node list and an error): once
+
+
+def test_the_only_node_of_a_signature_lost_waits_then_gives_its_problems_up_and_the_job_ends():
+    driver, [], sink, clock, cs = setup(n_candidates=3, workers=0, device_wait_s=30)
+    w = on_node(driver, 0, "node-a")
+    driver.assignments()
+    driver.on_started(w)
+    driver.on_node_lost("node-a")
+    assert driver.check_waits() == [] and not driver.done and not driver.stuck
+    assert driver.status().waiting == {PROPS.signature: 30.0}
+    clock.t = 29.0
+    assert driver.check_waits() == [] and driver.status().waiting[PROPS.signature] == 1.0
+    clock.t = 30.0
+    assert driver.check_waits() == [PROPS.signature]
+    assert driver.done and driver.status().given_up == {PROPS.signature: ["mm"]} and sink.rows == []
+
+
+def test_a_node_that_joins_while_a_signature_waits_takes_its_work():
+    driver, [], sink, clock, cs = setup(n_candidates=3, workers=0, device_wait_s=30)
+    w = on_node(driver, 0, "node-a")
+    driver.assignments()
+    driver.on_node_lost("node-a")
+    driver.check_waits()
+    clock.t = 10.0
+    late = on_node(driver, 1, "node-b")
+    assert driver.check_waits() == [] and driver.status().waiting == {}
+    [(got, task)] = driver.assignments()
+    assert got is late and task.size == 3
+    assert [n.joined_s for n in driver.status().nodes] == [None, None]  # the table of a real run knows (NodeTable)
+

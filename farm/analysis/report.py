@@ -13,12 +13,13 @@ candidate with default knobs, what the runtime runs with nothing tuned.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from farm.analysis.phases import RunPhases, run_phases
 from farm.store.dataset import ResultsDataset, results_folder
@@ -27,7 +28,7 @@ from farm.tuner.winner import NOISE_SIGMAS, NOISY_RELATIVE, RELATIVE_FLOOR, nois
 
 _COLUMNS = ["device_signature", "device_name", "host", "device_index", "problem_key", "problem_name", "problem_label",
             "candidate_key", "candidate_index", "engine_name", "knobs", "disposition", "succeeded", "median_ms",
-            "avg_ms", "stddev_ms", "mad_ms", "samples_ms", "tuning_ms", "measured_at", "round"]
+            "avg_ms", "stddev_ms", "mad_ms", "samples_ms", "tuning_ms", "measured_at", "round", "node_id"]
 
 
 @dataclass
@@ -146,11 +147,31 @@ class SignatureSummary:
 
 
 @dataclass
+class NodeSummary:
+    """What one Ray node's workers measured (rows carry their node), and its fate in the latest farm run."""
+
+    node_id: str
+    hosts: list[str]
+    signatures: list[str]
+    rows: int
+    candidates: int  # main-round rows
+    failures: int
+    state: str = ""  # the latest run's: active / lost ('' when that run did not record it)
+    joined_s: float | None = None
+    lost_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
 class Report:
     root: str
     signatures: list[SignatureSummary]
     skipped_files: list[tuple[str, str]]
     phases: RunPhases | None = None  # the latest farm run's device time by phase (job.json), when there is one
+    nodes: list[NodeSummary] = field(default_factory=list)  # per Ray node (rows measured by a farm's workers)
+    waiting: dict[str, list[str]] = field(default_factory=dict)  # the latest run's problems waiting for a device
 
 
 def _candidate(row: dict[str, Any]) -> str:
@@ -180,8 +201,39 @@ def build_report(results_dir: str | Path, decisions: Decisions | None = None) ->
     for r in rows:
         by_sig.setdefault(r["device_signature"], []).append(r)
     skipped = list(dict.fromkeys([*decisions.skipped_files, *((s.path, s.reason) for s in data.skipped)]))
+    record = job_record(data)
     return Report(str(results_dir), [_signature(sig, rs, decisions) for sig, rs in sorted(by_sig.items())], skipped,
-                  run_phases(job_record(data)))
+                  run_phases(record), _nodes(rows, record), _waiting(record))
+
+
+def _latest_run(record: Any) -> Mapping[str, Any]:
+    runs = record.get("runs") if isinstance(record, Mapping) else None
+    last = runs[-1] if isinstance(runs, list) and runs else None
+    return last if isinstance(last, Mapping) else {}
+
+
+def _nodes(rows: list[dict[str, Any]], record: Any) -> list[NodeSummary]:
+    """Rows per Ray node, with what the latest run's job record says of each node (lost, joined)."""
+    fate = {n.get("node_id"): n for n in _latest_run(record).get("nodes") or [] if isinstance(n, Mapping)}
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("node_id"):
+            by_node.setdefault(r["node_id"], []).append(r)
+    out = []
+    for node, rs in by_node.items():
+        seen = fate.get(node, {})
+        out.append(NodeSummary(node, sorted({r["host"] for r in rs}), sorted({r["device_signature"] for r in rs}),
+                               len(rs), sum(r["round"] == "main" for r in rs), sum(not r["succeeded"] for r in rs),
+                               str(seen.get("state", "")), seen.get("joined_s"), seen.get("lost_s")))
+    return sorted(out, key=lambda n: (-n.rows, n.node_id))
+
+
+def _waiting(record: Any) -> dict[str, list[str]]:
+    run = _latest_run(record)
+    waiting = run.get("waiting_for_devices") if run.get("state") == "waiting" else None
+    if not isinstance(waiting, Mapping):
+        return {}
+    return {str(sig): list(v.get("problems") or []) for sig, v in waiting.items() if isinstance(v, Mapping)}
 
 
 def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> SignatureSummary:
@@ -295,6 +347,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         })
     return {"results": report.root, "signatures": out,
             "phases": report.phases.to_json() if report.phases is not None else None,
+            "nodes": [n.to_json() for n in report.nodes], "waiting_for_devices": report.waiting,
             "skipped_files": [{"path": p, "reason": r} for p, r in report.skipped_files]}
 
 

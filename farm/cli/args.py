@@ -5,16 +5,25 @@ from __future__ import annotations
 import argparse
 
 
-def _positive_seconds(text: str) -> float:
+def _seconds(text: str, *, zero: bool) -> float:
     import math
 
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive, finite number of seconds, got {text!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise argparse.ArgumentTypeError(f"expected a {'' if zero else 'positive, '}finite number of seconds"
+                                         f"{' >= 0' if zero else ''}, got {text!r}")
     return value
+
+
+def _positive_seconds(text: str) -> float:
+    return _seconds(text, zero=False)
+
+
+def _nonnegative_seconds(text: str) -> float:
+    return _seconds(text, zero=True)
 
 
 def _positive_int(text: str) -> int:

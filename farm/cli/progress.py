@@ -31,9 +31,42 @@ def progress_line(status: Any) -> str:
         left = "time left: estimating"
     else:
         left = f"about {clock(status.eta_s)} left"
+    live = [w for w in status.workers if w.state != "lost"]
     return (f"{status.finished}/{status.total} candidates ({pct:.0f} %) in {clock(status.elapsed_s)}: "
-            f"{status.remeasured} re-measured, {status.failed} failed; {busy}/{len(status.workers)} workers busy"
-            f"{f', {restarting} restarting' if restarting else ''}; {left}")
+            f"{status.remeasured} re-measured, {status.failed} failed; {busy}/{len(live)} workers busy"
+            f"{f', {restarting} restarting' if restarting else ''}{nodes_part(status)}; {left}")
+
+
+def nodes_part(status: Any) -> str:
+    """``; 3 nodes (1 lost, 1 joined); waiting for a device of SIG (25 s left)`` ('' on one node that stayed)."""
+    nodes = getattr(status, "nodes", [])
+    lost = sum(n.state == "lost" for n in nodes)
+    joined = sum(n.joined_s is not None for n in nodes)
+    text = ""
+    if len(nodes) > 1 or lost or joined:
+        more = ", ".join(x for x in (f"{lost} lost" if lost else "", f"{joined} joined" if joined else "") if x)
+        text = f"; {len(nodes)} nodes" + (f" ({more})" if more else "")
+    for sig, left in getattr(status, "waiting", {}).items():
+        text += f"; waiting for a device of {sig} ({left:.0f} s left)"
+    return text
+
+
+def node_events(status: Any, seen: dict[str, tuple[str, Any]]) -> list[str]:
+    """Lines for nodes that joined or were lost since the last status (``seen``: node id -> (state, joined))."""
+    lines = []
+    for n in getattr(status, "nodes", []):
+        before = seen.get(n.node_id)
+        seen[n.node_id] = (n.state, n.joined_s)
+        where = f"node {n.short_id} ({n.host or '?'}: {', '.join(n.workers)})"
+        if n.state == "lost" and (before is None or before[0] != "lost"):
+            lines.append(f"{where} lost at {clock(n.lost_s or 0)}: its tasks run again on devices of its kind")
+        elif before is None and n.joined_s is not None:
+            lines.append(f"{where} joined at {clock(n.joined_s)}: its devices take work now")
+    for sig, names in getattr(status, "given_up", {}).items():
+        if ("given up", sig) not in seen:
+            seen[("given up", sig)] = ("", None)  # type: ignore[index]
+            lines.append(f"no device of {sig} came back: {len(names)} problem(s) wait for one (a resume measures them)")
+    return lines
 
 
 PHASE_LINES = {"starting": "starting Ray and the device workers...",
@@ -51,6 +84,7 @@ class ProgressView:
         self.header = header  # printed with the first update: a run that starts no Ray instance prints none
         self.title = title
         self.bar: Progress | None = None
+        self._nodes: dict[Any, tuple[str, Any]] = {}  # what node_events has reported
 
     def _start(self) -> None:
         if self.header is not None:
@@ -68,6 +102,9 @@ class ProgressView:
     def update(self, status: Any) -> None:
         if self.header is not None or (self.bar is None and self.console.is_terminal):
             self._start()
+        for line in node_events(status, self._nodes):  # a node joining or lost is news, shown at once
+            self.console.print(Text(line, style="yellow" if " lost " in line or "came back" in line else ""),
+                               soft_wrap=True)
         if status.phase in PHASE_LINES:  # no candidate counts to show: what is happening instead
             line = PHASE_LINES[status.phase]
             if self.live is not None:
@@ -87,13 +124,15 @@ class ProgressView:
 
     def _workers(self, status: Any) -> Table:
         t = Table(show_header=True, header_style="dim", box=None)
-        for col in ("worker", "device", "state", "working on", "candidates", "failed", "restarts"):
+        nodes = len({w.node_id for w in status.workers}) > 1
+        for col in ("worker", *(("node",) if nodes else ()), "device", "state", "working on", "candidates", "failed",
+                    "restarts"):
             t.add_column(col)
         for w in status.workers:
-            style = {"busy": "green", "restarting": "yellow", "idle": "dim"}.get(w.state, "")
-            t.add_row(Text(w.name), Text(w.device), Text(w.state, style=style), Text(w.problem),
-                      str(w.candidates), str(w.failures), str(w.restarts))
-        t.caption = Text(f"{status.failed} failed, {status.remeasured} finalist re-measurements")
+            style = {"busy": "green", "restarting": "yellow", "idle": "dim", "lost": "red"}.get(w.state, "")
+            t.add_row(Text(w.name), *((Text(w.node_id[:8]),) if nodes else ()), Text(w.device),
+                      Text(w.state, style=style), Text(w.problem), str(w.candidates), str(w.failures), str(w.restarts))
+        t.caption = Text(f"{status.failed} failed, {status.remeasured} re-measured{nodes_part(status)}")
         return t
 
     def close(self) -> None:

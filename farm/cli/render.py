@@ -324,6 +324,9 @@ def farm_tables(workload: Any, report: Any) -> list[Table]:
         workers.add_row(Text(st.name), Text(st.host), Text(st.device), Text(st.signature), str(st.candidates),
                         str(st.failures), str(st.restarts), f"{100 * frac:.0f} %")
     tables.append(workers)
+    if report.nodes and (len(report.nodes) > 1 or any(n["state"] != "active" or n["joined_s"] is not None
+                                                      for n in report.nodes)):
+        tables.append(nodes_table(report.nodes, report.waiting))
     if report.workers_started and report.statuses:
         tables.append(phases_table(from_statuses(report.run_id, report.tuning_s, report.statuses)))
     if report.pruning:
@@ -333,6 +336,26 @@ def farm_tables(workload: Any, report: Any) -> list[Table]:
 
         tables.append(verified_table(report.summary.verified, title="Verified where replayed"))
     return tables
+
+
+def nodes_table(nodes: Sequence[dict[str, Any]], waiting: dict[str, list[str]] | None = None) -> Table:
+    """The Ray nodes that ran device workers: where, which devices, active or lost, when they joined or went."""
+    from farm.cli.progress import clock
+
+    table = Table(title="Nodes", title_justify="left")
+    for col, justify in (("node", "left"), ("host", "left"), ("devices", "left"), ("signature", "left"),
+                         ("state", "left"), ("joined", "right"), ("lost", "right"), ("candidates", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for n in nodes:
+        style = {"lost": "red"}.get(n["state"], "")
+        table.add_row(Text(n["node_id"][:8]), Text(n["host"]), Text(", ".join(n["workers"])),
+                      Text(", ".join(n["signatures"])), Text(n["state"], style=style),
+                      "at start" if n["joined_s"] is None else clock(n["joined_s"]),
+                      "-" if n["lost_s"] is None else clock(n["lost_s"]), str(n["candidates"]))
+    if waiting:
+        table.caption = Text("waiting for a device: " + "; ".join(f"{sig}: {len(names)} problem(s)"
+                                                                  for sig, names in waiting.items()), style="yellow")
+    return table
 
 
 def pruning_table(pruning: dict[str, Any]) -> Table:
@@ -398,6 +421,8 @@ def farm_dict(workload: Any, out: str, report: Any) -> dict[str, Any]:
         "reduce": reduce_dict(report.reduce) if report.reduce else None,
         "pruning": report.pruning,
         "verified": report.summary.verified,
+        "nodes": report.nodes,
+        "waiting_for_devices": report.waiting,
     }
 
 

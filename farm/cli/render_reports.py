@@ -101,9 +101,34 @@ def report_tables(report: Any) -> list[Table]:
         checks = s.checks
         if any(c["verdict"] for c in checks) or any(c["call"] == "graph" for c in checks):
             tables.append(_decisions_table(checks))
+    if len(report.nodes) > 1 or any(n.state == "lost" or n.joined_s is not None for n in report.nodes):
+        tables.append(_nodes_table(report))
     if report.phases is not None:
         tables.append(phases_table(report.phases))
     return tables
+
+
+def _nodes_table(report: Any) -> Table:
+    """What each Ray node measured (from the rows), and what the latest farm run says of it."""
+    from farm.cli.progress import clock
+
+    t = Table(title="per node (rows its workers measured; state in the latest run)", title_justify="left")
+    for col, justify in (("node", "left"), ("host", "left"), ("signature", "left"), ("candidates", "right"),
+                         ("rows", "right"), ("failed", "right"), ("state", "left")):
+        t.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for n in report.nodes:
+        state = n.state or "-"
+        if n.joined_s is not None:
+            state += f", joined at {clock(n.joined_s)}"
+        if n.lost_s is not None:
+            state += f", lost at {clock(n.lost_s)}"
+        t.add_row(Text(n.node_id[:8]), Text(", ".join(n.hosts)), Text(", ".join(n.signatures)), str(n.candidates),
+                  str(n.rows), str(n.failures), Text(state, style="red" if n.state == "lost" else ""))
+    if report.waiting:
+        t.caption = Text("the latest run left problems waiting for a device: " + "; ".join(
+            f"{sig}: {', '.join(names)}" for sig, names in report.waiting.items()) + " (a resume measures them)",
+            style="yellow")
+    return t
 
 
 def _decisions_table(checks: Sequence[dict[str, Any]]) -> Table:

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from farm.cli.args import _nonnegative_int, _positive_int, _positive_seconds, _share
+from farm.cli.args import _nonnegative_int, _nonnegative_seconds, _positive_int, _positive_seconds, _share
 from farm.cli.console import _console, _print_json, real_stdout, real_stdout_back
 from farm.errors import InputError
 
@@ -169,6 +169,15 @@ def _warn_oversubscribed(workers: int) -> None:
 def _finish(args: argparse.Namespace, summary: Any, warning: str = "") -> int:
     """The closing line (stderr, so --json stays clean) and the exit status."""
     code = summary.exit_code(allow_partial=args.allow_partial)
+    if summary.waiting:
+        import shlex
+
+        left = "; ".join(f"{len(names)} problem(s) on {sig}" for sig, names in summary.waiting.items())
+        _console(stderr=True).print(
+            f"[yellow]waiting:[/] no device of a kind the cluster lost came back within --device-wait: {escape(left)} "
+            f"wait for one (exit status {code}). When a node with one is up, resume with:\n  "
+            f"{escape(shlex.join(['farm', *args.argv]))}", soft_wrap=True)
+        return code
     if warning:
         _console(stderr=True).print(f"[yellow]warning:[/] these winners were {escape(warning)}. The override files say "
                                     "so, and farm publish refuses them unless --force", soft_wrap=True)
@@ -193,7 +202,8 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     options = FarmOptions(shard_size=args.shard_size, finalist_k=args.finalist_k,
                           candidate_timeout_s=args.candidate_timeout, cpu_threads=args.cpu_threads,
                           reduce=not args.no_reduce, top_k=args.top_k, keep_results=True, incumbents=args.incumbents,
-                          log_level=logging.getLogger("farm").getEffectiveLevel(), verifier=_verifier(args))
+                          log_level=logging.getLogger("farm").getEffectiveLevel(), verifier=_verifier(args),
+                          device_wait_s=args.device_wait, max_devices=args.max_devices)
     if not sys.stderr.isatty():
         # the workers' lines Ray forwards here go to a file or a pipe: no colour codes in their prefix, and no
         # "[repeated Nx across cluster]" summaries (which carry colour codes of their own)
@@ -293,6 +303,13 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--finalist-k", type=_positive_int, default=3, help="finalists per shard (default 3)")
     p.add_argument("--candidate-timeout", type=_positive_seconds, default=120.0,
                    help="seconds without a result before a worker counts as hung and is restarted (default 120)")
+    p.add_argument("--device-wait", type=_nonnegative_seconds, default=300.0, metavar="SECONDS",
+                   help="when the cluster loses the last node of a device kind with work left, wait this long for one "
+                        "to join; then finish the rest, mark that kind's problems as waiting and exit 4 (a resume "
+                        "measures them) (default 300)")
+    p.add_argument("--max-devices", type=_positive_int, default=None, metavar="N",
+                   help="start at most N device workers, now and as nodes join (a shared cluster; default: every "
+                        "device the cluster has)")
     p.add_argument("--cpu-threads", type=_positive_int, default=None,
                    help="BLAS threads of each CPU worker (default: what production uses: this process's count on a "
                         "local Ray instance, the host's usable cores on a cluster); part of the CPU device signature")

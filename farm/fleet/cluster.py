@@ -12,6 +12,7 @@ what a crash or a silence means. The job folder's lifecycle is farm.fleet.job.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import socket
@@ -23,6 +24,7 @@ from typing import Any, Callable, Sequence
 from farm.errors import FarmError
 from farm.fleet.driver import Driver, FarmStatus, RunningTask, WorkerHandle, WorkerState, WorkerStatus
 from farm.fleet.job import JobRun, JobSummary, prior_rows
+from farm.fleet.nodes import LOST, NodeTable, Slot, cluster_nodes, placed_sim, slots_of
 from farm.fleet.options import DeviceRequest, FarmOptions
 from farm.fleet.pruning import PlanPruning
 from farm.fleet.reaper import Reaper
@@ -66,6 +68,9 @@ class FarmReport:
     workers_started: bool = True  # False: a resume with nothing to measure, found without Ray
     summary: JobSummary | None = None  # how the run ended (set once it has)
     reduce: ReduceReport | None = None
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # the nodes with device workers (NodeRecord.to_json)
+    waiting: dict[str, list[str]] = field(default_factory=dict)  # signature -> problems left for a device of it
+    handles: list[Any] = field(default_factory=list, repr=False)  # the workers' Ray handles, as ``workers``
 
     @property
     def rows_written(self) -> int:
@@ -121,18 +126,23 @@ def run_farm(
                     reaper = Reaper()
                 _init_ray(address, request)
                 started_ray = True
-            handles, infos = _start_workers(request, options, workload.problems)
-            report = _drive(workload, jr, handles, infos, options, config, progress, pruner)
+            launcher = WorkerLauncher(request, options, workload.problems)
+            handles = launcher.handles
+            report = _drive(workload, jr, launcher, options, config, progress, pruner)
+            for sig, names in report.waiting.items():
+                jr.wait_for_devices(sig, names)
             if options.verifier is not None:
                 if progress is not None:
                     progress(FarmStatus(report.total, report.total, report.remeasured, 0, report.tuning_s,
                                         report.statuses, [], phase="verifying"))
-                verify = _worker_verify(handles, report.workers, options.verifier)
+                verify = _worker_verify(report.handles, report.workers, options.verifier)
         # the workers are still up: the reduce's decisions are replayed on them before they stop
         report.summary = jr.finish(
             reduce=options.reduce, top_k=options.top_k, verify=verify,
-            devices=[{"name": w.name, "host": w.host, "gpu_ids": list(w.gpu_ids), "signature": w.signature,
-                      "niceness": w.niceness, "properties": w.properties.to_dict()} for w in report.workers],
+            devices=[{"name": w.name, "host": w.host, "node_id": w.node_id, "gpu_ids": list(w.gpu_ids),
+                      "signature": w.signature, "niceness": w.niceness, "properties": w.properties.to_dict()}
+                     for w in report.workers],
+            **({"nodes": report.nodes} if report.nodes else {}),
             workers=[s.to_json() for s in report.statuses], skipped_problems=report.problems_skipped,
             phases={"tuning_s": round(report.tuning_s, 3), "devices": len(report.statuses),
                     "total": report.phases.to_json()},
@@ -165,7 +175,8 @@ def _worker_verify(handles: Sequence[Any], infos: Sequence[WorkerInfo],
                 continue
             try:
                 return ray.get(h.with_device.remote(verifier, text, keys))
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                    ray.exceptions.ActorUnschedulableError) as exc:
                 errors.append(f"{info.name}: {_first_line(exc)}")
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.cause if getattr(exc, "cause", None) is not None else exc
@@ -253,48 +264,124 @@ def _init_ray(address: str | None, request: DeviceRequest) -> None:
     ray.init(num_cpus=cpus, include_dashboard=False, **kwargs)
 
 
-def _start_workers(request: DeviceRequest, options: FarmOptions,
-                   problems: Sequence[WorkloadProblem] = ()) -> tuple[list[Any], list[WorkerInfo]]:
-    import ray
+class WorkerLauncher:
+    """Starts the device workers (Ray actors). GPUs and simulated devices placed on nodes (farm.fleet.nodes) get
+    one worker per device, pinned to its node: the fleet follows the cluster's nodes as they join and go. CPU
+    workers (``cpu:N``) and simulated devices no node declares run where Ray puts them, started once."""
 
-    actor = ray.remote(DeviceWorkerImpl)
-    kind = request.kind
-    if kind == "auto":
-        kind = "gpu" if ray.cluster_resources().get("GPU", 0) >= 1 else "cpu"
-    # Ray starts workers at niceness 15; a worker measures what production runs, at the driver's priority (else
-    # on a busy machine anything at nice 0 starves the measured kernels: 50x slower 2-thread BLAS calls, seen)
-    opts: dict[str, Any] = {"max_restarts": -1, "max_task_retries": 0,
-                            "runtime_env": {"env_vars": {WORKER_NICENESS_ENV: str(_niceness())}}}
-    if kind == "gpu":
-        n = int(ray.cluster_resources().get("GPU", 0))
-        if n < 1:
-            raise FarmFailed("--devices gpu: the cluster has no GPUs")
-        handles = [actor.options(num_gpus=1, num_cpus=1, **opts).remote("gpu", i, None, list(problems),
-                                                                         log_level=options.log_level)
-                   for i in range(n)]
-    elif kind == "cpu":
-        n = request.count or 1
-        handles = [actor.options(num_cpus=1, **opts).remote("cpu", i, None, (), None, options.cpu_threads,
-                                                             log_level=options.log_level)
-                   for i in range(n)]
-    else:
-        assert request.sim is not None
-        n = request.sim.device_count
-        handles = [actor.options(num_cpus=0, **opts).remote("sim", i, request.sim, log_level=options.log_level)
-                   for i in range(n)]
-    try:
-        infos = ray.get([h.info.remote() for h in handles], timeout=options.startup_timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        raise FarmFailed(f"{n} {kind} worker(s) did not start within {options.startup_timeout_s:.0f} s "
-                         f"(cluster resources: {ray.cluster_resources()})") from None
-    except ray.exceptions.RayActorError as exc:
-        raise FarmFailed(f"a {kind} worker failed to start: {exc}") from None
-    if kind == "gpu":
-        seen = [(i.host, i.properties.uuid) for i in infos]
-        if len(set(seen)) != len(seen):
-            raise FarmFailed(f"two GPU workers share a GPU: {seen}")
-    log.info("farm: %d worker(s): %s", len(infos), ", ".join(f"{i.name}@{i.host} {i.signature}" for i in infos))
-    return handles, infos
+    def __init__(self, request: DeviceRequest, options: FarmOptions, problems: Sequence[WorkloadProblem] = ()) -> None:
+        import ray
+
+        self.request, self.options, self.problems = request, options, list(problems)
+        self.actor = ray.remote(DeviceWorkerImpl)
+        kind = request.kind
+        if kind == "auto":
+            kind = "gpu" if ray.cluster_resources().get("GPU", 0) >= 1 else "cpu"
+        self.kind = kind
+        self.nodes = NodeTable()
+        self.placed = kind == "gpu" or (kind == "sim" and placed_sim(request.sim, cluster_nodes()))
+        self.handles: list[Any] = []  # every worker started, in order
+        self.starting: dict[Any, tuple[Any, Slot]] = {}  # info() call of a worker starting -> (its handle, slot)
+        self.spare: list[Slot] = []  # devices of live nodes left unused by --max-devices
+        self._sim_slots = itertools.count()
+        # Ray starts workers at niceness 15; a worker measures what production runs, at the driver's priority (else
+        # on a busy machine anything at nice 0 starves the measured kernels: 50x slower 2-thread BLAS calls, seen)
+        self._opts: dict[str, Any] = {"max_restarts": -1, "max_task_retries": 0,
+                                      "runtime_env": {"env_vars": {WORKER_NICENESS_ENV: str(_niceness())}}}
+
+    @property
+    def cap(self) -> int:
+        return self.options.max_devices or 1 << 30
+
+    def start_initial(self) -> tuple[list[Any], list[WorkerInfo]]:
+        """The workers of the devices the cluster has now; -> their handles and infos (all started)."""
+        import ray
+
+        if self.placed:
+            views = cluster_nodes()
+            self.nodes.observe(views, 0.0)
+            self.spare = [slot for v in views for slot in slots_of(v, self.kind, self.request.sim)]
+            if not self.spare:
+                raise FarmFailed("--devices gpu: the cluster has no GPUs")
+            refs = self.fill(live=0)
+        else:
+            refs = self._start_unplaced()
+        n, kind = len(refs), self.kind
+        try:
+            infos = ray.get(refs, timeout=self.options.startup_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise FarmFailed(f"{n} {kind} worker(s) did not start within {self.options.startup_timeout_s:.0f} s "
+                             f"(cluster resources: {ray.cluster_resources()})") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError) as exc:
+            raise FarmFailed(f"a {kind} worker failed to start: {exc}") from None
+        handles = [self.starting.pop(ref)[0] for ref in refs]
+        if kind == "gpu":
+            seen = [(i.node_id, i.properties.uuid) for i in infos]
+            if len(set(seen)) != len(seen):
+                raise FarmFailed(f"two GPU workers share a GPU: {seen}")
+        for info in infos:
+            self.nodes.add_worker(info.node_id, info.name, info.signature)
+        log.info("farm: %d worker(s): %s", len(infos), ", ".join(f"{i.name}@{i.host} {i.signature}" for i in infos))
+        return handles, infos
+
+    def poll(self, now_s: float) -> list[str]:
+        """List the nodes (new ones' devices become spare); -> the nodes lost since the last poll."""
+        joined, lost = self.nodes.observe(cluster_nodes(), now_s)
+        gone = {r.node_id for r in self.nodes.records.values() if r.state == LOST}
+        self.spare = [s for s in self.spare if s.node_id not in gone]
+        for view in joined:
+            self.spare += slots_of(view, self.kind, self.request.sim)
+        if joined:
+            log.info("farm: node(s) joined: %s", ", ".join(f"{v.node_id[:8]}@{v.host}" for v in joined))
+        return lost
+
+    def node_alive(self, node_id: str) -> bool:
+        """Whether the cluster still lists ``node_id`` alive (asked now: a worker's error came first)."""
+        return any(v.node_id == node_id and v.alive for v in cluster_nodes())
+
+    def fill(self, live: int) -> list[Any]:
+        """Start workers on spare devices while fewer than --max-devices are up or starting; -> their info() calls."""
+        refs = []
+        while self.spare and live + len(self.starting) < self.cap:
+            refs.append(self.start(self.spare.pop(0)))
+        return refs
+
+    def start(self, slot: Slot) -> Any:
+        """A worker for ``slot``, pinned to its node; -> its info() call (it answers once the worker is up)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        pin = NodeAffinitySchedulingStrategy(slot.node_id, soft=False)
+        if slot.kind == "gpu":
+            handle = self.actor.options(num_gpus=1, num_cpus=1, scheduling_strategy=pin, **self._opts).remote(
+                "gpu", 0, None, self.problems, log_level=self.options.log_level)
+        else:
+            assert slot.group is not None and self.request.sim is not None
+            handle = self.actor.options(num_cpus=0, resources={slot.resource: 1}, scheduling_strategy=pin,
+                                        **self._opts).remote("sim", next(self._sim_slots), self.request.sim,
+                                                             log_level=self.options.log_level, sim_group=slot.group)
+        self.handles.append(handle)
+        ref = handle.info.remote()
+        self.starting[ref] = (handle, slot)
+        return ref
+
+    def _start_unplaced(self) -> list[Any]:
+        request, options = self.request, self.options
+        if self.kind == "cpu":
+            n = request.count or 1
+            handles = [self.actor.options(num_cpus=1, **self._opts).remote(
+                "cpu", i, None, (), None, options.cpu_threads, log_level=options.log_level) for i in range(n)]
+        else:
+            assert request.sim is not None
+            handles = [self.actor.options(num_cpus=0, **self._opts).remote("sim", i, request.sim,
+                                                                           log_level=options.log_level)
+                       for i in range(request.sim.device_count)]
+        refs = []
+        for h in handles:
+            self.handles.append(h)
+            ref = h.info.remote()
+            self.starting[ref] = (h, Slot("", self.kind))
+            refs.append(ref)
+        return refs
 
 
 def _stop_workers(handles: Sequence[Any]) -> None:
@@ -313,30 +400,39 @@ def _stop_workers(handles: Sequence[Any]) -> None:
             pass
 
 
-def _drive(workload: Workload, jr: JobRun, handles: list[Any], infos: list[WorkerInfo], options: FarmOptions,
+def _drive(workload: Workload, jr: JobRun, launcher: WorkerLauncher, options: FarmOptions,
            config: AutotuneConfig, progress: Callable[[FarmStatus], None] | None,
            pruning: PlanPruning | None = None) -> FarmReport:
-    """Plan the work, then pass every worker event to the driver until it is done."""
-    workers = [WorkerHandle(i, info, h, WorkerStatus(info.name, info.signature, info.properties.name, info.host,
-                                                       WorkerState.IDLE.value))
-               for i, (info, h) in enumerate(zip(infos, handles))]
+    """Start the workers, plan the work, then pass every worker and node event to the driver until it is done."""
+    handles, infos = launcher.start_initial()
+    workers = [_handle(i, info, h) for i, (info, h) in enumerate(zip(infos, handles))]
     sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes,
                       confirm=config.confirm)
     planner = Planner(workload, jr, sched, workers, options.incumbents, pruning)
     # on shared storage (a URI) the workers write their own rows; the driver gets what scheduling needs
-    driver = Driver(sched, workers, jr, config, options, workers_write=jr.job.shared, planner=planner)
+    driver = Driver(sched, workers, jr, config, options, workers_write=jr.job.shared, planner=planner,
+                    nodes=launcher.nodes)
     sink = PartSink(str(jr.job.results), jr.run) if jr.job.shared else None
     try:
-        _event_loop(driver, workload, config, options, progress, sink)
+        _event_loop(driver, launcher, workload, config, options, progress, sink)
     finally:
         jr.writer.flush()
     if progress is not None:
         progress(driver.status("done"))
     tuning = time.perf_counter() - driver.t0
     _collect_phases(driver)
-    return FarmReport(jr.run.job_id, jr.run.run_id, infos, [w.status for w in workers], planner.skipped, jr.counts,
-                      wall_s=tuning, total=sched.total, remeasured=sched.remeasured, tuning_s=tuning,
-                      phases=driver.finish_phases(tuning), results=driver.results, confirmations=driver.confirmations)
+    status = driver.status("done")
+    return FarmReport(jr.run.job_id, jr.run.run_id, [w.info for w in driver.workers],
+                      [w.status for w in driver.workers], planner.skipped, jr.counts, wall_s=tuning, total=sched.total,
+                      remeasured=sched.remeasured, tuning_s=tuning, phases=driver.finish_phases(tuning),
+                      results=driver.results, confirmations=driver.confirmations,
+                      nodes=[n.to_json() for n in status.nodes], waiting=status.given_up,
+                      handles=[w.actor for w in driver.workers])
+
+
+def _handle(index: int, info: WorkerInfo, actor: Any) -> WorkerHandle:
+    return WorkerHandle(index, info, actor, WorkerStatus(info.name, info.signature, info.properties.name, info.host,
+                                                         WorkerState.IDLE.value, node_id=info.node_id))
 
 
 def _collect_phases(driver: Driver) -> None:
@@ -344,7 +440,7 @@ def _collect_phases(driver: Driver) -> None:
     answer keeps what its tasks reported."""
     import ray
 
-    live = [w for w in driver.workers if not w.restarting]
+    live = [w for w in driver.workers if w.up]
     refs = [w.actor.take_phases.remote() for w in live]
     for w, ref in zip(live, refs):
         try:
@@ -410,6 +506,7 @@ class Planner:
         self.jr, self.sched, self.pruning = jr, sched, pruning
         self.props = {w.info.signature: w.info.properties for w in workers}
         # the incumbents' override file per signature: its winners join the confirmation stage
+        self.incumbents_source = incumbents
         self.incumbents = {w.info.signature: incumbent_file(incumbents, w.info.properties) for w in workers}
         self.problems = list(enumerate(workload.problems))
         self.by_sig: dict[str, list[WorkerHandle]] = {}
@@ -428,7 +525,28 @@ class Planner:
     @property
     def open(self) -> bool:
         """Problems are left to discover on some signature (or a discovery is under way)."""
-        return bool(self.inflight) or bool(self.again) or any(n < len(self.problems) for n in self.next.values())
+        return any(self.open_for(sig) for sig in self.next)
+
+    def open_for(self, sig: str) -> bool:
+        return sig in self.inflight or sig in self.again or self.next.get(sig, 0) < len(self.problems)
+
+    def add_worker(self, w: WorkerHandle) -> None:
+        """A worker joined; a new signature gets the whole workload."""
+        sig = w.info.signature
+        if sig not in self.by_sig:
+            self.props[sig] = w.info.properties
+            self.incumbents[sig] = incumbent_file(self.incumbents_source, w.info.properties)
+            self.next[sig] = 0
+            self.jr.tuning(sig)
+        self.by_sig.setdefault(sig, []).append(w)
+
+    def abandon(self, sig: str) -> list[int]:
+        """No device of ``sig`` is left: -> the problems (workload indices) it never discovered; none will be."""
+        left = [i for i, _ in self.problems[self.next.get(sig, 0):]]
+        left += [i for i, _ in self.again.pop(sig, [])]
+        left += [i for i, _ in self.inflight.pop(sig, (None, []))[1]]
+        self.next[sig] = len(self.problems)
+        return left
 
     def top_up(self) -> None:
         """Take in finished discoveries; start the next window where a signature has fewer queued tasks than
@@ -445,15 +563,15 @@ class Planner:
                 del self.inflight[sig]
                 try:
                     self._take(sig, chunk, ray.get(ref))
-                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                        ray.exceptions.ActorUnschedulableError):
                     # its worker died (a killed worker takes the discovery queued behind its task with it): the
                     # window is asked again of a worker that is up, once one is
                     self.again[sig] = chunk
             if sig in self.inflight:
                 continue
             # an idle worker answers at once (an actor runs one call at a time); else one that is up
-            worker = next((w for w in members if not w.restarting and w.task is None),
-                          next((w for w in members if not w.restarting), None))
+            worker = next((w for w in members if w.free), next((w for w in members if w.up), None))
             if worker is None:
                 continue  # every worker of the signature is restarting: discovery waits for one
             chunk = self.again.pop(sig, None)
@@ -506,15 +624,27 @@ def _record_plan(jr: JobRun, plans: dict[str, Any], skipped: dict[str, dict[str,
             jr.skip(sig, name, why)
 
 
-def _event_loop(driver: Driver, workload: Workload, config: AutotuneConfig, options: FarmOptions,
-                progress: Callable[[FarmStatus], None] | None, sink: PartSink | None = None) -> None:
-    """Start what the driver assigns, wait on the streams and restarting workers, hand over every event."""
+WORKER_GONE = ("RayActorError", "ActorUnavailableError", "ActorUnschedulableError")
+
+
+def _event_loop(driver: Driver, launcher: WorkerLauncher, workload: Workload, config: AutotuneConfig,
+                options: FarmOptions, progress: Callable[[FarmStatus], None] | None, sink: PartSink | None = None) -> None:
+    """Start what the driver assigns, wait on the streams, restarting and starting workers, follow the nodes
+    (placed devices: farm.fleet.nodes), hand over every event."""
     import ray
 
+    gone = tuple(getattr(ray.exceptions, name) for name in WORKER_GONE)
     streams: dict[Any, tuple[WorkerHandle, RunningTask]] = {}  # a task's result stream -> its worker and task
     pings: dict[Any, WorkerHandle] = {}  # info() calls to restarting workers: they get work once one answers
-    last_progress = 0.0
+    last_progress = last_poll = 0.0
     while not driver.done:
+        now = time.perf_counter()
+        if launcher.placed and now - last_poll >= options.node_poll_s:
+            last_poll = now
+            for node_id in launcher.poll(now - driver.t0):
+                driver.on_node_lost(node_id, "the cluster lists it dead")
+            launcher.fill(live=sum(not w.lost for w in driver.workers))
+        driver.check_waits()
         for w, task in driver.assignments():
             cands = sorted(driver.sched.candidates_of(task).values(), key=lambda c: c.index)
             gen = w.actor.run.options(num_returns="streaming").remote(
@@ -527,33 +657,69 @@ def _event_loop(driver: Driver, workload: Workload, config: AutotuneConfig, opti
         if driver.stuck:
             raise FarmFailed("internal error: work remains but nothing is queued or running")
         discovering = [ref for ref, _ in driver.planner.inflight.values()] if isinstance(driver.planner, Planner) else []
-        ready, _ = ray.wait(list(streams) + list(pings) + discovering, num_returns=1, timeout=0.05)
+        ready, _ = ray.wait(list(streams) + list(pings) + discovering + list(launcher.starting), num_returns=1,
+                            timeout=0.05)
+        for ref in [x for x in ready if x in launcher.starting]:
+            _started(driver, launcher, ref, gone)
         for ref in [x for x in ready if x in pings]:
-            _answered(driver, pings.pop(ref), ref)
+            _answered(driver, launcher, pings.pop(ref), ref, gone)
         for gen in [x for x in ready if x in streams]:
-            _next_item(driver, streams, gen)
+            _next_item(driver, launcher, streams, gen, gone)
         for w in driver.on_silent():
             ray.kill(w.actor, no_restart=False)
         for gen, (w, r) in list(streams.items()):
             if w.task is not r:  # the driver settled that task (lost it): its stream is not read again
                 del streams[gen]
+        for ref, w in list(pings.items()):
+            if w.lost:
+                del pings[ref]
         now = time.perf_counter()
         if progress is not None and now - last_progress >= options.progress_interval_s:
             last_progress = now
             progress(driver.status())
 
 
-def _answered(driver: Driver, w: WorkerHandle, ref: Any) -> None:
+def _started(driver: Driver, launcher: WorkerLauncher, ref: Any, gone: tuple[type, ...]) -> None:
+    """A worker started on a node that joined answers (it takes work now), or failed to start."""
+    import ray
+
+    handle, slot = launcher.starting.pop(ref)
+    try:
+        info = ray.get(ref)
+    except gone as exc:  # its node went before it was up
+        log.warning("farm: a worker on node %s did not start: %s", slot.node_id[:8], _first_line(exc))
+        return
+    except ray.exceptions.RayTaskError as exc:
+        log.warning("farm: a worker on node %s failed to start: %s", slot.node_id[:8], _first_line(exc))
+        return
+    driver.add_worker(_handle(len(driver.workers), info, handle))
+
+
+def _worker_lost(driver: Driver, launcher: WorkerLauncher, w: WorkerHandle, exc: BaseException) -> bool:
+    """True when ``w`` died with its node (the driver was told); its node may be listed dead only later, but a
+    worker pinned to a node that is gone cannot be placed (ActorUnschedulableError)."""
+    import ray
+
+    if not launcher.placed or not w.info.node_id:
+        return False
+    if isinstance(exc, ray.exceptions.ActorUnschedulableError) or not launcher.node_alive(w.info.node_id):
+        driver.on_node_lost(w.info.node_id, _first_line(exc))
+        return True
+    return False
+
+
+def _answered(driver: Driver, launcher: WorkerLauncher, w: WorkerHandle, ref: Any, gone: tuple[type, ...]) -> None:
     import ray
 
     try:
         ray.get(ref)
         driver.on_back(w)
-    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-        pass  # still restarting: asked again on the next turn
+    except gone as exc:
+        _worker_lost(driver, launcher, w, exc)  # else still restarting: asked again on the next turn
 
 
-def _next_item(driver: Driver, streams: dict[Any, tuple[WorkerHandle, RunningTask]], gen: Any) -> None:
+def _next_item(driver: Driver, launcher: WorkerLauncher, streams: dict[Any, tuple[WorkerHandle, RunningTask]],
+               gen: Any, gone: tuple[type, ...]) -> None:
     import ray
 
     w, r = streams[gen]
@@ -566,9 +732,10 @@ def _next_item(driver: Driver, streams: dict[Any, tuple[WorkerHandle, RunningTas
         streams.pop(gen)
         driver.on_stream_end(w)
         return
-    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+    except gone as exc:
         streams.pop(gen)
-        driver.on_lost(w, _first_line(exc))
+        if not _worker_lost(driver, launcher, w, exc):
+            driver.on_lost(w, _first_line(exc))
         return
     except ray.exceptions.RayTaskError as exc:  # the worker's own code raised: writing its results, mostly
         cause = exc.cause if getattr(exc, "cause", None) is not None else exc

@@ -10,6 +10,9 @@ goes to a :class:`Driver` method, which updates the scheduler, writes rows and s
     driver.on_lost(worker, detail)       # the actor died (a crash): the worker is restarting
     driver.on_silent(now)                # workers silent past their limit: the shell kills and restarts them
     driver.on_back(worker)               # a restarting worker answers again
+    driver.add_worker(worker)            # a worker started on a node that joined
+    driver.on_node_lost(node_id, why)    # a node is gone with its workers: their tasks run again elsewhere
+    driver.check_waits()                 # a signature with work and no device left waits, then is given up
 
 So the fault paths (a lost worker, a silent one, a task that ended short) are tested without Ray
 (tests/test_driver.py), like the Scheduler.
@@ -24,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
+from farm.fleet.nodes import NodeRecord, NodeTable
 from farm.fleet.options import FarmOptions
 from farm.fleet.scheduler import CONFIRM, FINALIST, Scheduler, Task
 from farm.fleet.worker import TaskEnd, WorkerInfo
@@ -43,6 +47,7 @@ class LossKind(str, enum.Enum):
     TIMEOUT = "timeout"  # the worker went silent on a careful task: its candidate hangs
     ERROR = "error"  # the task ended without a result for every candidate
     NOT_STARTED = "not_started"  # the worker went away before the task began: nobody is charged
+    NODE_LOST = "node_lost"  # the worker's node is gone: nobody is charged, the task runs again as it was
 
 
 class WorkerState(str, enum.Enum):
@@ -51,6 +56,7 @@ class WorkerState(str, enum.Enum):
     BUSY = "busy"
     RESTARTING = "restarting"
     STOPPED = "stopped"
+    LOST = "lost"  # its node is gone: it takes no more work
 
 
 @dataclass
@@ -68,6 +74,7 @@ class WorkerStatus:
     restarts: int = 0
     busy_s: float = 0.0
     phases: PhaseSplit = PhaseSplit()  # where its time went (farm.tuner.phases); idle is set at the end
+    node_id: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "phases": self.phases.to_json()}
@@ -85,6 +92,9 @@ class FarmStatus:
     workers: list[WorkerStatus]
     signatures: list[str]
     phase: str = "tuning"
+    nodes: list[NodeRecord] = field(default_factory=list)  # the nodes with device workers
+    waiting: dict[str, float] = field(default_factory=dict)  # signature -> seconds it waits yet for a device
+    given_up: dict[str, list[str]] = field(default_factory=dict)  # signature -> problems waiting for a device
 
     @property
     def eta_s(self) -> float | None:
@@ -115,10 +125,16 @@ class WorkerHandle:
     status: WorkerStatus
     task: RunningTask | None = None
     restarting: bool = False
+    lost: bool = False  # its node is gone
+
+    @property
+    def up(self) -> bool:
+        """Running and reachable (it may be busy)."""
+        return not self.restarting and not self.lost
 
     @property
     def free(self) -> bool:
-        return self.task is None and not self.restarting
+        return self.task is None and self.up
 
 
 class RowSink(Protocol):
@@ -134,6 +150,9 @@ class RowSink(Protocol):
     def add_parts(self, parts: Iterable[tuple[str, int]]) -> None:
         """Results files a worker wrote (the run's manifest)."""
 
+    def results_of_session(self, signature: str, op: str, session_id: str) -> list[AutotuneResult]:
+        """Results a worker wrote into parts in a session (shared storage), reported or not."""
+
 
 class Planner(Protocol):
     """Where more problems come from (farm.fleet.cluster.Planner: discovery on the workers, in windows)."""
@@ -143,11 +162,17 @@ class Planner(Protocol):
 
     def top_up(self) -> None: ...
 
+    def add_worker(self, worker: "WorkerHandle") -> None:
+        """A worker joined (its signature may be new: its whole workload is then discovered)."""
+
+    def abandon(self, signature: str) -> list[int]:
+        """No device of ``signature`` is left: stop discovering for it; -> the problems never discovered."""
+
 
 class Driver:
     def __init__(self, scheduler: Scheduler, workers: Sequence[WorkerHandle], sink: RowSink, config: AutotuneConfig,
                  options: FarmOptions, *, clock: Callable[[], float] = time.perf_counter,
-                 workers_write: bool = False, planner: Planner | None = None) -> None:
+                 workers_write: bool = False, planner: Planner | None = None, nodes: NodeTable | None = None) -> None:
         self.sched = scheduler
         self.planner = planner  # discovery in windows: more problems as the queues run short
         self.workers_write = workers_write  # workers write their rows (shared storage); the driver only counts
@@ -162,6 +187,9 @@ class Driver:
         # (signature, problem name, calling mode) -> the confirmation stage's rows, keep_results
         self.confirmations: dict[tuple[str, str, str], list[AutotuneResult]] = {}
         self.signatures = sorted({w.info.signature for w in self.workers})
+        self.nodes = nodes if nodes is not None else NodeTable()
+        self._waiting_since: dict[str, float] = {}  # signature -> when its last device went
+        self.given_up: dict[str, list[int]] = {}  # signature -> problems (workload indices) left for a device
 
     # -- what to do next -------------------------------------------------------------------
     @property
@@ -190,7 +218,8 @@ class Driver:
                 continue
             now = self.clock()
             where = MeasurementContext(w.info.properties, session_id=new_id(), host=w.info.host,
-                                       actor_id=w.info.actor_id, round=task.round, call=task.call,
+                                       actor_id=w.info.actor_id, node_id=w.info.node_id, round=task.round,
+                                       call=task.call,
                                        # a probe's rows are no stage's (a stage is whole when all its rows are in)
                                        session_size=task.size if task.round == CONFIRM and not task.probe else None)
             w.task = RunningTask(task, where, now, now)
@@ -270,14 +299,74 @@ class Driver:
 
     def on_back(self, w: WorkerHandle) -> None:
         """A restarting worker answers again: it may take work."""
+        if w.lost:
+            return
         w.restarting = False
         w.status.state = WorkerState.IDLE.value
+
+    def add_worker(self, w: WorkerHandle) -> None:
+        """A worker started on a node that joined: it takes work on the next assignment."""
+        w.index = len(self.workers)
+        self.workers.append(w)
+        if w.info.signature not in self.signatures:
+            self.signatures = sorted({*self.signatures, w.info.signature})
+        self.nodes.add_worker(w.info.node_id, w.status.name, w.info.signature)
+        if self.planner is not None:
+            self.planner.add_worker(w)
+        log.info("farm: %s joined on node %s (%s)", w.status.name, w.info.node_id[:8], w.info.signature)
+
+    def on_node_lost(self, node_id: str, detail: str = "") -> list[WorkerHandle]:
+        """The node is gone and its workers with it: each one's task runs again as it was (on another device of
+        its signature), charging no candidate; the workers take no more work. -> the workers lost."""
+        self.nodes.mark_lost(node_id, self.clock() - self.t0)
+        gone = [w for w in self.workers if w.info.node_id == node_id and not w.lost]
+        for w in gone:
+            if w.task is not None:
+                r = w.task
+                log.warning("farm: node %s was lost (%s): %s's task %d runs again elsewhere (%d candidate(s) not "
+                            "reported)", node_id[:8], detail or "gone", w.status.name, r.task.id,
+                            r.task.size - len(r.reported))
+                self._lose(w, LossKind.NODE_LOST, f"node {node_id[:8]} lost: {detail or 'gone'}")
+            w.lost, w.restarting = True, False
+            w.status.state, w.status.problem = WorkerState.LOST.value, ""
+        return gone
+
+    def check_waits(self) -> list[str]:
+        """Signatures with work left and no device up: each waits up to ``device_wait_s`` for a node of its kind
+        to join, then its work is given up (the job finishes what it can; a resume measures the rest).
+        -> the signatures given up now."""
+        now = self.clock()
+        out = []
+        for sig in self.signatures:
+            if sig in self.given_up or any(w.info.signature == sig and not w.lost for w in self.workers):
+                self._waiting_since.pop(sig, None)
+                continue
+            if not self.sched.pending_tasks(sig) and not (self.planner is not None and self.planner.open_for(sig)):
+                continue
+            since = self._waiting_since.setdefault(sig, now)
+            if since == now:
+                log.warning("farm: no device of %s is left; waiting up to %.0f s for a node with one", sig,
+                            self.options.device_wait_s)
+            if now - since >= self.options.device_wait_s:
+                left = set(self.sched.abandon(sig))
+                if self.planner is not None:
+                    left |= set(self.planner.abandon(sig))
+                self.given_up[sig] = sorted(left)
+                self._waiting_since.pop(sig, None)
+                log.warning("farm: no device of %s joined within %.0f s: %d problem(s) wait for one (a resume "
+                            "measures them)", sig, self.options.device_wait_s, len(left))
+                out.append(sig)
+        return out
 
     # -- reporting -------------------------------------------------------------------------------
     def status(self, phase: str = "tuning") -> FarmStatus:
         failed = sum(v for k, v in self.counts.items() if k != "succeeded")
-        return FarmStatus(self.sched.total, self.sched.finished, self.sched.remeasured, failed, self.clock() - self.t0,
-                          [w.status for w in self.workers], self.signatures, phase)
+        now = self.clock()
+        waiting = {s: max(0.0, self.options.device_wait_s - (now - t)) for s, t in self._waiting_since.items()}
+        given_up = {s: [self.sched.problem_name(s, i) for i in ix] for s, ix in self.given_up.items()}
+        return FarmStatus(self.sched.total, self.sched.finished, self.sched.remeasured, failed, now - self.t0,
+                          [w.status for w in self.workers], self.signatures, phase, self.nodes.with_workers(),
+                          waiting, given_up)
 
     # -- inside ----------------------------------------------------------------------------------
     def _write(self, w: WorkerHandle, r: RunningTask, rows: Sequence[AutotuneResult], *, by_worker: bool = False) -> None:
@@ -295,6 +384,10 @@ class Driver:
                 self.results.setdefault((r.task.signature, wp.name), []).append(x)
         w.status.candidates += len(rows)
         w.status.failures += sum(not x.succeeded for x in rows)
+        node = self.nodes.records.get(w.info.node_id)
+        if node is not None:
+            node.candidates += len(rows)
+            node.failures += sum(not x.succeeded for x in rows)
 
     def _release(self, w: WorkerHandle) -> None:
         assert w.task is not None
@@ -317,16 +410,29 @@ class Driver:
     def _lose(self, w: WorkerHandle, kind: LossKind, detail: str) -> None:
         r = w.task
         assert r is not None
+        if self.workers_write and r.task.round != CONFIRM and kind is not LossKind.ERROR:
+            # a worker that went between writing a part and reporting it: those rows are there, not measured again
+            # (a stage writes its rows at its end: fewer than its size on the storage is a stage cut short)
+            seen = {x.spec for x in r.reported}
+            found = [x for x in self.sink.results_of_session(r.task.signature, self.sched.problem_of(r.task).problem.op,
+                                                             r.where.session_id)
+                     if x.spec in r.task.specs and x.spec not in seen]
+            if found:
+                log.info("farm: %d result(s) %s wrote but never reported are on the storage: counted",
+                         len(found), w.status.name)
+                r.reported.extend(found)
+                self._write(w, r, found, by_worker=True)
         if kind is not LossKind.ERROR:  # a dead or silent worker's task: its time bought nothing
             w.status.phases = w.status.phases + PhaseSplit.of({LOST: self.clock() - r.started})
         self._release(w)
         w.task = None
-        # a task that never started on the device (the worker was still restarting) proves nothing
-        effective = kind if r.on_device else LossKind.NOT_STARTED
+        # a task that never started on the device (the worker was still restarting) proves nothing; nor does one
+        # whose node went: it runs again as it was
+        effective = LossKind.NOT_STARTED if kind is LossKind.NODE_LOST or not r.on_device else kind
         rows = self.sched.on_task_lost(r.task, [x.spec for x in r.reported], effective.value, self.config, detail)
         if rows:
             self._write(w, r, rows)
-        if kind is not LossKind.ERROR:
+        if kind not in (LossKind.ERROR, LossKind.NODE_LOST):
             w.restarting = True
             w.status.state = WorkerState.RESTARTING.value
             w.status.restarts += r.on_device

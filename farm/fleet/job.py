@@ -208,6 +208,8 @@ def _lock_job_folder(job: JobDir) -> Any:
 
 
 NO_WINNER_EXIT = 3  # farm tune's exit status: finished, but some problems have no winner
+WAITING_EXIT = 4  # farm tune's exit status: finished what it could; problems wait for a device of a lost kind
+WAITING = "waiting for a device of this signature (none was left in the cluster): a resume with one measures it"
 
 
 @dataclass
@@ -224,6 +226,7 @@ class JobSummary:
     problems: int  # (signature, problem) pairs this run was asked for
     wall_s: float = 0.0
     verified: list[dict[str, Any]] = field(default_factory=list)  # farm verify's record of each decision checked
+    waiting: dict[str, list[str]] = field(default_factory=dict)  # signature -> problems left for a device of it
 
     @property
     def winners(self) -> int:
@@ -236,7 +239,10 @@ class JobSummary:
 
     def exit_code(self, *, allow_partial: bool = False) -> int:
         """0 when every problem has a winner; NO_WINNER_EXIT when the run finished but some have none
-        (0 with ``allow_partial``, as long as one has a winner)."""
+        (0 with ``allow_partial``, as long as one has a winner); WAITING_EXIT, before both, when problems wait for
+        a device of a signature the cluster lost (the job is not finished: a resume finishes it)."""
+        if self.waiting:
+            return WAITING_EXIT
         if not self.missing or (allow_partial and self.winners):
             return 0
         return NO_WINNER_EXIT
@@ -277,6 +283,7 @@ class JobRun:
         self._skipped: dict[str, dict[str, str]] = {}
         self._signatures: set[str] = set()
         self.measurement_warning = ""  # why these measurements are not production's (written into the override files)
+        self.waiting: dict[str, list[str]] = {}  # signature -> problems no device of it was left to measure
 
     def done_candidates(self, signature: str) -> dict[str, set[str]]:
         """problem key -> candidate keys this folder has rows for on ``signature`` (the resume set)."""
@@ -306,9 +313,41 @@ class JobRun:
     def add_parts(self, parts: Iterable[tuple[str, int]]) -> None:
         self.parts.extend(parts)
 
+    def results_of_session(self, signature: str, op: str, session_id: str) -> list[AutotuneResult]:
+        """What a worker wrote of one session before it went (shared storage): rows it flushed into a part and
+        could not report any more. Counted as reported, they are not measured (and written) again."""
+        import pyarrow.compute as pc
+
+        from farm.model.measurement import Strategy
+        from farm.model.records import Disposition, TuneMode
+        from farm.store.results import spec_of
+
+        if not self.job.results.exists():
+            return []
+        data = ResultsDataset(self.job.results, signatures=[signature])
+        cols = ["op", "run_id", "session_id", "problem_key", "candidate_key", "candidate_index", "engine_name",
+                "disposition", "mode", "strategy", "median_ms", "mad_ms", "min_ms", "avg_ms", "error"]
+        hit = (pc.field("session_id") == session_id) & (pc.field("run_id") == self.run.run_id) & (pc.field("op") == op)
+        out = []
+        for row in data.table(cols, hit).to_pylist():
+            spec = spec_of(row["candidate_key"])
+            out.append(AutotuneResult(
+                problem_key=row["problem_key"], engine_id=spec.engine_id, engine_name=row["engine_name"],
+                knobs=spec.knobs, disposition=Disposition(row["disposition"]), mode=TuneMode(row["mode"]),
+                strategy=Strategy(row["strategy"]), candidate=row["candidate_index"], error=row["error"] or "",
+                median_ms=row["median_ms"], mad_ms=row["mad_ms"], min_ms=row["min_ms"], avg_ms=row["avg_ms"]))
+        return out
+
     @property
     def rows_written(self) -> int:
         return self.writer.rows_written + self.rows_elsewhere
+
+    def wait_for_devices(self, signature: str, problem_names: Iterable[str]) -> None:
+        """These problems wait for a device of ``signature`` (the cluster lost its last one): no decision of theirs
+        is published from this run's partial rows; the run ends 'waiting' and a resume measures them."""
+        names = sorted(set(problem_names))
+        if names:
+            self.waiting[signature] = names
 
     def skip(self, signature: str, problem_name: str, reason: str) -> None:
         self._skipped.setdefault(signature, {})[problem_name] = reason
@@ -327,6 +366,8 @@ class JobRun:
                 decisions, report = self._decide(reduce, top_k)
         self.writer.close()
         no_winner: dict[str, dict[str, str]] = {s: dict(v) for s, v in self._skipped.items()}
+        for sig, names in self.waiting.items():
+            no_winner.setdefault(sig, {}).update({name: WAITING for name in names})
         problems = 0
         for sig in sorted(self._signatures):
             for wp in self.workload.problems:
@@ -342,8 +383,11 @@ class JobRun:
             fields["verify"] = {k: v for k, v in verification.items() if k != "rows"}
         summary = JobSummary(self.run.job_id, self.run.run_id, self.rows_written, dict(self.counts), decisions,
                              report, no_winner, problems, time.perf_counter() - self.t0,
-                             verified=list((verification or {}).get("decisions", [])))
-        self.job.finish(self.record, self.run, state="finished", rows_written=summary.rows_written, counts=summary.counts,
+                             verified=list((verification or {}).get("decisions", [])), waiting=dict(self.waiting))
+        if self.waiting:
+            fields["waiting_for_devices"] = {sig: {"problems": names, "why": WAITING}
+                                             for sig, names in sorted(self.waiting.items())}
+        self.job.finish(self.record, self.run, state="waiting" if self.waiting else "finished", rows_written=summary.rows_written, counts=summary.counts,
                         signatures=sorted(self._signatures), problems=problems, winners=summary.winners,
                         no_winner=no_winner, wall_s=summary.wall_s, **fields)
         self._lock.release()
@@ -401,7 +445,7 @@ class JobRun:
             self.job.pull_overrides()
         for sig in signatures:
             data = listing.partition(sig)
-            d = decide_results(data, incumbents=load_incumbents(source, data), top_k=top_k)
+            d = self._without_waiting(sig, decide_results(data, incumbents=load_incumbents(source, data), top_k=top_k))
             if reduce:
                 written += reduce_results(results, self.job.overrides, top_k=top_k, decisions=d,
                                           measurement_warning=self.measurement_warning).signatures
@@ -417,6 +461,14 @@ class JobRun:
             there = self.job.location.join("overrides")
             written = [relocated(r, lambda name: there.join(name).uri) for r in written]
         return decisions, ReduceReport(written, skipped, rows, decisions)
+
+    def _without_waiting(self, sig: str, d: Decisions) -> Decisions:
+        """``d`` without the problems that wait for a device of ``sig``: their rows are partial (a resume decides)."""
+        waiting = {wp.problem.key for wp in self.workload.problems if wp.name in self.waiting.get(sig, ())}
+        if not waiting:
+            return d
+        return dataclasses.replace(d, winners={k: w for k, w in d.winners.items() if k[1] not in waiting or k[0] != sig},
+                                   tuned={s: (keys - waiting if s == sig else keys) for s, keys in d.tuned.items()})
 
     def _write_manifest(self) -> str:
         """``manifests/<run id>.json``: every results file of this run and its rows ('' when the driver wrote

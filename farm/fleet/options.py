@@ -63,16 +63,29 @@ class FarmOptions:
     # after the reduce: ``verifier(device, override file text, problem keys)`` runs on a worker of each signature
     # and returns rows to record and decisions' records (farm.replay.verify.verify_for_job); None: no check
     verifier: Callable[..., Any] | None = None
+    # a fleet that comes and goes (farm.fleet.nodes): how often the driver lists the cluster's nodes (to start
+    # workers on nodes that join and to notice lost ones); how long a signature with work left and no device
+    # waits for a node of its kind before the job finishes without it; at most this many device workers
+    node_poll_s: float = 2.0
+    device_wait_s: float = 300.0
+    max_devices: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("shard_size", "finalist_k", "max_strikes", "top_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError("must be an integer >= 1", field=name, value=value)
-        for name in ("candidate_timeout_s", "stream_interval_s", "startup_timeout_s", "progress_interval_s"):
+        for name in ("candidate_timeout_s", "stream_interval_s", "startup_timeout_s", "progress_interval_s",
+                     "node_poll_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise InputError("must be a positive, finite number of seconds", field=name, value=value)
+        wait = self.device_wait_s
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
+            raise InputError("must be a finite number of seconds >= 0", field="device_wait_s", value=wait)
+        cap = self.max_devices
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise InputError("must be an integer >= 1 (or None)", field="max_devices", value=cap)
         if isinstance(self.log_level, bool) or not isinstance(self.log_level, int):
             raise InputError("must be a logging level (an integer)", field="log_level", value=self.log_level)
         if self.cpu_threads is not None and (isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int)

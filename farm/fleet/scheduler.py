@@ -278,6 +278,24 @@ class Scheduler:
     def done(self) -> bool:
         return all(p.outstanding == 0 for p in self._problems.values())
 
+    def problem_name(self, signature: str, index: int) -> str:
+        state = self._problems.get((signature, index))
+        return state.wp.name if state is not None else f"#{index}"
+
+    def abandon(self, signature: str) -> list[int]:
+        """No device of ``signature`` is left: its queued work is dropped (none of it runs); -> the problems (workload
+        indices) it leaves undecided, to be measured by a resume."""
+        for queue in (self._queues.get(signature), self._urgent.get(signature)):
+            if queue is not None:
+                queue.clear()
+        left = []
+        for (sig, index), state in self._problems.items():
+            if sig == signature and state.outstanding:
+                state.outstanding = 0
+                state.probes.clear()
+                left.append(index)
+        return left
+
     def problem_of(self, task: Task) -> WorkloadProblem:
         return self._problems[(task.signature, task.problem)].wp
 

@@ -21,7 +21,7 @@ from farm.devices.device import Device
 from farm.devices.open import open_device
 from farm.devices.properties import DeviceProperties
 from farm.devices.runtimes import RuntimeUnavailable
-from farm.devices.sim import SimConfig
+from farm.devices.sim import SimConfig, SimGroup, sim_device
 from farm.errors import AutotuneError, FarmError
 from farm.fleet.scheduler import CONFIRM, FINALIST, Candidate, Task
 from farm.model.engine import EngineRegistry, default_engine_registry
@@ -148,7 +148,8 @@ class DeviceWorkerImpl:
 
     def __init__(self, kind: str, slot: int, sim: SimConfig | None = None,
                  problems: Sequence[WorkloadProblem] = (), registry: EngineRegistry | None = None,
-                 cpu_threads: int | None = None, log_level: int = logging.WARNING) -> None:
+                 cpu_threads: int | None = None, log_level: int = logging.WARNING,
+                 sim_group: SimGroup | None = None) -> None:
         self._log_names = _worker_logging(log_level)
         self.kind = kind
         from farm.tuner.interrupts import SIGINTS
@@ -169,7 +170,7 @@ class DeviceWorkerImpl:
         # before the device opens (torch's import, CUDA's start: seconds), so a compile pool's
         # processes start alongside it rather than during this worker's first task
         self.prepare(problems)
-        self.device = _open(kind, slot, sim)
+        self.device = _open(kind, slot, sim, sim_group)
         self.name = f"{kind}:{self.device.properties.index}"
         self._part_writer: ResultWriter | None = None  # with shared storage: this worker's writer for the run
         self._writer_key: tuple[str, str] | None = None
@@ -366,7 +367,11 @@ def expand_problems(problems: Sequence[tuple[int, WorkloadProblem]], device: Dev
     return out
 
 
-def _open(kind: str, slot: int, sim: SimConfig | None) -> Device:
+def _open(kind: str, slot: int, sim: SimConfig | None, sim_group: SimGroup | None = None) -> Device:
+    """The worker's device: a GPU Ray assigned, the CPU, or a simulated one (``slot`` of the config's devices, or
+    one of kind ``sim_group`` numbered ``slot`` when a node carries it)."""
+    if kind == "sim" and sim is not None and sim_group is not None:
+        return sim_device(sim, sim_group, slot)
     if kind in ("sim", "cpu"):
         return open_device(kind, slot, sim=sim)
     import ray

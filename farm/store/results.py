@@ -68,6 +68,8 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("host_cpu", pa.string(), "CPU model of the measuring host (/proc/cpuinfo): an eager call's time is as much "
                               "the host's as the device's; null in rows written before it was recorded"),
     ("actor_id", pa.string(), "Ray actor id ('' in-process)"),
+    ("node_id", pa.string(), "Ray node id of the measuring worker ('' in-process; null in rows written before it "
+                             "was recorded): farm report's rows per node"),
     ("device_index", pa.int32(), "device index on the host"),
     ("vendor", pa.string(), "nvidia / amd / cpu / sim"),
     ("arch", pa.string(), "sm_90, gfx942, x86_64-skylakex..."),
@@ -190,6 +192,7 @@ class MeasurementContext:
     session_id: str = field(default_factory=new_id)
     host: str = ""
     actor_id: str = ""
+    node_id: str = ""
     round: str = "main"
     call: str = ""  # the calling mode a confirm session timed
     session_size: int | None = None  # a confirm session: the rows it writes in all
@@ -219,6 +222,7 @@ def _run_fields(result: AutotuneResult, run: RunContext, where: MeasurementConte
         "host_cpu": where.host_cpu,
         "verdict": where.verdict,
         "actor_id": where.actor_id,
+        "node_id": where.node_id,
         "farm_version": __version__,
         "workload_name": run.workload_name,
         "workload_digest": run.workload_digest,

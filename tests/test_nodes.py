@@ -1,0 +1,61 @@
+"""The farm's view of the cluster's nodes without Ray: which devices a node offers, joins and losses, the cap."""
+
+from farm.devices.sim import SimConfig
+from farm.fleet.nodes import NodeTable, NodeView, Slot, placed_sim, sim_resource, slots_of
+from farm.fleet.options import FarmOptions
+
+SIM = SimConfig.parse({"devices": [{"name": "Sim A"}, {"name": "Sim B", "speed": 2.0}]})
+
+
+def node(node_id, alive=True, **resources):
+    return NodeView(node_id, "host", "10.0.0.1", alive, resources)
+
+
+def test_a_node_offers_its_gpus_or_the_simulated_devices_it_declares():
+    gpu = node("g", GPU=2.0, CPU=16.0)
+    assert [s.kind for s in slots_of(gpu, "gpu")] == ["gpu", "gpu"] and slots_of(gpu, "sim", SIM) == []
+    mixed = node("s", **{sim_resource("Sim A"): 2.0, sim_resource("Sim B"): 1.0, "sim:Unknown": 4.0})
+    assert [s.group.name for s in slots_of(mixed, "sim", SIM)] == ["Sim A", "Sim A", "Sim B"]
+    assert slots_of(node("d", alive=False, GPU=8.0), "gpu") == []
+    assert slots_of(mixed, "sim", SIM)[0].resource == "sim:Sim A"
+    # simulated devices follow nodes only when some live node declares a kind of the config
+    assert placed_sim(SIM, [gpu, mixed]) and not placed_sim(SIM, [gpu, node("x", alive=False, **{"sim:Sim A": 1})])
+    assert not placed_sim(None, [mixed])
+
+
+def test_the_table_says_which_nodes_joined_and_which_were_lost_once_each():
+    table = NodeTable()
+    joined, lost = table.observe([node("a"), node("b")], 0.0)
+    assert [v.node_id for v in joined] == ["a", "b"] and lost == []
+    assert table.records["a"].joined_s is None  # there at the start
+    joined, lost = table.observe([node("a"), node("b", alive=False), node("c")], 12.5)
+    assert [v.node_id for v in joined] == ["c"] and lost == ["b"]
+    assert table.records["c"].joined_s == 12.5 and table.records["b"].lost_s == 12.5
+    assert table.observe([node("a"), node("c")], 20.0) == ([], [])  # gone from the list: lost already
+    assert not table.mark_lost("b", 30.0) and table.mark_lost("a", 30.0) and table.is_lost("a")
+    assert table.observe([node("c")], 31.0) == ([], [])
+    table.add_worker("c", "sim:4", "sig")
+    assert [r.node_id for r in table.with_workers()] == ["c"]
+    assert table.records["c"].to_json()["workers"] == ["sim:4"]
+
+
+def test_max_devices_leaves_devices_spare_and_a_lost_worker_s_place_goes_to_one():
+    from farm.fleet.cluster import WorkerLauncher
+
+    launcher = object.__new__(WorkerLauncher)  # its Ray parts (actor class, cluster) are not used here
+    launcher.options = FarmOptions(max_devices=3)
+    launcher.spare = [Slot("a", "gpu"), Slot("a", "gpu"), Slot("b", "gpu"), Slot("b", "gpu")]
+    launcher.starting = {}
+    started = []
+
+    def start(slot):
+        started.append(slot)
+        launcher.starting[len(started)] = (None, slot)
+        return len(started)
+
+    launcher.start = start
+    assert launcher.fill(live=0) == [1, 2, 3] and len(launcher.spare) == 1
+    launcher.starting.clear()  # they answered: three workers up
+    assert launcher.fill(live=3) == []
+    assert launcher.fill(live=2) == [4] and launcher.spare == []  # one lost: the spare device takes its place
+    assert WorkerLauncher.cap.fget(launcher) == 3
