@@ -209,3 +209,39 @@ def test_a_node_that_joins_while_a_signature_waits_takes_its_work():
     assert got is late and task.size == 3
     assert [n.joined_s for n in driver.status().nodes] == [None, None]  # the table of a real run knows (NodeTable)
 
+
+
+def test_a_worker_that_died_on_a_node_still_listed_alive_is_judged_once_ray_knows():
+    # its node is then listed dead: a node loss, nobody charged, the task runs again as it was
+    driver, [], sink, clock, cs = setup(n_candidates=3, workers=0, node_grace_s=30)
+    w, other = on_node(driver, 0, "node-a"), on_node(driver, 1, "node-b")
+    [(got, task)] = driver.assignments()
+    driver.on_started(got)
+    driver.on_unreachable(got, "connection lost")
+    assert got.status.state == "unreachable" and not got.free and not driver.done and not driver.stuck
+    assert driver.assignments() == [] and driver.on_silent(now=1e6) == []  # its task waits for the judgement
+    driver.on_node_lost(got.info.node_id)
+    [(again_on, again)] = driver.assignments()
+    assert again_on is not got and again.size == 3 and not again.careful and again.attempt == 1
+    assert got.lost and got.unreachable is None
+
+
+def test_an_unreachable_worker_that_answers_again_or_stays_silent_past_the_grace_crashed():
+    driver, [], sink, clock, cs = setup(n_candidates=3, workers=0, node_grace_s=30)
+    w = on_node(driver, 0, "node-a")
+    [(got, task)] = driver.assignments()
+    driver.on_started(w)
+    driver.on_unreachable(w, "worker died")
+    driver.on_back(w)  # restarted on its node: it was a crash (the first names nobody: one task again, attempt 2)
+    assert w.free and w.status.restarts == 1
+    [(_, again)] = driver.assignments()
+    assert again.attempt == 2 and again.size == 3
+    driver.on_started(w)
+    driver.on_unreachable(w, "worker died")
+    clock.t = 29.0
+    assert driver.settle_unreachable() == []
+    clock.t = 30.0
+    assert driver.settle_unreachable() == [w] and w.restarting and w.unreachable is None
+    driver.on_back(w)
+    [(_, careful)] = driver.assignments()
+    assert careful.careful and careful.size == 1  # a second death on it: candidates are isolated

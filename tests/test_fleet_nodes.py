@@ -145,6 +145,7 @@ def test_a_node_removed_mid_job_its_tasks_run_on_the_surviving_node_of_its_kind(
     # the same rows as the uninterrupted run: every candidate once, the same confirmation stages, no failure
     assert got[sig] == ref_rows[sig] and report.counts == {"succeeded": ref_rows[sig][0]}
     assert winners(report, sig) == winners(reference, sig)
+    assert sum(s.restarts for s in report.statuses) == 0  # a node loss, charged to no candidate (no crash path)
     nodes = {n["node_id"]: n for n in report.nodes}
     assert nodes[a1.node_id]["state"] == "lost" and nodes[a1.node_id]["lost_s"] is not None
     assert nodes[a2.node_id]["state"] == "active" and not report.waiting
@@ -227,3 +228,20 @@ def test_max_devices_caps_the_workers_now_and_as_nodes_join(cluster, tmp_path):
     fleet(cluster, "Sim A", "Sim A")
     report = tune(cluster, tmp_path, max_devices=3)
     assert len(report.workers) == 3 and sum(len(n["workers"]) for n in report.nodes) == 3
+
+
+def test_a_candidate_that_crashes_its_node_pinned_worker_is_quarantined_and_the_node_stays(cluster, tmp_path):
+    # a crash is not a node loss: the worker restarts on its node (it answers again), the loss is charged to the
+    # candidate (twice: a crashed row), and the node keeps working
+    key = workload().problems[0].problem.key
+    crashing = SimConfig.parse({"devices": [{"name": "Sim A"}], "noise": 0.02, "sleep": 25, "faults": [
+        {"kind": "crash", "engine": "sim.gemm", "knobs": {"block": 64, "stages": 3, "split_k": 2}, "problem": key}]})
+    (node,) = fleet(cluster, "Sim A")
+    report = tune(cluster, tmp_path, sim=crashing, node_grace_s=60)
+    table = rows(tmp_path)
+    failed = [(r["problem_name"], r["candidate_key"]) for r in table if not r["succeeded"]]
+    assert len(failed) == 1 and failed[0][0] == "p0" and report.counts.get("crashed") == 1
+    main = collections.Counter((r["problem_name"], r["candidate_key"]) for r in table if r["round"] == "main")
+    assert len(main) == PROBLEMS * 24 and set(main.values()) == {1}
+    assert [n["state"] for n in report.nodes] == ["active"] and report.summary.exit_code() == 0
+    assert sum(s.restarts for s in report.statuses) >= 2

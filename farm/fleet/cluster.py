@@ -639,11 +639,14 @@ def _event_loop(driver: Driver, launcher: WorkerLauncher, workload: Workload, co
     last_progress = last_poll = 0.0
     while not driver.done:
         now = time.perf_counter()
-        if launcher.placed and now - last_poll >= options.node_poll_s:
+        # while a worker is unreachable, whether its node is going is asked more often
+        poll_s = min(options.node_poll_s, 0.25) if any(w.unreachable for w in driver.workers) else options.node_poll_s
+        if launcher.placed and now - last_poll >= poll_s:
             last_poll = now
             for node_id in launcher.poll(now - driver.t0):
                 driver.on_node_lost(node_id, "the cluster lists it dead")
             launcher.fill(live=sum(not w.lost for w in driver.workers))
+        driver.settle_unreachable()
         driver.check_waits()
         for w, task in driver.assignments():
             cands = sorted(driver.sched.candidates_of(task).values(), key=lambda c: c.index)
@@ -652,7 +655,7 @@ def _event_loop(driver: Driver, launcher: WorkerLauncher, workload: Workload, co
                 sink, w.task.where if sink is not None else None)
             streams[gen] = (w, w.task)
         for w in driver.workers:
-            if w.restarting and w not in pings.values():
+            if (w.restarting or w.unreachable) and w not in pings.values():
                 pings[w.actor.info.remote()] = w
         if driver.stuck:
             raise FarmFailed("internal error: work remains but nothing is queued or running")
@@ -696,8 +699,8 @@ def _started(driver: Driver, launcher: WorkerLauncher, ref: Any, gone: tuple[typ
 
 
 def _worker_lost(driver: Driver, launcher: WorkerLauncher, w: WorkerHandle, exc: BaseException) -> bool:
-    """True when ``w`` died with its node (the driver was told); its node may be listed dead only later, but a
-    worker pinned to a node that is gone cannot be placed (ActorUnschedulableError)."""
+    """True when ``w`` died with its node (the driver was told): a worker pinned to a node that is gone cannot be
+    placed again (ActorUnschedulableError), or the cluster lists its node dead."""
     import ray
 
     if not launcher.placed or not w.info.node_id:
@@ -713,7 +716,7 @@ def _answered(driver: Driver, launcher: WorkerLauncher, w: WorkerHandle, ref: An
 
     try:
         ray.get(ref)
-        driver.on_back(w)
+        driver.on_back(w)  # restarted (on its node: an unreachable worker's loss was a crash)
     except gone as exc:
         _worker_lost(driver, launcher, w, exc)  # else still restarting: asked again on the next turn
 
@@ -734,7 +737,11 @@ def _next_item(driver: Driver, launcher: WorkerLauncher, streams: dict[Any, tupl
         return
     except gone as exc:
         streams.pop(gen)
-        if not _worker_lost(driver, launcher, w, exc):
+        if _worker_lost(driver, launcher, w, exc):
+            return
+        if launcher.placed and w.info.node_id:
+            driver.on_unreachable(w, _first_line(exc))  # Ray may not list its node dead yet: judged later
+        else:
             driver.on_lost(w, _first_line(exc))
         return
     except ray.exceptions.RayTaskError as exc:  # the worker's own code raised: writing its results, mostly

@@ -8,6 +8,7 @@ goes to a :class:`Driver` method, which updates the scheduler, writes rows and s
     driver.on_batch(worker, results)     # a batch of AutotuneResults
     driver.on_end(worker, end)           # its TaskEnd
     driver.on_lost(worker, detail)       # the actor died (a crash): the worker is restarting
+    driver.on_unreachable(worker, why)   # it died, and its node may be going: judged once Ray knows which
     driver.on_silent(now)                # workers silent past their limit: the shell kills and restarts them
     driver.on_back(worker)               # a restarting worker answers again
     driver.add_worker(worker)            # a worker started on a node that joined
@@ -57,6 +58,7 @@ class WorkerState(str, enum.Enum):
     RESTARTING = "restarting"
     STOPPED = "stopped"
     LOST = "lost"  # its node is gone: it takes no more work
+    UNREACHABLE = "unreachable"  # it died while its node is still listed alive: a crash, or the node going
 
 
 @dataclass
@@ -126,11 +128,12 @@ class WorkerHandle:
     task: RunningTask | None = None
     restarting: bool = False
     lost: bool = False  # its node is gone
+    unreachable: tuple[float, str] | None = None  # since when, and why: its death is not judged yet
 
     @property
     def up(self) -> bool:
         """Running and reachable (it may be busy)."""
-        return not self.restarting and not self.lost
+        return not self.restarting and not self.lost and self.unreachable is None
 
     @property
     def free(self) -> bool:
@@ -283,7 +286,7 @@ class Driver:
         silent = []
         for w in self.workers:
             r = w.task
-            if r is None:
+            if r is None or w.unreachable is not None:  # a dead worker is not silent: it is judged elsewhere
                 continue
             limit = self.options.candidate_timeout_s if r.on_device else self.options.startup_timeout_s
             if now - r.last_progress <= limit:
@@ -298,11 +301,37 @@ class Driver:
         return silent
 
     def on_back(self, w: WorkerHandle) -> None:
-        """A restarting worker answers again: it may take work."""
+        """A restarting worker answers again: it may take work. An unreachable one that answers was restarted on its
+        node: its task's loss was a crash, charged now."""
         if w.lost:
             return
+        if w.unreachable is not None:
+            self._judge_crash(w)
         w.restarting = False
         w.status.state = WorkerState.IDLE.value
+
+    def on_unreachable(self, w: WorkerHandle, detail: str) -> None:
+        """The worker died while Ray still lists its node alive: its node may be going (Ray notices a dead node
+        seconds after its workers' connections break). Its task waits, uncharged, until the worker answers again
+        (restarted on its node: a crash, judged then), its node is listed dead (on_node_lost: nobody is charged), or
+        ``node_grace_s`` passes (a crash)."""
+        assert w.task is not None
+        w.unreachable = (self.clock(), detail)
+        w.status.state = WorkerState.UNREACHABLE.value
+
+    def settle_unreachable(self) -> list[WorkerHandle]:
+        """Unreachable workers past ``node_grace_s``: their tasks' losses count as crashes now."""
+        now = self.clock()
+        late = [w for w in self.workers if w.unreachable is not None and now - w.unreachable[0] >= self.options.node_grace_s]
+        for w in late:
+            self._judge_crash(w)
+        return late
+
+    def _judge_crash(self, w: WorkerHandle) -> None:
+        assert w.unreachable is not None
+        detail, w.unreachable = w.unreachable[1], None
+        if w.task is not None:
+            self.on_lost(w, detail)
 
     def add_worker(self, w: WorkerHandle) -> None:
         """A worker started on a node that joined: it takes work on the next assignment."""
@@ -327,7 +356,7 @@ class Driver:
                             "reported)", node_id[:8], detail or "gone", w.status.name, r.task.id,
                             r.task.size - len(r.reported))
                 self._lose(w, LossKind.NODE_LOST, f"node {node_id[:8]} lost: {detail or 'gone'}")
-            w.lost, w.restarting = True, False
+            w.lost, w.restarting, w.unreachable = True, False, None
             w.status.state, w.status.problem = WorkerState.LOST.value, ""
         return gone
 

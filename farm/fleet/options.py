@@ -67,6 +67,9 @@ class FarmOptions:
     # workers on nodes that join and to notice lost ones); how long a signature with work left and no device
     # waits for a node of its kind before the job finishes without it; at most this many device workers
     node_poll_s: float = 2.0
+    node_grace_s: float = 30.0  # a worker that died on a node still listed alive: how long its node has to be listed
+    # dead (a node loss, charging nobody) before the loss counts as the worker's crash (Ray lists a dead node in
+    # about 15-30 s with its default health checks; a worker restarted on its node answers in seconds)
     device_wait_s: float = 300.0
     max_devices: int | None = None
 
@@ -76,7 +79,7 @@ class FarmOptions:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError("must be an integer >= 1", field=name, value=value)
         for name in ("candidate_timeout_s", "stream_interval_s", "startup_timeout_s", "progress_interval_s",
-                     "node_poll_s"):
+                     "node_poll_s", "node_grace_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise InputError("must be a positive, finite number of seconds", field=name, value=value)
