@@ -59,3 +59,29 @@ def test_max_devices_leaves_devices_spare_and_a_lost_worker_s_place_goes_to_one(
     assert launcher.fill(live=3) == []
     assert launcher.fill(live=2) == [4] and launcher.spare == []  # one lost: the spare device takes its place
     assert WorkerLauncher.cap.fget(launcher) == 3
+
+
+def test_progress_says_when_nodes_join_or_go_and_what_waits_for_a_device():
+    from farm.cli.progress import node_events, nodes_part, progress_line
+    from farm.fleet.driver import FarmStatus, WorkerStatus
+    from farm.fleet.nodes import NodeRecord
+
+    a = NodeRecord("a" * 16, "h1", "", workers=["sim:0"])
+    b = NodeRecord("b" * 16, "h2", "", workers=["sim:1"])
+    workers = [WorkerStatus("sim:0", "S", "Sim", "h1", "busy", node_id=a.node_id),
+               WorkerStatus("sim:1", "S", "Sim", "h2", "busy", node_id=b.node_id)]
+    seen: dict = {}
+    status = FarmStatus(100, 10, 0, 0, 5.0, workers, ["S"], nodes=[a, b])
+    assert node_events(status, seen) == [] and nodes_part(status) == "; 2 nodes"
+    b.state, b.lost_s, workers[1].state = "lost", 7.0, "lost"
+    c = NodeRecord("c" * 16, "h3", "", joined_s=9.0, workers=["sim:2"])
+    status = FarmStatus(100, 20, 0, 0, 9.5, workers, ["S"], nodes=[a, b, c], waiting={"T": 25.4})
+    lines = node_events(status, seen)
+    assert lines == ["node bbbbbbbb (h2: sim:1) lost at 0:07: its tasks run again on devices of its kind",
+                     "node cccccccc (h3: sim:2) joined at 0:09: its devices take work now"]
+    assert node_events(status, seen) == []  # each once
+    assert "3 nodes (1 lost, 1 joined); waiting for a device of T (25 s left)" in progress_line(status)
+    assert "1/1 workers busy" in progress_line(status)  # a lost worker is not counted
+    status = FarmStatus(100, 20, 0, 0, 40.0, workers, ["S"], nodes=[a, b, c], given_up={"T": ["p1", "p2"]})
+    assert node_events(status, seen) == ["no device of T came back: 2 problem(s) wait for one (a resume measures them)"]
+    assert "; 2 problem(s) wait for a device of T;" in progress_line(status)

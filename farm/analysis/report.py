@@ -156,7 +156,7 @@ class NodeSummary:
     rows: int
     candidates: int  # main-round rows
     failures: int
-    state: str = ""  # the latest run's: active / lost ('' when that run did not record it)
+    state: str = ""  # in the last run that recorded it: active / lost ('' when none did)
     joined_s: float | None = None
     lost_s: float | None = None
 
@@ -213,8 +213,10 @@ def _latest_run(record: Any) -> Mapping[str, Any]:
 
 
 def _nodes(rows: list[dict[str, Any]], record: Any) -> list[NodeSummary]:
-    """Rows per Ray node, with what the latest run's job record says of each node (lost, joined)."""
-    fate = {n.get("node_id"): n for n in _latest_run(record).get("nodes") or [] if isinstance(n, Mapping)}
+    """Rows per Ray node, with what the job record's latest run with that node says of it (lost, joined)."""
+    runs = record.get("runs") if isinstance(record, Mapping) else None
+    fate = {n.get("node_id"): n for run in (runs if isinstance(runs, list) else []) if isinstance(run, Mapping)
+            for n in (run.get("nodes") if isinstance(run.get("nodes"), list) else []) if isinstance(n, Mapping)}
     by_node: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("node_id"):

@@ -48,6 +48,8 @@ def nodes_part(status: Any) -> str:
         text = f"; {len(nodes)} nodes" + (f" ({more})" if more else "")
     for sig, left in getattr(status, "waiting", {}).items():
         text += f"; waiting for a device of {sig} ({left:.0f} s left)"
+    for sig, names in getattr(status, "given_up", {}).items():
+        text += f"; {len(names)} problem(s) wait for a device of {sig}"
     return text
 
 

@@ -287,7 +287,9 @@ def farm_outcomes(workload: Any, report: Any, signature: str) -> list[ProblemOut
     import dataclasses as dc
 
     out = []
-    skipped = report.problems_skipped.get(signature, {})
+    skipped = dict(report.problems_skipped.get(signature, {}))
+    skipped.update({name: "waiting for a device of this kind (resume to measure it)"
+                    for name in getattr(report, "waiting", {}).get(signature, ())})
     for wp in workload.problems:
         rows = report.results.get((signature, wp.name), [])
         latest: dict[Any, AutotuneResult] = {}

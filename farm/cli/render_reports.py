@@ -112,7 +112,7 @@ def _nodes_table(report: Any) -> Table:
     """What each Ray node measured (from the rows), and what the latest farm run says of it."""
     from farm.cli.progress import clock
 
-    t = Table(title="per node (rows its workers measured; state in the latest run)", title_justify="left")
+    t = Table(title="per node (rows its workers measured; state in the last run it served)", title_justify="left")
     for col, justify in (("node", "left"), ("host", "left"), ("signature", "left"), ("candidates", "right"),
                          ("rows", "right"), ("failed", "right"), ("state", "left")):
         t.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
@@ -121,7 +121,7 @@ def _nodes_table(report: Any) -> Table:
         if n.joined_s is not None:
             state += f", joined at {clock(n.joined_s)}"
         if n.lost_s is not None:
-            state += f", lost at {clock(n.lost_s)}"
+            state = f"lost at {clock(n.lost_s)}" + (f" (joined at {clock(n.joined_s)})" if n.joined_s is not None else "")
         t.add_row(Text(n.node_id[:8]), Text(", ".join(n.hosts)), Text(", ".join(n.signatures)), str(n.candidates),
                   str(n.rows), str(n.failures), Text(state, style="red" if n.state == "lost" else ""))
     if report.waiting:
