@@ -636,18 +636,21 @@ def _event_loop(driver: Driver, launcher: WorkerLauncher, workload: Workload, co
     gone = tuple(getattr(ray.exceptions, name) for name in WORKER_GONE)
     streams: dict[Any, tuple[WorkerHandle, RunningTask]] = {}  # a task's result stream -> its worker and task
     pings: dict[Any, WorkerHandle] = {}  # info() calls to restarting workers: they get work once one answers
-    last_progress = last_poll = 0.0
+    last_progress = last_poll = last_check = 0.0
     while not driver.done:
         now = time.perf_counter()
-        # while a worker is unreachable, whether its node is going is asked more often
-        poll_s = min(options.node_poll_s, 0.25) if any(w.unreachable for w in driver.workers) else options.node_poll_s
-        if launcher.placed and now - last_poll >= poll_s:
-            last_poll = now
-            for node_id in launcher.poll(now - driver.t0):
-                driver.on_node_lost(node_id, "the cluster lists it dead")
-            launcher.fill(live=sum(not w.lost for w in driver.workers))
-        driver.settle_unreachable()
-        driver.check_waits()
+        if now - last_check >= 0.25:  # the fleet's state changes in seconds: not looked at on every event
+            last_check = now
+            unreachable = any(w.unreachable for w in driver.workers)
+            # while a worker is unreachable, whether its node is going is asked more often
+            if launcher.placed and now - last_poll >= (0.25 if unreachable else options.node_poll_s):
+                last_poll = now
+                for node_id in launcher.poll(now - driver.t0):
+                    driver.on_node_lost(node_id, "the cluster lists it dead")
+                launcher.fill(live=sum(not w.lost for w in driver.workers))
+            if unreachable:
+                driver.settle_unreachable()
+            driver.check_waits()
         for w, task in driver.assignments():
             cands = sorted(driver.sched.candidates_of(task).values(), key=lambda c: c.index)
             gen = w.actor.run.options(num_returns="streaming").remote(
