@@ -40,7 +40,7 @@ def test_the_table_says_which_nodes_joined_and_which_were_lost_once_each():
 
 
 def test_max_devices_leaves_devices_spare_and_a_lost_worker_s_place_goes_to_one():
-    from farm.fleet.cluster import WorkerLauncher
+    from farm.fleet.launcher import WorkerLauncher
 
     launcher = object.__new__(WorkerLauncher)  # its Ray parts (actor class, cluster) are not used here
     launcher.options = FarmOptions(max_devices=3)
