@@ -72,7 +72,7 @@ def one(candidates: int, devices: int, signatures: int, out: str) -> dict:
     rows = sum(r != "confirm" for r in rounds)  # a row per candidate; the confirmation stages' rows apart
     return {"candidates": report.total, "rows": rows, "confirm_rows": len(rounds) - rows,
             "rows_written": report.rows_written, "wall_s": wall,
-            "tuning_s": report.tuning_s, "tuning_peak_rss_mb": max(peak),
+            "tuning_s": report.tuning_s, "tuning_peak_rss_mb": max(peak), "start_rss_mb": peak[0],
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "ms_per_candidate": report.tuning_s / report.total * 1e3, "rows_per_s": rows / report.tuning_s}
 

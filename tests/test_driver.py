@@ -245,3 +245,65 @@ def test_an_unreachable_worker_that_answers_again_or_stays_silent_past_the_grace
     driver.on_back(w)
     [(_, careful)] = driver.assignments()
     assert careful.careful and careful.size == 1  # a second death on it: candidates are isolated
+
+
+class StorageSink(Sink):
+    """Shared storage: the workers write their rows; what a session has there is ``on_storage[session]``."""
+
+    def __init__(self):
+        super().__init__()
+        self.on_storage, self.counted, self.fenced = {}, 0, []
+
+    def count(self, results):
+        self.counted += len(list(results))
+
+    def add_parts(self, parts):
+        pass
+
+    def results_of_session(self, signature, op, session_id):
+        return list(self.on_storage.get(session_id, []))
+
+    def fence(self, signature, op, session_id):
+        self.fenced.append(session_id)
+
+
+def test_a_stage_whose_rows_a_lost_worker_wrote_before_reporting_them_is_not_run_twice():
+    from farm.model.records import ConfirmSettings
+
+    sched = Scheduler(shard_size=100, confirm=ConfirmSettings())
+    cs = cands(3)
+    sched.add_problem(PROPS.signature, 0, WP, cs)
+    sink = StorageSink()
+    driver = Driver(sched, [], sink, AutotuneConfig(), FarmOptions(), clock=Clock(), workers_write=True)
+    a, b = on_node(driver, 0, "node-a"), on_node(driver, 1, "node-b")
+    [(w, main)] = driver.assignments()
+    driver.on_started(w)
+    driver.on_batch(w, [result(c, 1.0 + c.index) for c in cs])
+    driver.on_end(w, TaskEnd("s", {}))
+    driver.on_stream_end(w)
+    [(w, stage)] = driver.assignments()
+    assert stage.round == "confirm"
+    driver.on_started(w)
+    # the stage's one part is on the storage, then the node goes before the worker reports it
+    sink.on_storage[w.task.where.session_id] = [result(c) for c in cs if c.spec in stage.specs]
+    driver.on_node_lost(w.info.node_id)
+    assert driver.assignments() == [] and driver.done  # counted, not run again
+    assert sink.counted == 3 + stage.size and sink.fenced == []
+
+    # a part with fewer rows than the stage (none here) is a stage cut short: it runs again
+    sched2 = Scheduler(shard_size=100, confirm=ConfirmSettings())
+    sched2.add_problem(PROPS.signature, 0, WP, cs)
+    sink2 = StorageSink()
+    driver2 = Driver(sched2, [], sink2, AutotuneConfig(), FarmOptions(), clock=Clock(), workers_write=True)
+    a2, b2 = on_node(driver2, 0, "node-a"), on_node(driver2, 1, "node-b")
+    [(w2, _)] = driver2.assignments()
+    driver2.on_batch(w2, [result(c, 1.0 + c.index) for c in cs])
+    driver2.on_end(w2, TaskEnd("s", {}))
+    driver2.on_stream_end(w2)
+    [(w2, stage2)] = driver2.assignments()
+    driver2.on_started(w2)
+    w2_session = w2.task.where.session_id
+    driver2.on_node_lost(w2.info.node_id)
+    [(other, again)] = driver2.assignments()
+    assert again.round == "confirm" and set(again.specs) == set(stage2.specs) and other is not w2
+    assert sink2.fenced == [w2_session]  # a part its worker writes late is set aside at the end

@@ -28,7 +28,7 @@ from farm.store.dataset import ResultsDataset  # noqa: E402
 PROBLEMS = 12
 # three kinds of simulated device; a node carries devices of one kind (its resource says how many)
 SIM = SimConfig.parse({"devices": [{"name": "Sim A", "speed": 1.0}, {"name": "Sim B", "speed": 1.6},
-                                   {"name": "Sim C", "speed": 0.7}], "noise": 0.02, "sleep": 25})
+                                   {"name": "Sim C", "speed": 0.7}], "noise": 0.0, "sleep": 25})
 # fast failure detection for the test (Ray's default notices a dead raylet in about 15-30 s)
 FAST_HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 300, "health_check_failure_threshold": 3}
 
@@ -214,7 +214,7 @@ def test_two_kinds_on_two_nodes_and_a_third_kind_joining_midway_gets_its_whole_w
     reference, ref_rows = uninterrupted
     fleet(cluster, "Sim A", "Sim B")
     report = tune(cluster, tmp_path, at=30, inline=True,
-                  when=lambda: cluster.add_node(num_cpus=1, resources={"sim:Sim C": 2}, wait=False))
+                  when=lambda: cluster.add_node(num_cpus=1, resources={"sim:Sim C": 2}))
     sigs = {signature_of(k) for k in ("Sim A", "Sim B", "Sim C")}
     assert per_signature(rows(tmp_path)) == {s: ref_rows[s] for s in sigs}
     for sig in sigs:

@@ -216,7 +216,47 @@ def test_a_few_thousand_candidates_into_s3_with_the_benchmarks_own_run(s3_bucket
     result = bench.one(3200, 4, 2, f"s3://tunefarm/scale?{query}")
     assert result["candidates"] == result["rows"] == 3200 and result["confirm_rows"] > 0
     assert result["rows_written"] == result["rows"] + result["confirm_rows"]
-    assert result["tuning_peak_rss_mb"] < 1024
+    # the driver's growth while tuning (this process held what earlier tests left in its heap: 1.3 GB after the
+    # eager-call tests); a fresh driver starts near 250 MB, so this is the old "< 1 GB in all"
+    assert result["tuning_peak_rss_mb"] - result["start_rss_mb"] < 768
     import pyarrow.fs as pafs
 
     assert len(fs.get_file_info(pafs.FileSelector("tunefarm/scale/manifests"))) == 1  # the run's manifest
+
+
+def test_a_part_a_lost_node_s_worker_writes_after_its_task_ran_again_is_set_aside_not_read(tmp_path):
+    """Exactly once across a node loss: what a worker wrote before the driver looked is counted (not measured
+    again); a part of the same session that lands later (its node dying, or cut off) is renamed at the run's end."""
+    from farm.fleet.job import JobRun
+    from farm.model.engine import default_engine_registry
+    from farm.model.workload import parse_workload
+
+    wl = parse_workload({"name": "w", "problems": [{"name": "mm", "op": "matmul", "tensors": {"A": [8, 5], "B": [5, 6]}}]},
+                        registry=default_engine_registry())
+    wp = wl.problems[0]
+    jr = JobRun(f"file://{tmp_path}/out", wl, {})
+    props = fake_props()
+    sig = props.signature
+
+    writers = {}
+
+    def worker_part(session, engines, name):  # a worker's writer lives as long as the worker: its parts are numbered
+        w = writers.setdefault(name, ResultWriter(jr.job.results, jr.run.run_id, flush_rows=1 << 20,
+                                                  flush_seconds=3600, name=name))
+        where = MeasurementContext(props, session_id=session)
+        w.append([result_row(fake_result(wp.problem, e), wp.problem, wp.name, jr.run, where) for e in engines])
+        w.flush()
+
+    worker_part("s-lost", ["e0", "e1"], "w1")  # written before the driver looked: counted
+    counted = jr.results_of_session(sig, "matmul", "s-lost")
+    assert sorted(r.engine_name for r in counted) == ["e0", "e1"]
+    jr.fence(sig, "matmul", "s-lost")
+    worker_part("s-lost", ["e2"], "w1")  # the same worker's late part, after its rest ran again elsewhere
+    worker_part("s-other", ["e3"], "w2")
+    summary = jr.finish(reduce=False)
+    engines = sorted(ResultsDataset(jr.job.results).table(["engine_name"]).column("engine_name").to_pylist())
+    assert engines == ["e0", "e1", "e3"]  # the late part is not data; nothing else moved
+    run = json.loads((tmp_path / "out" / "job.json").read_text())["runs"][-1]
+    [aside] = run["set_aside"]
+    assert aside["session_id"] == "s-lost" and aside["rows"] == 1 and ".lost-worker-" in aside["path"]
+    assert os.path.exists(aside["path"]) and summary is not None

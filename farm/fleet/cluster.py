@@ -246,7 +246,8 @@ def _init_ray(address: str | None, request: DeviceRequest) -> None:
     cpus = os.cpu_count() or 1
     if request.kind == "cpu":
         cpus = max(cpus, request.count or 1)
-    ray.init(num_cpus=cpus, include_dashboard=False, **kwargs)
+    # address="local": a new instance even where a cluster runs on this machine (ray.init() would join that one)
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, **kwargs)
 
 
 def _stop_workers(handles: Sequence[Any]) -> None:
@@ -502,8 +503,16 @@ def _event_loop(driver: Driver, launcher: WorkerLauncher, workload: Workload, co
     streams: dict[Any, tuple[WorkerHandle, RunningTask]] = {}  # a task's result stream -> its worker and task
     pings: dict[Any, WorkerHandle] = {}  # info() calls to restarting workers: they get work once one answers
     last_progress = last_poll = last_check = 0.0
-    while not driver.done:
+    last_look = False  # the nodes were listed once more after the work ran out
+    while True:
         now = time.perf_counter()
+        if driver.done and not launcher.starting:
+            if not launcher.placed or last_look:
+                break
+            # one more look before the end: a node that joined since the last poll still gets its kind's workload
+            last_look, last_check, last_poll = True, 0.0, float("-inf")
+        elif launcher.starting:
+            last_look = False
         if now - last_check >= 0.25:  # the fleet's state changes in seconds: not looked at on every event
             last_check = now
             unreachable = any(w.unreachable for w in driver.workers)
@@ -513,6 +522,10 @@ def _event_loop(driver: Driver, launcher: WorkerLauncher, workload: Workload, co
                 for node_id in launcher.poll(now - driver.t0):
                     driver.on_node_lost(node_id, "the cluster lists it dead")
                 launcher.fill(live=sum(not w.lost for w in driver.workers))
+            for ref in launcher.late(options.startup_timeout_s):
+                log.warning("farm: a worker on node %s did not start within %.0f s: given up",
+                            launcher.starting[ref][1].node_id[:8], options.startup_timeout_s)
+                ray.kill(launcher.take(ref)[0], no_restart=True)
             if unreachable:
                 driver.settle_unreachable()
             driver.check_waits()
@@ -554,7 +567,7 @@ def _started(driver: Driver, launcher: WorkerLauncher, ref: Any, gone: tuple[typ
     """A worker started on a node that joined answers (it takes work now), or failed to start."""
     import ray
 
-    handle, slot = launcher.starting.pop(ref)
+    handle, slot = launcher.take(ref)
     try:
         info = ray.get(ref)
     except gone as exc:  # its node went before it was up
@@ -562,6 +575,13 @@ def _started(driver: Driver, launcher: WorkerLauncher, ref: Any, gone: tuple[typ
         return
     except ray.exceptions.RayTaskError as exc:
         log.warning("farm: a worker on node %s failed to start: %s", slot.node_id[:8], _first_line(exc))
+        return
+    if launcher.kind == "gpu" and any(w.info.host == info.host and w.info.properties.uuid == info.properties.uuid
+                                      and not w.lost for w in driver.workers):
+        # two raylets of one host that both claim a GPU (a misconfigured node): one worker measures it, not two
+        log.error("farm: a worker on node %s got GPU %s of %s, which another worker measures already: stopped",
+                  slot.node_id[:8], info.properties.uuid, info.host)
+        ray.kill(handle, no_restart=True)
         return
     driver.add_worker(_handle(len(driver.workers), info, handle))
 

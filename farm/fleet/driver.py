@@ -156,6 +156,9 @@ class RowSink(Protocol):
     def results_of_session(self, signature: str, op: str, session_id: str) -> list[AutotuneResult]:
         """Results a worker wrote into parts in a session (shared storage), reported or not."""
 
+    def fence(self, signature: str, op: str, session_id: str) -> None:
+        """A lost node's session runs again: a part of it written from now on is not data."""
+
 
 class Planner(Protocol):
     """Where more problems come from (farm.fleet.cluster.Planner: discovery on the workers, in windows)."""
@@ -436,31 +439,42 @@ class Driver:
             total = total + w.status.phases
         return total
 
+    def _reported_on_storage(self, w: WorkerHandle, r: RunningTask) -> None:
+        """A worker that went between writing a part and reporting it (shared storage): the rows it wrote in the
+        task's session are counted as reported, so they are not measured (and written) twice. A stage's rows go in
+        one part at its end: all of them are there, or none."""
+        seen = {x.spec for x in r.reported}
+        found = [x for x in self.sink.results_of_session(r.task.signature, self.sched.problem_of(r.task).problem.op,
+                                                         r.where.session_id)
+                 if x.spec in r.task.specs and x.spec not in seen]
+        if not found or (r.task.round == CONFIRM and len(found) + len(seen) < r.task.size):
+            return
+        log.info("farm: %d result(s) %s wrote but never reported are on the storage: counted", len(found),
+                 w.status.name)
+        r.reported.extend(found)
+        self._write(w, r, found, by_worker=True)
+
     def _lose(self, w: WorkerHandle, kind: LossKind, detail: str) -> None:
         r = w.task
         assert r is not None
-        if self.workers_write and r.task.round != CONFIRM and kind is not LossKind.ERROR:
-            # a worker that went between writing a part and reporting it: those rows are there, not measured again
-            # (a stage writes its rows at its end: fewer than its size on the storage is a stage cut short)
-            seen = {x.spec for x in r.reported}
-            found = [x for x in self.sink.results_of_session(r.task.signature, self.sched.problem_of(r.task).problem.op,
-                                                             r.where.session_id)
-                     if x.spec in r.task.specs and x.spec not in seen]
-            if found:
-                log.info("farm: %d result(s) %s wrote but never reported are on the storage: counted",
-                         len(found), w.status.name)
-                r.reported.extend(found)
-                self._write(w, r, found, by_worker=True)
+        if self.workers_write and kind is not LossKind.ERROR and not r.task.probe:
+            self._reported_on_storage(w, r)
         if kind is not LossKind.ERROR:  # a dead or silent worker's task: its time bought nothing
             w.status.phases = w.status.phases + PhaseSplit.of({LOST: self.clock() - r.started})
         self._release(w)
         w.task = None
-        # a task that never started on the device (the worker was still restarting) proves nothing; nor does one
-        # whose node went: it runs again as it was
-        effective = LossKind.NOT_STARTED if kind is LossKind.NODE_LOST or not r.on_device else kind
-        rows = self.sched.on_task_lost(r.task, [x.spec for x in r.reported], effective.value, self.config, detail)
-        if rows:
-            self._write(w, r, rows)
+        if kind is not LossKind.ERROR and not set(r.task.specs) - {x.spec for x in r.reported} and not r.task.probe:
+            self.sched.on_task_end(r.task)  # every row of it was written before the worker went: it is done
+        else:
+            if self.workers_write and kind is LossKind.NODE_LOST:
+                # its worker may still write a part for a moment (or longer, cut off): set aside at the run's end
+                self.sink.fence(r.task.signature, self.sched.problem_of(r.task).problem.op, r.where.session_id)
+            # a task that never started on the device (the worker was still restarting) proves nothing; nor does one
+            # whose node went: it runs again as it was
+            effective = LossKind.NOT_STARTED if kind is LossKind.NODE_LOST or not r.on_device else kind
+            rows = self.sched.on_task_lost(r.task, [x.spec for x in r.reported], effective.value, self.config, detail)
+            if rows:
+                self._write(w, r, rows)
         if kind not in (LossKind.ERROR, LossKind.NODE_LOST):
             w.restarting = True
             w.status.state = WorkerState.RESTARTING.value

@@ -284,6 +284,8 @@ class JobRun:
         self._signatures: set[str] = set()
         self.measurement_warning = ""  # why these measurements are not production's (written into the override files)
         self.waiting: dict[str, list[str]] = {}  # signature -> problems no device of it was left to measure
+        self._fenced: list[tuple[str, str, str]] = []  # (signature, op, session) of lost nodes' tasks run again
+        self._counted_parts: dict[str, set[str]] = {}  # session -> the parts of it counted as reported
 
     def done_candidates(self, signature: str) -> dict[str, set[str]]:
         """problem key -> candidate keys this folder has rows for on ``signature`` (the resume set)."""
@@ -316,26 +318,61 @@ class JobRun:
     def results_of_session(self, signature: str, op: str, session_id: str) -> list[AutotuneResult]:
         """What a worker wrote of one session before it went (shared storage): rows it flushed into a part and
         could not report any more. Counted as reported, they are not measured (and written) again."""
-        import pyarrow.compute as pc
-
         from farm.model.measurement import Strategy
         from farm.model.records import Disposition, TuneMode
         from farm.store.results import spec_of
 
+        out = []
+        for path, rows in self._session_parts(signature, op, {session_id}):
+            self._counted_parts.setdefault(session_id, set()).add(path)
+            for row in rows:
+                spec = spec_of(row["candidate_key"])
+                out.append(AutotuneResult(
+                    problem_key=row["problem_key"], engine_id=spec.engine_id, engine_name=row["engine_name"],
+                    knobs=spec.knobs, disposition=Disposition(row["disposition"]), mode=TuneMode(row["mode"]),
+                    strategy=Strategy(row["strategy"]), candidate=row["candidate_index"], error=row["error"] or "",
+                    median_ms=row["median_ms"], mad_ms=row["mad_ms"], min_ms=row["min_ms"], avg_ms=row["avg_ms"]))
+        return out
+
+    def fence(self, signature: str, op: str, session_id: str) -> None:
+        """A lost node's session runs again elsewhere: a part its worker writes late (a node dies over a second or
+        so, and a worker cut off may go on) is set aside when the run ends, not read as data."""
+        self._fenced.append((signature, op, session_id))
+
+    def _session_parts(self, signature: str, op: str, sessions: set[str]) -> list[tuple[str, list[dict[str, Any]]]]:
+        """This run's parts of (signature, op) holding rows of ``sessions``: (path, those rows)."""
+        import pyarrow.parquet as pq
+
         if not self.job.results.exists():
             return []
         data = ResultsDataset(self.job.results, signatures=[signature])
-        cols = ["op", "run_id", "session_id", "problem_key", "candidate_key", "candidate_index", "engine_name",
-                "disposition", "mode", "strategy", "median_ms", "mad_ms", "min_ms", "avg_ms", "error"]
-        hit = (pc.field("session_id") == session_id) & (pc.field("run_id") == self.run.run_id) & (pc.field("op") == op)
+        cols = ["session_id", "problem_key", "candidate_key", "candidate_index", "engine_name", "disposition", "mode",
+                "strategy", "median_ms", "mad_ms", "min_ms", "avg_ms", "error"]
         out = []
-        for row in data.table(cols, hit).to_pylist():
-            spec = spec_of(row["candidate_key"])
-            out.append(AutotuneResult(
-                problem_key=row["problem_key"], engine_id=spec.engine_id, engine_name=row["engine_name"],
-                knobs=spec.knobs, disposition=Disposition(row["disposition"]), mode=TuneMode(row["mode"]),
-                strategy=Strategy(row["strategy"]), candidate=row["candidate_index"], error=row["error"] or "",
-                median_ms=row["median_ms"], mad_ms=row["mad_ms"], min_ms=row["min_ms"], avg_ms=row["avg_ms"]))
+        for path in data.files:
+            folder, _, name = path.replace("\\", "/").rpartition("/")
+            if not folder.endswith(f"/op={op}") or not name.startswith(f"part-{self.run.run_id}-"):
+                continue
+            rows = pq.read_table(path, columns=cols, filesystem=data.location.fs).to_pylist()
+            hits = [r for r in rows if r["session_id"] in sessions]
+            if hits:
+                out.append((path, hits if len(hits) < len(rows) else rows))
+        return out
+
+    def _set_aside_late_parts(self) -> list[dict[str, Any]]:
+        """Parts of fenced sessions (``fence``) that were not counted: set aside (renamed, so no reader lists them)."""
+        out = []
+        for sig, op, session in self._fenced:
+            for path, rows in self._session_parts(sig, op, {session}):
+                if path in self._counted_parts.get(session, set()):
+                    continue
+                if any(r["session_id"] != session for r in rows):  # a part of other sessions too: kept
+                    log.warning("farm: %s holds rows of the lost session %s and of others: kept", path, session)
+                    continue
+                moved = self.job.location.set_aside(path, "lost-worker")
+                log.warning("farm: a part a lost node's worker wrote after its task ran again elsewhere (%d rows) set "
+                            "aside: %s", len(rows), moved)
+                out.append({"session_id": session, "rows": len(rows), "path": str(moved)})
         return out
 
     @property
@@ -358,6 +395,9 @@ class JobRun:
         given and the files were written, replays each signature's decisions where they run (farm verify): its
         rows join the results and the winners are decided again, so a decision it fixed is not published."""
         self.writer.flush()  # every row measured is on disk before the decision reads them
+        set_aside = self._set_aside_late_parts()
+        if set_aside:
+            fields["set_aside"] = set_aside
         decisions, report = self._decide(reduce, top_k)
         verification: dict[str, Any] | None = None
         if verify is not None and report is not None:

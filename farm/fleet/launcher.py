@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from typing import Any, Sequence
 
 from farm.errors import FarmError
@@ -54,6 +55,7 @@ class WorkerLauncher:
         self.placed = kind == "gpu" or (kind == "sim" and placed_sim(request.sim, cluster_nodes()))
         self.handles: list[Any] = []  # every worker started, in order
         self.starting: dict[Any, tuple[Any, Slot]] = {}  # info() call of a worker starting -> (its handle, slot)
+        self._started_at: dict[Any, float] = {}  # info() call -> when its worker was started
         self.spare: list[Slot] = []  # devices of live nodes left unused by --max-devices
         self._sim_slots = itertools.count()
         # Ray starts workers at niceness 15; a worker measures what production runs, at the driver's priority (else
@@ -86,9 +88,9 @@ class WorkerLauncher:
                              f"(cluster resources: {ray.cluster_resources()})") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError) as exc:
             raise FarmFailed(f"a {kind} worker failed to start: {exc}") from None
-        handles = [self.starting.pop(ref)[0] for ref in refs]
+        handles = [self.take(ref)[0] for ref in refs]
         if kind == "gpu":
-            seen = [(i.node_id, i.properties.uuid) for i in infos]
+            seen = [(i.host, i.properties.uuid) for i in infos]
             if len(set(seen)) != len(seen):
                 raise FarmFailed(f"two GPU workers share a GPU: {seen}")
         for info in infos:
@@ -134,7 +136,18 @@ class WorkerLauncher:
         self.handles.append(handle)
         ref = handle.info.remote()
         self.starting[ref] = (handle, slot)
+        self._started_at[ref] = time.monotonic()
         return ref
+
+    def take(self, ref: Any) -> tuple[Any, Slot]:
+        """The worker behind a start's info() call, which is no longer waited on."""
+        self._started_at.pop(ref, None)
+        return self.starting.pop(ref)
+
+    def late(self, timeout_s: float) -> list[Any]:
+        """info() calls of workers starting for longer than ``timeout_s`` (the caller gives them up)."""
+        now = time.monotonic()
+        return [ref for ref in self.starting if now - self._started_at.get(ref, now) > timeout_s]
 
     def _start_unplaced(self) -> list[Any]:
         request, options = self.request, self.options

@@ -146,5 +146,22 @@ class Location:
             out.write(buf.getvalue())
         return path
 
+    def set_aside(self, path: str, label: str) -> str:
+        """Rename the file at ``path`` (as ``files`` lists it) to ``<path>.<label>-<epoch>``, never over another: no
+        reader of ``.parquet`` files lists it any more, and nothing is deleted. -> the new path."""
+        if self.local:
+            from farm.fsutil import move_aside
+
+            return str(move_aside(path, label))
+        import time
+
+        stamp, n = int(time.time()), 0
+        target = f"{path}.{label}-{stamp}"
+        while self.fs.get_file_info(target).type != pafs.FileType.NotFound:
+            n += 1
+            target = f"{path}.{label}-{stamp}-{n}"
+        self.fs.move(path, target)
+        return target
+
     def __str__(self) -> str:
         return self.uri
