@@ -229,6 +229,10 @@ def test_max_devices_caps_the_workers_now_and_as_nodes_join(cluster, tmp_path):
     fleet(cluster, "Sim A", "Sim A")
     report = tune(cluster, tmp_path, max_devices=3)
     assert len(report.workers) == 3 and sum(len(n["workers"]) for n in report.nodes) == 3
+    # devices no node declares (sim:N, cpu:N) are capped too: the first N of them
+    unplaced = SimConfig.parse({"devices": [{"name": "Sim Z", "count": 4}], "noise": 0.0, "sleep": 0})
+    report = tune(cluster, tmp_path / "unplaced", sim=unplaced, max_devices=2)
+    assert [w.name for w in report.workers] == ["sim:0", "sim:1"]
 
 
 def test_a_candidate_that_crashes_its_node_pinned_worker_is_quarantined_and_the_node_stays(cluster, tmp_path):

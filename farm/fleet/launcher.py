@@ -152,14 +152,14 @@ class WorkerLauncher:
     def _start_unplaced(self) -> list[Any]:
         request, options = self.request, self.options
         if self.kind == "cpu":
-            n = request.count or 1
+            n = min(request.count or 1, self.cap)
             handles = [self.actor.options(num_cpus=1, **self._opts).remote(
                 "cpu", i, None, (), None, options.cpu_threads, log_level=options.log_level) for i in range(n)]
         else:
             assert request.sim is not None
             handles = [self.actor.options(num_cpus=0, **self._opts).remote("sim", i, request.sim,
                                                                            log_level=options.log_level)
-                       for i in range(request.sim.device_count)]
+                       for i in range(min(request.sim.device_count, self.cap))]
         refs = []
         for h in handles:
             self.handles.append(h)
