@@ -170,8 +170,7 @@ def _worker_verify(handles: Sequence[Any], infos: Sequence[WorkerInfo],
                 continue
             try:
                 return ray.get(h.with_device.remote(verifier, text, keys))
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
-                    ray.exceptions.ActorUnschedulableError) as exc:
+            except worker_gone() as exc:
                 errors.append(f"{info.name}: {_first_line(exc)}")
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.cause if getattr(exc, "cause", None) is not None else exc
@@ -429,8 +428,7 @@ class Planner:
                 del self.inflight[sig]
                 try:
                     self._take(sig, chunk, ray.get(ref))
-                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
-                        ray.exceptions.ActorUnschedulableError):
+                except worker_gone():
                     # its worker died (a killed worker takes the discovery queued behind its task with it): the
                     # window is asked again of a worker that is up, once one is
                     self.again[sig] = chunk
@@ -490,7 +488,12 @@ def _record_plan(jr: JobRun, plans: dict[str, Any], skipped: dict[str, dict[str,
             jr.skip(sig, name, why)
 
 
-WORKER_GONE = ("RayActorError", "ActorUnavailableError", "ActorUnschedulableError")
+def worker_gone() -> tuple[type[BaseException], ...]:
+    """Ray's errors for a call to a worker that died, is restarting, or cannot be placed again (its node is gone)."""
+    import ray
+
+    return (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+            ray.exceptions.ActorUnschedulableError)
 
 
 def _event_loop(driver: Driver, launcher: WorkerLauncher, workload: Workload, config: AutotuneConfig,
@@ -499,7 +502,7 @@ def _event_loop(driver: Driver, launcher: WorkerLauncher, workload: Workload, co
     (placed devices: farm.fleet.nodes), hand over every event."""
     import ray
 
-    gone = tuple(getattr(ray.exceptions, name) for name in WORKER_GONE)
+    gone = worker_gone()
     streams: dict[Any, tuple[WorkerHandle, RunningTask]] = {}  # a task's result stream -> its worker and task
     pings: dict[Any, WorkerHandle] = {}  # info() calls to restarting workers: they get work once one answers
     last_progress = last_poll = last_check = 0.0
