@@ -55,16 +55,32 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def move_aside(path: str | Path, label: str = "corrupt") -> Path:
-    """Rename ``path`` to ``<path>.<label>-<epoch>``, never over an earlier one; returns the new path."""
-    path = Path(path)
+def _aside(path: Path, label: str) -> Path:
+    """``<path>.<label>-<epoch>``, with a counter when that name is taken."""
     stamp = int(time.time())
     target = path.with_name(f"{path.name}.{label}-{stamp}")
     n = 1
     while target.exists():
         target = path.with_name(f"{path.name}.{label}-{stamp}-{n}")
         n += 1
+    return target
+
+
+def move_aside(path: str | Path, label: str = "corrupt") -> Path:
+    """Rename ``path`` to ``<path>.<label>-<epoch>``, never over an earlier one; returns the new path."""
+    path = Path(path)
+    target = _aside(path, label)
     os.replace(path, target)
+    return target
+
+
+def copy_aside(path: str | Path, label: str) -> Path:
+    """Copy ``path`` to ``<path>.<label>-<epoch>`` (never over an earlier one) before it is rewritten."""
+    import shutil
+
+    path = Path(path)
+    target = _aside(path, label)
+    shutil.copy2(path, target)
     return target
 
 

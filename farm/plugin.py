@@ -29,6 +29,7 @@ from farm.model.engine import (
     engine_id,
     engine_priority,
     file_knobs,
+    known_file_knobs,
 )
 from farm.model.ids import engine_name_to_id, policy_name_to_id
 from farm.model.knobs import Knob, KnobType, KnobValue
@@ -42,7 +43,7 @@ from farm.tuner.reference import EPS
 __all__ = [
     # the engine contract and its optional capabilities
     "Engine", "Plan", "Support", "Knob", "KnobType", "KnobValue", "KnobAware", "CompileKeyed", "Preparable",
-    "PlanListing", "Prioritized", "DirectCall", "DirectCallable", "engine_id", "engine_priority", "engine_name_to_id", "default_engine_registry", "file_knobs",
+    "PlanListing", "Prioritized", "DirectCall", "DirectCallable", "engine_id", "engine_priority", "engine_name_to_id", "default_engine_registry", "file_knobs", "known_file_knobs",
     # what an engine is given
     "Problem", "TensorDesc", "contiguous_strides", "itemsize", "Device", "DeviceProperties",
     # helpers engines use

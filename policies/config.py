@@ -107,7 +107,7 @@ class _Session:
         """The entry's knobs validated like a workload's, or None: declined, with one warning per entry. An engine
         this process does not know (hipDNN's MIOPEN_ENGINE...) is matched by id as hipDNN does; its knobs pass
         through unchecked to whoever owns that engine (docs/policies.md)."""
-        from farm.plugin import default_engine_registry, file_knobs
+        from farm.plugin import default_engine_registry, known_file_knobs
 
         registry = default_engine_registry()
         if entry.engine_name not in registry:
@@ -115,13 +115,19 @@ class _Session:
                        "its knobs go to whoever owns it unchecked", entry.engine_name)
             return tuple(entry.knobs)
         try:
-            return file_knobs(registry.get(entry.engine_name), entry.knobs, source=source)
+            knobs, ignored = known_file_knobs(registry.get(entry.engine_name), entry.knobs, source=source)
         except FarmError as exc:
             key = ("knobs", source, str(exc))
             if key not in self._said:
                 self._said.add(key)
                 log.warning("autotune: Config declines %s: %s", entry.engine_name, exc)
             return None
+        if ignored and ("ignored knobs", source) not in self._said:  # one warning per file
+            self._said.add(("ignored knobs", source))
+            log.warning("autotune: Config %s: knobs %s are not knobs of %s here (hipDNN records such knobs as "
+                        "information): the engine is selected, its other knobs applied, these ignored (warned once "
+                        "per file)", source, ", ".join(ignored), entry.engine_name)
+        return knobs
 
     def _resolve(self, root: str) -> str | None:
         """The file for this device under a published root; looked up again only when index.json changes
@@ -195,6 +201,10 @@ class _Session:
             sig = f.device_signature
             if sig and sig != self.signature and not self._from_root:
                 self._unusable((f.source, sig), "%s is for device %s, this is %s", f.source, sig, self.signature)
+            elif f.invalid:
+                out.update(file=f.source)
+                out["detail"] = f"invalid at {f.invalid}: as hipDNN reads it, no rule of the file is used"
+                return out
             else:
                 out.update(file=f.source, loaded=True, rules=len(f.entries))
                 out["detail"] = f"{len(f.entries)} rule(s), for {sig or 'any device'}"

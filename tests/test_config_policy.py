@@ -280,7 +280,6 @@ def test_indexed_matching_agrees_with_a_linear_scan():
 @pytest.mark.parametrize("bad", [
     {"tensor_id": "A", "dim": [48, 40], "stride": [40]},  # a stride list shorter than its dims
     {"tensor_id": "A", "dim": [48, -2]},  # a dim below -1
-    {"tensor_id": "A", "dim": "48x40"},
 ])
 def test_a_rule_the_reader_cannot_use_is_skipped_and_the_rest_loads(session, device, monkeypatch, tmp_path, caplog, bad):
     p = matmul_problem()

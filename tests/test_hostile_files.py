@@ -149,10 +149,11 @@ def test_reduce_moves_a_hostile_override_file_aside(tmp_path, capsys, kind):
     target.write_bytes(BAD_JSON[kind])
     capsys.readouterr()
     rc = farm_main(["reduce", str(tmp_path / "job" / "results"), "--out", str(target.parent)])
-    if kind == "4000-digit integer":  # valid JSON, not a valid override document: refused, left as it is
-        err = capsys.readouterr().err.strip()
-        assert rc == 2 and len(err.splitlines()) == 1 and target.name in err
-        assert target.read_bytes() == BAD_JSON[kind]
+    if kind == "4000-digit integer":  # valid JSON, a rule no dim matches: kept as it was, ours appended
+        assert rc == 0 and not [p for p in target.parent.iterdir() if ".corrupt-" in p.name]
+        rules = json.loads(target.read_text())["engine_overrides"]
+        assert rules[0] == json.loads(BAD_JSON[kind])["engine_overrides"][0]
+        assert rules[-1]["engine_name"] == "cpu.matmul.blas"
         return
     assert rc == 0
     [aside] = [p for p in target.parent.iterdir() if ".corrupt-" in p.name]

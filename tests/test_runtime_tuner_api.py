@@ -56,9 +56,9 @@ def test_results_round_trip_through_the_files_as_op_params_kernel_time_tuples(tm
     results = ops.get_results()
     assert len(results) == 1
     op, params, kernel, time_ms = results[0]
-    # a GEMM is named as the runtime tuner names it (GemmTunableOp_<dtype>_<layout>, params "tn_M_N_K...")
-    assert op.startswith("GemmTunableOp_float") and kernel.startswith("cpu.matmul.") and time_ms > 0
-    assert "32" in params and "16" in params
+    # a GEMM is named as the runtime tuner names it (GemmTunableOp_<dtype>, params "taN_m.._n.._k.._bias0_dev0")
+    assert op == "GemmTunableOp_Float32" and kernel.startswith("cpu.matmul.") and time_ms > 0
+    assert params == "taN_m32_n8_k16_bias0_dev0"
     ops.write_file()
     assert ops.get_filename().startswith(str(tmp_path / "results"))
     ops.reset()

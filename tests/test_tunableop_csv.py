@@ -66,8 +66,9 @@ def test_our_lines_round_trip_with_strides_knobs_and_other_ops(tmp_path):
     rows = list(csv.reader(open(path)))
     assert ["Validator", "PT_VERSION", "2.13.0"] in rows and ["Validator", "DEVICE_SIGNATURE", DEVICE["signature"]] in rows
     lines = {r[0] + "," + r[1]: r for r in rows if r[0] != "Validator"}
+    # a column-major B: the runtime tuner's line cannot say it, PyTorch's can (the strides decide the letters)
     assert lines["GemmTunableOp_float_TN,tn_6_16_5_ld_5_5_6"][2:] == ["cpu.matmul.blas[order=transposed]", "0.250000"]
-    assert "GemmTunableOp_float_NN,nn_6_16_5_ld_6_5_6" in lines  # the strides decide the layout letters
+    assert "GemmTunableOp_Float32,taN_m16_n6_k5_bias0_dev0" in lines  # the runtime tuner's own line
     assert all("," not in r[1] for r in rows)  # TunableOp splits lines on commas
     back = load_tunableop_csv(path)
     assert back.device_signature == DEVICE["signature"]
@@ -128,7 +129,7 @@ def test_the_runtime_records_and_replays_a_csv_file(tmp_path):
     tuned = rt.bind(p.key, p)
     assert tuned.source == "tuned" and rt.measurements == 1
     path = tmp_path / "tunableop_results0.csv"
-    assert path.exists() and "GemmTunableOp_float_NN,nn_24_24_24_ld_24_24_24," in path.read_text()
+    assert path.exists() and "GemmTunableOp_Float32,taN_m24_n24_k24_bias0_dev0," in path.read_text()
     again = TunableRuntime(cpu_device(), settings=settings(tmp_path, tuning=False))
     b = again.bind(p.key, p)
     assert (b.source, b.engine_name, b.knobs, again.measurements) == ("recorded", tuned.engine_name, tuned.knobs, 0)
@@ -148,10 +149,11 @@ def test_a_default_kernel_is_the_heuristic_choice_with_tuning_on(tmp_path):
 
 def test_write_file_keeps_what_a_tunableop_file_held(tmp_path):
     src = tmp_path / "tunableop_results0.csv"
-    src.write_text(PYTORCH_FILE)
+    cuda_less = "\n".join(line for line in PYTORCH_FILE.splitlines() if "GCN_ARCH_NAME" not in line) + "\n"
+    src.write_text(cuda_less)  # PyTorch's lines without a device line: judged on PT_VERSION alone
     rt = TunableRuntime(cpu_device(), settings=settings(tmp_path, tuning=False))
     assert rt.read_file()
     out = tmp_path / "copy.csv"
     rt.write_file(str(out))
-    assert all(line in out.read_text() for line in PYTORCH_FILE.splitlines()[1:])
+    assert all(line in out.read_text() for line in cuda_less.splitlines()[1:])
     assert json.dumps(rt.get_results()) and json.dumps(rt.results())  # the API's views of it serialise

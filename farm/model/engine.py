@@ -353,6 +353,16 @@ def file_knobs(engine: Engine, knobs: Iterable[tuple[str, Any]], *, source: str)
         raise exc.within(source=source) from None
 
 
+def known_file_knobs(engine: Engine, knobs: Iterable[tuple[str, Any]], *, source: str) -> tuple[KnobSettings, tuple[str, ...]]:
+    """The knobs of a file an engine has, validated as ``file_knobs`` does, and the names it ignored: knobs the
+    engine does not have (hipDNN records ``SPLIT_K``, ``global.workspace_size_limit``: information there) and the
+    benchmarking knob (the tuner's alone). A bad value of a knob it has is still an InputError."""
+    names = {k.name for k in user_knobs(engine)}
+    items = list(knobs)
+    ignored = tuple(name for name, _ in items if name not in names)
+    return file_knobs(engine, [(n, v) for n, v in items if n in names], source=source), ignored
+
+
 def settings_to_resolved(engine: Engine, settings: KnobSettings, *, benchmarking: bool = False) -> dict[str, KnobValue]:
     """Full knob values for compile: defaults + settings (+ the benchmarking knob when priming)."""
     values = resolve(engine_knobs(engine), settings)

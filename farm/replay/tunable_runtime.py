@@ -44,7 +44,7 @@ from farm.devices.device import Device
 from farm.dispatch.binding import Bound
 from farm.errors import AutotuneError, FarmError, InputError
 from farm.fsutil import atomic_write_text, move_aside, read_text_file
-from farm.model.engine import EngineRegistry, default_engine_registry, file_knobs, settings_to_resolved
+from farm.model.engine import EngineRegistry, default_engine_registry, known_file_knobs, settings_to_resolved
 from farm.model.knobs import KnobSettings, format_settings
 from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig
@@ -192,7 +192,8 @@ class TunableRuntime:
                 return False
             try:
                 # TunableOp's CSV by its suffix; in JSON an unusable rule is skipped, not the file
-                f = load_tunableop_csv(path) if is_tunableop_csv(path) else load_overrides(path, strict=False)
+                f = load_tunableop_csv(path, ordinal=self.device.properties.index) if is_tunableop_csv(path) \
+                    else load_overrides(path, strict=False)
             except FarmError as exc:
                 if os.path.isfile(path):  # kept for a person to look at; a later write_file would replace it
                     moved = move_aside(Path(path))
@@ -243,7 +244,7 @@ class TunableRuntime:
         self._ensure_results()
         out = []
         for e in (self._results.entries if self._results else []):
-            op, params, kernel, time_ms = result_line(e)
+            op, params, kernel, time_ms = result_line(e, ordinal=self.device.properties.index)
             out.append((op, params, kernel, float(time_ms)))
         return out
 
@@ -377,10 +378,14 @@ class TunableRuntime:
             return None
         try:
             # knobs come from files (recorded winners, override files): validated like a workload's, never run raw
-            knobs = file_knobs(engine, tuple(knobs), source=origin or source)
+            knobs, ignored = known_file_knobs(engine, tuple(knobs), source=origin or source)
         except InputError as exc:
             self._warn_once(("knobs", origin or source, engine_name, str(exc)), "autotune: %s: not used", exc)
             return None
+        if ignored:
+            self._warn_once(("ignored knobs", origin or source), "autotune: %s: knobs %s are not knobs of %s here: "
+                            "ignored, the engine runs with its other knobs (warned once per file)",
+                            origin or source, ", ".join(ignored), engine_name)
         try:
             if not engine.applicable(problem, self.exec_device):
                 return None

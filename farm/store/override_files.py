@@ -6,17 +6,19 @@ import functools
 import json
 import logging
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from farm.errors import InputError
-from farm.fsutil import MAX_TEXT_BYTES, PathLock, atomic_write_text, move_aside, read_text_file
+from farm.fsutil import MAX_TEXT_BYTES, PathLock, atomic_write_text, copy_aside, move_aside, read_text_file
 from farm.model.dtypes import canonical_dtype
 from farm.model.knobs import KnobSettings, KnobType
 from farm.model.op_catalog import OPS
 from farm.model.problem import INT64_MAX
+from farm.store.hipdnn_names import criterion_of, mode_from_hipdnn, op_of, tensor_id_of
 from farm.store.overrides import (
     OVERRIDE_VERSION,
     WRITE_MODES,
@@ -29,20 +31,28 @@ log = logging.getLogger("farm.store.overrides")
 
 
 # -- reading -------------------------------------------------------------------------------
-def load_overrides(path: str | Path, *, strict: bool = True) -> OverrideFile:
+def load_overrides(path: str | Path, *, strict: bool = True, invalid_rule: str | None = None) -> OverrideFile:
     """Parse an override file; a malformed one raises InputError naming the file and JSON path.
 
-    With ``strict=False`` (what production readers use, as hipDNN's reader does) a rule that cannot be used
-    (a stride list of another length than its dims, a dim below -1, a field of the wrong type) is skipped
-    with a warning and the rest of the file loads; the file itself must still be an override document.
+    With ``strict=False`` (what production readers use) the file is read as hipDNN's reader reads it: a rule it
+    loads but that can match nothing (a dim below -1, a stride list of another length than its dims) is skipped
+    with a warning; a rule it cannot read at all (no dim, a v2 tensor without tensor_id, two tensors with one id,
+    a field of the wrong JSON type) makes the whole file invalid: one warning naming the file, the rule and the
+    field, and an OverrideFile with no entries and ``invalid`` set, so every query is declined.
+    ``invalid_rule="skip"`` (or FARM_HEUR_CONFIG_INVALID_RULE=skip) skips such a rule instead. The document
+    itself must still be an override document.
     """
-    return parse_overrides(read_text_file(path, "override file"), source=str(path), strict=strict)
+    return parse_overrides(read_text_file(path, "override file"), source=str(path), strict=strict,
+                           invalid_rule=invalid_rule)
 
 
-def parse_overrides(text: str, *, source: str = "<overrides>", strict: bool = True) -> OverrideFile:
+def parse_overrides(text: str, *, source: str = "<overrides>", strict: bool = True,
+                    invalid_rule: str | None = None) -> OverrideFile:
     data = load_json(text, source)
+    if invalid_rule is None:
+        invalid_rule = (os.environ.get(INVALID_RULE_ENV) or "file").strip().lower()
     try:
-        return _parse_document(data, source, strict)
+        return _parse_document(data, source, strict, invalid_rule)
     except InputError as exc:
         raise exc.within(source=source) from None
 
@@ -75,9 +85,15 @@ def load_json(text: str, source: str) -> Any:
         raise InputError(f"not valid JSON here: {reason}", source=source) from None
 
 
-def _need(cond: bool, message: str, path: str, value: Any) -> None:
+class UnusableRule(InputError):
+    """A rule hipDNN's reader loads but that can match nothing (a dim below -1, a stride list of another length
+    than its dims...): a production reader skips that rule alone. Any other error in a rule is structural: the
+    file is invalid there, as in hipDNN (``load_overrides``)."""
+
+
+def _need(cond: bool, message: str, path: str, value: Any, *, unusable: bool = False) -> None:
     if not cond:
-        raise InputError(message, field=path, value=value)
+        raise (UnusableRule if unusable else InputError)(message, field=path, value=value)
 
 
 def _int_list(value: Any, path: str, *, allow_wildcard: bool) -> tuple[int, ...]:
@@ -87,13 +103,18 @@ def _int_list(value: Any, path: str, *, allow_wildcard: bool) -> tuple[int, ...]
     _need(isinstance(value, list), "expected a list of integers", path, value)
     out = []
     for i, v in enumerate(value):
-        ok = isinstance(v, int) and not isinstance(v, bool) and (0 <= v <= INT64_MAX or (allow_wildcard and v == -1))
-        _need(ok, "expected a non-negative 64-bit integer or -1 (any)", f"{path}[{i}]", v)
+        _need(isinstance(v, int) and not isinstance(v, bool), "expected an integer", f"{path}[{i}]", v)
+        # hipDNN reads a -2 (or a number past 64 bits) as a dim it never sees: the rule loads and matches nothing
+        _need(0 <= v <= INT64_MAX or (allow_wildcard and v == -1), "expected a non-negative 64-bit integer or -1 (any)",
+              f"{path}[{i}]", v, unusable=True)
         out.append(v)
     return tuple(out)
 
 
-def _parse_document(data: Any, source: str, strict: bool = True) -> OverrideFile:
+INVALID_RULE_ENV = "FARM_HEUR_CONFIG_INVALID_RULE"  # "file" (hipDNN's way, the default) or "skip"
+
+
+def _parse_document(data: Any, source: str, strict: bool = True, invalid_rule: str = "file") -> OverrideFile:
     _need(isinstance(data, dict), "an override file is a JSON object with engine_overrides", "$", type(data).__name__)
     version = data.get("version", 1)
     # v1 matches tensors by position; any later version by tensor_id (a newer file is read, not refused)
@@ -104,71 +125,65 @@ def _parse_document(data: Any, source: str, strict: bool = True) -> OverrideFile
           "expected an object with a signature", "device", device)
     raw_entries = data.get("engine_overrides")
     _need(isinstance(raw_entries, list), "expected a list", "engine_overrides", raw_entries)
+    extra = {k: v for k, v in data.items() if k not in ("version", "device", "engine_overrides")}
     entries = []
     for i, e in enumerate(raw_entries):
         try:
             entries.append(_parse_entry(e, f"engine_overrides[{i}]", version))
+        except UnusableRule as exc:
+            if strict:
+                raise
+            log.warning("overrides: %s: %s; that rule is skipped (it can match nothing), the others load", source, exc)
         except InputError as exc:
             if strict:
                 raise
-            log.warning("overrides: %s: %s; that rule is skipped, the others load", source, exc)
-    extra = {k: v for k, v in data.items() if k not in ("version", "device", "engine_overrides")}
+            if invalid_rule == "skip":
+                log.warning("overrides: %s: %s; that rule is skipped (%s=skip), the others load", source, exc,
+                            INVALID_RULE_ENV)
+                continue
+            # hipDNN's reader refuses the whole file at a rule it cannot read, and declines every query
+            why = f"{exc.field}: {exc.reason}" + (f" (got {exc.value!r})" if exc.has_value else "")
+            log.warning("overrides: %s: rule %d is invalid (%s): the whole file is invalid, as hipDNN reads it, "
+                        "and no rule of it is used (%s=skip uses the others)", source, i, why, INVALID_RULE_ENV)
+            return OverrideFile(version, [], device, extra, source, invalid=why)
     return OverrideFile(version, entries, device, extra, source)
 
 
 _KNOWN_ENTRY_FIELDS = {"op", "engine_name", "criteria", "tensors", "knobs", "autotune_metadata", "compute_data_type"}
 _KNOWN_TENSOR_FIELDS = {"tensor_id", "dim", "stride", "data_type"}
 
-# hipDNN's own spellings (its backend's match keys, SelectionHeuristic::Config), read as ours and written back as
-# the file spelled them: a file hipDNN wrote selects here without renaming anything (docs/overrides.md)
-HIPDNN_OPS = {"resample_fwd": "resample", "batchnorm_inference_variance_ext": "batchnorm_inference"}
-HIPDNN_CRITERIA = {"pointwise": {"pointwise_mode": "mode"}, "resample": {"resample_mode": "mode"},
-                   "reduction": {"reduction_mode": "mode"}}
-# hipDNN tensor ids (``<name>_tensor_uid``) whose name is not ours in another case (x -> X, dy -> dY, scale -> scale)
-_HIPDNN_TENSOR_NAMES = {"reduction": {"in": "X"}, "pointwise": {"in_0": "A", "in_1": "B"},
-                        "batchnorm_inference": {"variance": "var", "inv_variance": "var"}, "sdpa_bwd": {"do": "dO"}}
-
-
-def tensor_id_of(op: str, spelled: str) -> str:
-    """Our tensor id for a file's ``tensor_id``: hipDNN's ``x_tensor_uid``, ``dy_tensor_uid``... are read as X, dY...;
-    anything else is kept as it is."""
-    if not spelled.endswith("_tensor_uid"):
-        return spelled
-    base = spelled[:-len("_tensor_uid")]
-    named = _HIPDNN_TENSOR_NAMES.get(op, {}).get(base)
-    if named is not None:
-        return named
-    spec = OPS.get(op)
-    ours = {t.lower(): t for t in spec.tensor_ids} if spec is not None else {}
-    return ours.get(base.lower(), spelled)
-
 
 def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
+    """One rule. What hipDNN's reader cannot read either (a missing op, engine_name, tensors, dim or v2
+    tensor_id, a field of the wrong JSON type, two tensors with one id) raises InputError; what it reads but
+    can never match raises UnusableRule."""
     _need(isinstance(obj, dict), "expected an object", path, obj)
     op_spelled = obj.get("op")
-    if not (isinstance(op_spelled, str) and op_spelled):
-        _need(False, "expected an op name", f"{path}.op", op_spelled)
-    op = HIPDNN_OPS.get(op_spelled, op_spelled)
+    _need(isinstance(op_spelled, str), "expected an op name", f"{path}.op", op_spelled)
+    _need(bool(op_spelled), "expected an op name", f"{path}.op", op_spelled, unusable=True)
+    op = op_of(op_spelled)
     engine = obj.get("engine_name")
-    if not (isinstance(engine, str) and engine):
-        _need(False, "expected an engine name", f"{path}.engine_name", engine)
-    raw_criteria = obj.get("criteria", {}) or {}
+    _need(isinstance(engine, str), "expected an engine name", f"{path}.engine_name", engine)
+    _need(bool(engine), "expected an engine name", f"{path}.engine_name", engine, unusable=True)
+    raw_criteria = obj.get("criteria", {})
     _need(isinstance(raw_criteria, dict), "criteria must be an object", f"{path}.criteria", raw_criteria)
-    aliases = HIPDNN_CRITERIA.get(op, {})
-    criteria: dict[str, int] = {}
+    criteria: dict[str, int | None] = {}
     criteria_spelled = []
     for k, v in raw_criteria.items():
         if not (type(v) is int and -INT64_MAX - 1 <= v <= INT64_MAX):
             _need(False, "criteria values are 64-bit integers", f"{path}.criteria.{k}", v)
-        ours = aliases.get(k, k)
+        ours = criterion_of(op, k)
         if ours in criteria:
-            _need(False, "criterion given twice (under our name and hipDNN's)", f"{path}.criteria.{k}", v)
-        criteria[ours] = v
-        if ours != k:
-            criteria_spelled.append((ours, k))
+            _need(False, "criterion given twice (under our name and hipDNN's)", f"{path}.criteria.{k}", v,
+                  unusable=True)
+        value: int | None = v
+        if ours != k:  # hipDNN's name: its value is hipDNN's enum (ADD is 2 there, our add 0)
+            value = mode_from_hipdnn(op, v) if ours == "mode" else v
+            criteria_spelled.append((ours, k, v))
+        criteria[ours] = value
     tensors_raw = obj.get("tensors")
-    if not (isinstance(tensors_raw, list) and tensors_raw):
-        _need(False, "expected a non-empty list of tensors", f"{path}.tensors", tensors_raw)
+    _need(isinstance(tensors_raw, list), "expected a list of tensors", f"{path}.tensors", tensors_raw)
+    _need(bool(tensors_raw), "expected a non-empty list of tensors", f"{path}.tensors", tensors_raw, unusable=True)
     tensors = []
     for j, t in enumerate(tensors_raw):
         tp = f"{path}.tensors[{j}]"
@@ -182,12 +197,12 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
             tid = None  # v1 matches by position: its tensor ids are ignored
         _need("dim" in t, "missing dim", tp + ".dim", None)
         dims = _int_list(t["dim"], tp + ".dim", allow_wildcard=True)
-        strides = _int_list(t.get("stride") or [], tp + ".stride", allow_wildcard=True)
+        strides = _int_list(t["stride"], tp + ".stride", allow_wildcard=True) if t.get("stride") is not None else ()
         if strides and len(strides) != len(dims):
-            _need(False, "stride needs one entry per dim (or [] for any)", f"{tp}.stride", list(strides))
+            _need(False, "stride needs one entry per dim (or [] for any)", f"{tp}.stride", list(strides), unusable=True)
         dtype = t.get("data_type")
         if dtype is not None and not isinstance(dtype, str):
-            _need(False, "expected a dtype name", f"{tp}.data_type", dtype)
+            _need(False, "expected a dtype name", f"{tp}.data_type", dtype, unusable=True)
         extra = {k: v for k, v in t.items() if k not in _KNOWN_TENSOR_FIELDS} if not t.keys() <= _KNOWN_TENSOR_FIELDS \
             else {}
         canonical = _dtype_name(dtype)  # matched as ours, written back as the file spelled it
@@ -197,13 +212,17 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
         ids = [t.tensor_id for t in tensors]
         _need(len(set(ids)) == len(ids), "tensor_id values must be unique", f"{path}.tensors", ids)
     meta = obj.get("autotune_metadata")
-    _need(meta is None or isinstance(meta, dict), "expected an object", f"{path}.autotune_metadata", meta)
-    if meta is not None and "knobs" in meta:  # the RFC's place (the list stays in the metadata, as written)
-        knobs = _parse_knobs(meta["knobs"], f"{path}.autotune_metadata.knobs")
-    else:  # earlier tunefarm files carry them beside the metadata
-        knobs = _parse_knobs(obj.get("knobs"), f"{path}.knobs")
+    _need(meta is None or isinstance(meta, dict), "expected an object", f"{path}.autotune_metadata", meta, unusable=True)
+    try:
+        if meta is not None and "knobs" in meta:  # the RFC's place (the list stays in the metadata, as written)
+            knobs = _parse_knobs(meta["knobs"], f"{path}.autotune_metadata.knobs")
+        else:  # earlier tunefarm files carry them beside the metadata
+            knobs = _parse_knobs(obj.get("knobs"), f"{path}.knobs")
+    except InputError as exc:  # hipDNN does not read the knobs it records: the rule loads there
+        raise UnusableRule(exc.reason, field=exc.field, value=exc.value) if exc.has_value else \
+            UnusableRule(exc.reason, field=exc.field) from None
     cdt = obj.get("compute_data_type")
-    _need(cdt is None or isinstance(cdt, str), "expected a dtype name", f"{path}.compute_data_type", cdt)
+    _need(cdt is None or isinstance(cdt, str), "expected a dtype name", f"{path}.compute_data_type", cdt, unusable=True)
     extra = {k: v for k, v in obj.items() if k not in _KNOWN_ENTRY_FIELDS}
     canonical_cdt = _dtype_name(cdt, compute=True)
     return OverrideEntry(op, engine, tuple(tensors), tuple(sorted(criteria.items())), knobs, canonical_cdt, meta, extra,
@@ -328,7 +347,7 @@ def merge_entries(existing: Sequence[OverrideEntry], new: Iterable[OverrideEntry
     for e in new:
         k = e.match_key()
         if k in where:
-            out[where[k]] = e
+            out[where[k]] = e.spelled_like(out[where[k]])  # a rule hipDNN wrote stays in its words
             replaced += 1
         else:
             where[k] = len(out)
@@ -345,6 +364,7 @@ class WriteReport:
     replaced: int
     added: int
     moved_aside: str = ""
+    kept: int = 0  # entries this build cannot read, kept as they were (hipDNN's writer keeps them too)
 
 
 def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, device: Mapping[str, Any] | None,
@@ -374,33 +394,78 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
                 raise InputError("refusing to overwrite an existing file in mode 'new'", source=str(path))
             if mode == "append":
                 data = _existing_json(path)
-                old = None
                 if data is _CORRUPT:
                     moved = _set_aside(path)
                 else:
-                    try:
-                        old = _parse_document(data, str(path))
-                    except InputError as exc:  # valid JSON of another shape: someone's file, left as it is
-                        raise InputError(f"refusing to append to a file that is not an override document "
-                                         f"({exc.field}: {exc.reason}); nothing written", source=str(path)) from None
-                if old is not None:
-                    if old.version != OVERRIDE_VERSION:
-                        raise InputError(f"refusing to append to a version {old.version} override file (this build writes "
-                                         f"version {OVERRIDE_VERSION}); "
-                                         "write to a new file or use mode 'replace'", source=str(path))
-                    new_sig = (device or {}).get("signature")
-                    if old.device_signature and new_sig and old.device_signature != new_sig:
-                        raise InputError(f"refusing to append results of device {new_sig} to a file for device "
-                                         f"{old.device_signature}", source=str(path))
-                    current = old.entries
-                    old_extra = dict(old.extra)
-        merged, replaced, added = merge_entries(current, entries)
-        doc = OverrideFile(OVERRIDE_VERSION, merged, dict(device) if device is not None else None,
+                    current, old_extra, moved = _existing_document(data, path, (device or {}).get("signature"))
+        positions = [i for i, e in enumerate(current) if isinstance(e, OverrideEntry)]
+        parsed, replaced, added = merge_entries([current[i] for i in positions], entries)
+        merged: list[Any] = list(current)
+        for i, e in zip(positions, parsed):
+            merged[i] = e
+        merged += parsed[len(positions):]
+        doc = OverrideFile(OVERRIDE_VERSION, parsed, dict(device) if device is not None else None,
                            {**old_extra, **(extra or {})}, str(path))
-        rendered = [e.to_json() for e in merged]
+        rendered = [e.to_json() if isinstance(e, OverrideEntry) else e.raw for e in merged]
         _check_written(merged, rendered, entries, path)
         atomic_write_text(path, render(doc, rendered))
-    return WriteReport(str(path), mode, len(merged), replaced, added, moved)
+    return WriteReport(str(path), mode, len(merged), replaced, added, moved, len(merged) - len(parsed))
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """An entry of an existing file this build cannot read (no op, no tensors, a tensor without tensor_id...),
+    written back as it was."""
+
+    raw: Any
+
+
+def _existing_document(data: Any, path: Path, new_sig: str | None) -> tuple[list[Any], dict[str, Any], str]:
+    """The entries (OverrideEntry, or _Kept when unreadable), top-level fields and backup of a file appended to.
+
+    Refused, as hipDNN's writer refuses them (nothing written): JSON that is not an object, a file without
+    ``version`` (version 1), a version other than 2. Ours too: a file for another device signature."""
+    source = str(path)
+
+    def refuse(why: str) -> InputError:
+        return InputError(f"refusing to append to {why}; nothing written", source=source)
+
+    if not isinstance(data, dict):
+        raise refuse(f"JSON that is not an override document (a {type(data).__name__}, not an object)")
+    version = data.get("version")
+    if "version" not in data:
+        raise refuse(f"a version 1 override file (no version; this build writes version {OVERRIDE_VERSION}): "
+                     "write to a new file or use mode 'replace'")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise refuse(f"an override file whose version is not an integer ({version!r})")
+    if version != OVERRIDE_VERSION:
+        raise refuse(f"a version {version} override file (this build writes version {OVERRIDE_VERSION}): "
+                     "write to a new file or use mode 'replace'")
+    device = data.get("device")
+    if device is not None and not (isinstance(device, dict) and isinstance(device.get("signature", ""), str)):
+        raise refuse(f"an override file whose device is not an object with a signature ({device!r})")
+    old_sig = (device or {}).get("signature")
+    if old_sig and new_sig and old_sig != new_sig:
+        raise InputError(f"refusing to append results of device {new_sig} to a file for device {old_sig}",
+                         source=source)
+    moved = ""
+    raw_entries = data.get("engine_overrides")
+    if raw_entries is None:
+        raw_entries = []
+    elif not isinstance(raw_entries, list):  # hipDNN replaces it with a list: ours too, a copy of the file kept
+        moved = str(copy_aside(path, "replaced"))
+        log.warning("overrides: %s: engine_overrides is not a list; a copy of the file is kept at %s, and the "
+                    "list starts empty", path, moved)
+        raw_entries = []
+    items: list[Any] = []
+    for i, raw in enumerate(raw_entries):
+        try:
+            items.append(_parse_entry(raw, f"engine_overrides[{i}]", version))
+        except InputError as exc:
+            log.info("overrides: %s: engine_overrides[%d] kept as it is (%s: %s)", path, i, exc.field, exc.reason)
+            items.append(_Kept(raw))
+    extra = {k: v for k, v in data.items() if k not in ("version", "device", "engine_overrides")}
+    return items, extra, moved
 
 
 _CORRUPT = object()
@@ -414,7 +479,7 @@ def _check_written(merged: Sequence[OverrideEntry], rendered: Sequence[dict[str,
     fresh = {id(e) for e in new}
     try:
         for i, (e, obj) in enumerate(zip(merged, rendered)):
-            if id(e) not in fresh:
+            if id(e) not in fresh or not isinstance(e, OverrideEntry):
                 continue
             where = f"engine_overrides[{i}]"
             if e.from_problem:  # op, tensors and criteria come from a validated Problem: the rest is checked

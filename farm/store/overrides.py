@@ -36,13 +36,14 @@ from __future__ import annotations
 import functools
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from farm.model.ids import engine_name_to_id
 from farm.model.knobs import KnobSettings, knob_type_of
 from farm.model.op_catalog import OPS
 from farm.model.problem import Problem
+from farm.store.hipdnn_names import mode_name, mode_to_hipdnn
 
 log = logging.getLogger("farm.store.overrides")
 
@@ -107,7 +108,7 @@ class OverrideEntry:
     op: str
     engine_name: str
     tensors: tuple[TensorRule, ...]
-    criteria: tuple[tuple[str, int], ...] = ()
+    criteria: tuple[tuple[str, int | None], ...] = ()  # None: a hipDNN mode none of our ops runs (matches nothing)
     knobs: KnobSettings = ()
     compute_data_type: str | None = None
     metadata: Mapping[str, Any] | None = None
@@ -115,7 +116,8 @@ class OverrideEntry:
     compute_spelled: str | None = field(default=None, compare=False)  # the file's own name of compute_data_type
     # hipDNN's own spellings of the op and of criteria names (resample_fwd, pointwise_mode), kept on rewrite
     op_spelled: str | None = field(default=None, compare=False)
-    criteria_spelled: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # (ours, the file's)
+    # (ours, the file's name, the file's value: hipDNN's enum integer for a mode)
+    criteria_spelled: tuple[tuple[str, str, int], ...] = field(default=(), compare=False)
     # made from a validated Problem (from_canonical, for_problem): its op, tensors and criteria need no re-check
     from_problem: bool = field(default=False, compare=False, repr=False)
 
@@ -194,7 +196,17 @@ class OverrideEntry:
         if self.compute_data_type is not None and self.compute_data_type != problem.compute_dtype:
             out.append(f"compute dtype {self.compute_data_type} ({problem.compute_dtype})")
         crit = problem.criteria_dict
-        out += [f"criteria.{k} {v} ({crit.get(k)})" for k, v in self.criteria if crit.get(k) != v]
+        spelled = {ours: (name, raw) for ours, name, raw in self.criteria_spelled}
+        for k, v in self.criteria:
+            if crit.get(k) == v:
+                continue
+            if k in spelled and spelled[k][0] != k:
+                name, raw = spelled[k]
+                what = f"hipDNN's {mode_name(self.op, raw)}" if k == "mode" else "hipDNN's value"
+                ours = f"our {k} {v}" if v is not None else "no op here runs it"
+                out.append(f"criteria.{name} {raw} ({what}: {ours}; the problem's {k}: {crit.get(k)})")
+            else:
+                out.append(f"criteria.{k} {v} ({crit.get(k)})")
         by_id = {t.id: t for t in problem.tensors}
         order = [problem.tensor(t) for t in problem.spec.tensor_ids if problem.has_tensor(t)]
         for i, rule in enumerate(self.tensors):
@@ -229,8 +241,7 @@ class OverrideEntry:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op_spelled or self.op, "engine_name": self.engine_name}
-        spelled = dict(self.criteria_spelled)
-        out["criteria"] = {spelled.get(k, k): v for k, v in self.criteria} if spelled else dict(self.criteria)
+        out["criteria"] = self._criteria_json() if self.criteria_spelled else dict(self.criteria)
         out["tensors"] = [t.to_json() for t in self.tensors]
         if self.compute_data_type is not None:
             out["compute_data_type"] = self.compute_spelled or self.compute_data_type
@@ -244,6 +255,31 @@ class OverrideEntry:
         if self.extra:
             out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
+
+    def _criteria_json(self) -> dict[str, Any]:
+        """Criteria as the file spelled them: hipDNN's names, and hipDNN's enum integer for a mode."""
+        spelled = {ours: (name, raw) for ours, name, raw in self.criteria_spelled}
+        out: dict[str, Any] = {}
+        for k, v in self.criteria:
+            if k not in spelled:
+                out[k] = v
+                continue
+            name, raw = spelled[k]
+            theirs = mode_to_hipdnn(self.op, v) if k == "mode" and v is not None else v
+            out[name] = raw if theirs is None else theirs
+        return out
+
+    def spelled_like(self, other: "OverrideEntry") -> "OverrideEntry":
+        """This entry written with ``other``'s spellings (hipDNN's op, criterion and tensor names), so a rule
+        replaced in a file hipDNN wrote stays in hipDNN's words (same match key assumed)."""
+        if other.op_spelled is None and not other.criteria_spelled and all(t.id_spelled is None for t in other.tensors):
+            return self
+        ids = {t.tensor_id: t.id_spelled for t in other.tensors if t.id_spelled is not None}
+        tensors = tuple(replace(t, id_spelled=ids.get(t.tensor_id, t.id_spelled)) for t in self.tensors)
+        mine = dict(self.criteria)
+        crit = tuple((ours, name, mode_to_hipdnn(self.op, mine[ours]) if ours == "mode" and mine.get(ours) is not None
+                      else mine.get(ours, raw)) for ours, name, raw in other.criteria_spelled if ours in mine)
+        return replace(self, op_spelled=other.op_spelled, criteria_spelled=crit, tensors=tensors)
 
     @staticmethod
     def from_canonical(problem: Mapping[str, Any], engine_name: str, knobs: KnobSettings = (),
@@ -358,6 +394,7 @@ class OverrideFile:
     device: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
+    invalid: str = ""  # read as hipDNN does, a rule it cannot read made the whole file invalid: where and why
 
     def __post_init__(self) -> None:
         self._memo: dict[str, OverrideEntry | None] = {}  # problem key -> answer (the file never changes)

@@ -2,22 +2,31 @@
 ``Validator`` lines, then ``op,params,kernel,avg_time`` (ms).
 
     Validator,TP_TUNABLEOP_FORMAT,1
-    Validator,PT_VERSION,2.13.0
+    Validator,CUDA_DEVICE,9.0:NVIDIA H200
+    Validator,CUBLASLT_VERSION,120804
     Validator,DEVICE_SIGNATURE,nvidia-h200-sm90-132cu-490820f783
+    GemmTunableOp_Float32,taN_m512_n1024_k256_bias0_dev0,lt_id7_tile12_stages3_splitk0_red0_swizzle0_custom0_inner1_cluster1,0.033
     GemmTunableOp_Half_NN,nn_4096_1024_512_ld_4096_512_4096,triton.gemm[BLOCK_M=128;BLOCK_N=64],0.0123
-    GemmTunableOp_float_TN,tn_64_32_16,Default,0.0
     conv_fprop,X:1x64x56x56:200704x3136x56x1:fp16;W:64x64x3x3:576x9x3x1:fp16;pad_h=1;compute=fp32,cpu.conv.im2col,0.41
 
-A 2-D matmul (no bias, the dtype's default compute type) is written as TunableOp writes a GEMM: BLAS's
-column-major view of ``C = A @ B`` on row-major tensors, ``C^T = B^T A^T`` (m = N, n = M, k = K; the first
-operand is B), ``GemmTunableOp_<type>_<TA><TB>`` and ``<ta><tb>_m_n_k_ld_lda_ldb_ldc``; lines without the
-``_ld_`` part (older PyTorch) are read as dense. Every other problem gets a line of our own: the op name,
+A 2-D matmul is written in the runtime tuner's own line (its design document): ``GemmTunableOp_<Float32|Tf32|
+Float64|Float16|BFloat16>``, ``ta<N|T>_m<M>_n<N>_k<K>_bias<0|1>_dev<ordinal>`` (``taT``: A given transposed,
+column-major; B row-major; ``bias1``: a bias of N), and a cuBLASLt algorithm as its kernel
+``lt_id<algo>_tile.._stages.._splitk.._red.._swizzle.._custom.._inner.._cluster..`` (our ``cublaslt`` engine's
+knobs). A line of another device ordinal is kept, not replayed (the tuner keys its lines by ordinal). A matmul
+that line cannot say (B column-major) is written as PyTorch TunableOp writes a GEMM, and so is every matmul of
+a file that holds PyTorch's lines: BLAS's column-major view of ``C = A @ B`` on row-major tensors,
+``C^T = B^T A^T`` (m = N, n = M, k = K; the first operand is B), ``GemmTunableOp_<type>_<TA><TB>`` and
+``<ta><tb>_m_n_k_ld_lda_ldb_ldc``; lines without the ``_ld_`` part (older PyTorch) are read as dense. Every
+other problem gets a line of our own: the op name,
 then its tensors (``id:dims:strides:dtype``), criteria (``name=value``) and compute type, separated by ``;``
 so no comma breaks TunableOp's reader. The kernel is ``engine[knob=value;...]``; ``Default`` is the
 heuristic's top choice. Lines this build cannot map (another TunableOp op, a malformed line) and validators
 are kept and written back, so a TunableOp user's file survives a round trip. A file is for this device and
-build when every validator it shares with ours (device name, arch, driver, runtime and library versions,
-DEVICE_SIGNATURE, PT_VERSION) has our value, and its format line, when it has one, says 1.
+build when every validator it shares with ours (CUDA_DEVICE, CUBLASLT_VERSION, GCN_ARCH_NAME on AMD, device
+name, arch, driver, runtime and library versions, DEVICE_SIGNATURE, PT_VERSION) has our value, it names no
+device of a kind this one is not (a CUDA_DEVICE read on a CPU), it has at least one validator this build knows,
+and its format line, when it has one, says 1.
 """
 
 from __future__ import annotations
@@ -49,6 +58,17 @@ _TYPE_NAMES = {"fp32": "float", "fp64": "double", "fp16": "Half", "bf16": "BFloa
 _FROM_TYPE = {v: k for k, v in _TYPE_NAMES.items()}
 _GEMM_OP = re.compile(r"GemmTunableOp_(float|double|Half|BFloat16)_([NT])([NT])")
 _GEMM_PARAMS = re.compile(r"([nt])([nt])_(\d+)_(\d+)_(\d+)(?:_ld_(\d+)_(\d+)_(\d+))?")
+# the runtime tuner's own GEMM line: its dtype names (storage, compute), and its params
+_SEED_TYPES = {"Float32": ("fp32", "fp32"), "Tf32": ("fp32", "tf32"), "Float64": ("fp64", "fp64"),
+               "Float16": ("fp16", "fp32"), "Half": ("fp16", "fp32"), "BFloat16": ("bf16", "fp32")}
+_SEED_NAMES = {v: k for k, v in _SEED_TYPES.items() if k != "Half"}
+_SEED_OP = re.compile(r"GemmTunableOp_(" + "|".join(_SEED_TYPES) + ")")
+_SEED_PARAMS = re.compile(r"ta([NT])_m(\d+)_n(\d+)_k(\d+)_bias([01])_dev(\d+)")
+# its cuBLASLt kernel names: lt_<field><value>_..., our cublaslt engine's knobs
+LT_ENGINE = "cublaslt"
+_LT_FIELDS = (("id", "algo"), ("tile", "tile"), ("stages", "stages"), ("splitk", "split_k"), ("red", "reduction"),
+              ("swizzle", "swizzle"), ("custom", "custom"), ("inner", "inner_shape"), ("cluster", "cluster"))
+_LT_KERNEL = re.compile("lt_" + "_".join(rf"{field}(-?\d+)" for field, _ in _LT_FIELDS))
 
 
 def is_tunableop_csv(path: str | Path) -> bool:
@@ -56,12 +76,13 @@ def is_tunableop_csv(path: str | Path) -> bool:
 
 
 # -- reading -------------------------------------------------------------------------------------
-def load_tunableop_csv(path: str | Path) -> OverrideFile:
-    return parse_tunableop_csv(read_text_file(path, "TunableOp results file"), source=str(path))
+def load_tunableop_csv(path: str | Path, *, ordinal: int | None = None) -> OverrideFile:
+    return parse_tunableop_csv(read_text_file(path, "TunableOp results file"), source=str(path), ordinal=ordinal)
 
 
-def parse_tunableop_csv(text: str, *, source: str = "<tunableop>") -> OverrideFile:
-    """Entries for the lines this build maps; validators and the other lines kept in ``extra``."""
+def parse_tunableop_csv(text: str, *, source: str = "<tunableop>", ordinal: int | None = None) -> OverrideFile:
+    """Entries for the lines this build maps; validators and the other lines kept in ``extra``. With ``ordinal``,
+    the runtime tuner's lines of another device ordinal (``_dev1``) are kept, not replayed, as the tuner does."""
     validators: list[list[str]] = []
     foreign: list[list[str]] = []
     entries: list[OverrideEntry] = []
@@ -81,7 +102,7 @@ def parse_tunableop_csv(text: str, *, source: str = "<tunableop>") -> OverrideFi
         if len(row) < 4:
             raise InputError("expected op,params,kernel,time", field=f"line {lineno}", value=",".join(row), source=source)
         try:
-            entry = _entry(row)
+            entry = _entry(row, ordinal)
         except (InputError, ValueError) as exc:
             log.info("tunableop: %s line %d kept as it is (%s)", source, lineno, str(exc).splitlines()[0])
             entry = None
@@ -93,11 +114,24 @@ def parse_tunableop_csv(text: str, *, source: str = "<tunableop>") -> OverrideFi
     return OverrideFile(OVERRIDE_VERSION, entries, device, {VALIDATORS: validators, FOREIGN: foreign}, source)
 
 
-def _entry(row: Sequence[str]) -> OverrideEntry | None:
+def _entry(row: Sequence[str], ordinal: int | None = None) -> OverrideEntry | None:
     op_name, params, kernel, time_text = (c.strip() for c in row[:4])
     time_ms = float(time_text) if time_text else 0.0
     meta = {"min_time_ms": time_ms, "median_time_ms": time_ms, "source": "tunableop"}
     engine, knobs = _parse_kernel(kernel)
+    seed = _SEED_OP.fullmatch(op_name)
+    if seed is not None:
+        p = _SEED_PARAMS.fullmatch(params)
+        if p is None or (ordinal is not None and int(p.group(6)) != ordinal):
+            return None
+        dtype, compute = _SEED_TYPES[seed.group(1)]
+        m, n, k = (int(x) for x in p.group(2, 3, 4))
+        tensors = [TensorRule("A", (m, k), (k, 1) if p.group(1) == "N" else (1, m), dtype),
+                   TensorRule("B", (k, n), (n, 1), dtype), TensorRule("C", (m, n), (n, 1), dtype)]
+        if p.group(5) == "1":
+            tensors.append(TensorRule("bias", (n,), (1,), dtype))
+        return OverrideEntry("matmul", engine, tuple(tensors), (), knobs, compute, {**meta, "device_ordinal":
+                                                                                      int(p.group(6))})
     gemm = _GEMM_OP.fullmatch(op_name)
     if gemm is not None:
         p = _GEMM_PARAMS.fullmatch(params)
@@ -133,7 +167,11 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _parse_kernel(kernel: str) -> tuple[str, KnobSettings]:
-    """``engine[k=v;k2=v2]`` -> (engine, knobs); a value is an int, else a float, else a string."""
+    """``engine[k=v;k2=v2]`` -> (engine, knobs); a value is an int, else a float, else a string. The runtime
+    tuner's ``lt_id7_tile12_...`` is a cuBLASLt algorithm: our cublaslt engine with those knobs."""
+    lt = _LT_KERNEL.fullmatch(kernel)
+    if lt is not None:
+        return LT_ENGINE, tuple(sorted((knob, int(v)) for (_, knob), v in zip(_LT_FIELDS, lt.groups())))
     m = re.fullmatch(r"([^\[\]]+)(?:\[(.*)\])?", kernel)
     if m is None or not m.group(1):
         raise InputError("expected engine[knob=value;...]", field="kernel", value=kernel)
@@ -181,6 +219,43 @@ def gemm_signature(e: OverrideEntry) -> tuple[str, str] | None:
             f"{ta}{tb}_{nn}_{mm}_{kk}_ld_{lda}_{ldb}_{ldc}")
 
 
+def seed_signature(e: OverrideEntry, ordinal: int = 0) -> tuple[str, str] | None:
+    """The runtime tuner's (op, params) for a 2-D matmul (A row-major or transposed, B and C row-major, an
+    optional bias of N); None for anything its line cannot say."""
+    by_id = {t.tensor_id: t for t in e.tensors}
+    a, b, c, bias = by_id.get("A"), by_id.get("B"), by_id.get("C"), by_id.get("bias")
+    if e.op != "matmul" or set(by_id) - {"A", "B", "C", "bias"} or e.criteria or a is None or b is None:
+        return None
+    if len(a.dims) != 2 or len(b.dims) != 2 or -1 in a.dims + b.dims:
+        return None
+    dtype = a.data_type
+    compute = e.compute_data_type or dtypes.default_compute_dtype(dtype or "fp32")
+    name = _SEED_NAMES.get((dtype, compute))
+    if name is None or any(t is not None and t.data_type not in (None, dtype) for t in (b, c, bias)):
+        return None
+    (m, k), (_, n) = a.dims, b.dims
+    if a.strides in ((), (k, 1)):
+        ta = "N"
+    elif a.strides == (1, m):
+        ta = "T"
+    else:
+        return None
+    if b.strides not in ((), (n, 1)) or (c is not None and c.strides not in ((), (n, 1))):
+        return None
+    if bias is not None and (bias.dims not in ((n,), (1, n)) or bias.strides not in ((), (1,), (n, 1))):
+        return None
+    return f"GemmTunableOp_{name}", f"ta{ta}_m{m}_n{n}_k{k}_bias{int(bias is not None)}_dev{ordinal}"
+
+
+def _kernel_text(e: OverrideEntry) -> str:
+    """The kernel field: ``lt_id7_tile12_...`` for a cuBLASLt algorithm with every field set (the runtime
+    tuner's name), else ``engine[knob=value;...]``."""
+    knobs = dict(e.knobs)
+    if e.engine_name == LT_ENGINE and all(knob in knobs for _, knob in _LT_FIELDS) and len(knobs) == len(_LT_FIELDS):
+        return "lt_" + "_".join(f"{field}{int(knobs[knob])}" for field, knob in _LT_FIELDS)
+    return e.engine_name + ("[" + ";".join(f"{k}={v}" for k, v in e.knobs) + "]" if e.knobs else "")
+
+
 def _blas_operand(strides: Sequence[int], cols: int, rows: int) -> tuple[str | None, int]:
     """('n' | 't', leading dimension) of a row-major-view operand with these strides, (None, 0) if neither."""
     if not strides:
@@ -192,11 +267,13 @@ def _blas_operand(strides: Sequence[int], cols: int, rows: int) -> tuple[str | N
     return None, 0
 
 
-def result_line(e: OverrideEntry) -> list[str]:
-    """A result line's fields for an entry: op, params, kernel (the engine, knobs in brackets), time in ms."""
+def result_line(e: OverrideEntry, *, ordinal: int = 0, dialect: str = "seed") -> list[str]:
+    """A result line's fields for an entry: op, params, kernel (the engine, knobs in brackets), time in ms.
+    ``dialect``: ``seed`` (the runtime tuner's GEMM line first) or ``pytorch`` (PyTorch's GEMM line first)."""
     if isinstance(e.extra.get(_LINE), list):
         return list(e.extra[_LINE])
-    sig = gemm_signature(e)
+    sig = seed_signature(e, ordinal) if dialect == "seed" else None
+    sig = sig or gemm_signature(e)
     if sig is None:
         tokens = [f"{t.tensor_id}:{'x'.join(map(str, t.dims))}:{'x'.join(map(str, t.strides))}:{t.data_type or ''}"
                   for t in e.tensors]
@@ -204,7 +281,7 @@ def result_line(e: OverrideEntry) -> list[str]:
         if e.compute_data_type:
             tokens.append(f"compute={e.compute_data_type}")
         sig = (e.op, ";".join(tokens))
-    kernel = e.engine_name + ("[" + ";".join(f"{k}={v}" for k, v in e.knobs) + "]" if e.knobs else "")
+    kernel = _kernel_text(e)
     meta = e.metadata or {}
     time_ms = meta.get("median_time_ms") or meta.get("min_time_ms")
     return [sig[0], sig[1], kernel, f"{time_ms:.6f}" if isinstance(time_ms, (int, float)) else "0"]
@@ -225,11 +302,44 @@ def device_validators(device: Mapping[str, Any] | None) -> list[list[str]]:
                       ("runtime_version", "RUNTIME_VERSION")):
         if props.get(key):
             out.append(["Validator", name, str(props[key])])
+    cuda = _cuda_device(props)
+    if cuda:  # the runtime tuner's device and cuBLASLt lines
+        out.append(["Validator", "CUDA_DEVICE", cuda])
+        lt = _cublaslt_version((props.get("libraries") or {}).get("cublas", ""))
+        if lt:
+            out.append(["Validator", "CUBLASLT_VERSION", lt])
+    if props.get("vendor") == "amd" and props.get("arch"):
+        out.append(["Validator", "GCN_ARCH_NAME", str(props["arch"])])  # PyTorch TunableOp's name on ROCm
     for lib, version in sorted((props.get("libraries") or {}).items()):
         out.append(["Validator", f"{lib.upper()}_VERSION", str(version)])
         if lib == "torch":
             out.append(["Validator", "PT_VERSION", str(version)])  # the name TunableOp checks
     return out
+
+
+def _cuda_device(props: Mapping[str, Any]) -> str:
+    """The runtime tuner's CUDA_DEVICE: ``<major>.<minor>:<name>`` (``9.0:NVIDIA H200``); "" off NVIDIA."""
+    m = re.fullmatch(r"sm_(\d+)(\d)[a-z]?", str(props.get("arch", "")))
+    if props.get("vendor") != "nvidia" or m is None:
+        return ""
+    return f"{int(m.group(1))}.{m.group(2)}:{props.get('name', '')}"
+
+
+def _cublaslt_version(version: str) -> str:
+    """cublasLtGetVersion()'s number for a cuBLAS release (12.8.4.1 -> 120804), "" when unknown."""
+    parts = re.findall(r"\d+", version)[:3]
+    if len(parts) < 2:
+        return ""
+    major, minor, patch = (int(x) for x in (parts + ["0"])[:3])
+    return str(major * 10000 + minor * 100 + patch)
+
+
+# validators that name the device itself: a file naming one that this device has not is another device's
+_DEVICE_VALIDATORS = ("CUDA_DEVICE", "GCN_ARCH_NAME", "DEVICE_SIGNATURE")
+# every validator name this build knows (a file naming none of them is judged on nothing: refused)
+_KNOWN_VALIDATORS = {FORMAT_VALIDATOR[0], "FARM_VERSION", "DEVICE_SIGNATURE", "DEVICE_NAME", "ARCH", "DRIVER_VERSION",
+                     "RUNTIME_VERSION", "PT_VERSION", "CUDA_DEVICE", "CUBLASLT_VERSION", "GCN_ARCH_NAME", "ROCM_VERSION",
+                     "HIPBLASLT_VERSION", "ROCBLAS_VERSION", "CUDA_VERSION", "CUBLAS_VERSION"}
 
 
 def validator_mismatch(doc: OverrideFile, device: Mapping[str, Any]) -> str:
@@ -241,6 +351,12 @@ def validator_mismatch(doc: OverrideFile, device: Mapping[str, Any]) -> str:
     if fmt is not None and fmt.strip() != FORMAT_VALIDATOR[1]:
         return f"validator {FORMAT_VALIDATOR[0]} {fmt} (this build reads format {FORMAT_VALIDATOR[1]})"
     ours = {row[1]: row[2] for row in device_validators(device)}
+    if not any(name in _KNOWN_VALIDATORS or name.endswith("_VERSION") for name in given):
+        return (f"no validator this build knows ({', '.join(sorted(given)) or 'none'}): nothing says which device "
+                "and build it is for")
+    foreign = [f"{name} {given[name]}" for name in _DEVICE_VALIDATORS if name in given and name not in ours]
+    if foreign:
+        return f"another kind of device: {', '.join(foreign)} (this is {(device.get('properties') or {}).get('name')})"
     differ = [f"{name} {given[name]} vs {value}" for name, value in ours.items()
               if name not in _NOT_COMPARED and name in given and given[name].strip() != value]
     return "validators differ: " + ", ".join(differ) if differ else ""
@@ -254,8 +370,11 @@ def render_tunableop_csv(doc: OverrideFile) -> str:
     names = {v[1] for v in ours}
     for v in ours + [v for v in kept if v[1] not in names]:  # ours first; a TunableOp user's others kept
         w.writerow(v)
+    # a PyTorch user's file (validators of its own, none of the runtime tuner's format) keeps PyTorch's GEMM lines
+    dialect = "pytorch" if kept and not any(v[1] == FORMAT_VALIDATOR[0] for v in kept) else "seed"
+    ordinal = int(((doc.device or {}).get("properties") or {}).get("index") or 0)
     for e in doc.entries:
-        w.writerow(result_line(e))
+        w.writerow(result_line(e, ordinal=ordinal, dialect=dialect))
     for row in doc.extra.get(FOREIGN, []):
         w.writerow(row)
     return buf.getvalue()
