@@ -28,6 +28,7 @@ from farm.model.records import (
 from farm.model.workload import Workload, load_workload
 from farm.replay.selection import POLICY_API_VERSION, Choice, NoSelection, PolicyRegistry, Selector
 from farm.replay.tunable_runtime import TunableRuntime
+from farm.store.autotune_storage import AutotuneStorageConfig
 from farm.replay.tunable_settings import TunableSettings
 from farm.tuner.autotuner import Autotuner
 
@@ -35,6 +36,7 @@ __all__ = [
     "AutotuneConfig",
     "AutotuneError",
     "AutotuneResult",
+    "AutotuneStorageConfig",
     "Autotuner",
     "Choice",
     "Device",

@@ -81,7 +81,7 @@ def test_the_cycle_finder_finds_cycles():
 PLUGIN_NAMES = {
     "Engine", "Plan", "Support", "Knob", "KnobType", "KnobValue", "KnobAware", "CompileKeyed", "Preparable",
     "PlanListing", "Prioritized", "DirectCall", "DirectCallable", "engine_id", "engine_priority", "engine_name_to_id",
-    "default_engine_registry", "file_knobs",
+    "default_engine_registry", "file_knobs", "known_file_knobs",
     "Problem", "TensorDesc", "contiguous_strides", "itemsize", "Device", "DeviceProperties",
     "gil_heavy_section", "unit_hash", "EPS",
     "Choice", "POLICY_API_VERSION", "CONFIG", "STATIC_ORDERING", "policy_name_to_id", "OverrideFile",

@@ -3,7 +3,7 @@
 import farm
 
 EXPECTED = {
-    "AutotuneConfig", "AutotuneError", "AutotuneResult", "Autotuner", "BuildPolicy", "HeuristicMode", "Device", "DeviceProperties",
+    "AutotuneConfig", "AutotuneError", "AutotuneResult", "AutotuneStorageConfig", "Autotuner", "BuildPolicy", "HeuristicMode", "Device", "DeviceProperties",
     "Disposition", "Engine", "EngineConfig", "EngineRegistry", "EngineSweep", "EngineVariant", "FarmError",
     "InputError", "Knob", "KnobType", "OpCategory", "Plan", "PlanSpec", "PrimingFailurePolicy", "Problem",
     "ResultCheck", "Strategy", "Support", "TensorDesc", "TuneMode", "UnknownNameError", "UsageError",

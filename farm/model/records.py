@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from farm.errors import InputError
 from farm.model.knobs import KnobSettings, candidate_label
@@ -213,6 +213,15 @@ def _enum(cls: type[enum.Enum], value: Any, field_name: str) -> Any:
         raise InputError(f"expected one of {allowed}", field=field_name, value=value) from None
 
 
+RANKINGS = ("winner_rule", "fastest")
+
+
+class ResultStorage(Protocol):
+    """Where autotune() records its winner (the autotuning RFC's AutotuneStorageConfig)."""
+
+    def write(self, problem: Any, results: Sequence["AutotuneResult"], device: Any) -> None: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class AutotuneConfig:
     """Tuning settings. Strings are accepted for the enum fields.
@@ -233,6 +242,11 @@ class AutotuneConfig:
     workspace_limit: int | None = None  # bytes; compiled plans above it are skipped
     engine_id_filter: tuple[int, ...] = ()
     ranking_fn: Callable[[list["AutotuneResult"]], Any] | None = field(default=None, compare=False)
+    # how the results are ranked: "winner_rule" (ours: the faster median, the default kept within noise) or
+    # "fastest" (the autotuning RFC's: the lowest minimum time); ranking_fn, when given, reorders either
+    ranking: str = "winner_rule"
+    # where autotune() writes its winner (the RFC's storage config, farm.store.autotune_storage); None: nowhere
+    storage: "ResultStorage | None" = field(default=None, compare=False)
     priming_failure: PrimingFailurePolicy = PrimingFailurePolicy.ABORT
     cold_cache: bool = False
     check: ResultCheck = ResultCheck.AUTO
@@ -270,6 +284,9 @@ class AutotuneConfig:
         need(self.rotating_buffers >= 0, "rotating_buffers", "must be >= 0")
         need(self.graph_repeats >= 0, "graph_repeats", "must be >= 0")
         need(isinstance(self.cold_cache, bool), "cold_cache", "must be true or false")
+        need(self.ranking in RANKINGS, "ranking", f"must be one of {', '.join(RANKINGS)}")
+        need(self.storage is None or callable(getattr(self.storage, "write", None)), "storage",
+             "must have a write(problem, results, device) method (farm.AutotuneStorageConfig)")
         if self.strategy is Strategy.RUN_UNTIL_STABLE:
             need(self.window >= 2, "window", "must be >= 2")
             need(self.max_iterations >= self.window, "max_iterations", f"must be >= window ({self.window})")
@@ -319,7 +336,7 @@ class AutotuneResult:
     iterations: int = 0
     warmups: int = 0
     converged: bool = False
-    workspace_size: int | None = None
+    workspace_size: int = -1  # -1: never compiled (the autotuning RFC's value)
     estimated_workspace: int | None = None
     ran_exhaustive: bool = False
     supports_exhaustive: bool = False

@@ -42,7 +42,7 @@ WORKLOAD_VERSION = 1
 _TOP_KEYS = {"version", "name", "description", "seed", "call", "autotune", "engines", "problems"}
 _PROBLEM_KEYS = {"name", "op", "dtype", "compute_dtype", "tensors", "criteria", "engines", "call"}
 _ENGINE_KEYS = {"include", "exclude", "defaults", "sweep"}
-_CONFIG_KEYS = {f.name for f in fields(AutotuneConfig)} - {"ranking_fn", "engine_id_filter"}
+_CONFIG_KEYS = {f.name for f in fields(AutotuneConfig)} - {"ranking_fn", "engine_id_filter", "ranking", "storage"}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,

@@ -49,7 +49,8 @@ from farm.model.knobs import KnobSettings, format_settings
 from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig
 from farm.replay.selection import Selector
-from farm.store.override_files import autotune_metadata, call_choice, load_overrides, merge_entries, write_overrides
+from farm.store.autotune_storage import winner_entry
+from farm.store.override_files import call_choice, load_overrides, merge_entries, write_overrides
 from farm.store.overrides import OverrideEntry, OverrideFile
 from farm.store.tunableop_csv import (DEFAULT_KERNEL, VALIDATORS, is_tunableop_csv, load_tunableop_csv,
                                      result_line, validator_mismatch, write_tunableop_csv)
@@ -413,14 +414,9 @@ class TunableRuntime:
             tuner.close()
             raise FarmError(f"tuning {problem.label()} failed: {exc}") from None
         tuner.close()
+        entry = winner_entry(problem, results[0], device_arch=self.device.properties.arch,
+                             source="farm.replay.tunable_runtime")
         w = results[0]
-        meta = autotune_metadata(rank=0, min_ms=w.min_ms, avg_ms=w.avg_ms, stddev_ms=w.stddev_ms,
-                                 workspace=w.workspace_size or 0, mode=w.mode.value, ran_exhaustive=w.ran_exhaustive,
-                                 strategy=w.strategy.value, iterations=w.iterations, converged=w.converged,
-                                 device=self.device.properties.arch, timestamp=w.started_at,
-                                 supports_exhaustive=w.supports_exhaustive, median_time_ms=w.median_ms,
-                                 problem_key=problem.key, source="farm.replay.tunable_runtime")
-        entry = OverrideEntry.for_problem(problem, w.engine_name, w.knobs, meta)
         with self._lock:
             entries = merge_entries(self._results.entries if self._results else [], [entry])[0]
             self._results = OverrideFile(2, entries, self._device_obj(), {}, self._results_path())

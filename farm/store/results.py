@@ -283,7 +283,8 @@ def _candidate_fields(result: AutotuneResult) -> dict[str, Any]:
         "calls_per_sample": result.calls_per_sample,
         "call_path": result.call_path,
         "input_sets": result.input_sets,
-        "workspace_bytes": result.workspace_size,
+        "workspace_bytes": result.workspace_size if result.workspace_size is not None and result.workspace_size >= 0
+        else None,  # never compiled: -1 in the result, null here
         "estimated_workspace_bytes": result.estimated_workspace,
         "ran_exhaustive": result.ran_exhaustive,
         "supports_exhaustive": result.supports_exhaustive,

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from farm.devices.arrays import make_tensors
 from farm.devices.device import Device, cpu_device
-from farm.errors import AutotuneError, InputError, UsageError
+from farm.errors import AutotuneError, InputError, UnknownNameError, UsageError
 from farm.model.engine import (
     CompileKeyed,
     Engine,
@@ -37,7 +37,9 @@ from farm.model.engine import (
     EngineRegistry,
     Plan,
     default_engine_registry,
+    engine_id,
     engine_priority,
+    known_file_knobs,
     settings_to_resolved,
 )
 from farm.model.knobs import KnobValue, candidate_label
@@ -267,6 +269,32 @@ class Autotuner:
             self.compile_candidate(slot.cand)
         self._active = self._runnable(index)
 
+    def create_execution_plan_ext(self, engine: int | str,
+                                  knobs: Mapping[str, KnobValue] | Iterable[tuple[str, KnobValue]] | None = None) -> PlanSpec:
+        """Hard-select one engine (hipDNN's ``create_execution_plan_ext``): compile its plan with these knobs and make
+        it the one :meth:`execute` runs, whatever the plan list holds. Knobs the engine does not have are ignored
+        with a warning, as hipDNN does; a bad value of one it has is an InputError; an engine that does not apply
+        here, or whose compile fails, is an AutotuneError."""
+        try:
+            eng = self.registry.get(engine)
+        except UnknownNameError as exc:
+            raise InputError(str(exc), field="engine", value=engine) from None
+        items = list(knobs.items() if isinstance(knobs, Mapping) else (knobs or ()))
+        settings, ignored = known_file_knobs(eng, items, source=f"create_execution_plan_ext({eng.name})")
+        if ignored:
+            log.warning("autotune: create_execution_plan_ext: %s has no knob %s: ignored", eng.name, ", ".join(ignored))
+        spec = PlanSpec(engine_id(eng), settings)
+        cand = self._candidate(-1, spec)
+        plan = self.compile_candidate(cand)
+        if plan is None:
+            raise AutotuneError(f"create_execution_plan_ext: {spec.describe(self.registry)} for {self.problem.label()}: "
+                                f"{cand.error}")
+        built = {id(s.cand.plan) for s in self._built or []}
+        if self._active is not None and id(self._active[2]) not in built:
+            _close_plan(self._active[2])
+        self._active = (spec, eng, plan)
+        return spec
+
     # -- execution ------------------------------------------------------------------
     def execute(self, tensors: Mapping[str, Any]) -> None:
         """Run the selected plan (the autotune winner, or build_plan_at_index's choice)."""
@@ -348,7 +376,7 @@ class Autotuner:
                  config.mode.value, config.strategy.value)
         run = _Run(self, config, tensors, listener, phases)
         results = run.execute(candidates, prebuilt=self._built is not None)
-        ranked = _rank(results, config.ranking_fn)
+        ranked = _rank(results, config.ranking_fn, config.ranking)
         self.results = ranked
         ok = [r for r in ranked if r.succeeded]
         counts: dict[str, int] = {}
@@ -365,6 +393,8 @@ class Autotuner:
         self._active = keep
         log.info("autotune: winner %s: %.4f ms min, %.4f ms avg (%s; %.0f ms total)",
                  best.label, best.min_ms, best.avg_ms, summary, (time.perf_counter() - t0) * 1e3)
+        if config.storage is not None:  # the RFC's storage config: the rank-0 winner into an override file
+            config.storage.write(self.problem, ranked, self.device)
         return ranked
 
     # -- helpers --------------------------------------------------------------------

@@ -33,10 +33,17 @@ def _earliest_default(results: Sequence[AutotuneResult]) -> list[bool]:
     return [not r.knobs and r.candidate == first for r in results]
 
 
-def _rank(results: list[AutotuneResult], ranking_fn: Callable[[list[AutotuneResult]], Any] | None) -> list[AutotuneResult]:
+def _fastest_order(results: list[AutotuneResult]) -> list[AutotuneResult]:
+    """The autotuning RFC's ranking: the lowest minimum time first (discovery order breaks a tie)."""
+    inf = float("inf")
+    return sorted(results, key=lambda r: (r.min_ms if r.min_ms is not None else inf, r.candidate))
+
+
+def _rank(results: list[AutotuneResult], ranking_fn: Callable[[list[AutotuneResult]], Any] | None,
+          ranking: str = "winner_rule") -> list[AutotuneResult]:
     ok = [r for r in results if r.succeeded]
     failed = [r for r in results if not r.succeeded]
-    ordered = _default_order(ok)
+    ordered = _fastest_order(ok) if ranking == "fastest" else _default_order(ok)
     if ranking_fn is not None and ok:
         proposal = list(ordered)
         try:

@@ -400,7 +400,7 @@ class _Run:
             iterations=len(samples),
             warmups=warmups,
             converged=converged,
-            workspace_size=workspace,
+            workspace_size=-1 if workspace is None else workspace,
             estimated_workspace=cand.estimated_workspace,
             ran_exhaustive=cand.ran_exhaustive,
             supports_exhaustive=bool(engine.supports_exhaustive) if engine is not None else False,
