@@ -79,6 +79,12 @@ def test_an_unknown_engines_knobs_pass_through_to_its_owner(tmp_path, monkeypatc
     # a known engine's knobs are still checked: a bad one declines
     doc["engine_overrides"][0]["engine_name"] = "cpu.matmul.blas"
     path.write_text(json.dumps(doc))
+    # a knob the engine does not have is ignored (hipDNN records knobs as information) ...
+    assert ConfigPolicy().session(encode_device_properties(cpu_device().properties)).order(
+        (BLAS,), encode_problem(mm())).knobs[BLAS] == ()
+    # ... a bad value of one it has declines
+    doc["engine_overrides"][0]["autotune_metadata"]["knobs"] = [{"knob_id": "order", "type": "string", "value": "x"}]
+    path.write_text(json.dumps(doc))
     assert ConfigPolicy().session(encode_device_properties(cpu_device().properties)).order(
         (BLAS,), encode_problem(mm())) is None
 

@@ -128,8 +128,9 @@ def test_tunableop_csv(tmp_path):
     results = [r for r in rows if r[0] != "Validator"]
     assert len(results) == 2 and all(len(r) == 4 for r in results)
     fast = next(r for r in results if r[2].startswith("fast"))
-    # TunableOp's own GEMM line: BLAS's column-major view, C^T (6x16) = B^T A^T with K = 5, dense leading dims
-    assert fast[:3] == ["GemmTunableOp_float_NN", "nn_6_16_5_ld_6_5_6", "fast[tile=128]"]
+    # the runtime tuner's own GEMM line: A 16 x 5 row-major, B 5 x 6, no bias, the device's ordinal
+    assert fast[:3] == ["GemmTunableOp_Float32", "taN_m16_n6_k5_bias0_dev0", "fast[tile=128]"]
+    assert validators["CUDA_DEVICE"] == "9.0:" + GPU_A.name
     assert float(fast[3]) == pytest.approx(1.0)
 
 

@@ -194,6 +194,33 @@ def _infer_batchnorm(dims: Mapping[str, Dims], c: Mapping[str, int]) -> dict[str
     return {"Y": x}
 
 
+def _per_channel(dims: Mapping[str, Dims], names: Sequence[str], channels: int, what: str) -> None:
+    for tid in names:
+        if tid in dims and dims[tid] not in ((channels,), (1, channels) + (1,) * (len(dims["X"]) - 2)):
+            raise _fail(f"{tid} must be [{channels}] ({what})", tid, dims[tid])
+
+
+def _infer_batchnorm_training(dims: Mapping[str, Dims], c: Mapping[str, int]) -> dict[str, Dims]:
+    x = _rank(dims, "X", 2, 3, 4, 5)
+    _per_channel(dims, ("scale", "bias"), x[1], "the channel count")
+    return {"Y": x, "mean": (x[1],), "inv_variance": (x[1],)}
+
+
+def _infer_batchnorm_backward(dims: Mapping[str, Dims], c: Mapping[str, int]) -> dict[str, Dims]:
+    x = _rank(dims, "X", 2, 3, 4, 5)
+    if dims["dY"] != x:
+        raise _fail(f"dY must be {list(x)} (X's shape)", "dY", dims["dY"])
+    _per_channel(dims, ("scale", "mean", "inv_variance"), x[1], "the channel count")
+    return {"dX": x, "dscale": (x[1],), "dbias": (x[1],)}
+
+
+def _infer_rmsnorm_backward(dims: Mapping[str, Dims], c: Mapping[str, int]) -> dict[str, Dims]:
+    out = _infer_norm(dims, c)
+    if dims["dY"] != dims["X"]:
+        raise _fail(f"dY must be {list(dims['X'])} (X's shape)", "dY", dims["dY"])
+    return {"dX": out["Y"], "dscale": (dims["X"][-1],)}
+
+
 def _infer_pointwise(dims: Mapping[str, Dims], c: Mapping[str, int]) -> dict[str, Dims]:
     a = dims["A"]
     if c["mode"] not in (0, 1, 2, 3):
@@ -227,6 +254,13 @@ OPS: dict[str, OpSpec] = {
                infer=_infer_matmul, doc="C = A @ B (+ bias); batched when A has more than 2 dims"),
         OpSpec("batchnorm_inference", OpCategory.BATCHNORM, ("X", "scale", "bias", "mean", "var"), ("Y",),
                infer=_infer_batchnorm, doc="batch normalization with running statistics, channels in dim 1"),
+        # ops the autotuning RFC lists for override files: read, written and matched by name; no engine here runs them
+        OpSpec("batchnorm_training", OpCategory.BATCHNORM, ("X", "scale", "bias"), ("Y", "mean", "inv_variance"),
+               infer=_infer_batchnorm_training, doc="batch normalization computing the batch's statistics (hipDNN's)"),
+        OpSpec("batchnorm_backward", OpCategory.BATCHNORM, ("dY", "X", "scale", "mean", "inv_variance"),
+               ("dX", "dscale", "dbias"), infer=_infer_batchnorm_backward, doc="backward of batchnorm_training"),
+        OpSpec("rmsnorm_backward", OpCategory.NORM, ("dY", "X", "scale", "inv_rms"), ("dX", "dscale"),
+               infer=_infer_rmsnorm_backward, doc="backward of rmsnorm (inv_rms: [rows])"),
         OpSpec("layernorm", OpCategory.NORM, ("X", "scale", "bias"), ("Y",), infer=_infer_norm,
                doc="layer normalization over the last dim, eps 1e-5"),
         OpSpec("rmsnorm", OpCategory.NORM, ("X", "scale"), ("Y",), infer=_infer_norm,

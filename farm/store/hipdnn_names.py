@@ -16,7 +16,7 @@ HIPDNN_OPS = {"resample_fwd": "resample", "batchnorm_inference_variance_ext": "b
 HIPDNN_CRITERIA = {"pointwise": {"pointwise_mode": "mode"}, "resample": {"resample_mode": "mode"},
                    "reduction": {"reduction_mode": "mode"}}
 # hipDNN tensor ids (``<name>_tensor_uid``) whose name is not ours in another case (x -> X, dy -> dY, scale -> scale)
-_TENSOR_NAMES = {"reduction": {"in": "X"}, "pointwise": {"in_0": "A", "in_1": "B"},
+_TENSOR_NAMES = {"reduction": {"in": "X", "out": "Y"}, "pointwise": {"in_0": "A", "in_1": "B", "out_0": "C"},
                  "batchnorm_inference": {"variance": "var", "inv_variance": "var"}, "sdpa_bwd": {"do": "dO"}}
 
 POINTWISE_MODES = {

@@ -387,7 +387,8 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
     path.parent.mkdir(parents=True, exist_ok=True)
     with PathLock(lock_path(path), timeout=lock_timeout):
         moved = ""
-        current: list[OverrideEntry] = []
+        current: list[Any] = []
+        raws: list[Any] = []
         old_extra: dict[str, Any] = {}
         if path.exists():
             if mode == "new":
@@ -397,7 +398,7 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
                 if data is _CORRUPT:
                     moved = _set_aside(path)
                 else:
-                    current, old_extra, moved = _existing_document(data, path, (device or {}).get("signature"))
+                    current, raws, old_extra, moved = _existing_document(data, path, (device or {}).get("signature"))
         positions = [i for i, e in enumerate(current) if isinstance(e, OverrideEntry)]
         parsed, replaced, added = merge_entries([current[i] for i in positions], entries)
         merged: list[Any] = list(current)
@@ -406,7 +407,10 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
         merged += parsed[len(positions):]
         doc = OverrideFile(OVERRIDE_VERSION, parsed, dict(device) if device is not None else None,
                            {**old_extra, **(extra or {})}, str(path))
-        rendered = [e.to_json() if isinstance(e, OverrideEntry) else e.raw for e in merged]
+        # what was there and is not replaced is written as it was read, field for field
+        # (an entry of an older tunefarm, knobs beside its metadata, is rewritten: they move into the metadata)
+        raw = {id(e): r for e, r in zip(current, raws) if not (isinstance(r, dict) and "knobs" in r)}
+        rendered = [raw[id(e)] if id(e) in raw else e.to_json() for e in merged]
         _check_written(merged, rendered, entries, path)
         atomic_write_text(path, render(doc, rendered))
     return WriteReport(str(path), mode, len(merged), replaced, added, moved, len(merged) - len(parsed))
@@ -420,8 +424,10 @@ class _Kept:
     raw: Any
 
 
-def _existing_document(data: Any, path: Path, new_sig: str | None) -> tuple[list[Any], dict[str, Any], str]:
-    """The entries (OverrideEntry, or _Kept when unreadable), top-level fields and backup of a file appended to.
+def _existing_document(data: Any, path: Path,
+                       new_sig: str | None) -> tuple[list[Any], list[Any], dict[str, Any], str]:
+    """The entries (OverrideEntry, or _Kept when unreadable), their JSON as read, the top-level fields and the
+    backup of a file appended to.
 
     Refused, as hipDNN's writer refuses them (nothing written): JSON that is not an object, a file without
     ``version`` (version 1), a version other than 2. Ours too: a file for another device signature."""
@@ -465,7 +471,7 @@ def _existing_document(data: Any, path: Path, new_sig: str | None) -> tuple[list
             log.info("overrides: %s: engine_overrides[%d] kept as it is (%s: %s)", path, i, exc.field, exc.reason)
             items.append(_Kept(raw))
     extra = {k: v for k, v in data.items() if k not in ("version", "device", "engine_overrides")}
-    return items, extra, moved
+    return items, list(raw_entries), extra, moved
 
 
 _CORRUPT = object()
