@@ -18,7 +18,7 @@ from farm.model.dtypes import canonical_dtype
 from farm.model.knobs import KnobSettings, KnobType
 from farm.model.op_catalog import OPS
 from farm.model.problem import INT64_MAX
-from farm.store.hipdnn_names import criterion_of, mode_from_hipdnn, op_of, tensor_id_of
+from farm.store.hipdnn_names import HIPDNN_CRITERIA, HIPDNN_OPS, mode_from_hipdnn, tensor_id_of
 from farm.store.overrides import (
     OVERRIDE_VERSION,
     WRITE_MODES,
@@ -159,20 +159,24 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
     can never match raises UnusableRule."""
     _need(isinstance(obj, dict), "expected an object", path, obj)
     op_spelled = obj.get("op")
-    _need(isinstance(op_spelled, str), "expected an op name", f"{path}.op", op_spelled)
-    _need(bool(op_spelled), "expected an op name", f"{path}.op", op_spelled, unusable=True)
-    op = op_of(op_spelled)
+    if not (isinstance(op_spelled, str) and op_spelled):  # checked once, named only when wrong (10,000s of rules)
+        _need(isinstance(op_spelled, str), "expected an op name", f"{path}.op", op_spelled)
+        _need(False, "expected an op name", f"{path}.op", op_spelled, unusable=True)
+    op = HIPDNN_OPS.get(op_spelled, op_spelled)
     engine = obj.get("engine_name")
-    _need(isinstance(engine, str), "expected an engine name", f"{path}.engine_name", engine)
-    _need(bool(engine), "expected an engine name", f"{path}.engine_name", engine, unusable=True)
+    if not (isinstance(engine, str) and engine):
+        _need(isinstance(engine, str), "expected an engine name", f"{path}.engine_name", engine)
+        _need(False, "expected an engine name", f"{path}.engine_name", engine, unusable=True)
     raw_criteria = obj.get("criteria", {})
-    _need(isinstance(raw_criteria, dict), "criteria must be an object", f"{path}.criteria", raw_criteria)
+    if type(raw_criteria) is not dict:
+        _need(False, "criteria must be an object", f"{path}.criteria", raw_criteria)
     criteria: dict[str, int | None] = {}
     criteria_spelled = []
+    aliases = HIPDNN_CRITERIA.get(op, {})
     for k, v in raw_criteria.items():
         if not (type(v) is int and -INT64_MAX - 1 <= v <= INT64_MAX):
             _need(False, "criteria values are 64-bit integers", f"{path}.criteria.{k}", v)
-        ours = criterion_of(op, k)
+        ours = aliases.get(k, k)
         if ours in criteria:
             _need(False, "criterion given twice (under our name and hipDNN's)", f"{path}.criteria.{k}", v,
                   unusable=True)
@@ -182,8 +186,9 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
             criteria_spelled.append((ours, k, v))
         criteria[ours] = value
     tensors_raw = obj.get("tensors")
-    _need(isinstance(tensors_raw, list), "expected a list of tensors", f"{path}.tensors", tensors_raw)
-    _need(bool(tensors_raw), "expected a non-empty list of tensors", f"{path}.tensors", tensors_raw, unusable=True)
+    if not (type(tensors_raw) is list and tensors_raw):
+        _need(isinstance(tensors_raw, list), "expected a list of tensors", f"{path}.tensors", tensors_raw)
+        _need(False, "expected a non-empty list of tensors", f"{path}.tensors", tensors_raw, unusable=True)
     tensors = []
     for j, t in enumerate(tensors_raw):
         tp = f"{path}.tensors[{j}]"
