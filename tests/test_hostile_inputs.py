@@ -51,13 +51,23 @@ def _replay_with_config(monkeypatch, caplog, config_path):
     return choice
 
 
-@pytest.mark.parametrize("knobs", [(("block_k", -1),), (("block_k", 0),), (("block_k", 100),),
-                                   (("tile", 7),), (("global.benchmarking", 1),), (("block_k", "64"),)])
+@pytest.mark.parametrize("knobs", [(("block_k", -1),), (("block_k", 0),), (("block_k", 100),), (("block_k", "64"),)])
 def test_an_override_knob_outside_the_engines_declared_values_is_never_run(tmp_path, monkeypatch, caplog, knobs):
     """block_k: -1 made farm.ops.matmul return zeros; block_k: 0 raised out of the production call."""
     path = _override_file(tmp_path / "ovr.json", knobs)
     choice = _replay_with_config(monkeypatch, caplog, path)
     assert choice["source"] == "SelectionHeuristic::StaticOrdering"  # Config declined; the next policy answered
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any(str(path) in m and knobs[0][0] in m for m in warned), warned
+
+
+@pytest.mark.parametrize("knobs", [(("tile", 7),), (("global.benchmarking", 1),)])
+def test_a_knob_the_engine_does_not_have_is_ignored_never_run(tmp_path, monkeypatch, caplog, knobs):
+    """Knobs in a file are information where the engine lacks them (hipDNN's SPLIT_K): the engine runs with the
+    knobs it has, the benchmarking knob is the tuner's alone, and a warning names the ignored one."""
+    path = _override_file(tmp_path / "ovr.json", knobs)
+    choice = _replay_with_config(monkeypatch, caplog, path)
+    assert choice["source"] == "SelectionHeuristic::Config" and choice["engine"] == "cpu.matmul.blocked"
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any(str(path) in m and knobs[0][0] in m for m in warned), warned
 
