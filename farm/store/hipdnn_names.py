@@ -43,16 +43,6 @@ _MODES = {
 _TO_OURS = {op: {theirs: ours for ours, theirs in table.items()} for op, (_, table) in _MODES.items()}
 
 
-def op_of(spelled: str) -> str:
-    """Our op name for a file's ``op`` (hipDNN's ``resample_fwd`` is our ``resample``)."""
-    return HIPDNN_OPS.get(spelled, spelled)
-
-
-def criterion_of(op: str, spelled: str) -> str:
-    """Our criterion name for a file's (``pointwise_mode`` is the pointwise op's ``mode``)."""
-    return HIPDNN_CRITERIA.get(op, {}).get(spelled, spelled)
-
-
 def mode_from_hipdnn(op: str, value: int) -> int | None:
     """Our mode for hipDNN's mode integer of ``op``; None for a mode none of our ops runs."""
     return _TO_OURS.get(op, {}).get(value)

@@ -200,7 +200,8 @@ def _parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
             tid = tensor_id_of(op, tid)
         else:
             tid = None  # v1 matches by position: its tensor ids are ignored
-        _need("dim" in t, "missing dim", tp + ".dim", None)
+        if "dim" not in t:
+            raise InputError("missing", field=tp + ".dim")
         dims = _int_list(t["dim"], tp + ".dim", allow_wildcard=True)
         strides = _int_list(t["stride"], tp + ".stride", allow_wildcard=True) if t.get("stride") is not None else ()
         if strides and len(strides) != len(dims):
