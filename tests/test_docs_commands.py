@@ -118,7 +118,7 @@ def checkout(tmp_path_factory):
     for name in LINKED:
         (work / name).symlink_to(REPO / name)
     (work / ".venv").symlink_to(VENV)
-    env = _env(work)
+    env = {**_env(work), "COLUMNS": "100"}  # a 100-column terminal (or log: COLUMNS is honoured off a terminal)
     quick = subprocess.run([str(VENV / "bin" / "farm"), "tune", "examples/cpu-quick.yaml", "--out", "runs/quick"],
                            cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert quick.returncode == 0, quick.stdout[-2000:] + quick.stderr[-2000:]
@@ -155,6 +155,21 @@ def test_the_quick_start_prints_what_the_readme_quotes(checkout):
     assert quotes, "README.md quotes the Quick start's output"
     for quote in quotes:
         check_quoted(quote, (checkout / "quick.out").read_text())
+
+
+def test_the_quick_starts_summary_fits_40_lines_at_100_columns_with_every_winner_whole(checkout):
+    printed = (checkout / "quick.out").read_text()
+    lines = printed.splitlines()
+    assert len(lines) <= 40, f"{len(lines)} lines:\n{printed}"
+    assert max(len(line) for line in lines) <= 100, printed
+    [file] = (checkout / "runs" / "quick" / "overrides").glob("*.json")
+    from farm.store.override_files import load_overrides
+    from farm.store.publish import _desc
+
+    labels = [_desc(e) for e in load_overrides(file).entries]
+    assert len(labels) == 8
+    for label in labels:  # each on one line, as written in the override file
+        assert any(label in line for line in lines), f"{label} not shown whole:\n{printed}"
 
 
 def test_a_quote_that_is_not_printed_fails():

@@ -418,7 +418,7 @@ def test_the_tune_summary_flags_a_noisy_winner_that_no_stage_confirmed():
                        median_ms=1.0, mad_ms=0.2)
     w = Winner("sig", p.key, "p", "e", (), 1.0, 1.0, 0.2, True, Rule.FASTEST, "", "e[default]", 1.0, None, None, 2, 0)
     table = summary_table([ProblemOutcome(wp, (r,))], 1.0, lambda key: w)
-    assert "p (the winner is noisy and no confirmation stage ran)" in str(table.caption)
+    assert "p (noisy, no confirmation stage ran)" in str(table.caption)
     quiet = summary_table([ProblemOutcome(wp, (r,))], 1.0, lambda key: dataclasses.replace(w, noisy=False))
     assert "nothing" in str(quiet.caption)
     shaky_default = dataclasses.replace(w, noisy=False, default="torch.matmul[default]", default_ms=1.3,

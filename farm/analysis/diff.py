@@ -19,15 +19,17 @@ from farm.store.dataset import results_folder
 from farm.store.location import Location
 
 NEAR_TIE = 0.03  # a changed winner within 3 % of the old one's time counts as a near tie
+# a same winner whose time moved by more than this (or than 3 sigma of both sides' noise, where larger)
+TIME_CHANGE = 0.05
 # "confirmed tie": a confirmation stage measured both winners in paired rounds and their interval includes 1
-STATUSES = ("added", "removed", "winner changed", "near tie", "confirmed tie", "same winner")
+STATUSES = ("added", "removed", "winner changed", "time changed", "near tie", "confirmed tie", "same winner")
 
 
 @dataclass(frozen=True)
 class DiffRow:
     signature: str
     problem: str
-    status: str  # added, removed, winner changed, near tie, same winner
+    status: str  # one of STATUSES
     old_winner: str
     new_winner: str
     old_ms: float | None
@@ -48,6 +50,7 @@ class _Side:
     winner: str  # engine[knobs]
     ms: float | None
     ties: tuple[str, ...] = ()  # candidates its confirmation stage could not tell from it (paired interval holds 1)
+    mad: float | None = None  # its median absolute deviation, ms, where recorded
 
 
 def diff_paths(a: str | Path, b: str | Path) -> list[DiffRow]:
@@ -67,11 +70,17 @@ def diff_paths(a: str | Path, b: str | Path) -> list[DiffRow]:
 
 def _from_overrides(path: Path) -> dict[Hashable, _Side]:
     from farm.store.override_files import load_overrides
-    from farm.store.publish import _desc, _label, _ms
+    from farm.store.publish import _desc, _label, _ms, check_knobs
 
     f = load_overrides(path)
+    check_knobs(f, str(path))  # a knob value of the wrong type is an error here as in farm publish
     sig = f.device_signature or ""
-    return {(sig, e.match_key()): _Side(sig, _label(e), _desc(e), _ms(e), _ties(e)) for e in f.entries}
+    return {(sig, e.match_key()): _Side(sig, _label(e), _desc(e), _ms(e), _ties(e), _mad(e)) for e in f.entries}
+
+
+def _mad(e: Any) -> float | None:
+    v = (e.metadata or {}).get("mad_ms")
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 else None
 
 
 def _ties(e: Any) -> tuple[str, ...]:
@@ -85,8 +94,17 @@ def _from_results(folder: Location) -> dict[Hashable, _Side]:
     from farm.store.decisions import decide_folder
 
     d = decide_folder(folder)
-    return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms, w.confirmed.ties if w.confirmed else ())
-            for key, w in d.winners.items()}
+    return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms, w.confirmed.ties if w.confirmed else (),
+                       w.mad_ms) for key, w in d.winners.items()}
+
+
+def _time_changed(o: _Side, n: _Side) -> bool:
+    """The same winner, its time moved beyond noise: by more than TIME_CHANGE, and by more than 3 sigma of the two
+    sides' recorded noise (sigma = 1.4826 MAD)."""
+    if not (o.ms and n.ms):
+        return False
+    noise = 3 * 1.4826 * ((o.mad or 0.0) ** 2 + (n.mad or 0.0) ** 2) ** 0.5
+    return abs(n.ms - o.ms) > max(TIME_CHANGE * o.ms, noise)
 
 
 def compare(old: dict[Hashable, _Side], new: dict[Hashable, _Side]) -> list[DiffRow]:
@@ -102,7 +120,9 @@ def compare(old: dict[Hashable, _Side], new: dict[Hashable, _Side]) -> list[Diff
             rows.append(DiffRow(o.signature, o.problem, "removed", o.winner, "", o.ms, None))
         else:
             status = "same winner" if o.winner == n.winner else "winner changed"
-            if status == "winner changed" and (o.winner in n.ties or n.winner in o.ties):
+            if status == "same winner" and _time_changed(o, n):
+                status = "time changed"
+            elif status == "winner changed" and (o.winner in n.ties or n.winner in o.ties):
                 status = "confirmed tie"  # measured together, the two could not be told apart
             elif status == "winner changed" and o.ms and n.ms and abs(n.ms / o.ms - 1) <= NEAR_TIE:
                 status = "near tie"  # another candidate by a hair: measurement noise, not a new best kernel

@@ -29,8 +29,10 @@ class _SafeConsole(Console):
 
 def _console(stderr: bool = False) -> Console:
     probe = Console(stderr=stderr)
-    # piped output (logs, CI) gets wide tables rather than 80-column wrapping
-    return _SafeConsole(stderr=stderr, highlight=False, width=None if probe.is_terminal else 200)
+    # piped output (logs, CI) gets wide tables rather than 80-column wrapping, unless COLUMNS says a width
+    columns = os.environ.get("COLUMNS", "").strip()
+    return _SafeConsole(stderr=stderr, highlight=False,
+                        width=None if probe.is_terminal or (columns.isdigit() and int(columns) > 0) else 200)
 
 
 # where --json output goes: the process's real stdout while json_stdout() holds it (else sys.stdout)

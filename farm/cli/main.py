@@ -14,7 +14,7 @@ from farm._version import __version__
 from farm.errors import FarmError, InputError
 
 log = logging.getLogger("farm.cli")
-from farm.cli.args import _positive_int
+from farm.cli.args import _nonnegative_int, _positive_int
 from farm.cli.console import _console, _print_json, _setup_logging, json_stdout
 from farm.cli.model import add_model_parser
 from farm.cli.tune import add_tune_parser
@@ -156,7 +156,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     if not args.to.strip():
         raise InputError("the publishing root must not be empty", field="--to", value=args.to)
-    reports = publish(args.overrides, args.to, force=args.force, replace=args.replace, dry_run=args.dry_run)
+    reports = publish(args.overrides, args.to, force=args.force, replace=args.replace, dry_run=args.dry_run,
+                      trusted_only=args.trusted_only)
     if args.json:
         _print_json(publish_dict(reports))
     else:
@@ -170,10 +171,21 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 # -- farm report ----------------------------------------------------------------------------
+def _not_an_overrides_folder(path: str) -> None:
+    """An overrides folder given where results are read: one error line saying what to give instead."""
+    from pathlib import Path
+
+    p = Path(path)
+    if "://" in path or not p.is_dir() or (p / "results").is_dir():
+        return
+    if any(p.glob("*.winners.parquet")) and not any(p.glob("device_signature=*")):
+        raise InputError(f"an overrides folder, not results: give the results folder ({p.parent / 'results'}) or the "
+                         f"run folder ({p.parent}); farm diff compares override files", source=path)
 def cmd_report(args: argparse.Namespace) -> int:
     from farm.analysis.report import build_report, report_dict, write_html
     from farm.cli.render_reports import report_tables
 
+    _not_an_overrides_folder(args.results)
     report = build_report(args.results)
     if args.html:
         write_html(report, args.html)
@@ -181,7 +193,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         _print_json(report_dict(report))
     else:
         console = _console()
-        for table in report_tables(report):
+        for table in report_tables(report, verbose=bool(args.verbose)):
             console.print(table)
         if args.html:
             console.print(f"plots: {escape(args.html)}")
@@ -197,7 +209,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(diff_dict(rows))
     else:
-        _console().print(diff_table(rows, args.a, args.b, show_same=args.all))
+        _console().print(diff_table(rows, args.a, args.b, show_same=args.all, limit=args.limit))
     return 0
 
 
@@ -253,6 +265,8 @@ def _add_result_commands(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="publish even winners measured slower than the ones they replace")
     p.add_argument("--replace", action="store_true", help="replace each published file instead of merging into it")
     p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+    p.add_argument("--trusted-only", action="store_true",
+                   help="leave out entries marked untrusted (their confirmation stage did not decide them)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_publish)
 
@@ -268,7 +282,10 @@ def _add_result_commands(sub: Any) -> None:
     p = sub.add_parser("diff", help="compare two results folders or two override files: winners and times")
     p.add_argument("a", help="the old side: a results folder (or run folder) or an override file")
     p.add_argument("b", help="the new side, of the same kind")
-    p.add_argument("--all", action="store_true", help="also list problems whose winner did not change (or by < 3 %%)")
+    p.add_argument("--all", action="store_true",
+                   help="also list problems whose winner and time did not change (or a winner by < 3 %%)")
+    p.add_argument("--limit", type=_nonnegative_int, default=40,
+                   help="rows in the table, the largest changes first (default 40; 0: all; --json has every row)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_diff)
 

@@ -90,9 +90,10 @@ def engine_dict(registry: EngineRegistry, e: Engine) -> dict[str, Any]:
 
 
 def _status(r: AutotuneResult) -> Text:
+    """ok, or the disposition and the start of its error (the whole error: the results rows, --json)."""
     if r.succeeded:
-        return Text("ok" + (f" ({r.error})" if r.error else ""), style="green")
-    msg = r.error if len(r.error) <= 90 else r.error[:87] + "..."
+        return Text("ok" + (" (re-measured)" if r.error else ""), style="green")
+    msg = r.error if len(r.error) <= 120 else r.error[:117] + "..."
     return Text(f"{r.disposition.value}: {msg}" if msg else r.disposition.value, style="red")
 
 
@@ -101,23 +102,20 @@ def results_table(outcome: ProblemOutcome, position: str = "") -> Table:
     head = f"{position} {wp.name}".strip()
     title = f"{head}: {wp.problem.label()}  (key {wp.problem.key})"
     table = Table(title=Text(title), title_justify="left")
-    for col, justify in (("rank", "right"), ("engine", "left"), ("knobs", "left"), ("min ms", "right"),
-                         ("median ms", "right"), ("avg ± sd ms", "right"), ("iters", "right"),
-                         ("conv", "center"), ("workspace", "right"), ("status", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    # one line a candidate but for the last two columns: its status and its label fold there, never cut
+    for col, justify in (("rank", "right"), ("median ms", "right"), ("min ms", "right"), ("mad ms", "right"),
+                         ("iters", "right"), ("status", "left"), ("candidate", "left")):
+        table.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
+                         no_wrap=col not in ("status", "candidate"))
     for r in outcome.results:
-        avg = "-" if r.avg_ms is None else f"{fmt_ms(r.avg_ms)} ± {fmt_ms(r.stddev_ms)}"
         table.add_row(
             str(r.rank) if r.rank >= 0 else "-",
-            Text(r.engine_name),
-            Text(format_settings(r.knobs)),
-            fmt_ms(r.min_ms),
             fmt_ms(r.median_ms),
-            avg,
-            str(r.iterations),
-            ("yes" if r.converged else "no") if r.succeeded else "-",
-            fmt_bytes(r.workspace_size),
+            fmt_ms(r.min_ms),
+            fmt_ms(r.mad_ms),
+            str(r.iterations) + ("" if r.converged or not r.succeeded else "*"),
             _status(r),
+            Text(r.label),
             style="bold" if r.rank == 0 else None,
         )
     notes = [f"{outcome.skipped} candidate(s) measured before, not repeated"] if outcome.skipped else []
@@ -130,17 +128,44 @@ def results_table(outcome: ProblemOutcome, position: str = "") -> Table:
     return table
 
 
-def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: Any = None) -> Table:
-    """One row per problem: the reducer's winner (what the override file replays) and why, when it is not the fastest.
+# the decision in a few words (the whole reason: -v, JSON, farm report)
+_SHORT = {"confirmed": "confirmed", "default_not_beaten": "default kept", "incumbent_not_beaten": "incumbent kept",
+          "not_delivered": "default (replay lost)", "default_failed": "default failed", "fastest": "fastest",
+          "stable_over_noisy": "stable over noisy", "default_within_noise": "default (within noise)",
+          "incumbent_within_noise": "incumbent (within noise)"}
+
+
+def short_decision(w: Any) -> str:
+    """How a decision was made, in a few words (``default kept, undecided``)."""
+    rule = getattr(w.rule, "value", str(w.rule))
+    text = _SHORT.get(rule, rule.replace("_", " "))
+    if w.confirmed is not None and not w.confirmed.settled and rule == "default_not_beaten":
+        text = "undecided"  # the stage's budget ran out: the default is published (the caption says so)
+    return text
+
+
+NEXT_STEP = ("Next: a quiet machine, --cpu-threads 1 on a CPU, or autotune: {confirm: {budget_ms: 8000}}; the same "
+             "command re-confirms only these.")
+
+
+def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: Any = None,
+                  verbose: bool = False) -> Table:
+    """One row per problem: the reducer's winner (what the override file replays, its label in full), its median,
+    its speed-up over the default and how it was decided in a few words; ``verbose`` adds the speed-up's 99 %
+    interval, the candidates and the whole reason.
 
     ``winner_of(problem_key)`` returns the :class:`~farm.store.decisions.Winner` of a problem, or None.
     """
     table = Table(title=f"Summary: {len(outcomes)} problem(s) in {wall_s:.1f} s", title_justify="left")
-    for col, justify in (("problem", "left"), ("op", "left"), ("candidates", "right"), ("failed", "right"),
-                         ("winner", "left"), ("median ms", "right"), ("default ms", "right"),
-                         ("speed-up (99 % interval)", "right"), ("why", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    doubtful = []
+    # the winner last: it takes the width the others leave and folds there, never cut
+    columns = [("problem", "left"), ("ms", "right"), ("speed-up", "right"), ("decision", "left"), ("winner", "left")]
+    if verbose:
+        columns[4:4] = [("candidates", "right"), ("why", "left")]
+    for col, justify in columns:
+        table.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
+                         no_wrap=col in ("problem", "ms", "speed-up", "candidates"),
+                         min_width=20 if col == "winner" else None)
+    doubtful, budget_ended = [], False
     for o in outcomes:
         w = winner_of(o.problem.problem.key) if winner_of is not None else None
         # a candidate that failed in the main round or in a confirmation stage (this run's, or one the reducer read)
@@ -151,20 +176,32 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
         if w is not None and not o.results:
             note = "; ".join(x for x in ("measured before", note) if x)
         if w is not None and w.confirmed is not None and not w.confirmed.settled:
-            doubtful.append(f"{o.problem.name} (undecided after {w.confirmed.rounds} paired rounds)")
+            doubtful.append(o.problem.name)
+            budget_ended = True
         elif w is not None and w.confirmed is None and w.noisy:  # as farm report says it (no stage to settle it)
-            doubtful.append(f"{o.problem.name} (the winner is noisy and no confirmation stage ran)")
+            doubtful.append(f"{o.problem.name} (noisy, no confirmation stage ran)")
         elif w is not None and w.confirmed is None and w.default_noisy and w.label != w.default:
             doubtful.append(f"{o.problem.name} (the default is noisy: the speed-up over it is doubtful)")
         for other in (w.others if w is not None else ()):
             note = "; ".join(x for x in (note, f"{other.call}: {other.label} {fmt_speedup(other.speedup_over_default, other.speedup_interval)}") if x)
-        table.add_row(Text(o.problem.name), o.problem.problem.op, str(len(o.results) + o.skipped), str(failed),
-                      Text(w.label) if w is not None else Text(o.error or "no winner", style="red"),
-                      fmt_ms(w.median_ms if w else None), fmt_ms(w.default_ms if w else None),
-                      fmt_speedup(w.speedup_over_default, w.speedup_interval) if w is not None else "-",
-                      Text(note, style="dim"))
-    table.caption = Text("too noisy to trust: " + ("; ".join(doubtful) or "nothing"),
-                         style="yellow" if doubtful else "dim")
+        decision = short_decision(w) if w is not None else "no winner"
+        if failed:
+            decision += f", {failed} failed"
+        if w is not None and w.others:
+            decision += ", " + ", ".join(f"{x.call}: {x.label}" for x in w.others)
+        cells = [Text(o.problem.name), fmt_ms(w.median_ms if w else None),
+                 fmt_speedup(w.speedup_over_default, w.speedup_interval if verbose else None) if w is not None else "-",
+                 Text(decision, style="yellow" if w is not None and w.confirmed is not None and not w.confirmed.settled
+                      else "")]
+        if verbose:
+            cells += [str(len(o.results) + o.skipped), Text(note, style="dim")]
+        cells.append(Text(w.label) if w is not None else Text(o.error or "no winner", style="red"))
+        table.add_row(*cells)
+    caption = "too noisy to trust: " + (", ".join(doubtful) or "nothing")
+    if budget_ended:
+        caption += " (the confirmation budget ran out undecided: the default is published). " + NEXT_STEP
+    table.caption = Text(caption, style="yellow" if doubtful else "dim")
+    table.caption_justify = "left"
     return table
 
 
@@ -219,7 +256,7 @@ def reduce_table(report: Any) -> Table:
         w = s.write
         file = "-" if w is None else f"{w.path} ({w.added} added, {w.replaced} replaced)"
         if w is not None and w.moved_aside:
-            file += f"; corrupt file moved to {w.moved_aside}"
+            file += f"; the file as it was is kept at {w.moved_aside}"
         if s.winners_path:
             file += f"\n{s.winners_path}"
         if s.csv_path:
@@ -256,6 +293,27 @@ def winners_query(out: str) -> str:
             f"FROM '{winners}' ORDER BY device_signature, problem_name")
 
 
+def _shown(path: str) -> str:
+    """A local path as a person types it here: relative when under the working folder."""
+    import os
+
+    if "://" in path or not os.path.isabs(path):
+        return path
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else path
+
+
+def _python() -> str:
+    """This interpreter as a person types it here: relative when under the working folder (``.venv/bin/python``:
+    a bare ``python`` is not the one with tunefarm installed after the README's install)."""
+    import os
+    import sys
+
+    exe = sys.executable or "python"
+    rel = os.path.relpath(exe) if os.path.isabs(exe) else exe
+    return rel if not rel.startswith("..") else exe
+
+
 def _joined(out: str, name: str) -> str:
     from farm.store.location import Location
 
@@ -264,17 +322,17 @@ def _joined(out: str, name: str) -> str:
 
 def where_table(out: str, summary: Any) -> Table:
     table = Table(title="Outputs", title_justify="left", show_header=False)
-    table.add_column("what")
-    table.add_column("where")
+    table.add_column("what", no_wrap=True)
+    table.add_column("where", overflow="fold")
     table.add_row("job", Text(f"{summary.job_id} (run {summary.run_id})"))
     table.add_row("results", Text(f"{_joined(out, 'results')}  ({summary.rows_written} new rows)"))
     if summary.reduce is not None:
         for s in summary.reduce.signatures:
             if s.write is not None:
-                table.add_row("overrides", Text(f"{s.write.path}  ({s.entries} entries)"))
+                table.add_row("overrides", Text(f"{_shown(s.write.path)}  ({s.entries} entries)"))
             if s.winners_path:
-                table.add_row("winners", Text(s.winners_path))
-        table.add_row("query", Text(f'python -c "import duckdb; duckdb.sql(\\"{winners_query(out)}\\").show()"'))
+                table.add_row("winners", Text(_shown(s.winners_path)))
+        table.add_row("query", Text(f'{_python()} -c "import duckdb; duckdb.sql(\\"{winners_query(out)}\\").show()"'))
     for sig, problems in summary.no_winner.items():
         for name, why in problems.items():
             table.add_row(Text("no winner", style="red"), Text(f"{name} on {sig}: {why}"))
@@ -307,15 +365,37 @@ def farm_outcomes(workload: Any, report: Any, signature: str) -> list[ProblemOut
     return out
 
 
-def farm_tables(workload: Any, report: Any) -> list[Table]:
+def farm_tables(workload: Any, report: Any, verbose: bool = False) -> list[Table]:
     tables = []
     for sig in sorted({w.signature for w in report.workers}):
         outcomes = farm_outcomes(workload, report, sig)
-        t = summary_table(outcomes, report.wall_s, lambda key, _s=sig: report.summary.winner(_s, key))
+        t = summary_table(outcomes, report.wall_s, lambda key, _s=sig: report.summary.winner(_s, key), verbose=verbose)
         t.title = Text(f"{sig}: {len(outcomes)} problem(s)")
         tables.append(t)
     from farm.analysis.phases import from_statuses
 
+    phases = from_statuses(report.run_id, report.tuning_s, report.statuses) \
+        if report.workers_started and report.statuses else None
+    if verbose:
+        tables.append(workers_table(report))
+    else:
+        tables.append(workers_line(report, phases))
+    if report.nodes and (len(report.nodes) > 1 or any(n["state"] != "active" or n["joined_s"] is not None
+                                                      for n in report.nodes)):
+        tables.append(nodes_table(report.nodes, report.waiting))
+    if phases is not None and verbose:
+        tables.append(phases_table(phases))
+    if report.pruning:
+        tables.append(pruning_table(report.pruning))
+    if report.summary is not None and report.summary.verified:
+        from farm.cli.render_verify import verified_lines, verified_table
+
+        tables.append(verified_table(report.summary.verified, title="Verified where replayed") if verbose
+                      else verified_lines(report.summary.verified, title="Verified where replayed"))
+    return tables
+
+
+def workers_table(report: Any) -> Table:
     workers = Table(title=f"Workers ({report.tuning_s:.1f} s of tuning, {report.wall_s:.1f} s in all)",
                     title_justify="left")
     for col, justify in (("worker", "left"), ("host", "left"), ("device", "left"), ("signature", "left"),
@@ -325,19 +405,22 @@ def farm_tables(workload: Any, report: Any) -> list[Table]:
         frac = st.busy_s / report.tuning_s if report.tuning_s else 0.0
         workers.add_row(Text(st.name), Text(st.host), Text(st.device), Text(st.signature), str(st.candidates),
                         str(st.failures), str(st.restarts), f"{100 * frac:.0f} %")
-    tables.append(workers)
-    if report.nodes and (len(report.nodes) > 1 or any(n["state"] != "active" or n["joined_s"] is not None
-                                                      for n in report.nodes)):
-        tables.append(nodes_table(report.nodes, report.waiting))
-    if report.workers_started and report.statuses:
-        tables.append(phases_table(from_statuses(report.run_id, report.tuning_s, report.statuses)))
-    if report.pruning:
-        tables.append(pruning_table(report.pruning))
-    if report.summary is not None and report.summary.verified:
-        from farm.cli.render_verify import verified_table
+    return workers
 
-        tables.append(verified_table(report.summary.verified, title="Verified where replayed"))
-    return tables
+
+def workers_line(report: Any, phases: Any) -> Text:
+    """The workers in one line (the table, and the device time by phase: -v, farm report)."""
+    n = len(report.statuses)
+    busy = sum(st.busy_s for st in report.statuses) / (n * report.tuning_s) if n and report.tuning_s else 0.0
+    failed = sum(st.failures for st in report.statuses)
+    restarts = sum(st.restarts for st in report.statuses)
+    text = f"Workers: {n}, {report.tuning_s:.1f} s of tuning ({100 * busy:.0f} % busy), {report.wall_s:.1f} s in all"
+    text += "".join(f", {v} {what}" for v, what in ((failed, "failed"), (restarts, "restarted")) if v)
+    if phases is not None and getattr(phases, "total", None) is not None and report.tuning_s:
+        whole = phases.total.total or 1.0
+        parts = [(p, phases.total.get(p) / whole) for p in ("measure", "confirm")]
+        text += "; " + ", ".join(f"{p} {100 * f:.0f} %" for p, f in parts if f >= 0.005)
+    return Text(text)
 
 
 def nodes_table(nodes: Sequence[dict[str, Any]], waiting: dict[str, list[str]] | None = None) -> Table:

@@ -22,7 +22,7 @@ def publish_tables(reports: Sequence[Any], dry_run: bool = False) -> list[Table]
     summary = Table(title="Published" + (" (dry run: nothing written)" if dry_run else ""), title_justify="left")
     for col, justify in (("device signature", "left"), ("added", "right"), ("winner changed", "right"),
                          ("removed", "right"), ("unchanged", "right"), ("status", "left"), ("file", "left")):
-        summary.add_column(col, justify=justify)  # type: ignore[arg-type]
+        summary.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     details = Table(title="Changes", title_justify="left", show_header=False)
     details.add_column("change")
     for r in reports:
@@ -33,6 +33,16 @@ def publish_tables(reports: Sequence[Any], dry_run: bool = False) -> list[Table]
             details.add_row(Text(_change_line(c)))
         for c in r.regressions:
             details.add_row(Text("! slower: " + _change_line(c), style="red"))
+    notes = []
+    for r in reports:
+        if r.untrusted:
+            notes.append(f"{r.signature}: {len(r.untrusted)} of the entries published are untrusted (the confirmation "
+                         f"stage did not decide them): {', '.join(r.untrusted)}; --trusted-only leaves them out")
+        if r.left_out:
+            notes.append(f"{r.signature}: {len(r.left_out)} untrusted entr{'y' if len(r.left_out) == 1 else 'ies'} "
+                         f"left out (--trusted-only): {', '.join(r.left_out)}")
+    if notes:
+        summary.caption = Text("\n".join(notes), style="yellow", justify="left")
     return [summary] + ([details] if details.row_count else [])
 
 
@@ -44,10 +54,23 @@ def publish_dict(reports: Sequence[Any]) -> dict[str, Any]:
     return {"files": [{"signature": r.signature, "path": r.path, "written": r.written, "refused": r.refused or None,
                        "added": [change(c) for c in r.added], "changed": [change(c) for c in r.changed],
                        "removed": [change(c) for c in r.removed], "unchanged": r.unchanged,
-                       "regressions": [change(c) for c in r.regressions]} for r in reports]}
+                       "regressions": [change(c) for c in r.regressions], "untrusted": list(r.untrusted),
+                       "left_out_untrusted": list(r.left_out)} for r in reports]}
 
 
-def report_tables(report: Any) -> list[Table]:
+def _decision(p: Any) -> str:
+    """How a problem's winner was decided, in a few words (the whole reason: -v, --json)."""
+    c = p.confirmation
+    if c is not None:
+        if p.winner == p.default:
+            return "default kept" if getattr(c, "settled", True) else "undecided"
+        return "confirmed"
+    if not p.why:
+        return "fastest"
+    return "default kept" if p.winner == p.default else "within noise"
+
+
+def report_tables(report: Any, verbose: bool = False) -> list[Table]:
     tables = []
     for s in report.signatures:
         t = Table(title=f"{s.device_name}  {s.signature}", title_justify="left", show_header=False)
@@ -84,19 +107,27 @@ def report_tables(report: Any) -> list[Table]:
             t.add_row("host CPUs", Text(note, style="yellow"))
         tables.append(t)
         per = Table(title="per problem", title_justify="left")
-        # names wrap onto more lines rather than lose their ends ("cpu.matmu…") on a narrow terminal
-        cols = (("problem", "left"), ("cand", "right")) + ((("pruned", "right"),) if s.pruned else ()) + (
-            ("winner", "left"), ("ms", "right"),
-                             ("default", "left"), ("ms", "right"), ("speed-up", "right"), ("noise", "right"),
-                             ("device spread", "right"), ("why", "left"))
+        # every column but the last stays on one line; the names, last, fold there whole ("cpu.matmu…" never)
+        cols = [("problem", "left"), ("ms", "right"), ("speed-up", "right"), ("noise", "right"), ("decision", "left")]
+        if verbose:
+            cols[1:1] = [("cand", "right")] + ([("pruned", "right")] if s.pruned else [])
+            cols += [("default ms", "right"), ("device spread", "right"), ("why", "left")]
+        cols.append(("winner (default)", "left"))
         for col, justify in cols:
-            per.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+            per.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
+                           no_wrap=col not in ("why", "winner (default)"))
         for p in s.problems:
             why = "; ".join(x for x in (p.why, f"not trusted: {p.doubt}" if p.untrusted else "") if x)
-            per.add_row(Text(p.name), str(p.candidates), *((str(p.pruned),) if s.pruned else ()), Text(p.winner),
-                        fmt_ms(p.winner_ms), Text(p.default),
-                        fmt_ms(p.default_ms), fmt_speedup(p.speedup, p.interval), f"{100 * p.noise:.1f} %",
-                        f"{p.spread:.3f}", Text(why, style="yellow" if p.untrusted else "dim"))
+            names = Text(p.winner)
+            if p.default and p.default != p.winner:
+                names.append(f"\n({p.default})", style="dim")
+            cells = [Text(p.name), fmt_ms(p.winner_ms),
+                     fmt_speedup(p.speedup, p.interval if verbose else None), f"{100 * p.noise:.1f} %",
+                     Text(_decision(p), style="yellow" if p.untrusted else "")]
+            if verbose:
+                cells[1:1] = [str(p.candidates)] + ([str(p.pruned)] if s.pruned else [])
+                cells += [fmt_ms(p.default_ms), f"{p.spread:.3f}", Text(why, style="yellow" if p.untrusted else "dim")]
+            per.add_row(*cells, names)
         tables.append(per)
         checks = s.checks
         if any(c["verdict"] for c in checks) or any(c["call"] == "graph" for c in checks):
@@ -150,19 +181,46 @@ def _decisions_table(checks: Sequence[dict[str, Any]]) -> Table:
     return t
 
 
-def diff_table(rows: Sequence[Any], a: str, b: str, show_same: bool = False) -> Table:
+def diff_table(rows: Sequence[Any], a: str, b: str, show_same: bool = False, limit: int = 40) -> Table:
+    """The changes, the largest first: added, removed, changed winners and same winners whose time changed beyond
+    noise (with ``show_same``, the rest too); at most ``limit`` rows (0: all), the count of the others in the
+    caption. Labels fold, never cut; one signature goes in the title instead of a column."""
+    import math
+
     from farm.analysis.diff import STATUSES
 
     counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
-    table = Table(title=f"{a} -> {b}: " + ", ".join(f"{v} {k}" for k, v in counts.items()), title_justify="left")
-    for col, justify in (("signature", "left"), ("problem", "left"), ("change", "left"), ("old winner", "left"),
-                         ("old ms", "right"), ("new winner", "left"), ("new ms", "right"), ("new / old", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for r in rows:
-        if r.status in ("same winner", "near tie", "confirmed tie") and not show_same:
-            continue
+    quiet = ("same winner", "near tie", "confirmed tie")
+    shown = [r for r in rows if show_same or r.status not in quiet]
+    order = {s: i for i, s in enumerate(STATUSES)}
+    shown.sort(key=lambda r: (order[r.status], -abs(math.log(r.ratio)) if r.ratio else 0.0))
+    left = len(shown) - limit if limit and len(shown) > limit else 0
+    shown = shown[:limit] if left else shown
+    signatures = sorted({r.signature for r in rows})
+    one = len(signatures) == 1
+    title = f"{a} -> {b}" + (f" ({signatures[0]})" if one else "") + ": " + ", ".join(
+        f"{v} {k}" for k, v in counts.items() if v or k in ("added", "removed", "winner changed"))
+    table = Table(title=title, title_justify="left")
+    columns = ([] if one else [("signature", "left")]) + [
+        ("problem", "left"), ("change", "left"), ("old ms", "right"), ("new ms", "right"), ("new / old", "right"),
+        ("winner (old -> new)", "left")]
+    for col, justify in columns:  # every column on one line but the last: the labels fold there, whole
+        table.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
+                         no_wrap=col != "winner (old -> new)")
+    for r in shown:
         ratio = r.ratio
         style = "green" if ratio is not None and ratio < 0.97 else "red" if ratio is not None and ratio > 1.03 else ""
-        table.add_row(Text(r.signature), Text(r.problem), r.status, Text(r.old_winner or "-"), fmt_ms(r.old_ms),
-                      Text(r.new_winner or "-"), fmt_ms(r.new_ms), Text(f"{ratio:.3f}" if ratio else "-", style=style))
+        if r.old_winner and r.new_winner and r.old_winner != r.new_winner:
+            names = Text(r.old_winner)
+            names.append("\n-> " + r.new_winner, style="bold")
+        else:
+            names = Text(r.new_winner or r.old_winner or "-")
+        cells = ([] if one else [Text(r.signature)]) + [
+            Text(r.problem), r.status, fmt_ms(r.old_ms), fmt_ms(r.new_ms),
+            Text(f"{ratio:.3f}" if ratio else "-", style=style), names]
+        table.add_row(*cells)
+    if left:
+        table.caption = f"... and {left:,} more (--limit 0 shows every one; --json gives them all)"
+    elif not shown:
+        table.caption = "no change" + ("" if show_same else " (--all lists every problem)")
     return table

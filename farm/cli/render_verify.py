@@ -18,6 +18,16 @@ def _ms(value: Any) -> str:
     return f"{value * 1e3:.1f} us" if value < 1.0 else f"{value:.3f} ms"
 
 
+def verified_lines(records: Sequence[dict[str, Any]], *, title: str = "farm verify") -> Text:
+    """The checks in a few lines: how many hold, and each one that does not (the table: -v, farm report)."""
+    held = sum(r["verdict"] == "holds" for r in records)
+    lines = [f"{title}: {held} of {len(records)} decision(s) hold (farm.ops beside the direct call)"]
+    for r in records:
+        if r["verdict"] != "holds":  # its note (why a flagged default is no loss): -v
+            lines.append(f"  {r['problem']} ({r['call']}): {r['verdict'].split(' (the default is published')[0]}")
+    return Text("\n".join(lines), style="" if held == len(records) else "yellow")
+
+
 def verified_table(records: Sequence[dict[str, Any]], *, title: str = "farm verify") -> Table:
     """One row per decision checked: what was published, what farm.ops delivers beside the direct call, and
     the verdict; notes (host CPUs, decisions not measured) as the caption."""

@@ -114,7 +114,7 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
         _print_json(local_dict(workload, out, device, report))
     else:
         console.print(summary_table(report.outcomes, report.wall_s,
-                                    lambda key: report.summary.winner(device.signature, key)))
+                                    lambda key: report.summary.winner(device.signature, key), verbose=_verbose(args)))
         if report.pruning:
             console.print(pruning_table(report.pruning))
         if report.summary.verified:
@@ -230,7 +230,7 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
         if report.total == 0 and not report.rows_written and not report.workers_started:
             console.print(f"nothing left to measure in {escape(out)}: every candidate has a result (no Ray instance "
                           "was started); the winners are decided again from what is there")
-        for table in farm_tables(workload, report):
+        for table in farm_tables(workload, report, verbose=_verbose(args)):
             console.print(table)
         console.print(where_table(out, report.summary))
     from farm.fleet.cluster import oversubscribed_cpu
@@ -338,3 +338,8 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print results as JSON instead of tables")
     p.add_argument("--dry-run", action="store_true", help="validate and list the candidates, measure nothing")
     p.set_defaults(func=cmd_tune)
+
+
+def _verbose(args: Any) -> bool:
+    """-v given (before or after the command): tables with every column."""
+    return bool(getattr(args, "verbose", 0) or getattr(args, "tune_verbose", 0))

@@ -585,7 +585,8 @@ def run_local(
     resume goes on after the candidate. ``verifier(device, override file text, problem keys)``: after the
     reduce, the decisions are replayed beside the direct call on ``device`` (farm.replay.verify.verify_for_job).
     """
-    config = config or workload.autotune
+    # a candidate measured past its budget ends there (a hang past the timeout is the watch's)
+    config = (config or workload.autotune).bounded_by(candidate_timeout_s)
     pruning = PlanPruning(config.prune, config, lambda rows: None) if config.prune is not None else None
     jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents,
                                 "candidate_timeout_s": candidate_timeout_s,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -300,6 +301,16 @@ class AutotuneConfig:
             need(is_int("max_tuning_samples") and self.max_tuning_samples >= 1, "max_tuning_samples", "must be an integer >= 1")
         if self.workspace_limit is not None:
             need(is_int("workspace_limit") and self.workspace_limit >= 0, "workspace_limit", "must be an integer >= 0 (bytes)")
+
+    def bounded_by(self, candidate_timeout_s: float | None) -> "AutotuneConfig":
+        """This config with each candidate's measuring (warm-up and timed runs) ending within a third of the candidate
+        timeout: a workload asking for a billion iterations gets a result in bounded time, not a hang."""
+        if not candidate_timeout_s:
+            return self
+        budget = candidate_timeout_s * 1e3 / 3  # warm-up and timed runs each within it
+        if self.max_tuning_duration_ms is not None and self.max_tuning_duration_ms <= budget:
+            return self
+        return dataclasses.replace(self, max_tuning_duration_ms=budget)
 
     def stop_rule(self) -> StopRule:
         iterations = self.timed_iterations if self.strategy is Strategy.FIXED_AVERAGE else self.max_iterations

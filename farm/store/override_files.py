@@ -407,6 +407,13 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
                     current, raws, old_extra, moved = _existing_document(data, path, (device or {}).get("signature"))
         positions = [i for i, e in enumerate(current) if isinstance(e, OverrideEntry)]
         parsed, replaced, added = merge_entries([current[i] for i in positions], entries)
+        lost = [current[i] for i, e in zip(positions, parsed) if e is not current[i]]
+        if lost and not moved and _unusable_knobs(lost):
+            # an entry replaced that no reader could use as written (a string for an int knob): the file as it
+            # was is kept beside, so what someone wrote there is not lost without a trace
+            moved = str(copy_aside(path, "replaced"))
+            log.warning("overrides: %s held an entry with knobs its engine cannot take; replaced by a measured one, "
+                        "the file as it was is kept at %s", path, moved)
         merged: list[Any] = list(current)
         for i, e in zip(positions, parsed):
             merged[i] = e
@@ -420,6 +427,20 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
         _check_written(merged, rendered, entries, path)
         atomic_write_text(path, render(doc, rendered))
     return WriteReport(str(path), mode, len(merged), replaced, added, moved, len(merged) - len(parsed))
+
+
+def _unusable_knobs(entries: Sequence[OverrideEntry]) -> bool:
+    """Whether an entry names knobs its engine (one this process has) does not have or cannot take."""
+    from farm.model.engine import default_engine_registry, file_knobs
+
+    registry = default_engine_registry()
+    for e in entries:
+        if e.knobs and e.engine_name in registry:
+            try:
+                file_knobs(registry.get(e.engine_name), e.knobs, source="")
+            except InputError:
+                return True
+    return False
 
 
 @dataclass(frozen=True)

@@ -56,11 +56,20 @@ class PublishedFile:
     regressions: list[Change] = field(default_factory=list)
     written: bool = False
     refused: str = ""
+    untrusted: list[str] = field(default_factory=list)  # problems published whose decision is marked untrusted
+    left_out: list[str] = field(default_factory=list)  # untrusted ones not published (--trusted-only)
 
 
 def _label(e: OverrideEntry) -> str:
     meta = e.metadata or {}
     return str(meta.get("problem_name") or meta.get("problem_key") or e.op)
+
+
+def untrusted(e: OverrideEntry) -> bool:
+    """An entry the reducer marked untrusted (``autotune_metadata.selection.trusted: false``); older files,
+    without the mark, are taken as trusted."""
+    sel = (e.metadata or {}).get("selection")
+    return isinstance(sel, dict) and sel.get("trusted") is False
 
 
 def _desc(e: OverrideEntry) -> str:
@@ -105,7 +114,8 @@ def _regressions(old: Iterable[OverrideEntry], new: Iterable[OverrideEntry]) -> 
     out = []
     for e in new:
         o = old_by.get(e.match_key())
-        if o is None or (o.engine_name, o.knobs) == (e.engine_name, e.knobs):
+        # an untrusted figure is no baseline: replacing it is never a regression
+        if o is None or (o.engine_name, o.knobs) == (e.engine_name, e.knobs) or untrusted(o):
             continue
         a, b = _ms(o), _ms(e)
         if a is not None and b is not None and b - a > max(_noise(o, e), NOISE_FLOOR * a):
@@ -125,20 +135,26 @@ def validate_for_publish(f: OverrideFile, name: str) -> DeviceProperties:
                          f"({props.signature})", source=name)
     if Path(name).suffix == ".json" and Path(name).stem not in (props.signature,) and "://" not in name:
         raise InputError(f"the file name does not match its device signature {props.signature}", source=name)
+    check_knobs(f, name)
+    return props
+
+
+def check_knobs(f: OverrideFile, name: str) -> None:
+    """Every knob of an entry whose engine this process has is one of its knobs with a valid value (a string for
+    an int knob, a value off its range: an InputError naming the file, the entry and the knob)."""
     from farm.model.engine import default_engine_registry, file_knobs
 
     registry = default_engine_registry()
     for i, e in enumerate(f.entries):
-        if e.engine_name in registry:  # engines we do not have (hipDNN's own) are published as they are
+        if e.engine_name in registry:  # engines we do not have (hipDNN's own) are checked by their owners
             try:
                 file_knobs(registry.get(e.engine_name), e.knobs, source=name)
             except InputError as exc:
                 raise exc.within(prefix=f"engine_overrides[{i}]") from None
-    return props
 
 
 def publish(overrides_dir: str | Path, root: str, *, force: bool = False, replace: bool = False,
-            dry_run: bool = False) -> list[PublishedFile]:
+            dry_run: bool = False, trusted_only: bool = False) -> list[PublishedFile]:
     """Publish every ``<signature>.json`` of ``overrides_dir`` under ``root``: all of them, or none.
 
     Every file is read, validated and merged before anything is written; one that is invalid (an
@@ -155,11 +171,13 @@ def publish(overrides_dir: str | Path, root: str, *, force: bool = False, replac
         validate_for_publish(parse_overrides(read_text_file(path, "override file"), source=str(path)), str(path))
     store = Store(root)
     if dry_run and not store.exists():
-        return [_plan(store, root, path, {"files": {}}, force=force, replace=replace).report for path in files]
+        return [_plan(store, root, path, {"files": {}}, force=force, replace=replace,
+                      trusted_only=trusted_only).report for path in files]
     store.ensure()
     with store.lock():
         index = _read_index(store)
-        plans = [_plan(store, root, path, index, force=force, replace=replace) for path in files]
+        plans = [_plan(store, root, path, index, force=force, replace=replace, trusted_only=trusted_only)
+                 for path in files]
         reports = [p.report for p in plans]
         refused = [r for r in reports if r.refused]
         if refused:
@@ -185,11 +203,17 @@ class _Plan:
     report: PublishedFile
 
 
-def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: bool, replace: bool) -> _Plan:
+def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: bool, replace: bool,
+          trusted_only: bool = False) -> _Plan:
     new = parse_overrides(read_text_file(path, "override file"), source=str(path))
     props = validate_for_publish(new, str(path))
+    shaky = [e for e in new.entries if untrusted(e)]
+    if trusted_only and shaky:
+        new = OverrideFile(new.version, [e for e in new.entries if not untrusted(e)], new.device, new.extra, new.source)
+    report_untrusted = [] if trusted_only else [_label(e) for e in shaky]
     rel = f"{_arch_dir(props.arch)}/{props.signature}.json"
-    rep = PublishedFile(props.signature, f"{root.rstrip('/')}/{rel}")
+    rep = PublishedFile(props.signature, f"{root.rstrip('/')}/{rel}", untrusted=report_untrusted,
+                        left_out=[_label(e) for e in shaky] if trusted_only else [])
     old_text = store.read(rel)
     old = parse_overrides(old_text, source=f"{root}/{rel}") if old_text is not None else None
     if old is not None and old.device_signature != props.signature:

@@ -162,8 +162,11 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
 
 def _selection(w: Winner) -> dict[str, Any]:
     """``autotune_metadata.selection``: how the winner was decided (and, confirmed, its paired speed-up)."""
-    selection: dict[str, Any] = {"rule": w.rule.value, "why": w.why, "noisy": w.noisy,
+    selection: dict[str, Any] = {"rule": w.rule.value, "why": w.why, "noisy": w.noisy, "trusted": w.trusted,
                                  "fastest": {"label": w.fastest, "median_time_ms": w.fastest_ms}}
+    if not w.trusted:  # marked, so farm publish can count it, refuse it (--trusted-only), and never compare with it
+        selection["untrusted"] = ("the confirmation stage's budget ran out before it decided" if w.confirmed
+                                  is not None else "no confirmation stage measured it against the default")
     if w.default is not None:
         selection["default"] = {"label": w.default, "median_time_ms": w.default_ms}
     if w.confirmed is not None:

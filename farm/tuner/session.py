@@ -261,9 +261,14 @@ class _Run:
         checking = self.cfg.check is not ResultCheck.OFF
         warmups = max(self.cfg.warmup_iterations, 1 if checking else 0)
         max_err = None
+        budget_s = self.cfg.max_tuning_duration_ms / 1e3 if self.cfg.max_tuning_duration_ms else None
+        t0 = time.perf_counter()
         try:
             dev.synchronize()
             for i in range(warmups):
+                if i and budget_s is not None and time.perf_counter() - t0 >= budget_s:  # the candidate's budget
+                    warmups = i
+                    break
                 if i == 0 and checking:
                     for out in self.t.problem.output_ids:
                         if self.t.problem.tensor(out).dtype in dtypes.FLOAT_DTYPES:

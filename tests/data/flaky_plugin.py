@@ -5,6 +5,10 @@ finds it as it would a user's plugin. ``FLAKY`` (environment, JSON) maps a probl
 ``"MODE@N:WHO"``: from the N-th run of a plan on, the plans of WHO (``default``: the default knobs, ``fast``: the
 fastest variant, 2 % faster than the default) fail with MODE:
 
+``FLAKY_JITTER`` (environment, a number): each run's time is also scaled by exp(JITTER x N(0, 1)) drawn from one
+generator of the process, whatever the plan: noise a confirmation stage's paired rounds cannot cancel (a
+stage that cannot decide, tests/test_output_at_a_glance.py).
+
   abort (a native crash), exit (SystemExit(3)), exit0 (SystemExit(0)), kbint (KeyboardInterrupt raised by the
   engine), hang (forever), nan / neg (the sample's time is NaN / negative), mark (touches FLAKY_MARK, then sleeps:
   a test interrupts the process)
@@ -15,12 +19,14 @@ The main round runs a plan fewer than ten times, so N = 11 fails it only in the 
 import json
 import math
 import os
+import random
 import time
 
 from engines.sim import SimEngine, SimPlan
 from farm.plugin import Knob
 
 SPEEDS = {0: 1.0, 1: 1.3, 2: 1.2, 3: 0.98}  # variant 3 is the real winner, 2 % faster than the default
+_JITTER = random.Random(0)  # one sequence for the process: deterministic in a single-threaded run
 
 
 class FlakyPlan(SimPlan):
@@ -38,6 +44,9 @@ class FlakyPlan(SimPlan):
             if self.mode in ("nan", "neg"):
                 return
         super().run(tensors, workspace, stream)
+        sigma = float(os.environ.get("FLAKY_JITTER") or 0)
+        if sigma:
+            self.runtime.clock_ms += self.base_ms * (math.exp(sigma * _JITTER.gauss(0.0, 1.0)) - 1.0)
 
     def _fail(self):
         if self.mode == "abort":

@@ -1,0 +1,158 @@
+"""Output a person reads at a glance (issue 46): a noisy result that says what to do, untrusted entries marked and
+left out on request, diff and report labels whole at 100 columns, and bad inputs refused or kept."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from farm.cli import main
+from farm.store.override_files import load_overrides
+from tests.test_stage_failures import _plugin
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _noisy_tune(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """``farm tune`` of one problem whose leader is 2 % faster than the default under 50 % noise of each run's own,
+    with the least confirmation budget: the stage runs its 8 rounds and cannot decide (a simulated device and one
+    seeded generator: the same draws every time)."""
+    wl = tmp_path / "noisy.yaml"
+    wl.write_text("name: noisy\n"
+                  "autotune: {strategy: fixed_average, timed_iterations: 3, check: 'off', warmup_iterations: 1,\n"
+                  "           confirm: {budget_ms: 1, max_rounds: 8}}\n"
+                  "engines: {include: [flaky.gemm], sweep: {flaky.gemm: {variant: [3]}}}\n"
+                  "problems:\n  - {name: shaky, op: matmul, tensors: {A: [8192, 8192], B: [8192, 8192]}}\n")
+    (tmp_path / "sim.yaml").write_text("devices: [{name: Sim H200, count: 1}]\nnoise: 0.01\n")
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(_plugin(tmp_path / "plugin")), str(REPO))), FLAKY="{}",
+               FLAKY_JITTER="0.5", COLUMNS="100")
+    cmd = [sys.executable, "-m", "farm", "tune", str(wl), "--devices", f"sim:{tmp_path / 'sim.yaml'}", "--out",
+           str(out), "--in-process", "--no-verify"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240), out
+
+
+def test_an_undecided_stage_says_what_to_do_marks_the_entry_and_publish_can_leave_it_out(tmp_path, capsys):
+    proc, out = _noisy_tune(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text = " ".join(proc.stdout.split())
+    assert "too noisy to trust: shaky" in text and "undecided" in text
+    assert "the confirmation budget ran out undecided: the default is published" in text
+    assert "Next: a quiet machine" in text and "budget_ms" in text and "re-confirms only these" in text
+    [entry] = load_overrides(next((out / "overrides").glob("*.json"))).entries
+    selection = entry.metadata["selection"]
+    assert selection["trusted"] is False and "budget ran out" in selection["untrusted"]
+    assert entry.engine_name == "flaky.gemm" and entry.knobs == ()  # the default is what is published
+    # farm publish says how many untrusted entries it publishes; --trusted-only leaves them out
+    assert main(["publish", str(out / "overrides"), "--to", str(tmp_path / "root"), "--dry-run", "--json"]) == 0
+    [file] = json.loads(capsys.readouterr().out)["files"]
+    assert file["untrusted"] == ["shaky"] and file["left_out_untrusted"] == []
+    assert main(["publish", str(out / "overrides"), "--to", str(tmp_path / "root"), "--trusted-only", "--json"]) == 0
+    [file] = json.loads(capsys.readouterr().out)["files"]
+    assert file["left_out_untrusted"] == ["shaky"] and file["added"] == [] and file["written"]
+    published = next((tmp_path / "root").glob("*/*.json"))
+    assert load_overrides(published).entries == []
+
+
+def _entry(problem, engine, ms, name, knobs=(), trusted=None, mad=None):
+    from farm.store.overrides import OverrideEntry
+
+    selection = {"rule": "confirmed", "why": ""}
+    if trusted is not None:
+        selection["trusted"] = trusted
+    meta = {"rank": 0, "median_time_ms": ms, "problem_name": name, "selection": selection}
+    if mad is not None:
+        meta["mad_ms"] = mad
+    return OverrideEntry.for_problem(problem, engine, knobs, meta)
+
+
+def test_an_untrusted_figure_is_no_baseline_for_the_next_publish(tmp_path, capsys):
+    from farm.devices.device import cpu_device
+    from farm.store.override_files import write_overrides
+    from tests.fakes import matmul_problem
+
+    dev = cpu_device()
+    obj = {"signature": dev.signature, "properties": dev.properties.to_dict()}
+    p = matmul_problem(24, 20, 12)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    # first publish: an untrusted 0.1 ms (a busy machine's lucky figure); then a trusted, slower, other winner
+    write_overrides(first / f"{dev.signature}.json", [_entry(p, "cpu.matmul.einsum", 0.1, "mm", trusted=False)],
+                    device=obj, mode="replace")
+    write_overrides(second / f"{dev.signature}.json", [_entry(p, "cpu.matmul.blas", 0.7, "mm", trusted=True)],
+                    device=obj, mode="replace")
+    root = tmp_path / "root"
+    assert main(["publish", str(first), "--to", str(root)]) == 0
+    capsys.readouterr()
+    assert main(["publish", str(second), "--to", str(root), "--json"]) == 0  # not refused as a "regression"
+    [file] = json.loads(capsys.readouterr().out)["files"]
+    assert file["written"] and file["regressions"] == []
+
+
+def test_diff_shows_a_same_winner_whose_time_changed_and_labels_whole_at_100_columns(tmp_path):
+    from farm.devices.device import cpu_device
+    from farm.store.override_files import write_overrides
+    from tests.fakes import matmul_problem
+
+    dev = cpu_device()
+    obj = {"signature": dev.signature, "properties": dev.properties.to_dict()}
+    long = (("order", "transposed"), ("threads", 2))
+    a = [_entry(matmul_problem(8 * i, 20, 12), "cpu.matmul.blas", 1.0, f"p{i}", long, mad=0.01) for i in range(1, 6)]
+    b = [_entry(matmul_problem(8, 20, 12), "cpu.matmul.blas", 2.1, "p1", long, mad=0.01)]  # 2.1x slower, same winner
+    b += [_entry(matmul_problem(8 * i, 20, 12), "cpu.matmul.blas", 1.01, f"p{i}", long, mad=0.01) for i in range(2, 6)]
+    write_overrides(tmp_path / "a.json", a, device=obj, mode="replace")
+    write_overrides(tmp_path / "b.json", b, device=obj, mode="replace")
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100")
+    run = lambda *args: subprocess.run([sys.executable, "-m", "farm", "diff", str(tmp_path / "a.json"),  # noqa: E731
+                                        str(tmp_path / "b.json"), *args], env=env, capture_output=True, text=True,
+                                       timeout=120)
+    shown = run()
+    assert shown.returncode == 0 and "time changed" in shown.stdout and "p1" in shown.stdout
+    assert "p2" not in shown.stdout  # 1 %: noise, only with --all
+    every = run("--all").stdout
+    assert "…" not in every and max(len(line) for line in every.splitlines()) <= 100
+    cells = "".join(ch for ch in every if ch not in "│ \n")
+    assert cells.count("cpu.matmul.blas[order=transposed,threads=2]") == 5  # every problem's winner, whole
+
+
+def test_diff_and_reduce_refuse_or_keep_an_entry_with_a_knob_of_the_wrong_type(tmp_path, capsys):
+    from farm.devices.device import cpu_device
+    from farm.store.override_files import write_overrides
+    from tests.fakes import matmul_problem
+
+    dev = cpu_device()
+    obj = {"signature": dev.signature, "properties": dev.properties.to_dict()}
+    good = tmp_path / "good.json"
+    write_overrides(good, [_entry(matmul_problem(), "cpu.matmul.blas", 1.0, "p")], device=obj, mode="replace")
+    doc = json.loads(good.read_text())
+    doc["engine_overrides"][0]["autotune_metadata"]["knobs"] = [{"knob_id": "threads", "type": "string", "value": "x"}]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["diff", str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.json" in err and "threads" in err and "'x'" in err
+    # an append that replaces such an entry keeps the file as it was beside it
+    before = bad.read_text()
+    report = write_overrides(bad, [_entry(matmul_problem(), "cpu.matmul.einsum", 0.9, "p")], device=obj)
+    assert report.moved_aside and Path(report.moved_aside).read_text() == before
+    assert load_overrides(bad).entries[0].engine_name == "cpu.matmul.einsum"
+
+
+def test_in_process_tuning_of_a_billion_iterations_ends_within_the_candidate_timeout(tmp_path):
+    wl = tmp_path / "huge.yaml"
+    wl.write_text("name: huge\n"
+                  "autotune: {strategy: fixed_average, timed_iterations: 1000000000, warmup_iterations: 1000000000,\n"
+                  "           confirm: false}\n"
+                  "engines: {include: [cpu.matmul.blas, cpu.matmul.einsum]}\n"
+                  "problems: [{name: mm, op: matmul, tensors: {A: [24, 20], B: [20, 12]}}]\n")
+    proc = subprocess.run([sys.executable, "-m", "farm", "tune", str(wl), "--in-process", "--no-verify", "--out",
+                           str(tmp_path / "out"), "--candidate-timeout", "3", "--json"],
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
+    assert rows  # a result, in bounded time: each candidate measured for at most a third of the timeout twice
