@@ -109,8 +109,9 @@ def report_tables(report: Any, verbose: bool = False) -> list[Table]:
         per = Table(title="per problem", title_justify="left")
         # every column but the last stays on one line; the names, last, fold there whole ("cpu.matmu…" never)
         cols = [("problem", "left"), ("ms", "right"), ("speed-up", "right"), ("noise", "right"), ("decision", "left")]
+        if verbose or s.pruned:  # pruned candidates: a cost model's choice a reader must see
+            cols[1:1] = ([("cand", "right")] if verbose else []) + ([("pruned", "right")] if s.pruned else [])
         if verbose:
-            cols[1:1] = [("cand", "right")] + ([("pruned", "right")] if s.pruned else [])
             cols += [("default ms", "right"), ("device spread", "right"), ("why", "left")]
         cols.append(("winner (default)", "left"))
         for col, justify in cols:
@@ -124,8 +125,9 @@ def report_tables(report: Any, verbose: bool = False) -> list[Table]:
             cells = [Text(p.name), fmt_ms(p.winner_ms),
                      fmt_speedup(p.speedup, p.interval if verbose else None), f"{100 * p.noise:.1f} %",
                      Text(_decision(p), style="yellow" if p.untrusted else "")]
+            if verbose or s.pruned:
+                cells[1:1] = ([str(p.candidates)] if verbose else []) + ([str(p.pruned)] if s.pruned else [])
             if verbose:
-                cells[1:1] = [str(p.candidates)] + ([str(p.pruned)] if s.pruned else [])
                 cells += [fmt_ms(p.default_ms), f"{p.spread:.3f}", Text(why, style="yellow" if p.untrusted else "dim")]
             per.add_row(*cells, names)
         tables.append(per)
