@@ -339,6 +339,18 @@ def where_table(out: str, summary: Any) -> Table:
     return table
 
 
+def ranked_by_decision(results: Sequence[AutotuneResult], w: Any) -> tuple[AutotuneResult, ...]:
+    """Results ranked the reducer's way: its winner first (the confirmation stage may overrule the main round's
+    order), then by median; failures last, rank -1."""
+    import dataclasses as dc
+
+    first = (w.engine_name, tuple(w.knobs)) if w is not None else None
+    ok = sorted((r for r in results if r.succeeded),
+                key=lambda r: ((r.engine_name, tuple(r.knobs)) != first, r.median_ms, r.candidate))
+    bad = [r for r in results if not r.succeeded]
+    return tuple([dc.replace(r, rank=i) for i, r in enumerate(ok)] + [dc.replace(r, rank=-1) for r in bad])
+
+
 def farm_outcomes(workload: Any, report: Any, signature: str) -> list[ProblemOutcome]:
     """Per-problem outcomes of one signature from a farm report (finalist rows replace earlier ones),
     ranked the reducer's way: its winner first, then by median."""
@@ -354,14 +366,10 @@ def farm_outcomes(workload: Any, report: Any, signature: str) -> list[ProblemOut
         for r in rows:
             latest[r.spec] = r
         w = report.summary.winner(signature, wp.problem.key) if report.summary else None
-        first = (w.engine_name, tuple(w.knobs)) if w is not None else None
-        ok = sorted((r for r in latest.values() if r.succeeded),
-                    key=lambda r: ((r.engine_name, tuple(r.knobs)) != first, r.median_ms, r.candidate))
-        bad = [r for r in latest.values() if not r.succeeded]
-        ranked = [dc.replace(r, rank=i) for i, r in enumerate(ok)] + [dc.replace(r, rank=-1) for r in bad]
+        ranked = ranked_by_decision(list(latest.values()), w)
         stages = tuple(ConfirmRun.of(c.value, report.confirmations[(signature, wp.name, c.value)]) for c in wp.calls
                        if (signature, wp.name, c.value) in report.confirmations)
-        out.append(ProblemOutcome(wp, tuple(ranked), skipped.get(wp.name, ""), 0.0, confirmations=stages))
+        out.append(ProblemOutcome(wp, ranked, skipped.get(wp.name, ""), 0.0, confirmations=stages))
     return out
 
 
@@ -544,12 +552,19 @@ def local_dict(workload: Any, out: str, device: Any, report: Any) -> dict[str, A
                                                 if o.error and not o.results}},
         "workers": [{"name": f"in-process:{device.index}", "signature": device.signature, "host": device.properties.host,
                      "candidates": candidates, "properties": device.properties.to_dict()}],
-        "signatures": {device.signature: [outcome_dict(o, report.summary.winner(device.signature, o.problem.problem.key))
+        "signatures": {device.signature: [_decided(o, report.summary.winner(device.signature, o.problem.problem.key))
                                           for o in report.outcomes]},
         "no_winner": report.summary.no_winner,
         "reduce": reduce_dict(report.reduce) if report.reduce else None,
         "verified": report.summary.verified,
     }
+
+
+def _decided(o: ProblemOutcome, w: Any) -> dict[str, Any]:
+    """An in-process outcome as JSON, its results ranked as the reducer decided (as farm_outcomes ranks Ray's)."""
+    import dataclasses as dc
+
+    return outcome_dict(dc.replace(o, results=ranked_by_decision(o.results, w)) if w is not None else o, w)
 
 
 def policies_table(registry: Any, order: Sequence[str]) -> Table:
