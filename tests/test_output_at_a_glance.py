@@ -156,3 +156,22 @@ def test_in_process_tuning_of_a_billion_iterations_ends_within_the_candidate_tim
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(proc.stdout)
     assert rows  # a result, in bounded time: each candidate measured for at most a third of the timeout twice
+
+
+def test_the_winner_is_its_label_engine_and_knobs_in_the_winners_table_and_report_json(tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from farm.store.reduce import reduce_results
+    from tests.fakes import fake_props, fake_result, matmul_problem, write_results
+
+    gpu, p = fake_props(), matmul_problem()
+    write_results(tmp_path / "r", {gpu: [(p, "p", [fake_result(p, "lib.default", (2.0,) * 5, candidate=0),
+                                                   fake_result(p, "tuned", (1.0,) * 5, knobs=(("tile", 64),),
+                                                               candidate=1)])]})
+    reduce_results(tmp_path / "r", tmp_path / "o")
+    [row] = pq.read_table(next((tmp_path / "o").glob("*.winners.parquet"))).to_pylist()
+    assert row["label"] == "tuned[tile=64]" and row["engine_name"] == "tuned"
+    assert main(["report", str(tmp_path / "r"), "--json"]) == 0
+    [problem] = json.loads(capsys.readouterr().out)["signatures"][0]["per_problem"]
+    assert (problem["winner"], problem["winner_engine"], problem["winner_knobs"]) == ("tuned[tile=64]", "tuned",
+                                                                                      {"tile": 64})

@@ -54,6 +54,8 @@ class ProblemSummary:
     pruned: int = 0  # candidates a cost model ranked out (farm tune --prune) and nobody measured
     default_noisy: bool = False  # the default's own noise makes the speed-up over it doubtful (no stage)
     checks: tuple[dict[str, Any], ...] = ()  # each calling mode's decision: published and delivered (farm verify)
+    winner_engine: str = ""  # the winner as its engine and knobs (``winner`` is its label), for scripts
+    winner_knobs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def untrusted(self) -> bool:
@@ -303,6 +305,7 @@ def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0) -> Pro
         samples={_candidate(rs[0]): [s for r in rs for s in (r["samples_ms"] or [r["median_ms"]])] for rs in cands.values()},
         speedup=winner.speedup_over_default, interval=winner.speedup_interval, confirmation=winner.confirmed,
         call=winner.call, pruned=pruned, default_noisy=winner.default_noisy, checks=_checks(winner),
+        winner_engine=winner.engine_name, winner_knobs=dict(winner.knobs),
     )
 
 
@@ -339,7 +342,8 @@ def report_dict(report: Report) -> dict[str, Any]:
             "disagreements": [{"problem": p.name, "device_winners": p.device_winners} for p in s.disagreements()],
             "per_problem": [{"problem": p.name, "label": p.label, "problem_key": p.key, "candidates": p.candidates,
                              "pruned": p.pruned,
-                             "winner": p.winner, "winner_ms": p.winner_ms, "why": p.why, "default": p.default,
+                             "winner": p.winner, "winner_engine": p.winner_engine, "winner_knobs": p.winner_knobs,
+                             "winner_ms": p.winner_ms, "why": p.why, "default": p.default,
                              "default_ms": p.default_ms, "speedup": p.speedup,
                              "speedup_interval": list(p.interval) if p.interval else None, "call": p.call,
                              "confirmation": p.confirmation.as_dict() if p.confirmation is not None else None,
