@@ -68,6 +68,12 @@ def test_progress_says_ray_is_starting_and_prints_the_header_only_when_a_run_sta
     assert lines[0] == "tuning w on a local Ray instance"
     assert lines[1] == "starting Ray and the device workers..." and lines[2].startswith("3/10 candidates")
     assert not any(line.startswith(("0/0 candidates", "0/?")) for line in lines)
+    joined = io.StringIO()  # a run that joins a cluster starts no Ray: it says which one it joins
+    view = ProgressView(Console(file=joined, width=120), "w", header="tuning w on Ray cluster auto", interval_s=0,
+                        joining="auto")
+    view.update(FarmStatus(0, 0, 0, 0, 0.0, [], [], phase="starting"))
+    view.close()
+    assert joined.getvalue().splitlines()[1] == "joining the Ray cluster at auto and starting the device workers..."
 
 
 def test_report_html_into_a_folder_that_does_not_exist_yet(tmp_path, capsys):

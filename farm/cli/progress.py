@@ -78,8 +78,12 @@ PHASE_LINES = {"starting": "starting Ray and the device workers...",
 class ProgressView:
     """Feed it FarmStatus snapshots (``update``); ``close`` at the end."""
 
-    def __init__(self, console: Console, title: str, *, interval_s: float = 10.0, header: Any = None) -> None:
+    def __init__(self, console: Console, title: str, *, interval_s: float = 10.0, header: Any = None,
+                 joining: str = "") -> None:
         self.console = console
+        # the starting line as it is: an embedded instance is started, a cluster (``joining``: its address) joined
+        self.phase_lines = dict(PHASE_LINES, **({"starting": f"joining the Ray cluster at {joining} and starting the "
+                                                             "device workers..."} if joining else {}))
         self.interval_s = interval_s
         self.live: Live | None = None
         self._last_line = 0.0
@@ -107,8 +111,8 @@ class ProgressView:
         for line in node_events(status, self._nodes):  # a node joining or lost is news, shown at once
             self.console.print(Text(line, style="yellow" if " lost " in line or "came back" in line else ""),
                                soft_wrap=True)
-        if status.phase in PHASE_LINES:  # no candidate counts to show: what is happening instead
-            line = PHASE_LINES[status.phase]
+        if status.phase in self.phase_lines:  # no candidate counts to show: what is happening instead
+            line = self.phase_lines[status.phase]
             if self.live is not None:
                 self.live.update(Text(f"{self.title}: {line}", style="dim"))
             else:

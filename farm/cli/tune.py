@@ -217,7 +217,8 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
               f"{'Ray cluster ' + escape(address) if address else 'a local Ray instance'}, "
               f"devices: {escape(args.devices)}, into {escape(out)}")
     # the header comes with the first progress update: a resume with nothing to measure starts no Ray and says so
-    view = None if args.json else ProgressView(console, workload.name, interval_s=args.progress_every, header=header)
+    view = None if args.json else ProgressView(console, workload.name, interval_s=args.progress_every, header=header,
+                                               joining=address or "")
     try:
         report = run_farm(workload, out, devices=request, address=address, options=options,
                           progress=view.update if view else None)
