@@ -175,3 +175,36 @@ def test_the_winner_is_its_label_engine_and_knobs_in_the_winners_table_and_repor
     [problem] = json.loads(capsys.readouterr().out)["signatures"][0]["per_problem"]
     assert (problem["winner"], problem["winner_engine"], problem["winner_knobs"]) == ("tuned[tile=64]", "tuned",
                                                                                       {"tile": 64})
+
+
+def test_the_final_progress_line_is_printed_once(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from farm.cli.progress import ProgressView
+    from farm.fleet.driver import FarmStatus, WorkerStatus
+
+    out = io.StringIO()
+    view = ProgressView(Console(file=out, width=100), "quick", interval_s=10.0)
+    w = [WorkerStatus("cpu:0", "sig", "CPU", "host", "idle")]
+    last = FarmStatus(total=53, finished=53, remeasured=3, failed=0, elapsed_s=9.0, workers=w, signatures=["sig"])
+    view.update(FarmStatus(total=53, finished=40, remeasured=3, failed=0, elapsed_s=5.0, workers=w, signatures=["sig"]))
+    view.update(last)  # the last candidate's update, then the run's end: both say done
+    view.update(FarmStatus(total=53, finished=53, remeasured=3, failed=0, elapsed_s=10.0, workers=w,
+                           signatures=["sig"], phase="done"))
+    view.close()
+    lines = out.getvalue().splitlines()
+    assert sum(line.endswith("; done") for line in lines) == 1, lines
+    assert view.load_peak >= 0.0
+
+
+def test_the_measured_cause_names_the_hosts_load_and_the_blas_threads():
+    from farm.cli.render import HostLoad
+
+    busy = HostLoad(peak=3.9, cores=2, workers=1, blas_threads=2).cause()
+    assert busy.startswith("Measured: the load reached 3.9 on 2 core(s)") and "other work ran" in busy
+    assert "each call ran 2 BLAS threads" in busy
+    assert HostLoad(peak=1.2, cores=2, workers=1, blas_threads=1).cause() == ""  # the farm's own work: no cause
+    one = HostLoad(peak=4.0, cores=2, workers=1, blas_threads=1).cause()
+    assert "other work ran" in one and "each call ran" not in one

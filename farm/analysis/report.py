@@ -28,7 +28,8 @@ from farm.tuner.winner import NOISE_SIGMAS, NOISY_RELATIVE, RELATIVE_FLOOR, nois
 
 _COLUMNS = ["device_signature", "device_name", "host", "device_index", "problem_key", "problem_name", "problem_label",
             "candidate_key", "candidate_index", "engine_name", "knobs", "disposition", "succeeded", "median_ms",
-            "avg_ms", "stddev_ms", "mad_ms", "samples_ms", "tuning_ms", "measured_at", "round", "node_id"]
+            "avg_ms", "stddev_ms", "mad_ms", "samples_ms", "tuning_ms", "measured_at", "round", "node_id", "session_id",
+            "call", "session_size"]
 
 
 @dataclass
@@ -42,11 +43,13 @@ class ProblemSummary:
     default: str
     default_ms: float | None
     why: str  # '' when the winner is the fastest measured candidate
-    noise: float  # the winner's robust noise: 1.4826 x MAD / median (what the winner rule uses), median over devices
-    near: int  # other candidates within the winner's noise band (the rule's "within noise")
-    device_winners: dict[str, str]  # device -> its own fastest candidate
-    spread: float  # the winner's slowest device / fastest device
-    samples: dict[str, list[float]] = field(default_factory=dict)  # candidate -> samples (all devices)
+    # the winner's robust noise, 1.4826 x MAD / median (what the winner rule uses), in the decision's round (``round``):
+    # the stage's samples where one decided, else the main round's (the median over devices)
+    noise: float
+    near: int  # other candidates within the winner's noise band (a stage: its ties)
+    device_winners: dict[str, str]  # device -> its own fastest candidate (main round: a stage runs on one device)
+    spread: float  # the winner's slowest device / fastest device (main round)
+    samples: dict[str, list[float]] = field(default_factory=dict)  # candidate -> samples of the decision's round
     speedup: float | None = None  # the winner's (paired, when confirmed) speed-up over the default
     interval: tuple[float, float] | None = None  # its interval (confirmed winners that are not the default)
     confirmation: Any = None  # farm.store.decisions.Confirmation, or None when no stage ran
@@ -56,6 +59,7 @@ class ProblemSummary:
     checks: tuple[dict[str, Any], ...] = ()  # each calling mode's decision: published and delivered (farm verify)
     winner_engine: str = ""  # the winner as its engine and knobs (``winner`` is its label), for scripts
     winner_knobs: dict[str, Any] = field(default_factory=dict)
+    round: str = "main"  # the round winner_ms, default_ms, speedup, noise and samples come from (Parquet's ``round``)
 
     @property
     def untrusted(self) -> bool:
@@ -244,6 +248,7 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
     failures: dict[str, int] = {}
     device_noise: dict[str, list[float]] = {}
     latest: dict[tuple[str, str, str], dict[str, Any]] = {}  # (problem, candidate, device) -> latest success
+    paired: dict[tuple[str, str, str], list[dict[str, Any]]] = {}  # (problem, round, call) -> its rows
     pruned: dict[str, set[str]] = {}  # problem -> candidates with a pruned row
     measured: dict[str, set[str]] = {}  # problem -> candidates with any other row
     for r in rows:
@@ -251,11 +256,13 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
             pruned.setdefault(r["problem_key"], set()).add(r["candidate_key"])
             continue
         measured.setdefault(r["problem_key"], set()).add(r["candidate_key"])
+        if r["round"] in (CONFIRM, VERIFY):  # paired rounds: the figures of a decision made there
+            paired.setdefault((r["problem_key"], r["round"], r["call"] or ""), []).append(r)
         if not r["succeeded"]:
             failures[r["disposition"]] = failures.get(r["disposition"], 0) + 1
             continue
         if r["round"] in (CONFIRM, VERIFY):
-            continue  # paired samples of another kind of call: the decision's, not the candidates' distribution
+            continue
         dev = f"{r['host']}:{r['device_index']}"
         key = (r["problem_key"], r["candidate_key"], dev)
         if key not in latest or r["measured_at"] > latest[key]["measured_at"]:
@@ -264,8 +271,19 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
     for (pk, _, dev), r in latest.items():
         per_problem.setdefault(pk, []).append({**r, "_device": dev})
         device_noise.setdefault(dev, []).append(_noise(r))
-    problems = [_problem(rs, decisions.winners[(sig, pk)], len(pruned.get(pk, set()) - measured.get(pk, set())))
-                for pk, rs in per_problem.items() if (sig, pk) in decisions.winners]
+    for at, rs in paired.items():  # the newest whole session of each, as the reducer reads it (load_confirmations)
+        sessions: dict[str, list[dict[str, Any]]] = {}
+        for r in rs:
+            sessions.setdefault(r["session_id"], []).append(r)
+        whole = [x for x in sessions.values() if len(x) >= (x[0]["session_size"] or 0)]
+        newest = max(whole, key=lambda x: max(r["measured_at"] for r in x)) if whole else []
+        paired[at] = [r for r in newest if r["succeeded"]]
+    problems = []
+    for pk, rs in per_problem.items():
+        w = decisions.winners.get((sig, pk))
+        if w is not None:
+            stage = paired.get((pk, w.round, w.call), []) if w.round in (CONFIRM, VERIFY) else []
+            problems.append(_problem(rs, w, len(pruned.get(pk, set()) - measured.get(pk, set())), stage))
     problems.sort(key=lambda p: p.name)
     devices = sorted({f"{r['host']}:{r['device_index']}" for r in rows})
     return SignatureSummary(sig, rows[0]["device_name"], devices, len(rows), problems, dict(sorted(failures.items())),
@@ -273,7 +291,9 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
                             sum(r["tuning_ms"] or 0.0 for r in rows if r["round"] == CONFIRM) / 1e3)
 
 
-def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0) -> ProblemSummary:
+def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0,
+             stage: list[dict[str, Any]] | None = None) -> ProblemSummary:
+    """One problem's summary; ``stage``: the rows of the paired session that decided it (its figures are theirs)."""
     cands: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         cands.setdefault(r["candidate_key"], []).append(r)
@@ -294,6 +314,13 @@ def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0) -> Pro
         sigma_c = statistics.median(_noise(r) for r in rs) * other
         band = NOISE_SIGMAS * math.sqrt(sigma_w ** 2 + sigma_c ** 2) + RELATIVE_FLOOR * winner.median_ms
         near += abs(other - winner.median_ms) <= band
+    samples = {_candidate(rs[0]): [s for r in rs for s in (r["samples_ms"] or [r["median_ms"]])] for rs in cands.values()}
+    if stage:  # the decision's round: its samples, its noise and its ties, not the main round's
+        failed = set(winner.stage_failed)
+        samples = {label: list(r["samples_ms"] or [r["median_ms"]]) for r in stage
+                   if (label := _candidate(r)) not in failed}
+        noise = float(noise_sigma([winner.mad_ms or 0.0])[0]) / winner.median_ms if winner.median_ms else 0.0
+        near = len(winner.confirmed.ties) if winner.confirmed is not None and winner.round == CONFIRM else 0
     first = rows[0]
     return ProblemSummary(
         key=first["problem_key"], name=first["problem_name"], label=first["problem_label"], candidates=len(cands),
@@ -302,10 +329,9 @@ def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0) -> Pro
         noise=noise, near=near,
         device_winners={d: c for d, (_, c) in device_best.items()},
         spread=max(win_times) / min(win_times) if min(win_times) > 0 else 1.0,
-        samples={_candidate(rs[0]): [s for r in rs for s in (r["samples_ms"] or [r["median_ms"]])] for rs in cands.values()},
-        speedup=winner.speedup_over_default, interval=winner.speedup_interval, confirmation=winner.confirmed,
+        samples=samples, speedup=winner.speedup_over_default, interval=winner.speedup_interval, confirmation=winner.confirmed,
         call=winner.call, pruned=pruned, default_noisy=winner.default_noisy, checks=_checks(winner),
-        winner_engine=winner.engine_name, winner_knobs=dict(winner.knobs),
+        winner_engine=winner.engine_name, winner_knobs=dict(winner.knobs), round=winner.round,
     )
 
 
@@ -347,7 +373,7 @@ def report_dict(report: Report) -> dict[str, Any]:
                              "default_ms": p.default_ms, "speedup": p.speedup,
                              "speedup_interval": list(p.interval) if p.interval else None, "call": p.call,
                              "confirmation": p.confirmation.as_dict() if p.confirmation is not None else None,
-                             "noise": p.noise, "within_noise_of": p.near, "untrusted": p.untrusted,
+                             "noise": p.noise, "within_noise_of": p.near, "untrusted": p.untrusted, "round": p.round,
                              "device_spread": p.spread, "decisions": list(p.checks)} for p in s.problems],
             "verified": dict(zip(("holds", "checked"), s.verified())), "cpu_notes": s.cpu_notes(),
         })
@@ -378,7 +404,8 @@ def write_html(report: Report, path: str | Path, *, max_problems: int = 24) -> l
                      f"{len(s.devices)} device(s), {s.tuning_s:.1f} s of tuning; winner over default: "
                      f"geomean {geo:.3f}x</p>" if geo else "<p>no default candidates to compare with</p>")
         for title, fig in (("Speed-up of the winner over the default engine", _speedup_figure(plt, s)),
-                           ("Per-device noise (1.4826 x MAD / median of every candidate)", _noise_figure(plt, s))):
+                           ("Per-device noise in the main round (1.4826 x MAD / median of every candidate)",
+                            _noise_figure(plt, s))):
             if fig is not None:
                 titles.append(title)
                 parts.append(f"<h3>{title}</h3>{_png(plt, fig, title)}")
@@ -387,19 +414,21 @@ def write_html(report: Report, path: str | Path, *, max_problems: int = 24) -> l
             f"<li class='untrusted'>{_esc(p.name)}: {_esc(p.doubt)}</li>" for p in shaky) + "</ul>" if shaky
             else "<p>nothing</p>"))
         parts.append("<h3>Winners (the override file's entries)</h3><table><tr><th>problem</th><th>winner</th>"
-                     "<th>median ms</th><th>default</th><th>median ms</th><th>speed-up</th><th>why</th></tr>"
+                     "<th>median ms</th><th>default</th><th>median ms</th><th>speed-up</th><th>round</th><th>why</th></tr>"
                      + "".join(f"<tr{' class=untrusted' if p.untrusted else ''}><td>{_esc(p.name)}</td>"
                                f"<td><code>{_esc(p.winner)}</code></td>"
                                f"<td>{p.winner_ms:.4f}</td><td><code>{_esc(p.default)}</code></td>"
                                f"<td>{'-' if p.default_ms is None else f'{p.default_ms:.4f}'}</td>"
                                f"<td>{'-' if p.speedup is None else f'{p.speedup:.3f}x'}</td>"
+                               f"<td>{_esc(_ROUND_TITLES.get(p.round, p.round))}</td>"
                                f"<td>{_esc('; '.join(x for x in (p.why, f'not trusted: {p.doubt}' if p.untrusted else '') if x))}</td></tr>"
                                for p in s.problems) + "</table>")
         parts.append("<h3>Candidates' time distributions (winner in orange, default in blue)</h3>")
         titles.append("Candidates' time distributions")
         for p in s.problems[:max_problems]:
             parts.append(_png(plt, _distribution_figure(plt, p),
-                              f"{p.name}: time per run of its fastest candidates; winner {p.winner}, default {p.default}"))
+                              f"{p.name}: time per run of its fastest candidates in the "
+                              f"{_ROUND_TITLES.get(p.round, p.round)}; winner {p.winner}, default {p.default}"))
         if len(s.problems) > max_problems:
             parts.append(f"<p>{len(s.problems) - max_problems} more problems not drawn (see --json).</p>")
     html = ("<!doctype html><html><head><meta charset='utf-8'><title>tunefarm report</title>"
@@ -456,6 +485,10 @@ def _noise_figure(plt: Any, s: SignatureSummary) -> Any:
     return fig
 
 
+_ROUND_TITLES = {"main": "main round", "finalist": "finalist round", CONFIRM: "confirmation stage (paired rounds)",
+                 VERIFY: "farm verify (paired rounds)"}
+
+
 def _distribution_figure(plt: Any, p: ProblemSummary) -> Any:
     names = sorted(p.samples, key=lambda c: statistics.median(p.samples[c]))[:20]
     fig, ax = plt.subplots(figsize=(10, 0.28 * len(names) + 1.3))
@@ -468,7 +501,7 @@ def _distribution_figure(plt: Any, p: ProblemSummary) -> Any:
     lo, hi = min(min(p.samples[c]) for c in names), max(max(p.samples[c]) for c in names)
     if lo > 0 and hi / lo > 4:  # a slow fallback would squash the interesting candidates into one pixel
         ax.set_xscale("log")
-    ax.set_xlabel("time per run (ms)")
+    ax.set_xlabel(f"time per run (ms), {_ROUND_TITLES.get(p.round, p.round)}")
     ax.set_title(f"{p.name}: {p.label}" + (f"  (winner {p.speedup:.2f}x the default)" if p.speedup else "")
                  + (f"\n{p.why}" if p.why else ""), fontsize=9)
     ax.tick_params(axis="y", labelsize=9)

@@ -48,3 +48,20 @@ def _share(text: str) -> float:
     if not math.isfinite(value) or not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"expected a share in [0, 1] (e.g. 0.05), got {text!r}")
     return value
+
+
+def add_verbose_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``-v`` after the command as well as before it (``farm report X -v`` as ``farm -v report X``), on every
+    subcommand: its count goes to ``command_verbose`` (see :func:`verbose_level`)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                if not any("-v" in a.option_strings for a in sub._actions):
+                    sub.add_argument("-v", "--verbose", action="count", default=0, dest="command_verbose",
+                                     help="every column in the tables and more log lines (as farm -v COMMAND)")
+                add_verbose_everywhere(sub)
+
+
+def verbose_level(args: argparse.Namespace) -> int:
+    """How many -v were given, before and after the command."""
+    return int(getattr(args, "verbose", 0) or 0) + int(getattr(args, "command_verbose", 0) or 0)

@@ -14,7 +14,7 @@ from farm._version import __version__
 from farm.errors import FarmError, InputError
 
 log = logging.getLogger("farm.cli")
-from farm.cli.args import _nonnegative_int, _positive_int
+from farm.cli.args import _nonnegative_int, _positive_int, add_verbose_everywhere, verbose_level
 from farm.cli.console import _console, _print_json, _setup_logging, json_stdout
 from farm.cli.model import add_model_parser
 from farm.cli.tune import add_tune_parser
@@ -193,7 +193,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         _print_json(report_dict(report))
     else:
         console = _console()
-        for table in report_tables(report, verbose=bool(args.verbose)):
+        for table in report_tables(report, verbose=verbose_level(args) > 0):
             console.print(table)
         if args.html:
             console.print(f"plots: {escape(args.html)}")
@@ -233,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tune_parser(sub)
     _add_result_commands(sub)
+    add_verbose_everywhere(parser)
     return parser
 
 
@@ -294,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for a restart (farm tune --in-process)
-    _setup_logging(args.verbose + getattr(args, "tune_verbose", 0))
+    _setup_logging(verbose_level(args))
     from farm.tuner.interrupts import SIGINTS
 
     SIGINTS.install()  # a KeyboardInterrupt an engine raises fails its candidate; the user's Ctrl-C stops the run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -91,6 +92,8 @@ class ProgressView:
         self.title = title
         self.bar: Progress | None = None
         self._nodes: dict[Any, tuple[str, Any]] = {}  # what node_events has reported
+        self._done: tuple[int, int, int] | None = None  # the counts of the "done" line printed (printed once)
+        self.load_peak = 0.0  # the highest 1-minute load average of this host seen during the run
 
     def _start(self) -> None:
         if self.header is not None:
@@ -108,6 +111,10 @@ class ProgressView:
     def update(self, status: Any) -> None:
         if self.header is not None or (self.bar is None and self.console.is_terminal):
             self._start()
+        try:
+            self.load_peak = max(self.load_peak, os.getloadavg()[0])
+        except (AttributeError, OSError):  # not on this platform
+            pass
         for line in node_events(status, self._nodes):  # a node joining or lost is news, shown at once
             self.console.print(Text(line, style="yellow" if " lost " in line or "came back" in line else ""),
                                soft_wrap=True)
@@ -123,10 +130,15 @@ class ProgressView:
             self.live.update(Group(self.bar, self._workers(status)))
             return
         now = time.monotonic()
-        if now - self._last_line < self.interval_s and status.phase != "done":
-            return
+        line = progress_line(status)
+        done = line.endswith("; done")
+        if (now - self._last_line < self.interval_s and not done) or (done and self._done == (
+                status.finished, status.total, status.failed)):
+            return  # the last update and the run's end both say "done": one line
         self._last_line = now
-        self.console.print(Text(progress_line(status)), soft_wrap=True)
+        if done:
+            self._done = (status.finished, status.total, status.failed)
+        self.console.print(Text(line), soft_wrap=True)
 
     def _workers(self, status: Any) -> Table:
         t = Table(show_header=True, header_style="dim", box=None)

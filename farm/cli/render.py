@@ -100,7 +100,7 @@ def _status(r: AutotuneResult) -> Text:
 def results_table(outcome: ProblemOutcome, position: str = "") -> Table:
     wp = outcome.problem
     head = f"{position} {wp.name}".strip()
-    title = f"{head}: {wp.problem.label()}  (key {wp.problem.key})"
+    title = f"{head}: {wp.problem.label()}  (key {wp.problem.key}; the main round's times)"
     table = Table(title=Text(title), title_justify="left")
     # one line a candidate but for the last two columns: its status and its label fold there, never cut
     for col, justify in (("rank", "right"), ("median ms", "right"), ("min ms", "right"), ("mad ms", "right"),
@@ -130,7 +130,7 @@ def results_table(outcome: ProblemOutcome, position: str = "") -> Table:
 
 # the decision in a few words (the whole reason: -v, JSON, farm report)
 _SHORT = {"confirmed": "confirmed", "default_not_beaten": "default kept", "incumbent_not_beaten": "incumbent kept",
-          "not_delivered": "default (replay lost)", "default_failed": "default failed", "fastest": "fastest",
+          "not_delivered": "replay lost", "default_failed": "default failed", "fastest": "fastest",
           "stable_over_noisy": "stable over noisy", "default_within_noise": "default (within noise)",
           "incumbent_within_noise": "incumbent (within noise)"}
 
@@ -144,30 +144,80 @@ def short_decision(w: Any) -> str:
     return text
 
 
+def round_cells(values: Sequence[float | None], rounds: Sequence[str | None], head: str = "ms"
+                ) -> tuple[str, list[str]]:
+    """A figure column named by the round its figures come from (``stage ms``); where rows mix rounds, each cell
+    names its own (``0.4257 main``). A round of None: no figure ("-")."""
+    from farm.store.decisions import ROUND_NAMES
+
+    names = [ROUND_NAMES.get(r, r) if r is not None else None for r in rounds]
+    distinct = {n for n in names if n is not None}
+    if len(distinct) == 1:
+        return f"{distinct.pop()} {head}", [fmt_ms(v) if n is not None else "-" for v, n in zip(values, names)]
+    return head, [f"{fmt_ms(v)} {n}" if n is not None else "-" for v, n in zip(values, names)]
+
+
 NEXT_STEP = ("Next: a quiet machine, --cpu-threads 1 on a CPU, or autotune: {confirm: {budget_ms: 8000}}; the same "
              "command re-confirms only these.")
 
 
+@dataclasses.dataclass(frozen=True)
+class HostLoad:
+    """What a CPU run on this host saw: the peak 1-minute load average, the usable cores, and what the farm's own
+    workers asked of them (workers x BLAS threads). The measured cause of a noisy result, where there is one."""
+
+    peak: float
+    cores: int
+    workers: int
+    blas_threads: int
+
+    def cause(self) -> str:
+        """``Measured: ...`` naming what made the times swing ('' when nothing points at the host)."""
+        own = self.workers * self.blas_threads
+        parts = []
+        if self.peak > own + 1.0:  # Ray's own processes and the driver: about one core more at most
+            parts.append(f"the load reached {self.peak:.1f} on {self.cores} core(s), the farm's own work "
+                         f"{own} ({self.workers} worker(s) x {self.blas_threads} BLAS thread(s)): other work ran")
+        if self.blas_threads > 1:
+            parts.append(f"each call ran {self.blas_threads} BLAS threads, which swing most on a busy machine")
+        return ("Measured: " + "; ".join(parts) + ".") if parts else ""
+
+
+def host_load(peak: float | None, workers: int, blas_threads: int | None) -> HostLoad | None:
+    """This host's load for a CPU run on it (``peak``: the highest 1-minute load average seen; None: read it now)."""
+    import os
+
+    from farm.devices.runtimes.cpu import blas_threads_in_force, usable_cores
+
+    try:
+        now = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on this platform
+        return None
+    return HostLoad(max(peak or 0.0, now), usable_cores(), max(workers, 1), blas_threads or blas_threads_in_force())
+
+
 def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: Any = None,
-                  verbose: bool = False) -> Table:
+                  verbose: bool = False, load: HostLoad | None = None) -> Table:
     """One row per problem: the reducer's winner (what the override file replays, its label in full), its median,
     its speed-up over the default and how it was decided in a few words; ``verbose`` adds the speed-up's 99 %
     interval, the candidates and the whole reason.
 
-    ``winner_of(problem_key)`` returns the :class:`~farm.store.decisions.Winner` of a problem, or None.
+    ``winner_of(problem_key)`` returns the :class:`~farm.store.decisions.Winner` of a problem, or None; ``load``
+    (a CPU run on this host) names the measured cause of a noisy result.
     """
     table = Table(title=f"Summary: {len(outcomes)} problem(s) in {wall_s:.1f} s", title_justify="left")
     # the winner last: it takes the width the others leave and folds there, never cut
+    # -v writes the candidates and the whole reason under the winner (columns of their own would squeeze it)
     columns = [("problem", "left"), ("ms", "right"), ("speed-up", "right"), ("decision", "left"), ("winner", "left")]
-    if verbose:
-        columns[4:4] = [("candidates", "right"), ("why", "left")]
     for col, justify in columns:
         table.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
-                         no_wrap=col in ("problem", "ms", "speed-up", "candidates"),
+                         no_wrap=col in ("problem", "ms", "speed-up"),
                          min_width=20 if col == "winner" else None)
     doubtful, budget_ended = [], False
-    for o in outcomes:
-        w = winner_of(o.problem.problem.key) if winner_of is not None else None
+    decided = [winner_of(o.problem.problem.key) if winner_of is not None else None for o in outcomes]
+    head, times = round_cells([w.median_ms if w else None for w in decided], [w.round if w else None for w in decided])
+    table.columns[1].header = head
+    for o, w, ms in zip(outcomes, decided, times):
         # a candidate that failed in the main round or in a confirmation stage (this run's, or one the reducer read)
         failed = len({r.label for r in o.results if not r.succeeded}
                      | {r.label for run in o.confirmations for r in run.results if not r.succeeded}
@@ -189,17 +239,21 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
             decision += f", {failed} failed"
         if w is not None and w.others:
             decision += ", " + ", ".join(f"{x.call}: {x.label}" for x in w.others)
-        cells = [Text(o.problem.name), fmt_ms(w.median_ms if w else None),
-                 fmt_speedup(w.speedup_over_default, w.speedup_interval if verbose else None) if w is not None else "-",
+        cells = [Text(o.problem.name), ms,
+                 fmt_speedup(w.speedup_over_default, w.speedup_interval if verbose else None).replace(" (", "\n(")
+                 if w is not None else "-",
                  Text(decision, style="yellow" if w is not None and w.confirmed is not None and not w.confirmed.settled
                       else "")]
+        names = Text(w.label) if w is not None else Text(o.error or "no winner", style="red")
         if verbose:
-            cells += [str(len(o.results) + o.skipped), Text(note, style="dim")]
-        cells.append(Text(w.label) if w is not None else Text(o.error or "no winner", style="red"))
+            names.append(f"\n{len(o.results) + o.skipped} candidate(s)" + (f"; {note}" if note else ""), style="dim")
+        cells.append(names)
         table.add_row(*cells)
     caption = "too noisy to trust: " + (", ".join(doubtful) or "nothing")
     if budget_ended:
-        caption += " (the confirmation budget ran out undecided: the default is published). " + NEXT_STEP
+        cause = load.cause() if load is not None else ""
+        caption += " (the confirmation budget ran out undecided: the default is published). " \
+            + (cause + " " if cause else "") + NEXT_STEP
     table.caption = Text(caption, style="yellow" if doubtful else "dim")
     table.caption_justify = "left"
     return table
@@ -373,11 +427,13 @@ def farm_outcomes(workload: Any, report: Any, signature: str) -> list[ProblemOut
     return out
 
 
-def farm_tables(workload: Any, report: Any, verbose: bool = False) -> list[Table]:
+def farm_tables(workload: Any, report: Any, verbose: bool = False, load: HostLoad | None = None) -> list[Table]:
+    """The run's tables; ``load``: this host's, for the CPU signatures its workers measured here."""
     tables = []
     for sig in sorted({w.signature for w in report.workers}):
         outcomes = farm_outcomes(workload, report, sig)
-        t = summary_table(outcomes, report.wall_s, lambda key, _s=sig: report.summary.winner(_s, key), verbose=verbose)
+        t = summary_table(outcomes, report.wall_s, lambda key, _s=sig: report.summary.winner(_s, key), verbose=verbose,
+                          load=load if sig.startswith("cpu-") else None)
         t.title = Text(f"{sig}: {len(outcomes)} problem(s)")
         tables.append(t)
     from farm.analysis.phases import from_statuses
@@ -475,21 +531,22 @@ def phases_table(phases: Any) -> Table:
     total = phases.total
     worst = ", ".join(f"{p} {100 * f:.0f} %" for p, f in phases.overhead()[:3])
     t = Table(title=f"Device time by phase ({len(phases.workers)} worker(s), {phases.tuning_s:.1f} s of tuning"
-                    + (f"; not measuring: {worst}" if worst else "") + ")", title_justify="left")
-    t.add_column("worker")
-    t.add_column("signature", overflow="fold")
+                    + (f"; not measuring: {worst}" if worst else "") + "): each worker's share", title_justify="left")
+    t.add_column("worker", no_wrap=True)
+    t.add_column("seconds", justify="right", no_wrap=True)
     for p in PHASES:
-        t.add_column(p, justify="right")
+        t.add_column(p, justify="right", no_wrap=True)
+    t.add_column("signature", overflow="fold")  # last: it folds there, the figures stay on one line
 
     def cells(split: Any) -> list[str]:
         whole = split.total
-        return [f"{split.get(p):.{2 if split.get(p) < 10 else 1}f} s ({100 * split.get(p) / whole:.0f} %)" if whole > 0 and split.get(p) > 0 else "-"
-                for p in PHASES]
+        return [f"{whole:.{2 if whole < 10 else 1}f}"] + [
+            f"{100 * split.get(p) / whole:.0f} %" if whole > 0 and split.get(p) > 0 else "-" for p in PHASES]
 
     for w in phases.workers:
-        t.add_row(Text(w.name), Text(w.signature), *cells(w.split))
+        t.add_row(Text(w.name), *cells(w.split), Text(w.signature))
     if len(phases.workers) > 1:
-        t.add_row(Text("total", style="bold"), "", *cells(total))
+        t.add_row(Text("total", style="bold"), *cells(total), "")
     return t
 
 

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from farm.cli.render import fmt_ms, fmt_speedup, phases_table
+from farm.cli.render import fmt_ms, fmt_speedup, phases_table, round_cells
 
 
 def _change_line(c: Any) -> str:
@@ -88,7 +88,7 @@ def report_tables(report: Any, verbose: bool = False) -> list[Table]:
                                                           else ""))
         t.add_row("winner vs default", f"geomean {geo:.3f}x, worst {worst.speedup:.3f}x ({worst.name})" if geo and worst
                   else "no default candidate to compare with")
-        t.add_row("noisiest (the winner's 1.4826 x MAD / median)",
+        t.add_row("noisiest (the winner's 1.4826 x MAD / median in its round)",
                   Text(", ".join(f"{p.name} {100 * p.noise:.1f} %" for p in s.noisiest())))
         shaky = s.untrusted()
         t.add_row("too noisy to trust", Text("; ".join(f"{p.name}: {p.doubt}" for p in shaky) or "nothing",
@@ -107,28 +107,31 @@ def report_tables(report: Any, verbose: bool = False) -> list[Table]:
             t.add_row("host CPUs", Text(note, style="yellow"))
         tables.append(t)
         per = Table(title="per problem", title_justify="left")
-        # every column but the last stays on one line; the names, last, fold there whole ("cpu.matmu…" never)
+        # every column but the last stays on one line; the names, last, fold there whole ("cpu.matmu…" never);
+        # -v writes the rest under them (a column each would squeeze the names at 100 columns)
         cols = [("problem", "left"), ("ms", "right"), ("speed-up", "right"), ("noise", "right"), ("decision", "left")]
-        if verbose or s.pruned:  # pruned candidates: a cost model's choice a reader must see
-            cols[1:1] = ([("cand", "right")] if verbose else []) + ([("pruned", "right")] if s.pruned else [])
-        if verbose:
-            cols += [("default ms", "right"), ("device spread", "right"), ("why", "left")]
+        if s.pruned:  # pruned candidates: a cost model's choice a reader must see
+            cols[1:1] = [("pruned", "right")]
         cols.append(("winner (default)", "left"))
+        head, times = round_cells([p.winner_ms for p in s.problems], [p.round for p in s.problems])
         for col, justify in cols:
-            per.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
-                           no_wrap=col not in ("why", "winner (default)"))
-        for p in s.problems:
+            per.add_column(head if col == "ms" else col, justify=justify, overflow="fold",  # type: ignore[arg-type]
+                           no_wrap=not col.startswith("winner"),
+                           min_width=20 if col.startswith("winner") else None)
+        for p, ms in zip(s.problems, times):
             why = "; ".join(x for x in (p.why, f"not trusted: {p.doubt}" if p.untrusted else "") if x)
             names = Text(p.winner)
             if p.default and p.default != p.winner:
-                names.append(f"\n({p.default})", style="dim")
-            cells = [Text(p.name), fmt_ms(p.winner_ms),
-                     fmt_speedup(p.speedup, p.interval if verbose else None), f"{100 * p.noise:.1f} %",
-                     Text(_decision(p), style="yellow" if p.untrusted else "")]
-            if verbose or s.pruned:
-                cells[1:1] = ([str(p.candidates)] if verbose else []) + ([str(p.pruned)] if s.pruned else [])
+                names.append(f"\n({p.default}" + (f", {fmt_ms(p.default_ms)} ms" if verbose else "") + ")", style="dim")
             if verbose:
-                cells += [fmt_ms(p.default_ms), f"{p.spread:.3f}", Text(why, style="yellow" if p.untrusted else "dim")]
+                names.append(f"\n{p.candidates} candidate(s); device spread {p.spread:.3f} (main round)"
+                             + (f"; {why}" if why else ""), style="yellow" if p.untrusted else "dim")
+            cells = [Text(p.name), ms,
+                     fmt_speedup(p.speedup, p.interval if verbose else None).replace(" (", "\n("),  # interval below
+                     f"{100 * p.noise:.1f} %",
+                     Text(_decision(p), style="yellow" if p.untrusted else "")]
+            if s.pruned:
+                cells[1:1] = [str(p.pruned)]
             per.add_row(*cells, names)
         tables.append(per)
         checks = s.checks
@@ -168,9 +171,10 @@ def _decisions_table(checks: Sequence[dict[str, Any]]) -> Table:
     """Each problem's decision per calling mode: published beside delivered where farm verify replayed it."""
     t = Table(title="decisions by calling mode: published, and delivered where replayed (farm verify)",
               title_justify="left")
-    for col, justify in (("problem", "left"), ("call", "left"), ("winner", "left"), ("published", "right"),
-                         ("delivered (99 % interval)", "right"), ("verdict", "left")):
-        t.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for col, justify in (("problem", "left"), ("call", "left"), ("published", "right"),
+                         ("delivered (99 % interval)", "right"), ("verdict", "left"), ("winner", "left")):
+        t.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
+                     no_wrap=col not in ("verdict", "winner"))  # the winner last: it folds there, whole
     for c in checks:
         delivered = "-"
         if c["delivered"] is not None:
@@ -178,8 +182,8 @@ def _decisions_table(checks: Sequence[dict[str, Any]]) -> Table:
             delivered = f"{c['delivered']:.3f}x" + (f" ({lo:.3f}-{hi:.3f})" if lo is not None and hi is not None else "")
         verdict = c["verdict"] or "not verified"
         style = "green" if verdict == "holds" else "dim" if verdict == "not verified" else "yellow"
-        t.add_row(Text(c["problem"]), c["call"], Text(c["winner"]),
-                  f"{c['published']:.3f}x" if c["published"] else "-", delivered, Text(verdict, style=style))
+        t.add_row(Text(c["problem"]), c["call"], f"{c['published']:.3f}x" if c["published"] else "-", delivered,
+                  Text(verdict, style=style), Text(c["winner"]))
     return t
 
 

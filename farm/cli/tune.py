@@ -86,7 +86,7 @@ def _local_device(spec: str) -> Any:
 
 
 def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry: Any) -> int:
-    from farm.cli.render import local_dict, pruning_table, results_table, summary_table, where_table
+    from farm.cli.render import host_load, local_dict, pruning_table, results_table, summary_table, where_table
     from farm.cli.render_verify import verified_table
     from farm.fleet.job import run_local
 
@@ -114,7 +114,8 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
         _print_json(local_dict(workload, out, device, report))
     else:
         console.print(summary_table(report.outcomes, report.wall_s,
-                                    lambda key: report.summary.winner(device.signature, key), verbose=_verbose(args)))
+                                    lambda key: report.summary.winner(device.signature, key), verbose=_verbose(args),
+                                    load=host_load(None, 1, args.cpu_threads) if device.signature.startswith("cpu-") else None))
         if report.pruning:
             console.print(pruning_table(report.pruning))
         if report.summary.verified:
@@ -192,7 +193,7 @@ def _finish(args: argparse.Namespace, summary: Any, warning: str = "") -> int:
 
 def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     from farm.cli.progress import ProgressView
-    from farm.cli.render import farm_dict, farm_tables, where_table
+    from farm.cli.render import farm_dict, farm_tables, host_load, where_table
     from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
 
     request = DeviceRequest.parse(args.devices)
@@ -231,7 +232,9 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
         if report.total == 0 and not report.rows_written and not report.workers_started:
             console.print(f"nothing left to measure in {escape(out)}: every candidate has a result (no Ray instance "
                           "was started); the winners are decided again from what is there")
-        for table in farm_tables(workload, report, verbose=_verbose(args)):
+        here = request.kind == "cpu" and address is None  # the workers ran on this host: its load is theirs
+        load = host_load(view.load_peak if view else None, request.count or 1, args.cpu_threads) if here else None
+        for table in farm_tables(workload, report, verbose=_verbose(args), load=load):
             console.print(table)
         console.print(where_table(out, report.summary))
     from farm.fleet.cluster import oversubscribed_cpu
@@ -290,7 +293,7 @@ def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool) -> int:
 def add_tune_parser(sub: Any) -> None:
     """The farm tune subcommand and its options."""
     p = sub.add_parser("tune", help="tune every problem of a workload file on every device (Ray)")
-    p.add_argument("-v", "--verbose", action="count", default=0, dest="tune_verbose",
+    p.add_argument("-v", "--verbose", action="count", default=0, dest="command_verbose",
                    help="log more, as farm -v tune does (-v: the tuner's autotune: lines, -vv: debug)")
     p.add_argument("workload", help="workload YAML file (see docs/workload.md)")
     p.add_argument("--out", help="output folder: results/ (Parquet), overrides/, job.json (default runs/<workload name>); "
@@ -343,4 +346,6 @@ def add_tune_parser(sub: Any) -> None:
 
 def _verbose(args: Any) -> bool:
     """-v given (before or after the command): tables with every column."""
-    return bool(getattr(args, "verbose", 0) or getattr(args, "tune_verbose", 0))
+    from farm.cli.args import verbose_level
+
+    return verbose_level(args) > 0

@@ -31,6 +31,8 @@ log = logging.getLogger("farm.store.decisions")
 
 CONFIRM = "confirm"  # the round of the confirmation stage's rows (farm.tuner.confirm)
 VERIFY = "verify"  # the round of farm verify's rows (farm.replay.verify)
+# a round as the tables name it: the figures of a row come from one round, and the tables say which
+ROUND_NAMES = {"main": "main", "finalist": "finalist", CONFIRM: "stage", VERIFY: "verify"}
 
 _DICT_COLUMNS = ("problem_json", "problem_name", "engine_name", "device_json", "round", "mode", "strategy", "job_id",
                  "session_id")
@@ -140,6 +142,9 @@ class Winner:
     default_noisy: bool = False  # the default's own noise makes a speed-up over it doubtful (no stage measured it)
     verified: Verification | None = None  # farm verify's replay of this decision beside the direct call
     stage_failed: tuple[str, ...] = ()  # labels of the candidates that failed in a confirmation stage: never published
+    # the round its figures (median, min, MAD, default and fastest medians) come from, as the Parquet's ``round``
+    # column names it: main or finalist (no stage), confirm (the stage's paired rounds), verify (farm verify fixed it)
+    round: str = "main"
 
     @property
     def label(self) -> str:
@@ -193,7 +198,7 @@ class Winner:
                "trusted": self.trusted, "candidates": self.candidates, "call": self.call,
                "confirmation": self.confirmed.as_dict() if self.confirmed is not None else None,
                "verified": self.verified.as_dict() if self.verified is not None else None,
-               "failed_in_stage": list(self.stage_failed)}
+               "failed_in_stage": list(self.stage_failed), "round": self.round}
         if self.others:
             out["other_calls"] = {w.call: w.as_dict() for w in self.others}
         return out
@@ -408,8 +413,8 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
         top.setdefault((c.sigs[g], c.pkeys[g]), []).append(row)
     winners = _winners(c, d, tuned)
     if has_stage:
-        table, winners = _apply_confirmations(data, table, c, d, winners, failures, default_failed)
-        table, winners = _apply_verifications(data, table, winners)
+        table, winners = _apply_confirmations(data, table, c, d, winners, failures, default_failed, top)
+        table, winners = _apply_verifications(data, table, winners, top)
     if failures:
         winners = _note_failures(winners, failures, default_failed)
     return Decisions(table, winners, top, tuned, skipped, read)
@@ -524,6 +529,7 @@ def _winners(c: _Compared, d: Any, tuned: dict[str, set[str]]) -> dict[tuple[str
     noisy, sigma = is_noisy(median, c.mad), noise_sigma(c.mad)
     c.name_rows(winner, fastest, dflt)
     devices = _strings(table["device_json"].take(pa.array(winner))).to_pylist()
+    rounds = _strings(table["round"].take(pa.array(winner))).to_pylist()
     row_sigs = [_signature_in(x) for x in devices]
     out: dict[tuple[str, str], Winner] = {}
     for g, (w, f, df) in enumerate(zip(winner.tolist(), fastest.tolist(), dflt.tolist())):
@@ -543,7 +549,8 @@ def _winners(c: _Compared, d: Any, tuned: dict[str, set[str]]) -> dict[tuple[str
             knobs=_knobs_of(c.keys[w]), median_ms=float(median[w]), min_ms=_float(mins[w]), mad_ms=_float(c.mad[w]),
             noisy=bool(noisy[w]), rule=rule, why=phrase, fastest=c.label(f), fastest_ms=float(median[f]),
             default=c.label(df) if df >= 0 else None, default_ms=float(median[df]) if df >= 0 else None,
-            candidates=int(counts[g]), row=w, default_noisy=bool(noisy[df]) if df >= 0 else False)
+            candidates=int(counts[g]), row=w, default_noisy=bool(noisy[df]) if df >= 0 else False,
+            round=rounds[g] or "main")
     return out
 
 
@@ -572,11 +579,13 @@ def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", 
                          winners: dict[tuple[str, str], Winner],
                          failures: dict[tuple[str, str], dict[str, StageFailure]] | None = None,
                          default_failed: dict[tuple[str, str], StageFailure] | None = None,
+                         top: dict[tuple[str, str], list[int]] | None = None,
                          ) -> tuple[pa.Table, dict[tuple[str, str], Winner]]:
     """Decide every problem that has a confirmation stage from its latest session per calling mode
     (farm.tuner.winner.decide_confirmed); its rows join the decided table so the winner's row is there.
     A candidate in ``failures`` (failed in a stage) is in no decision; where the default is one of them
-    (``default_failed``), the rest are compared with no one given the default's benefit of the doubt."""
+    (``default_failed``), the rest are compared with no one given the default's benefit of the doubt.
+    ``top`` (the main round's ranking per problem) is updated in place: a decided problem's ranking is its stage's."""
     failures, default_failed = failures or {}, default_failed or {}
     conf = load_confirmations(data)
     if conf.num_rows == 0:
@@ -607,6 +616,7 @@ def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", 
     defaults = {(c.sigs[g], c.pkeys[g]): c.keys[c.rows[r]] for g, r in enumerate(d.default.tolist()) if r >= 0}
     offset = table.num_rows
     decided: dict[tuple[str, str], list[Winner]] = {}
+    stage_top: dict[tuple[str, str, str], list[int]] = {}
     for (sig, pkey, call), rows in groups.items():
         main = winners.get((sig, pkey))
         if main is None or len(rows) < 2:
@@ -655,21 +665,29 @@ def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", 
             noisy=bool(is_noisy(np.array([med[w]]), np.array([mad[w]]))[0]), rule=dec.rule,
             why=phrase, fastest=label(fastest), fastest_ms=med[fastest],
             default=gone.label if gone is not None else label(ref), default_ms=None if gone is not None else med[ref],
-            row=offset + rows[w], confirmed=confirmation))
+            row=offset + rows[w], confirmed=confirmation, round=CONFIRM))
+        # the stage's ranking, winner first: what top_k lists for this decision (its figures are the stage's)
+        stage_top[(sig, pkey, call)] = [offset + rows[w]] + [offset + rows[j] for j in sorted(
+            range(len(rows)), key=lambda j: (med[j], j)) if j != w]
     if not decided:
         return table, winners
     out = dict(winners)
     for key, found in decided.items():
         found.sort(key=lambda w: CALL_ORDER.get(w.call, len(CALL_ORDER)))
         out[key] = dataclasses.replace(found[0], others=tuple(found[1:]))
+        if top is not None:  # the stage's ranking first, then the main round's candidates the stage did not measure
+            mine = stage_top[(*key, found[0].call)]
+            measured = {keys[i - offset] for i in mine}
+            top[key] = mine + [i for i in top.get(key, []) if _key_at(table, i) not in measured]
     return pa.concat_tables([table, conf.select(list(_COLUMNS))], promote_options="permissive"), out
 
 
 CALL_ORDER = {"eager": 0, "graph": 1}  # the primary decision of a problem: its eager one, when it has one
 
 
-def _apply_verifications(data: ResultsDataset, table: pa.Table,
-                         winners: dict[tuple[str, str], Winner]) -> tuple[pa.Table, dict[tuple[str, str], Winner]]:
+def _apply_verifications(data: ResultsDataset, table: pa.Table, winners: dict[tuple[str, str], Winner],
+                         top: dict[tuple[str, str], list[int]] | None = None,
+                         ) -> tuple[pa.Table, dict[tuple[str, str], Winner]]:
     """Attach farm verify's checks to the decisions they checked (per calling mode). The newest check of the
     decision the stage made, not older than the stage, decides: where it fixed the decision, the default is
     published in its place (rule ``not_delivered``), and the newest check of that default (a later farm verify)
@@ -735,6 +753,9 @@ def _apply_verifications(data: ResultsDataset, table: pa.Table,
             later = newest(found, decision, int(stamps[hit[0]]))  # the default's own check since, if any
             if later is not None and later != hit:
                 decision = dataclasses.replace(decision, verified=check_of(call, *later))
+            if top is not None and main.for_call(call) is main:  # the published default ranks first
+                top[(sig, pkey)] = [decision.row] + [i for i in top.get((sig, pkey), [])
+                                                     if _key_at(table, i) != col["candidate_key"][hit[1]]]
         else:
             decision = dataclasses.replace(decision, verified=check)
         out[(sig, pkey)] = main.with_call(call, decision)  # type: ignore[union-attr]
@@ -753,8 +774,13 @@ def _fixed(decision: Winner, check: Verification, engine: str, knobs: KnobSettin
         mad_ms=float(np.median(np.abs(samples - med))) if len(samples) else None, noisy=False,
         rule=ConfirmedRule.NOT_DELIVERED,
         why=f"default published by farm verify: {decision.label} {check.verdict.split(': ', 1)[-1]}",
-        row=row, verified=check,
+        row=row, verified=check, round=VERIFY,
         confirmed=dataclasses.replace(conf, speedup=None, low=None, high=None) if conf is not None else None)
+
+
+def _key_at(table: pa.Table, row: int) -> str:
+    """The candidate key of one row of the decided table."""
+    return str(table["candidate_key"][row].as_py())
 
 
 def _in_groups(group: np.ndarray, flag: np.ndarray) -> np.ndarray:

@@ -127,11 +127,14 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
     c["measured_at"] = pc.strftime(taken["measured_at"].cast(pa.timestamp("s", tz="UTC"), safe=False),
                                       format=ISO_SECONDS_FORMAT).to_pylist()
     ranked_idx = sorted({i for w in picked for i in decisions.top[(w.signature, w.problem_key)]})
-    slim = table.select(["engine_name", "candidate_key", "min_ms", "median_ms"]).take(pa.array(ranked_idx, type=pa.int64()))
-    briefs = {i: {"engine_name": name, "knobs": _knob_dict(key), "median_time_ms": med, "min_time_ms": low}
-              for i, name, key, med, low in zip(ranked_idx, slim["engine_name"].to_pylist(),
-                                                slim["candidate_key"].to_pylist(), _floats(slim["median_ms"]),
-                                                _floats(slim["min_ms"]))}
+    slim = table.select(["engine_name", "candidate_key", "min_ms", "median_ms", "round"]).take(
+        pa.array(ranked_idx, type=pa.int64()))
+    # each with the round its figures come from: the decision's first, the main round's after what a stage measured
+    briefs = {i: {"engine_name": name, "knobs": _knob_dict(key), "median_time_ms": med, "min_time_ms": low,
+                  "round": rnd}
+              for i, name, key, med, low, rnd in zip(ranked_idx, slim["engine_name"].to_pylist(),
+                                                     slim["candidate_key"].to_pylist(), _floats(slim["median_ms"]),
+                                                     _floats(slim["min_ms"]), slim["round"].to_pylist())}
     device = json.loads(taken["device_json"][0].as_py())
     entries = []
     for j, w in enumerate(picked):
@@ -163,7 +166,7 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
 def _selection(w: Winner) -> dict[str, Any]:
     """``autotune_metadata.selection``: how the winner was decided (and, confirmed, its paired speed-up)."""
     selection: dict[str, Any] = {"rule": w.rule.value, "why": w.why, "noisy": w.noisy, "trusted": w.trusted,
-                                 "fastest": {"label": w.fastest, "median_time_ms": w.fastest_ms}}
+                                 "round": w.round, "fastest": {"label": w.fastest, "median_time_ms": w.fastest_ms}}
     if not w.trusted:  # marked, so farm publish can count it, refuse it (--trusted-only), and never compare with it
         selection["untrusted"] = ("the confirmation stage's budget ran out before it decided" if w.confirmed
                                   is not None else "no confirmation stage measured it against the default")
@@ -212,8 +215,8 @@ WINNERS_SCHEMA = pa.schema([
     ("call", pa.string()), ("primary", pa.bool_()), ("speedup_low", pa.float64()), ("speedup_high", pa.float64()),
     ("trusted", pa.bool_()), ("confirm_rounds", pa.int32()), ("confirm_ms", pa.float64()),
     ("delivered_speedup", pa.float64()), ("delivered_low", pa.float64()), ("delivered_high", pa.float64()),
-    ("verdict", pa.string()), ("verified_on_cpu", pa.string()),
-], metadata={b"tunefarm.table": b"winners", b"tunefarm.schema_version": b"3"})
+    ("verdict", pa.string()), ("verified_on_cpu", pa.string()), ("round", pa.string()),
+], metadata={b"tunefarm.table": b"winners", b"tunefarm.schema_version": b"4"})
 
 
 def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winner]) -> Path:
@@ -242,7 +245,7 @@ def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winne
         "speedup_over_default": col(lambda w: w.speedup_over_default), "candidates": col(lambda w: w.candidates),
         "job_id": taken["job_id"], "measured_at": taken["measured_at"], "call": col(lambda w: w.call),
         "primary": primary, "speedup_low": [i[0] for i in intervals], "speedup_high": [i[1] for i in intervals],
-        "trusted": col(lambda w: w.trusted),
+        "trusted": col(lambda w: w.trusted), "round": col(lambda w: w.round),
         "confirm_rounds": col(lambda w: w.confirmed.rounds if w.confirmed else None),
         "confirm_ms": col(lambda w: w.confirmed.cost_ms if w.confirmed else None),
         "delivered_speedup": col(lambda w: w.verified.delivered if w.verified else None),
