@@ -80,8 +80,11 @@ def test_default_out_is_runs_workload_name(repo_root, tmp_path):
 
 def test_dry_run_measures_nothing(repo_root):
     out = farm(repo_root, "tune", "examples/cpu-quick.yaml", "--dry-run", "--json", check=True).stdout
-    rows = json.loads(out)
+    data = json.loads(out)
+    rows = data["problems"]
     gemm = next(r for r in rows if r["name"] == "gemm-384")
+    [estimate] = data["estimate"]  # the total, and (no history in a fresh checkout's runs/cpu-quick, or some) its time
+    assert estimate["candidates"] == sum(len(r["candidates"]) for r in rows)
     assert "cpu.matmul.blocked[block_k=128]" in gemm["candidates"]
     assert "cpu.matmul.blas[order=transposed,threads=2]" in gemm["candidates"]
 

@@ -634,3 +634,45 @@ def policies_table(registry: Any, order: Sequence[str]) -> Table:
     return table
 
 
+
+
+def _seconds(s: float) -> str:
+    from farm.cli.progress import clock
+
+    return f"{s:.1f} s" if s < 60 else f"{clock(s)} ({s:.0f} s)"
+
+
+def estimate_table(estimates: Sequence[Any]) -> Table:
+    """farm tune --dry-run's cost per device signature (farm.analysis.estimate.Estimate)."""
+    t = Table(title="What the tune would cost (device time on one device of each signature)", title_justify="left")
+    for col, justify in (("signature", "left"), ("problems", "right"), ("candidates", "right"),
+                         ("main round", "left"), ("confirmation stage", "left"), ("in all", "right")):
+        t.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    notes = []
+    for e in estimates:
+        count = f"{e.candidates}" + (f"\n({e.pruned} pruned)" if e.pruned else "")
+        left = e.candidates - e.measured_before
+        if not left:
+            main = "nothing: every candidate has a result (a resume skips them)"
+        elif e.main_s is None:
+            main = "no estimate: no history of this signature"
+        else:
+            main = f"about {_seconds(e.main_s)}"
+            parts = [f"{e.own} from their own last run" if e.own else "",
+                     f"{e.alike} from the same engine and op" if e.alike else "",
+                     f"{e.unknown} not estimated (no history)" if e.unknown else ""]
+            main += " (" + ", ".join(x for x in parts if x) + ")"
+        if e.measured_before and left:
+            main += f"; {e.measured_before} measured already (a resume skips them)"
+        stage = ("off" if e.confirm_budget_s == 0 else
+                 f"about {_seconds(e.confirm_s)} (as before)" if e.confirm_s is not None else
+                 f"at most about {_seconds(e.confirm_budget_s)} (its budget; no history)")
+        total = e.total_s
+        whole = "-" if total is None else f"about {_seconds(total)}" + (" + ?" if e.unknown else "")
+        t.add_row(Text(e.signature), str(e.problems), count, Text(main), Text(stage), whole)
+        if e.sources:
+            notes.append(f"{e.signature}: from {', '.join(_shown(s) for s in e.sources)}")
+    t.caption = Text("history: " + "; ".join(notes) if notes else
+                     "no history: run once (or give --history RESULTS) for an estimate", style="dim")
+    t.caption_justify = "left"
+    return t

@@ -7,7 +7,7 @@ import logging
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 from rich.markup import escape
 
@@ -26,7 +26,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     workload = _with_pruning(args, workload)
     out = args.out or f"runs/{_folder_name(workload.name)}"
     if args.dry_run:
-        return _dry_run(workload, _local_device(args.devices), registry, args.json)
+        return _dry_run(workload, _local_device(args.devices), registry, args.json, out, args.history or ())
     if args.in_process:
         return _tune_in_process(args, workload, out, registry)
     return _tune_on_ray(args, workload, out)
@@ -242,10 +242,13 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     return _finish(args, report.summary, oversubscribed_cpu(request, address))
 
 
-def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool) -> int:
+def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool, out: str, history: Sequence[str] = ()) -> int:
+    """The candidates of every problem on this host's device, their total and an estimate of the device time (from
+    the run folder's results and ``history``; none where there is none), measuring nothing."""
     from rich.table import Table
     from rich.text import Text
 
+    from farm.analysis.estimate import History, already_measured, estimate
     from farm.tuner.autotuner import Autotuner
     from farm.tuner.problem_tuning import plan_specs_for
 
@@ -261,13 +264,19 @@ def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool) -> int:
                 applies.add(c.engine_name)
             else:
                 reasons.setdefault(c.engine_name, set()).add(c.reason)
-        rows.append((wp, [s.describe(registry) for s in specs],
-                     [(c.engine_name, c.reason) for c in configs if not c.applicable]
+        rows.append((wp, specs, [(c.engine_name, c.reason) for c in configs if not c.applicable]
                      + list(tuner._collection.dropped)))
+    sig = device.signature
+    plans = _plans(workload, device, registry, [(wp, specs) for wp, specs, _ in rows])
+    results = f"{out.rstrip('/')}/results"
+    cost = estimate(sig, plans, History([results, *history]), measured=already_measured(results, sig),
+                    confirm_budget_ms=workload.autotune.confirm.budget_ms, confirm=workload.autotune.confirm.enabled)
     if as_json:
-        _print_json([{"name": wp.name, "problem_key": wp.problem.key, "label": wp.problem.label(),
-                      "candidates": specs, "not_applicable": [f"{e}: {r}" for e, r in skipped]}
-                     for wp, specs, skipped in rows])
+        _print_json({"problems": [{"name": wp.name, "problem_key": wp.problem.key, "label": wp.problem.label(),
+                                   "candidates": [s.describe(registry) for s in specs],
+                                   "not_applicable": [f"{e}: {r}" for e, r in skipped]}
+                                  for wp, specs, skipped in rows],
+                     "estimate": [cost.to_json()]})
         return 0
     # an engine that applies to no problem here, for one reason (another kind of device, a library missing)
     # is listed once below the table, not on every problem's row
@@ -277,17 +286,43 @@ def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool) -> int:
         table.add_column(col)
     for wp, specs, skipped in rows:
         own = [f"{e}: {r}" for e, r in skipped if e not in here]
-        table.add_row(Text(f"{wp.name}\n{wp.problem.label()}"), Text(f"{len(specs)}: " + ", ".join(specs)),
+        names = [s.describe(registry) for s in specs]
+        table.add_row(Text(f"{wp.name}\n{wp.problem.label()}"), Text(f"{len(specs)}: " + ", ".join(names)),
                       Text("\n".join(own) or "-"))
     console = _console()
     console.print(table)
     by_reason: dict[str, list[str]] = {}
     for engine, why in sorted(here.items()):
         by_reason.setdefault(why, []).append(engine)
-    for why, names in by_reason.items():
-        console.print(Text(f"not on {device.properties.name} ({device.runtime.name}): {', '.join(names)}: {why}"),
+    for why, engines in by_reason.items():
+        console.print(Text(f"not on {device.properties.name} ({device.runtime.name}): {', '.join(engines)}: {why}"),
                       soft_wrap=True)
+    from farm.cli.render import estimate_table
+
+    console.print(estimate_table([cost]))
     return 0
+
+
+def _plans(workload: Any, device: Any, registry: Any, found: Sequence[tuple[Any, Sequence[Any]]]) -> list[Any]:
+    """Each problem's candidates as the estimate counts them: those the workload's cost model keeps, if it has one."""
+    from farm.analysis.estimate import ProblemPlan
+
+    pruner = None
+    if workload.autotune.prune is not None:
+        from farm.costmodel.pruning import Pruner
+
+        pruner = Pruner(workload.autotune.prune)
+    plans = []
+    for wp, specs in found:
+        named = [(registry.get(s.engine_id).name if s.engine_id in registry else str(s.engine_id), s) for s in specs]
+        keep = range(len(named))
+        if pruner is not None and named:
+            keep = pruner.decide(device.signature, wp.name, wp.problem, device.properties.to_dict(),
+                                 [(e, s.knobs) for e, s in named]).measure
+        kept = [named[i] for i in keep]
+        plans.append(ProblemPlan(wp.name, wp.problem.key, wp.problem.op, tuple((e, s.key) for e, s in kept),
+                                 calls=len(wp.calls), pruned=len(named) - len(kept)))
+    return plans
 
 
 def add_tune_parser(sub: Any) -> None:
@@ -340,7 +375,11 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--allow-partial", action="store_true",
                    help="exit 0 when the run finished but some problems have no winner (default: exit 3)")
     p.add_argument("--json", action="store_true", help="print results as JSON instead of tables")
-    p.add_argument("--dry-run", action="store_true", help="validate and list the candidates, measure nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate and list the candidates, their total and an estimate of the device time (from the "
+                        "run folder's results and --history), measure nothing")
+    p.add_argument("--history", action="append", metavar="RESULTS",
+                   help="--dry-run: also estimate from this results folder (an earlier run's; repeatable)")
     p.set_defaults(func=cmd_tune)
 
 
