@@ -66,8 +66,8 @@ def cmd_model_eval(args: argparse.Namespace) -> int:
     table = Table(title=f"pruned tunes of held-out problems (--holdout {args.holdout}, top-k {args.top_k}, "
                         f"explore {args.explore:g}, seed {args.seed})", title_justify="left")
     for col, justify in (("held out", "left"), ("problem", "left"), ("candidates", "right"), ("measured", "right"),
-                         ("regret", "right"), ("winner (exhaustive)", "left"), ("picked (pruned)", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+                         ("regret", "right"), ("winner (published)", "left"), ("picked (pruned)", "left")):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]  # labels whole
     for p in result.problems:
         style = "red" if p.regret > GOOD_REGRET else None
         table.add_row(Text(p.group), Text(p.name), str(p.candidates),

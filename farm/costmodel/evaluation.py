@@ -2,8 +2,13 @@
 
 The problems are split into groups (model families, ops, or device signatures); for each group a model
 is trained on all the others and a pruned tune of the group's problems is replayed on their exhaustive
-measurements: which candidates it would measure, which it would pick (the fastest it measured), and the
-regret, that pick's time over the fastest of all.
+measurements: which candidates it would measure, which it would publish, and the regret, that pick's main-round
+time over the published winner's.
+
+The exhaustive winner is the one the reducer published for the problem (its winner rule and confirmation stage:
+what every other surface names). The pruned tune publishes the same when it measured that candidate (its stage
+would see the same contest); otherwise the winner rule's pick among what it measured (no stage can be replayed
+for candidates the stage never met).
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ class HeldOut:
     signature: str
     candidates: int
     measured: int
-    regret: float  # the pruned pick's measured time over the exhaustive winner's
-    winner: str  # the exhaustive winner (fastest measured)
+    regret: float  # the pruned pick's main-round time over the exhaustive winner's
+    winner: str  # the exhaustive winner: the reducer's published one (the fastest where it published none)
     picked: str  # the pruned tune's
     full: str = ""  # why it was measured in full ('' when pruned)
 
@@ -103,16 +108,31 @@ def replay_pruned(p: ProblemTimes, pruner: Pruner, group: str) -> HeldOut:
     """The pruned tune of ``p`` as its exhaustive measurements say it would have gone."""
     cands = [(c.engine, c.knobs) for c in p.candidates]
     choice = pruner.decide(p.signature, p.name, p.problem, p.device, cands)
-    timed = [(p.candidates[i].median_ms, i) for i in choice.measure if p.candidates[i].median_ms is not None]
-    best = min((c.median_ms, i) for i, c in enumerate(p.candidates) if c.median_ms is not None)
     label = lambda i: candidate_label(p.candidates[i].engine, p.candidates[i].knobs)  # noqa: E731
-    if timed:
-        picked_ms, picked = min(timed)
-        regret = picked_ms / best[0]
-    else:  # every measured candidate failed: the tune has no winner, the worst outcome
-        picked, regret = -1, math.inf
-    return HeldOut(group, p.name, p.signature, len(cands), len(choice.measure), regret, label(best[1]),
-                   label(picked) if picked >= 0 else "(none)", choice.full)
+    timed = [i for i in choice.measure if p.candidates[i].median_ms is not None and p.candidates[i].median_ms > 0]
+    fastest = min((c.median_ms, i) for i, c in enumerate(p.candidates) if c.median_ms is not None)[1]
+    winner = next((i for i in range(len(p.candidates)) if p.published and label(i) == p.published), fastest)
+    if not timed:  # every measured candidate failed: the tune has no winner, the worst outcome
+        return HeldOut(group, p.name, p.signature, len(cands), len(choice.measure), math.inf, label(winner),
+                       "(none)", choice.full)
+    picked = winner if winner in timed else _rule_pick(p, timed)
+    regret = p.candidates[picked].median_ms / p.candidates[winner].median_ms  # type: ignore[operator]
+    return HeldOut(group, p.name, p.signature, len(cands), len(choice.measure), regret, label(winner), label(picked),
+                   choice.full)
+
+
+def _rule_pick(p: ProblemTimes, measured: Sequence[int]) -> int:
+    """The main round's winner rule over the candidates a pruned tune measured (farm.tuner.winner)."""
+    import numpy as np
+
+    from farm.tuner.winner import decide_groups
+
+    c = [p.candidates[i] for i in measured]
+    first_default = next((j for j, x in enumerate(c) if x.is_default), -1)
+    d = decide_groups(np.zeros(len(c), dtype=np.int64), np.array([x.median_ms for x in c], dtype=float),
+                      np.array([x.mad_ms or 0.0 for x in c], dtype=float), np.array([x.index for x in c]),
+                      default=np.arange(len(c)) == first_default)
+    return measured[int(d.winner[0])]
 
 
 def evaluate(data: TrainingSet, holdout: str, settings: PruneSettings, *, rounds: int = 600,

@@ -29,7 +29,7 @@ TARGET_CAP = 5.0  # 32x the best
 
 _COLUMNS = ["device_signature", "job_id", "run_id", "workload_name", "problem_name", "problem_key", "problem_json",
             "device_json", "engine_name", "knobs", "candidate_key", "candidate_index", "round", "disposition",
-            "succeeded", "median_ms"]
+            "succeeded", "median_ms", "mad_ms"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class CandidateTime:
     key: str  # candidate_key
     index: int  # discovery position
     median_ms: float | None  # None: it failed
+    mad_ms: float | None = None  # its median absolute deviation (the winner rule's noise), same session
 
     @property
     def is_default(self) -> bool:
@@ -57,6 +58,7 @@ class ProblemTimes:
     problem: Problem
     device: dict
     candidates: tuple[CandidateTime, ...]  # in discovery order
+    published: str = ""  # the label of the reducer's winner (what the override file names), '' when it has none
 
     @property
     def best_ms(self) -> float:
@@ -113,7 +115,10 @@ def load_training_set(sources: Sequence[str | Path]) -> TrainingSet:
     """Every problem of the results datasets ``sources`` (run folders, results folders or pyarrow.fs URIs)."""
     import pyarrow.dataset as ds
 
+    from farm.store.decisions import decide_results
+
     by_problem: dict[tuple[str, str], dict] = {}
+    published: dict[tuple[str, str], str] = {}  # the reducer's winner per problem; a later source's decision counts
     runs: set[str] = set()
     jobs: set[str] = set()
     rows = 0
@@ -121,6 +126,7 @@ def load_training_set(sources: Sequence[str | Path]) -> TrainingSet:
         dataset = ResultsDataset(results_folder(source))
         if not dataset.files:
             raise InputError("holds no results files", source=str(source))
+        published.update({key: w.label for key, w in decide_results(dataset).winners.items()})
         t = dataset.table(_COLUMNS, filter=ds.field("round") == "main")
         rows += t.num_rows
         cols = {c: t.column(c).to_pylist() for c in _COLUMNS}
@@ -139,11 +145,13 @@ def load_training_set(sources: Sequence[str | Path]) -> TrainingSet:
             med = cols["median_ms"][i] if cols["succeeded"][i] else None
             have = entry["cands"].get(ck)
             if have is None or (med is not None and (have[3] is None or med < have[3])):
-                entry["cands"][ck] = (cols["engine_name"][i], cols["knobs"][i], cols["candidate_index"][i], med)
+                entry["cands"][ck] = (cols["engine_name"][i], cols["knobs"][i], cols["candidate_index"][i], med,
+                                      cols["mad_ms"][i] if med is not None else None)
     problems = []
     for (sig, pk), e in sorted(by_problem.items()):
-        cands = tuple(sorted((CandidateTime(engine, knobs_from_structs(knobs), ck, int(idx), med)
-                              for ck, (engine, knobs, idx, med) in e["cands"].items()), key=lambda c: (c.index, c.key)))
+        cands = tuple(sorted((CandidateTime(engine, knobs_from_structs(knobs), ck, int(idx), med, mad)
+                              for ck, (engine, knobs, idx, med, mad) in e["cands"].items()),
+                             key=lambda c: (c.index, c.key)))
         if sum(c.median_ms is not None and c.median_ms > 0 for c in cands) < 2:
             continue  # nothing to rank
         try:
@@ -153,7 +161,7 @@ def load_training_set(sources: Sequence[str | Path]) -> TrainingSet:
             log.warning("costmodel: skipping problem %s on %s: unreadable (%s)", e["name"], sig, exc)
             continue
         problems.append(ProblemTimes(sig, pk, e["name"], family_of(e["name"], e["workload"]), e["workload"], problem,
-                                     device, cands))
+                                     device, cands, published.get((sig, pk), "")))
     return TrainingSet(tuple(problems), tuple(str(s) for s in sources), tuple(sorted(runs)), tuple(sorted(jobs)), rows)
 
 
