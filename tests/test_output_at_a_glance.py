@@ -208,3 +208,29 @@ def test_the_measured_cause_names_the_hosts_load_and_the_blas_threads():
     assert HostLoad(peak=1.2, cores=2, workers=1, blas_threads=1).cause() == ""  # the farm's own work: no cause
     one = HostLoad(peak=4.0, cores=2, workers=1, blas_threads=1).cause()
     assert "other work ran" in one and "each call ran" not in one
+
+
+def test_large_override_files_are_read_side_by_side_with_the_same_rows_and_errors(tmp_path, monkeypatch):
+    import farm.analysis.diff as diff
+    from farm.devices.device import cpu_device
+    from farm.errors import InputError
+    from farm.store.override_files import write_overrides
+    from tests.fakes import matmul_problem
+
+    dev = cpu_device()
+    obj = {"signature": dev.signature, "properties": dev.properties.to_dict()}
+    a = [_entry(matmul_problem(8 * i, 20, 12), "cpu.matmul.blas", 1.0, f"p{i}", mad=0.01) for i in range(1, 30)]
+    b = [_entry(matmul_problem(8 * i, 20, 12), "cpu.matmul.einsum", 1.2, f"p{i}", mad=0.01) for i in range(1, 30)]
+    write_overrides(tmp_path / "a.json", a, device=obj, mode="replace")
+    write_overrides(tmp_path / "b.json", b, device=obj, mode="replace")
+    alone = diff.diff_paths(tmp_path / "a.json", tmp_path / "b.json")
+    monkeypatch.setattr(diff, "PARALLEL_BYTES", 0)  # every file counts as large: the old side in a child process
+    monkeypatch.setattr("farm.devices.runtimes.cpu.usable_cores", lambda: 2)
+    assert diff.diff_paths(tmp_path / "a.json", tmp_path / "b.json") == alone
+    assert {r.status for r in alone} == {"winner changed"} and len(alone) == 29
+    doc = json.loads((tmp_path / "a.json").read_text())
+    doc["engine_overrides"][3]["autotune_metadata"]["knobs"] = [{"knob_id": "threads", "type": "string", "value": "x"}]
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    with pytest.raises(InputError) as err:  # the child's error, as it would have been raised here
+        diff.diff_paths(tmp_path / "a.json", tmp_path / "b.json")
+    assert err.value.field.startswith("engine_overrides[3]") and "threads" in str(err.value) and err.value.value == "x"

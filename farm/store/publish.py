@@ -145,12 +145,19 @@ def check_knobs(f: OverrideFile, name: str) -> None:
     from farm.model.engine import default_engine_registry, file_knobs
 
     registry = default_engine_registry()
+    checked: set[tuple[str, Any]] = set()  # a file's entries share a few engines and settings: each checked once
     for i, e in enumerate(f.entries):
-        if e.engine_name in registry:  # engines we do not have (hipDNN's own) are checked by their owners
-            try:
-                file_knobs(registry.get(e.engine_name), e.knobs, source=name)
-            except InputError as exc:
-                raise exc.within(prefix=f"engine_overrides[{i}]") from None
+        try:
+            seen = (e.engine_name, e.knobs) in checked
+        except TypeError:  # an unhashable value (a list where a number belongs): checked, and refused, below
+            seen = False
+        if seen or e.engine_name not in registry:
+            continue  # engines we do not have (hipDNN's own) are checked by their owners
+        try:
+            file_knobs(registry.get(e.engine_name), e.knobs, source=name)
+        except InputError as exc:
+            raise exc.within(prefix=f"engine_overrides[{i}]") from None
+        checked.add((e.engine_name, e.knobs))
 
 
 def publish(overrides_dir: str | Path, root: str, *, force: bool = False, replace: bool = False,
