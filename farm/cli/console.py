@@ -27,12 +27,15 @@ class _SafeConsole(Console):
             for seg in buffer)
 
 
+MIN_WIDTH = 80  # narrower, a table's columns shrink to nothing and its figures vanish: it runs wider instead
+
+
 def _console(stderr: bool = False) -> Console:
     probe = Console(stderr=stderr)
     # piped output (logs, CI) gets wide tables rather than 80-column wrapping, unless COLUMNS says a width
     columns = os.environ.get("COLUMNS", "").strip()
-    return _SafeConsole(stderr=stderr, highlight=False,
-                        width=None if probe.is_terminal or (columns.isdigit() and int(columns) > 0) else 200)
+    width = probe.width if probe.is_terminal or (columns.isdigit() and int(columns) > 0) else 200
+    return _SafeConsole(stderr=stderr, highlight=False, width=max(width, MIN_WIDTH))
 
 
 # where --json output goes: the process's real stdout while json_stdout() holds it (else sys.stdout)

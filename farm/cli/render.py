@@ -212,7 +212,7 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
     for col, justify in columns:
         table.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
                          no_wrap=col in ("problem", "ms", "speed-up"),
-                         min_width=20 if col == "winner" else None)
+                         min_width=None)
     doubtful, budget_ended = [], False
     decided = [winner_of(o.problem.problem.key) if winner_of is not None else None for o in outcomes]
     head, times = round_cells([w.median_ms if w else None for w in decided], [w.round if w else None for w in decided])

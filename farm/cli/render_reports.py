@@ -117,7 +117,7 @@ def report_tables(report: Any, verbose: bool = False) -> list[Table]:
         for col, justify in cols:
             per.add_column(head if col == "ms" else col, justify=justify, overflow="fold",  # type: ignore[arg-type]
                            no_wrap=not col.startswith("winner"),
-                           min_width=20 if col.startswith("winner") else None)
+                           min_width=None)
         for p, ms in zip(s.problems, times):
             why = "; ".join(x for x in (p.why, f"not trusted: {p.doubt}" if p.untrusted else "") if x)
             names = Text(p.winner)
@@ -169,17 +169,18 @@ def _nodes_table(report: Any) -> Table:
 
 def _decisions_table(checks: Sequence[dict[str, Any]]) -> Table:
     """Each problem's decision per calling mode: published beside delivered where farm verify replayed it."""
-    t = Table(title="decisions by calling mode: published, and delivered where replayed (farm verify)",
-              title_justify="left")
+    t = Table(title="decisions by calling mode: published, and delivered where replayed (farm verify; its 99 % "
+                    "interval below)", title_justify="left")
     for col, justify in (("problem", "left"), ("call", "left"), ("published", "right"),
-                         ("delivered (99 % interval)", "right"), ("verdict", "left"), ("winner", "left")):
+                         ("delivered", "right"), ("verdict", "left"), ("winner", "left")):
         t.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
-                     no_wrap=col not in ("verdict", "winner"))  # the winner last: it folds there, whole
+                     no_wrap=col in ("problem", "call", "published"))  # the winner last: it folds there, whole
     for c in checks:
         delivered = "-"
         if c["delivered"] is not None:
             lo, hi = c["delivered_interval"] or (None, None)
-            delivered = f"{c['delivered']:.3f}x" + (f" ({lo:.3f}-{hi:.3f})" if lo is not None and hi is not None else "")
+            delivered = f"{c['delivered']:.3f}x" + (f"\n({lo:.3f}-{hi:.3f})" if lo is not None and hi is not None
+                                                     else "")  # the interval under it: the names keep the width
         verdict = c["verdict"] or "not verified"
         style = "green" if verdict == "holds" else "dim" if verdict == "not verified" else "yellow"
         t.add_row(Text(c["problem"]), c["call"], f"{c['published']:.3f}x" if c["published"] else "-", delivered,
