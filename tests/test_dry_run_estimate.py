@@ -69,3 +69,12 @@ def test_history_times_each_candidate_and_the_run_folder_is_skipped_on_resume(tm
     text = " ".join(capsys.readouterr().out.replace("│", " ").split())
     assert "What the tune would cost" in text and "about 0.1 s (1 from the same engine and op)" in text  # 50 ms
     assert "1 measured already (a resume skips them)" in text and "about 1.0 s (as before) about 1.1 s" in text
+
+
+def test_a_history_folder_that_is_not_there_is_an_error_naming_it(tmp_path, capsys):
+    wl = tmp_path / "w.yaml"
+    wl.write_text(WORKLOAD)
+    assert main(["tune", str(wl), "--devices", "cpu", "--dry-run", "--out", str(tmp_path / "run"),
+                 "--history", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "results folder not found" in err

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from farm.analysis.report import build_report
 from farm.cli import main
@@ -107,3 +108,15 @@ def test_rows_of_several_rounds_name_their_round_in_each_cell():
     assert head == "ms" and cells == ["1.500 stage", "0.2500 main", "-"]
     head, cells = round_cells([1.5, None], ["confirm", None])
     assert head == "stage ms" and cells == ["1.500", "-"]
+
+
+def test_the_html_plots_the_decisions_round_and_names_it(tmp_path):
+    pytest.importorskip("matplotlib", reason="--html needs matplotlib (the report extra)")
+    _results(tmp_path / "r")
+    out = tmp_path / "report.html"
+    assert main(["report", str(tmp_path / "r"), "--html", str(out)]) == 0
+    html = out.read_text()
+    # the distribution drawn is the stage's (its alt text and the winners table name the round)
+    assert "time per run of its fastest candidates in the confirmation stage (paired rounds)" in html
+    assert "<td>confirmation stage (paired rounds)</td>" in html
+    assert "Per-device noise in the main round" in html

@@ -266,6 +266,11 @@ def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool, out: str,
                 reasons.setdefault(c.engine_name, set()).add(c.reason)
         rows.append((wp, specs, [(c.engine_name, c.reason) for c in configs if not c.applicable]
                      + list(tuner._collection.dropped)))
+    from farm.store.dataset import ResultsDataset, results_folder
+
+    history = [str(results_folder(h)) for h in history]
+    for h in history:  # a folder the user named must be there (the run folder may not be yet)
+        ResultsDataset(h)
     sig = device.signature
     plans = _plans(workload, device, registry, [(wp, specs) for wp, specs, _ in rows])
     results = f"{out.rstrip('/')}/results"
