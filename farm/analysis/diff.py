@@ -2,6 +2,7 @@
 
     farm diff runs/before/results runs/after/results     # per signature and problem
     farm diff old/<sig>.json new/<sig>.json              # override files, by match key
+    farm diff runs/before/overrides runs/after/overrides # folders of override files (or two published roots)
 
 Both kinds compare the same thing, the reducer's decision (farm.tuner.winner): a results folder is
 decided the way ``farm tune`` decided it (with its job's incumbents), an override file holds the
@@ -62,10 +63,43 @@ def diff_paths(a: str | Path, b: str | Path) -> list[DiffRow]:
     if not la.is_dir() and not lb.is_dir() and la.local and lb.local:
         return compare(*_both_overrides(la.local_path, lb.local_path))
     if la.is_dir() and lb.is_dir():
-        # a run folder (farm tune --out) works too
-        ra, rb = (Location.of(results_folder(x)) for x in (a, b))
-        return compare(_from_results(ra), _from_results(rb))
-    raise InputError("compare two override files or two results folders, not one of each", source=f"{a} vs {b}")
+        kinds = [_folder_kind(x) for x in (la, lb)]
+        if kinds == ["overrides", "overrides"]:
+            return compare(_from_override_folder(la.local_path), _from_override_folder(lb.local_path))
+        if kinds == ["results", "results"]:
+            # a run folder (farm tune --out) works too
+            ra, rb = (Location.of(results_folder(x)) for x in (a, b))
+            return compare(_from_results(ra), _from_results(rb))
+    raise InputError("compare two override files, two folders of override files or two results folders, not one of "
+                     "each", source=f"{a} vs {b}")
+
+
+def _override_files(folder: Path) -> list[Path]:
+    """The override files of a folder: ``<signature>.json`` in it (a run's overrides/) or one level down (a
+    published root, ROOT/<arch>/<signature>.json); hidden files and the root's index.json are not."""
+    found = [*folder.glob("*.json"), *folder.glob("*/*.json")]
+    return sorted(p for p in found if not p.name.startswith(".") and p.name != "index.json")
+
+
+def _folder_kind(loc: Location) -> str:
+    """``results`` (Parquet results, or a run folder) or ``overrides`` (override files only). A local folder with
+    neither is an error: a diff of it would say "no change" of nothing."""
+    if not loc.local:
+        return "results"  # a pyarrow.fs URI: a results folder
+    folder = Path(results_folder(loc.local_path))
+    if any(folder.glob("device_signature=*")):
+        return "results"
+    if _override_files(loc.local_path):
+        return "overrides"
+    raise InputError("holds no results (device_signature=<signature>/op=<op>/ Parquet) and no override files "
+                     "(<signature>.json)", source=str(loc))
+
+
+def _from_override_folder(folder: Path) -> dict[Hashable, _Side]:
+    sides: dict[Hashable, _Side] = {}
+    for path in _override_files(folder):
+        sides.update(_from_overrides(path))
+    return sides
 
 
 PARALLEL_BYTES = 8 * 2**20  # two files at least this large are read side by side, in a second process

@@ -280,8 +280,10 @@ def _add_result_commands(sub: Any) -> None:
     add_model_parser(sub)
     add_verify_parser(sub)
 
-    p = sub.add_parser("diff", help="compare two results folders or two override files: winners and times")
-    p.add_argument("a", help="the old side: a results folder (or run folder) or an override file")
+    p = sub.add_parser("diff", help="compare two results folders or two override files (or folders of them): winners "
+                                    "and times")
+    p.add_argument("a", help="the old side: a results folder (or run folder), an override file, or a folder of "
+                             "override files (a run's overrides/, a published root)")
     p.add_argument("b", help="the new side, of the same kind")
     p.add_argument("--all", action="store_true",
                    help="also list problems whose winner and time did not change (or a winner by < 3 %%)")
