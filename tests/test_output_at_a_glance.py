@@ -234,3 +234,61 @@ def test_large_override_files_are_read_side_by_side_with_the_same_rows_and_error
     with pytest.raises(InputError) as err:  # the child's error, as it would have been raised here
         diff.diff_paths(tmp_path / "a.json", tmp_path / "b.json")
     assert err.value.field.startswith("engine_overrides[3]") and "threads" in str(err.value) and err.value.value == "x"
+
+
+def test_verify_and_report_decision_tables_keep_each_winner_whole_on_one_line_at_100_columns():
+    """farm verify's table (and farm tune -v's) and farm report's decisions table: the winner goes under its problem,
+    the figures keep their width, a verdict's reason goes below the table; nothing wider than 100 columns."""
+    from rich.console import Console
+
+    from farm.cli.render_reports import _decisions_table
+    from farm.cli.render_verify import verified_table
+
+    winners = ["cpu.rmsnorm.einsum[row_block=64]", "cpu.layernorm.onepass[default]"]
+    reason = "flagged: delivers 0.980x of the direct call cpu.layernorm.twopass's plan (below 0.99)"
+    checks = [{"problem": "rmsnorm-4096", "call": "eager", "published_winner": winners[0], "winner": winners[0],
+               "direct": "cpu.rmsnorm.numpy's plan", "published": 1.176, "delivered": 1.199,
+               "delivered_interval": (0.964, 1.586), "replay_ms": 0.654, "direct_ms": 0.744, "verdict": "holds"},
+              {"problem": "layernorm-768", "call": "eager", "published_winner": winners[1], "winner": winners[1],
+               "direct": "cpu.layernorm.twopass's plan", "published": 1.047, "delivered": 0.980,
+               "delivered_interval": (0.902, 1.041), "replay_ms": 0.792, "direct_ms": 0.776, "verdict": reason}]
+    for table in (verified_table(checks), _decisions_table(checks)):
+        console = Console(width=100, record=True, file=open(os.devnull, "w"))
+        console.print(table)
+        lines = console.export_text().splitlines()
+        assert max(len(line.rstrip()) for line in lines) <= 100
+        for label in winners:
+            assert any(label in line for line in lines), "\n".join(lines)
+        [row] = [line for line in lines if "layernorm-768" in line and "│" in line]
+        assert "flagged" in row and "below 0.99" not in row  # the verdict's word in the row ...
+        assert "layernorm-768 (eager): " + reason in " ".join(line.strip() for line in lines)  # ... its reason below
+
+
+def test_diff_of_two_folders_of_override_files_compares_their_files_and_an_empty_folder_is_an_error(tmp_path):
+    """A run's overrides/ or a published root is a folder of override files, not of results: its diff compares the
+    files (it once read them as an empty results folder and said "no change"); a folder with neither is exit 2."""
+    from farm.devices.device import cpu_device
+    from farm.store.override_files import write_overrides
+    from tests.fakes import matmul_problem
+
+    dev = cpu_device()
+    obj = {"signature": dev.signature, "properties": dev.properties.to_dict()}
+    (tmp_path / "old" / "x86").mkdir(parents=True)  # a published root: ROOT/<arch>/<signature>.json + index.json
+    (tmp_path / "old" / "index.json").write_text("{}")
+    (tmp_path / "new").mkdir()  # a run's overrides/
+    write_overrides(tmp_path / "old" / "x86" / f"{dev.signature}.json",
+                    [_entry(matmul_problem(8, 20, 12), "cpu.matmul.blas", 1.0, "p1", (("threads", 2),))],
+                    device=obj, mode="replace")
+    write_overrides(tmp_path / "new" / f"{dev.signature}.json",
+                    [_entry(matmul_problem(8, 20, 12), "cpu.matmul.einsum", 0.5, "p1", ())], device=obj, mode="replace")
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100")
+    run = subprocess.run([sys.executable, "-m", "farm", "diff", str(tmp_path / "old"), str(tmp_path / "new"),
+                          "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    [row] = json.loads(run.stdout)["rows"]
+    assert row["status"] == "winner changed" and row["problem"] == "p1", row
+    (tmp_path / "empty").mkdir()
+    bad = subprocess.run([sys.executable, "-m", "farm", "diff", str(tmp_path / "empty"), str(tmp_path / "new")],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "error:" in bad.stderr and "empty" in bad.stderr and "no override files" in \
+        bad.stderr and "Traceback" not in bad.stderr, bad.stderr

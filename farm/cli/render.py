@@ -530,13 +530,17 @@ def phases_table(phases: Any) -> Table:
 
     total = phases.total
     worst = ", ".join(f"{p} {100 * f:.0f} %" for p, f in phases.overhead()[:3])
+    signatures = sorted({w.signature for w in phases.workers})
+    one = len(signatures) == 1  # one signature goes in the title: a column would fold it mid-name
     t = Table(title=f"Device time by phase ({len(phases.workers)} worker(s), {phases.tuning_s:.1f} s of tuning"
-                    + (f"; not measuring: {worst}" if worst else "") + "): each worker's share", title_justify="left")
+                    + (f"; not measuring: {worst}" if worst else "") + "): each worker's share"
+                    + (f" ({signatures[0]})" if one else ""), title_justify="left")
     t.add_column("worker", no_wrap=True)
     t.add_column("seconds", justify="right", no_wrap=True)
     for p in PHASES:
         t.add_column(p, justify="right", no_wrap=True)
-    t.add_column("signature", overflow="fold")  # last: it folds there, the figures stay on one line
+    if not one:
+        t.add_column("signature", overflow="fold")  # last: it folds there, the figures stay on one line
 
     def cells(split: Any) -> list[str]:
         whole = split.total
@@ -544,9 +548,9 @@ def phases_table(phases: Any) -> Table:
             f"{100 * split.get(p) / whole:.0f} %" if whole > 0 and split.get(p) > 0 else "-" for p in PHASES]
 
     for w in phases.workers:
-        t.add_row(Text(w.name), *cells(w.split), Text(w.signature))
+        t.add_row(Text(w.name), *cells(w.split), *([] if one else [Text(w.signature)]))
     if len(phases.workers) > 1:
-        t.add_row(Text("total", style="bold"), *cells(total), "")
+        t.add_row(Text("total", style="bold"), *cells(total), *([] if one else [""]))
     return t
 
 

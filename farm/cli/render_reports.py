@@ -168,23 +168,31 @@ def _nodes_table(report: Any) -> Table:
 
 
 def _decisions_table(checks: Sequence[dict[str, Any]]) -> Table:
-    """Each problem's decision per calling mode: published beside delivered where farm verify replayed it."""
+    """Each problem's decision per calling mode: published beside delivered where farm verify replayed it. The
+    winner goes under its problem (the first column folds, the figures keep their width); a verdict is its first
+    word in the table and its reason in the caption."""
     t = Table(title="decisions by calling mode: published, and delivered where replayed (farm verify; its 99 % "
-                    "interval below)", title_justify="left")
-    for col, justify in (("problem", "left"), ("call", "left"), ("published", "right"),
-                         ("delivered", "right"), ("verdict", "left"), ("winner", "left")):
+                    "interval below)", title_justify="left", caption_justify="left")
+    for col, justify in (("problem / winner", "left"), ("call", "left"), ("published", "right"),
+                         ("delivered", "right"), ("verdict", "left")):
         t.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
-                     no_wrap=col in ("problem", "call", "published"))  # the winner last: it folds there, whole
+                     no_wrap=col != "problem / winner")
+    reasons = []
     for c in checks:
         delivered = "-"
         if c["delivered"] is not None:
             lo, hi = c["delivered_interval"] or (None, None)
             delivered = f"{c['delivered']:.3f}x" + (f"\n({lo:.3f}-{hi:.3f})" if lo is not None and hi is not None
-                                                     else "")  # the interval under it: the names keep the width
+                                                     else "")
         verdict = c["verdict"] or "not verified"
-        style = "green" if verdict == "holds" else "dim" if verdict == "not verified" else "yellow"
-        t.add_row(Text(c["problem"]), c["call"], f"{c['published']:.3f}x" if c["published"] else "-", delivered,
-                  Text(verdict, style=style), Text(c["winner"]))
+        word, _, why = verdict.partition(": ")
+        style = "green" if verdict == "holds" else "dim" if word == "not verified" else "yellow"
+        if why:
+            reasons.append(f"{c['problem']} ({c['call']}): {verdict}")
+        t.add_row(Text(c["problem"]).append("\n" + c["winner"], style="dim"), c["call"],
+                  f"{c['published']:.3f}x" if c["published"] else "-", delivered, Text(word, style=style))
+    if reasons:
+        t.caption = "\n".join(reasons)
     return t
 
 

@@ -29,26 +29,35 @@ def verified_lines(records: Sequence[dict[str, Any]], *, title: str = "farm veri
 
 
 def verified_table(records: Sequence[dict[str, Any]], *, title: str = "farm verify") -> Table:
-    """One row per decision checked: what was published, what farm.ops delivers beside the direct call, and
-    the verdict; notes (host CPUs, decisions not measured) as the caption."""
+    """One row per decision checked: the problem and its calling mode, the published winner and the direct call
+    under it (that column folds, the figures keep their width), published beside delivered (its 99 % interval
+    under it), farm.ops' and the direct call's medians, and the verdict's first word; its reason and the notes
+    (host CPUs, decisions not measured) as the caption."""
     held = sum(r["verdict"] == "holds" for r in records)
-    t = Table(title=f"{title}: {held} of {len(records)} decision(s) hold", title_justify="left")
-    for col, justify in (("problem", "left"), ("call", "left"), ("published winner", "left"), ("published", "right"),
-                         ("delivered (99 % interval)", "right"), ("farm.ops", "right"), ("direct call", "right"),
-                         ("verdict", "left")):
-        t.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    t = Table(title=f"{title}: {held} of {len(records)} decision(s) hold (delivered: its 99 % interval below)",
+              title_justify="left", caption_justify="left")
+    for col, justify in (("problem / winner / direct call", "left"), ("published", "right"), ("delivered", "right"),
+                         ("farm.ops", "right"), ("direct", "right"), ("verdict", "left")):
+        t.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
+                     no_wrap=not col.startswith("problem"))
     notes: list[str] = []
     for r in records:
         interval = r.get("delivered_interval")
         delivered = _x(r.get("delivered"))
         if interval and all(isinstance(v, (int, float)) for v in interval):
-            delivered += f" ({interval[0]:.3f}-{interval[1]:.3f})"
+            delivered += f"\n({interval[0]:.3f}-{interval[1]:.3f})"
         verdict = r["verdict"]
+        word, _, why = verdict.partition(": ")
         style = "green" if verdict == "holds" else "yellow" if verdict.startswith(("fixed", "not verified")) else "red"
-        t.add_row(Text(r["problem"]), Text(r["call"]), Text(r["published_winner"]), _x(r.get("published")),
-                  delivered, _ms(r.get("replay_ms")), Text(f"{_ms(r.get('direct_ms'))} {r.get('direct') or ''}".strip()),
-                  Text(verdict, style=style))
+        what = Text(f"{r['problem']} ({r['call']})")
+        what.append(f"\n{r['published_winner']}", style="bold")
+        if r.get("direct"):
+            what.append(f"\nvs {r['direct']}", style="dim")
+        if why:
+            notes.append(f"{r['problem']} ({r['call']}): {verdict}")
+        t.add_row(what, _x(r.get("published")), delivered, _ms(r.get("replay_ms")), _ms(r.get("direct_ms")),
+                  Text(word, style=style))
         notes += [f"{r['problem']} ({r['call']}): {n}" for n in r.get("notes") or ()]
     if notes:
-        t.caption = Text("\n".join(dict.fromkeys(notes)), justify="left")
+        t.caption = Text("\n".join(dict.fromkeys(notes)))
     return t
