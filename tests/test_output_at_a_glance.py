@@ -204,10 +204,20 @@ def test_the_measured_cause_names_the_hosts_load_and_the_blas_threads():
 
     busy = HostLoad(peak=3.9, cores=2, workers=1, blas_threads=2).cause()
     assert busy.startswith("Measured: the load reached 3.9 on 2 core(s)") and "other work ran" in busy
-    assert "each call ran 2 BLAS threads" in busy
+    assert "2 BLAS threads a call" in busy
     assert HostLoad(peak=1.2, cores=2, workers=1, blas_threads=1).cause() == ""  # the farm's own work: no cause
     one = HostLoad(peak=4.0, cores=2, workers=1, blas_threads=1).cause()
-    assert "other work ran" in one and "each call ran" not in one
+    assert "other work ran" in one and "BLAS threads a call" not in one
+
+
+def test_the_next_step_offers_what_the_run_did_not_do_already():
+    from farm.cli.render import HostLoad, next_step
+
+    one_thread = next_step(HostLoad(peak=1.0, cores=2, workers=1, blas_threads=1), budget_ms=2000)
+    assert "--cpu-threads 1" not in one_thread and "budget_ms: 8000" in one_thread  # it ran one thread already
+    two = next_step(HostLoad(peak=1.0, cores=2, workers=1, blas_threads=2), budget_ms=8000)
+    assert "--cpu-threads 1" in two and "budget_ms: 32000" in two  # a budget larger than the one that ran out
+    assert "--cpu-threads 1 on a CPU" in next_step(None)  # a run elsewhere (a GPU, a cluster): nothing measured here
 
 
 def test_large_override_files_are_read_side_by_side_with_the_same_rows_and_errors(tmp_path, monkeypatch):

@@ -157,8 +157,16 @@ def round_cells(values: Sequence[float | None], rounds: Sequence[str | None], he
     return head, [f"{fmt_ms(v)} {n}" if n is not None else "-" for v, n in zip(values, names)]
 
 
-NEXT_STEP = ("Next: a quiet machine, --cpu-threads 1 on a CPU, or autotune: {confirm: {budget_ms: 8000}}; the same "
-             "command re-confirms only these.")
+def next_step(load: "HostLoad | None", budget_ms: float | None = None) -> str:
+    """What to try after an undecided stage: a quiet machine; one BLAS thread a call, unless the run had one
+    already; a confirmation budget four times this one (8000 ms at least). The same command re-confirms them."""
+    if load is None:  # a run elsewhere (a GPU, a cluster's nodes): what ran is not known here
+        threads = "--cpu-threads 1 on a CPU, "
+    else:  # a CPU run on this host
+        threads = "" if load.blas_threads == 1 else "--cpu-threads 1, "
+    budget = max(8000, round(4 * budget_ms)) if budget_ms else 8000
+    return (f"Next: a quiet machine, {threads}or autotune: {{confirm: {{budget_ms: {budget}}}}}; the same command "
+            "re-confirms only these.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +187,7 @@ class HostLoad:
             parts.append(f"the load reached {self.peak:.1f} on {self.cores} core(s), the farm's own work "
                          f"{own} ({self.workers} worker(s) x {self.blas_threads} BLAS thread(s)): other work ran")
         if self.blas_threads > 1:
-            parts.append(f"each call ran {self.blas_threads} BLAS threads, which swing most on a busy machine")
+            parts.append(f"{self.blas_threads} BLAS threads a call, which swing most under load")
         return ("Measured: " + "; ".join(parts) + ".") if parts else ""
 
 
@@ -197,13 +205,14 @@ def host_load(peak: float | None, workers: int, blas_threads: int | None) -> Hos
 
 
 def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: Any = None,
-                  verbose: bool = False, load: HostLoad | None = None) -> Table:
+                  verbose: bool = False, load: HostLoad | None = None, budget_ms: float | None = None) -> Table:
     """One row per problem: the reducer's winner (what the override file replays, its label in full), its median,
     its speed-up over the default and how it was decided in a few words; ``verbose`` adds the speed-up's 99 %
     interval, the candidates and the whole reason.
 
     ``winner_of(problem_key)`` returns the :class:`~farm.store.decisions.Winner` of a problem, or None; ``load``
-    (a CPU run on this host) names the measured cause of a noisy result.
+    (a CPU run on this host) names the measured cause of a noisy result; ``budget_ms``: the workload's confirmation
+    budget, which the next step offers to raise.
     """
     table = Table(title=f"Summary: {len(outcomes)} problem(s) in {wall_s:.1f} s", title_justify="left")
     # the winner last: it takes the width the others leave and folds there, never cut
@@ -253,7 +262,7 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
     if budget_ended:
         cause = load.cause() if load is not None else ""
         caption += " (the confirmation budget ran out undecided: the default is published). " \
-            + (cause + " " if cause else "") + NEXT_STEP
+            + (cause + " " if cause else "") + next_step(load, budget_ms)
     table.caption = Text(caption, style="yellow" if doubtful else "dim")
     table.caption_justify = "left"
     return table
@@ -433,7 +442,7 @@ def farm_tables(workload: Any, report: Any, verbose: bool = False, load: HostLoa
     for sig in sorted({w.signature for w in report.workers}):
         outcomes = farm_outcomes(workload, report, sig)
         t = summary_table(outcomes, report.wall_s, lambda key, _s=sig: report.summary.winner(_s, key), verbose=verbose,
-                          load=load if sig.startswith("cpu-") else None)
+                          load=load if sig.startswith("cpu-") else None, budget_ms=workload.autotune.confirm.budget_ms)
         t.title = Text(f"{sig}: {len(outcomes)} problem(s)")
         tables.append(t)
     from farm.analysis.phases import from_statuses

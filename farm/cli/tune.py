@@ -115,7 +115,8 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
     else:
         console.print(summary_table(report.outcomes, report.wall_s,
                                     lambda key: report.summary.winner(device.signature, key), verbose=_verbose(args),
-                                    load=host_load(None, 1, args.cpu_threads) if device.signature.startswith("cpu-") else None))
+                                    load=host_load(None, 1, args.cpu_threads) if device.signature.startswith("cpu-") else None,
+                                    budget_ms=workload.autotune.confirm.budget_ms))
         if report.pruning:
             console.print(pruning_table(report.pruning))
         if report.summary.verified:
@@ -232,8 +233,10 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
         if report.total == 0 and not report.rows_written and not report.workers_started:
             console.print(f"nothing left to measure in {escape(out)}: every candidate has a result (no Ray instance "
                           "was started); the winners are decided again from what is there")
-        here = request.kind == "cpu" and address is None  # the workers ran on this host: its load is theirs
-        load = host_load(view.load_peak if view else None, request.count or 1, args.cpu_threads) if here else None
+        # an embedded instance's CPU workers (--devices cpu, or auto without a GPU) ran on this host: its load is theirs
+        here = request.kind in ("cpu", "auto") and address is None
+        cpu_workers = sum(w.signature.startswith("cpu-") for w in report.workers)
+        load = host_load(view.load_peak if view else None, cpu_workers or 1, args.cpu_threads) if here else None
         for table in farm_tables(workload, report, verbose=_verbose(args), load=load):
             console.print(table)
         console.print(where_table(out, report.summary))
