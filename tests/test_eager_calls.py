@@ -281,6 +281,50 @@ def test_verify_holds_for_a_decision_that_delivers_and_says_so_in_a_run_folder(t
     assert entry.engine_name == "sim.gemm" and entry.metadata["selection"]["verified"]["verdict"] == "holds"
 
 
+def test_a_decision_short_of_its_figure_where_replayed_is_published_untrusted(tmp_path, capsys, replay_env):
+    """A decision farm.ops replays slower than measured, yet still faster than the direct call: farm tune keeps it
+    (no loss beyond noise) but its published figure is not what a caller gets, so the entry is untrusted on every
+    surface and farm publish --trusted-only leaves it out."""
+    import pyarrow.parquet as pq
+    import yaml
+
+    from farm.cli.main import main
+    from farm.store.override_files import load_overrides
+
+    _, device = _sim(tmp_path)
+    problem = Problem.create("matmul", {"A": [2048, 2048], "B": [2048, 2048]}, dtype="fp16")
+    knobs, gain = _fastest_gemm(problem, device)
+    factor = gain ** 0.5  # delivers sqrt(gain): above 1, short of the published gain by more than 5 %
+    assert factor > 1.06
+    (tmp_path / "short").mkdir()
+    cfg, device = _sim(tmp_path / "short", "devices: [{name: Sim V, count: 1}]\nnoise: 0.01\nfaults:\n"
+                                            f"  - {{kind: slow_replay, engine: sim.gemm, factor: {factor}}}\n")
+    wl = tmp_path / "w.yaml"
+    wl.write_text(yaml.safe_dump({
+        "name": "v", "autotune": {"strategy": "fixed_average", "timed_iterations": 5, "check": "off",
+                                  "confirm": {"max_rounds": 16, "budget_ms": 200}},
+        "engines": {"include": ["sim.vendor", "sim.gemm"], "defaults": True, "sweep": {"sim.gemm": knobs}},
+        "problems": [{"name": "mm", "op": "matmul", "dtype": "fp16", "tensors": {"A": [2048, 2048],
+                                                                                 "B": [2048, 2048]}}]}))
+    run = tmp_path / "run"
+    assert main(["tune", str(wl), "--in-process", "--devices", f"sim:{cfg}", "--out", str(run), "--json"]) == 0
+    (v,) = json.loads(capsys.readouterr().out)["verified"]
+    assert v["verdict"].startswith("flagged") and 1.0 < v["delivered"] < v["published"] / 1.05, v
+    (entry,) = load_overrides(run / "overrides" / f"{device.signature}.json").entries
+    sel = entry.metadata["selection"]
+    assert entry.engine_name == "sim.gemm" and sel["rule"] == "confirmed"  # kept: it still beats the direct call
+    assert sel["trusted"] is False and sel["untrusted"].startswith("farm verify: flagged")
+    winners = pq.read_table(run / "overrides" / f"{device.signature}.winners.parquet").to_pylist()
+    assert [w["trusted"] for w in winners] == [False]
+    assert main(["report", str(run), "--json"]) == 0
+    (doubt,) = json.loads(capsys.readouterr().out)["signatures"][0]["untrusted"]
+    assert doubt["problem"] == "mm" and doubt["why"].startswith("farm verify: flagged")
+    assert main(["tune", str(wl), "--in-process", "--devices", f"sim:{cfg}", "--out", str(run)]) == 0
+    assert "mm (short of its figure where replayed)" in " ".join(capsys.readouterr().out.split())
+    assert main(["publish", str(run / "overrides"), "--to", str(tmp_path / "pub"), "--trusted-only", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["files"][0]["left_out_untrusted"] == ["mm"]
+
+
 def test_verify_refuses_a_file_of_another_device_and_names_unknown_problems(tmp_path, replay_env):
     from farm.cli.verify import _keys, resolve
     from farm.store.override_files import load_overrides

@@ -60,13 +60,15 @@ class ProblemSummary:
     winner_engine: str = ""  # the winner as its engine and knobs (``winner`` is its label), for scripts
     winner_knobs: dict[str, Any] = field(default_factory=dict)
     round: str = "main"  # the round winner_ms, default_ms, speedup, noise and samples come from (Parquet's ``round``)
+    short_where_replayed: str = ""  # farm verify's verdict where it delivers less than published (Winner's)
 
     @property
     def untrusted(self) -> bool:
         """Measure again before trusting it: the confirmation stage ended on its budget before it separated
-        the leader from the default, or (no stage) the winner is noisy and others are within its noise."""
+        the leader from the default, farm verify found it short of its figure where replayed, or (no stage) the
+        winner is noisy and others are within its noise."""
         if self.confirmation is not None:
-            return not self.confirmation.settled
+            return not self.confirmation.settled or bool(self.short_where_replayed)
         return (self.noise > NOISY_RELATIVE and self.near > 0) or (self.default_noisy and self.winner != self.default)
 
     @property
@@ -74,8 +76,10 @@ class ProblemSummary:
         """Why it is not trusted ('' when it is)."""
         if not self.untrusted:
             return ""
-        if self.confirmation is not None:
+        if self.confirmation is not None and not self.confirmation.settled:
             return f"undecided after {self.confirmation.rounds} paired rounds (budget ended)"
+        if self.short_where_replayed:
+            return f"farm verify: {self.short_where_replayed}"
         if self.noise > NOISY_RELATIVE and self.near > 0:
             return f"winner within noise of {self.near} other(s), no confirmation stage"
         return "the default is noisy: the speed-up over it is doubtful, no confirmation stage"
@@ -332,6 +336,7 @@ def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0,
         samples=samples, speedup=winner.speedup_over_default, interval=winner.speedup_interval, confirmation=winner.confirmed,
         call=winner.call, pruned=pruned, default_noisy=winner.default_noisy, checks=_checks(winner),
         winner_engine=winner.engine_name, winner_knobs=dict(winner.knobs), round=winner.round,
+        short_where_replayed=winner.verified.verdict if winner.short_where_replayed and winner.verified else "",
     )
 
 

@@ -267,7 +267,8 @@ def _add_result_commands(sub: Any) -> None:
     p.add_argument("--replace", action="store_true", help="replace each published file instead of merging into it")
     p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
     p.add_argument("--trusted-only", action="store_true",
-                   help="leave out entries marked untrusted (their confirmation stage did not decide them)")
+                   help="leave out entries marked untrusted (undecided by their confirmation stage, or short of "
+                        "their figure where farm verify replayed them)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_publish)
 

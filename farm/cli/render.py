@@ -237,6 +237,8 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
         if w is not None and w.confirmed is not None and not w.confirmed.settled:
             doubtful.append(o.problem.name)
             budget_ended = True
+        elif w is not None and w.short_where_replayed:  # its check is listed under the table: the reason is there
+            doubtful.append(f"{o.problem.name} (short of its figure where replayed)")
         elif w is not None and w.confirmed is None and w.noisy:  # as farm report says it (no stage to settle it)
             doubtful.append(f"{o.problem.name} (noisy, no confirmation stage ran)")
         elif w is not None and w.confirmed is None and w.default_noisy and w.label != w.default:

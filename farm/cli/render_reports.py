@@ -36,8 +36,9 @@ def publish_tables(reports: Sequence[Any], dry_run: bool = False) -> list[Table]
     notes = []
     for r in reports:
         if r.untrusted:
-            notes.append(f"{r.signature}: {len(r.untrusted)} of the entries published are untrusted (the confirmation "
-                         f"stage did not decide them): {', '.join(r.untrusted)}; --trusted-only leaves them out")
+            notes.append(f"{r.signature}: {len(r.untrusted)} of the entries published are untrusted (undecided by "
+                         f"their confirmation stage, or short of their figure where replayed): "
+                         f"{', '.join(r.untrusted)}; --trusted-only leaves them out")
         if r.left_out:
             notes.append(f"{r.signature}: {len(r.left_out)} untrusted entr{'y' if len(r.left_out) == 1 else 'ies'} "
                          f"left out (--trusted-only): {', '.join(r.left_out)}")

@@ -172,9 +172,19 @@ class Winner:
 
     @property
     def trusted(self) -> bool:
-        """False when the speed-up shown is doubtful: measured without a confirmation stage, or by one whose
-        budget ended before it could separate the leader from the default."""
-        return self.confirmed is not None and self.confirmed.settled
+        """False when the speed-up shown is doubtful: measured without a confirmation stage, by one whose budget
+        ended before it could separate the leader from the default, or short of it where replayed (farm verify)."""
+        return self.confirmed is not None and self.confirmed.settled and not self.short_where_replayed
+
+    @property
+    def short_where_replayed(self) -> bool:
+        """farm verify flagged the decision (not fixed) and it delivers less than the speed-up it publishes, or
+        nothing usable: its figure is not what a caller gets. Delivering more than published is no doubt."""
+        v = self.verified
+        if v is None or not v.verdict.startswith("flagged"):
+            return False
+        published = self.speedup_over_default
+        return v.delivered is None or published is None or v.delivered < published
 
     def for_call(self, call: str) -> "Winner | None":
         """The decision for calls of kind ``call``; a decision no confirmation stage made is the eager one."""

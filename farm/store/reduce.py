@@ -168,8 +168,9 @@ def _selection(w: Winner) -> dict[str, Any]:
     selection: dict[str, Any] = {"rule": w.rule.value, "why": w.why, "noisy": w.noisy, "trusted": w.trusted,
                                  "round": w.round, "fastest": {"label": w.fastest, "median_time_ms": w.fastest_ms}}
     if not w.trusted:  # marked, so farm publish can count it, refuse it (--trusted-only), and never compare with it
-        selection["untrusted"] = ("the confirmation stage's budget ran out before it decided" if w.confirmed
-                                  is not None else "no confirmation stage measured it against the default")
+        selection["untrusted"] = ("no confirmation stage measured it against the default" if w.confirmed is None
+                                  else "the confirmation stage's budget ran out before it decided"
+                                  if not w.confirmed.settled else f"farm verify: {w.verified.verdict}")
     if w.default is not None:
         selection["default"] = {"label": w.default, "median_time_ms": w.default_ms}
     if w.confirmed is not None:
