@@ -187,6 +187,20 @@ def _override_file(path, device, problem, engine, knobs, published):
                     device={"signature": device.signature, "properties": device.properties.to_dict()}, mode="replace")
 
 
+def _one_gemm_workload(tmp_path, knobs):
+    """A workload of one 2048^3 fp16 matmul: sim.vendor's default against sim.gemm at ``knobs``, with a stage."""
+    import yaml
+
+    wl = tmp_path / "w.yaml"
+    wl.write_text(yaml.safe_dump({
+        "name": "v", "autotune": {"strategy": "fixed_average", "timed_iterations": 5, "check": "off",
+                                  "confirm": {"max_rounds": 16, "budget_ms": 200}},
+        "engines": {"include": ["sim.vendor", "sim.gemm"], "defaults": True, "sweep": {"sim.gemm": knobs}},
+        "problems": [{"name": "mm", "op": "matmul", "dtype": "fp16", "tensors": {"A": [2048, 2048],
+                                                                                 "B": [2048, 2048]}}]}))
+    return wl
+
+
 def test_verify_flags_a_decision_slower_where_replayed_and_fix_publishes_the_default(tmp_path, capsys, replay_env):
     from farm.cli.main import main
     from farm.store.override_files import load_overrides
@@ -226,7 +240,6 @@ def test_verify_holds_for_a_decision_that_delivers_and_says_so_in_a_run_folder(t
     """A whole tune on a simulated device: farm tune verifies after its reduce, a decision that loses to the
     direct call where replayed is not published, and every surface names the same winner."""
     import pyarrow.parquet as pq
-    import yaml
 
     from farm.cli.main import main
     from farm.store.override_files import load_overrides
@@ -234,13 +247,7 @@ def test_verify_holds_for_a_decision_that_delivers_and_says_so_in_a_run_folder(t
     cfg, device = _sim(tmp_path)
     problem = Problem.create("matmul", {"A": [2048, 2048], "B": [2048, 2048]}, dtype="fp16")
     knobs, gain = _fastest_gemm(problem, device)
-    wl = tmp_path / "w.yaml"
-    wl.write_text(yaml.safe_dump({
-        "name": "v", "autotune": {"strategy": "fixed_average", "timed_iterations": 5, "check": "off",
-                                  "confirm": {"max_rounds": 16, "budget_ms": 200}},
-        "engines": {"include": ["sim.vendor", "sim.gemm"], "defaults": True, "sweep": {"sim.gemm": knobs}},
-        "problems": [{"name": "mm", "op": "matmul", "dtype": "fp16", "tensors": {"A": [2048, 2048],
-                                                                                 "B": [2048, 2048]}}]}))
+    wl = _one_gemm_workload(tmp_path, knobs)
     run = tmp_path / "run"
     assert main(["tune", str(wl), "--in-process", "--devices", f"sim:{cfg}", "--out", str(run), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -286,7 +293,6 @@ def test_a_decision_short_of_its_figure_where_replayed_is_published_untrusted(tm
     (no loss beyond noise) but its published figure is not what a caller gets, so the entry is untrusted on every
     surface and farm publish --trusted-only leaves it out."""
     import pyarrow.parquet as pq
-    import yaml
 
     from farm.cli.main import main
     from farm.store.override_files import load_overrides
@@ -299,13 +305,7 @@ def test_a_decision_short_of_its_figure_where_replayed_is_published_untrusted(tm
     (tmp_path / "short").mkdir()
     cfg, device = _sim(tmp_path / "short", "devices: [{name: Sim V, count: 1}]\nnoise: 0.01\nfaults:\n"
                                             f"  - {{kind: slow_replay, engine: sim.gemm, factor: {factor}}}\n")
-    wl = tmp_path / "w.yaml"
-    wl.write_text(yaml.safe_dump({
-        "name": "v", "autotune": {"strategy": "fixed_average", "timed_iterations": 5, "check": "off",
-                                  "confirm": {"max_rounds": 16, "budget_ms": 200}},
-        "engines": {"include": ["sim.vendor", "sim.gemm"], "defaults": True, "sweep": {"sim.gemm": knobs}},
-        "problems": [{"name": "mm", "op": "matmul", "dtype": "fp16", "tensors": {"A": [2048, 2048],
-                                                                                 "B": [2048, 2048]}}]}))
+    wl = _one_gemm_workload(tmp_path, knobs)
     run = tmp_path / "run"
     assert main(["tune", str(wl), "--in-process", "--devices", f"sim:{cfg}", "--out", str(run), "--json"]) == 0
     (v,) = json.loads(capsys.readouterr().out)["verified"]
