@@ -320,7 +320,7 @@ def test_a_decision_short_of_its_figure_where_replayed_is_published_untrusted(tm
     (doubt,) = json.loads(capsys.readouterr().out)["signatures"][0]["untrusted"]
     assert doubt["problem"] == "mm" and doubt["why"].startswith("farm verify: flagged")
     assert main(["tune", str(wl), "--in-process", "--devices", f"sim:{cfg}", "--out", str(run)]) == 0
-    assert "mm (short of its figure where replayed)" in " ".join(capsys.readouterr().out.split())
+    assert "Untrusted (short of its figure where replayed): mm." in " ".join(capsys.readouterr().out.split())
     assert main(["publish", str(run / "overrides"), "--to", str(tmp_path / "pub"), "--trusted-only", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["files"][0]["left_out_untrusted"] == ["mm"]
 

@@ -424,13 +424,13 @@ def test_the_tune_summary_flags_a_noisy_winner_that_no_stage_confirmed():
                        median_ms=1.0, mad_ms=0.2)
     w = Winner("sig", p.key, "p", "e", (), 1.0, 1.0, 0.2, True, Rule.FASTEST, "", "e[default]", 1.0, None, None, 2, 0)
     table = summary_table([ProblemOutcome(wp, (r,))], 1.0, lambda key: w)
-    assert "p (noisy, no confirmation stage ran)" in str(table.caption)
+    assert "Untrusted (noisy, no confirmation stage ran): p." in str(table.caption)
     quiet = summary_table([ProblemOutcome(wp, (r,))], 1.0, lambda key: dataclasses.replace(w, noisy=False))
     assert "nothing" in str(quiet.caption)
     shaky_default = dataclasses.replace(w, noisy=False, default="torch.matmul[default]", default_ms=1.3,
                                         default_noisy=True)
     table = summary_table([ProblemOutcome(wp, (r,))], 1.0, lambda key: shaky_default)
-    assert "p (the default is noisy: the speed-up over it is doubtful)" in str(table.caption)
+    assert "Untrusted (the default is noisy: the speed-up over it is doubtful): p." in str(table.caption)
 
 
 def test_farm_report_says_the_same_of_a_noisy_default():

@@ -302,3 +302,21 @@ def test_diff_of_two_folders_of_override_files_compares_their_files_and_an_empty
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "error:" in bad.stderr and "empty" in bad.stderr and "no override files" in \
         bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_farm_tunes_verify_lines_are_one_line_each_and_at_most_five_below_the_summary():
+    """Under farm tune's summary each check that does not hold is one line (the direct call's plan is in -v's
+    table); beyond four, the rest are counted, so the summary stays short whatever the machine did."""
+    from rich.console import Console
+
+    from farm.cli.render_verify import verified_lines
+
+    checks = [{"problem": f"problem-number-{i}", "call": "eager", "direct": "cpu.sdpa.materialized's plan",
+               "verdict": "flagged: delivers 0.978x of the direct call cpu.sdpa.materialized's plan (below 0.99)"}
+              for i in range(7)] + [{"problem": "held", "call": "eager", "direct": "x", "verdict": "holds"}]
+    console = Console(width=100, record=True, file=open(os.devnull, "w"))
+    console.print(verified_lines(checks, title="Verified where replayed"))
+    lines = console.export_text().splitlines()
+    assert lines[0].startswith("Verified where replayed: 1 of 8 decision(s) hold")
+    assert lines[1:] == [f"  problem-number-{i} (eager): flagged: delivers 0.978x of the direct call (below 0.99)"
+                         for i in range(4)] + ["  and 3 more (each one: -v, or farm report)"]

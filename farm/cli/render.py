@@ -222,7 +222,8 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
         table.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
                          no_wrap=col in ("problem", "ms", "speed-up"),
                          min_width=None)
-    doubtful, budget_ended = [], False
+    undecided: list[str] = []  # the stage's budget ran out: one reason, one next step, said once after them
+    doubtful: dict[str, list[str]] = {}  # the other untrusted decisions, by reason
     decided = [winner_of(o.problem.problem.key) if winner_of is not None else None for o in outcomes]
     head, times = round_cells([w.median_ms if w else None for w in decided], [w.round if w else None for w in decided])
     table.columns[1].header = head
@@ -235,14 +236,13 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
         if w is not None and not o.results:
             note = "; ".join(x for x in ("measured before", note) if x)
         if w is not None and w.confirmed is not None and not w.confirmed.settled:
-            doubtful.append(o.problem.name)
-            budget_ended = True
+            undecided.append(o.problem.name)
         elif w is not None and w.short_where_replayed:  # its check is listed under the table: the reason is there
-            doubtful.append(f"{o.problem.name} (short of its figure where replayed)")
+            doubtful.setdefault("short of its figure where replayed", []).append(o.problem.name)
         elif w is not None and w.confirmed is None and w.noisy:  # as farm report says it (no stage to settle it)
-            doubtful.append(f"{o.problem.name} (noisy, no confirmation stage ran)")
+            doubtful.setdefault("noisy, no confirmation stage ran", []).append(o.problem.name)
         elif w is not None and w.confirmed is None and w.default_noisy and w.label != w.default:
-            doubtful.append(f"{o.problem.name} (the default is noisy: the speed-up over it is doubtful)")
+            doubtful.setdefault("the default is noisy: the speed-up over it is doubtful", []).append(o.problem.name)
         for other in (w.others if w is not None else ()):
             note = "; ".join(x for x in (note, f"{other.call}: {other.label} {fmt_speedup(other.speedup_over_default, other.speedup_interval)}") if x)
         decision = short_decision(w) if w is not None else "no winner"
@@ -260,12 +260,16 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
             names.append(f"\n{len(o.results) + o.skipped} candidate(s)" + (f"; {note}" if note else ""), style="dim")
         cells.append(names)
         table.add_row(*cells)
-    caption = "too noisy to trust: " + (", ".join(doubtful) or "nothing")
-    if budget_ended:
+    if undecided:
         cause = load.cause() if load is not None else ""
-        caption += " (the confirmation budget ran out undecided: the default is published). " \
+        caption = "too noisy to trust: " + ", ".join(undecided) \
+            + " (the confirmation budget ran out undecided: the default is published). " \
             + (cause + " " if cause else "") + next_step(load, budget_ms)
-    table.caption = Text(caption, style="yellow" if doubtful else "dim")
+    else:
+        caption = "" if doubtful else "too noisy to trust: nothing"
+    caption = " ".join([caption] * bool(caption)
+                       + [f"Untrusted ({reason}): {', '.join(names)}." for reason, names in doubtful.items()])
+    table.caption = Text(caption, style="yellow" if undecided or doubtful else "dim")
     table.caption_justify = "left"
     return table
 
@@ -375,6 +379,10 @@ def _python() -> str:
     import sys
 
     exe = sys.executable or "python"
+    here = os.path.join(".venv", "bin", os.path.basename(exe))
+    if sys.prefix != sys.base_prefix and os.path.exists(here) \
+            and os.path.realpath(".venv") == os.path.realpath(sys.prefix):
+        return here  # the working folder's .venv is this one (a link to it included)
     rel = os.path.relpath(exe) if os.path.isabs(exe) else exe
     return rel if not rel.startswith("..") else exe
 
@@ -386,10 +394,10 @@ def _joined(out: str, name: str) -> str:
 
 
 def where_table(out: str, summary: Any) -> Table:
-    table = Table(title="Outputs", title_justify="left", show_header=False)
+    table = Table(title=f"Outputs of job {summary.job_id} (run {summary.run_id})", title_justify="left",
+                  show_header=False, box=None, padding=(0, 2, 0, 0))
     table.add_column("what", no_wrap=True)
     table.add_column("where", overflow="fold")
-    table.add_row("job", Text(f"{summary.job_id} (run {summary.run_id})"))
     table.add_row("results", Text(f"{_joined(out, 'results')}  ({summary.rows_written} new rows)"))
     if summary.reduce is not None:
         for s in summary.reduce.signatures:

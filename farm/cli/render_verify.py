@@ -18,13 +18,21 @@ def _ms(value: Any) -> str:
     return f"{value * 1e3:.1f} us" if value < 1.0 else f"{value:.3f} ms"
 
 
+MAX_LINES = 4  # the checks that do not hold, listed under farm tune's summary; the rest are counted
+
+
 def verified_lines(records: Sequence[dict[str, Any]], *, title: str = "farm verify") -> Text:
     """The checks in a few lines: how many hold, and each one that does not (the table: -v, farm report)."""
     held = sum(r["verdict"] == "holds" for r in records)
     lines = [f"{title}: {held} of {len(records)} decision(s) hold (farm.ops beside the direct call)"]
-    for r in records:
-        if r["verdict"] != "holds":  # its note (why a flagged default is no loss): -v
-            lines.append(f"  {r['problem']} ({r['call']}): {r['verdict'].split(' (the default is published')[0]}")
+    others = [r for r in records if r["verdict"] != "holds"]
+    for r in others[:MAX_LINES]:  # one line each: the direct call's plan and the note (a flagged default) are in -v
+        verdict = r["verdict"].split(" (the default is published")[0]
+        if r.get("direct"):
+            verdict = verdict.replace(f"the direct call {r['direct']}", "the direct call")
+        lines.append(f"  {r['problem']} ({r['call']}): {verdict}")
+    if len(others) > MAX_LINES:
+        lines.append(f"  and {len(others) - MAX_LINES} more (each one: -v, or farm report)")
     return Text("\n".join(lines), style="" if held == len(records) else "yellow")
 
 
