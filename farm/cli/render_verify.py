@@ -27,7 +27,7 @@ def verified_lines(records: Sequence[dict[str, Any]], *, title: str = "farm veri
     lines = [f"{title}: {held} of {len(records)} decision(s) hold (farm.ops beside the direct call)"]
     others = [r for r in records if r["verdict"] != "holds"]
     for r in others[:MAX_LINES]:  # one line each: the direct call's plan and the note (a flagged default) are in -v
-        verdict = r["verdict"].split(" (the default is published")[0]
+        verdict = r["verdict"].split(" (the default is published")[0].split("; ")[0]  # its first finding
         if r.get("direct"):
             verdict = verdict.replace(f"the direct call {r['direct']}", "the direct call")
         lines.append(f"  {r['problem']} ({r['call']}): {verdict}")
