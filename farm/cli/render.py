@@ -260,15 +260,13 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
             names.append(f"\n{len(o.results) + o.skipped} candidate(s)" + (f"; {note}" if note else ""), style="dim")
         cells.append(names)
         table.add_row(*cells)
+    parts = [f"Untrusted ({reason}): {', '.join(names)}." for reason, names in doubtful.items()]
     if undecided:
         cause = load.cause() if load is not None else ""
-        caption = "too noisy to trust: " + ", ".join(undecided) \
-            + " (the confirmation budget ran out undecided: the default is published). " \
-            + (cause + " " if cause else "") + next_step(load, budget_ms)
-    else:
-        caption = "" if doubtful else "too noisy to trust: nothing"
-    caption = " ".join([caption] * bool(caption)
-                       + [f"Untrusted ({reason}): {', '.join(names)}." for reason, names in doubtful.items()])
+        parts.insert(0, "too noisy to trust: " + ", ".join(undecided)
+                     + " (the confirmation budget ran out undecided: the default is published). "
+                     + (cause + " " if cause else "") + next_step(load, budget_ms))
+    caption = " ".join(parts) or "too noisy to trust: nothing"
     table.caption = Text(caption, style="yellow" if undecided or doubtful else "dim")
     table.caption_justify = "left"
     return table
