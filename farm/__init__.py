@@ -2,6 +2,7 @@
 
 The public API is what ``__all__`` lists (pinned by tests/test_public_api.py), plus the
 ``farm.ops`` module production code calls (matmul, sdpa, conv2d and the replay switches).
+``farm.capture``, ``farm.apply`` and ``farm.unapply`` (farm.nn: models end to end) are loaded on first use.
 """
 
 from farm._version import __version__
@@ -31,6 +32,17 @@ from farm.replay.tunable_runtime import TunableRuntime
 from farm.store.autotune_storage import AutotuneStorageConfig
 from farm.replay.tunable_settings import TunableSettings
 from farm.tuner.autotuner import Autotuner
+
+_MODEL_API = ("apply", "capture", "unapply")  # farm.nn's, imported on first use (a replaying process needs none)
+
+
+def __getattr__(name: str) -> object:
+    if name in _MODEL_API:
+        import farm.nn
+
+        return getattr(farm.nn, name)
+    raise AttributeError(f"module 'farm' has no attribute {name!r}")
+
 
 __all__ = [
     "AutotuneConfig",
@@ -73,10 +85,13 @@ __all__ = [
     "UsageError",
     "Workload",
     "__version__",
+    "apply",
+    "capture",
     "core_op",
     "cpu_device",
     "default_engine_registry",
     "engine_name_to_id",
     "load_workload",
     "policy_name_to_id",
+    "unapply",
 ]

@@ -10,6 +10,7 @@ EXPECTED = {
     "Workload", "__version__", "core_op", "cpu_device", "default_engine_registry", "engine_name_to_id",
     "load_workload", "policy_name_to_id",
     "Choice", "NoSelection", "POLICY_API_VERSION", "PolicyRegistry", "Selector", "TunableRuntime", "TunableSettings",
+    "apply", "capture", "unapply",
 }
 
 

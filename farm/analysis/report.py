@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from farm.analysis.phases import RunPhases, run_phases
 from farm.store.dataset import ResultsDataset, results_folder
 from farm.store.decisions import CONFIRM, VERIFY, Decisions, Winner
+from farm.store.model_checks import MODEL
 from farm.tuner.winner import NOISE_SIGMAS, NOISY_RELATIVE, RELATIVE_FLOOR, noise_sigma
 
 _COLUMNS = ["device_signature", "device_name", "host", "device_index", "problem_key", "problem_name", "problem_label",
@@ -258,6 +259,8 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
     for r in rows:
         if r["disposition"] == "pruned":  # not measured: no failure, no time, never a winner
             pruned.setdefault(r["problem_key"], set()).add(r["candidate_key"])
+            continue
+        if r["round"] == MODEL:  # a model's step times (farm apply's check): its decision shows it, no candidate's
             continue
         measured.setdefault(r["problem_key"], set()).add(r["candidate_key"])
         if r["round"] in (CONFIRM, VERIFY):  # paired rounds: the figures of a decision made there

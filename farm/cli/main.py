@@ -14,7 +14,9 @@ from farm._version import __version__
 from farm.errors import FarmError, InputError
 
 log = logging.getLogger("farm.cli")
+from farm.cli.apply import add_apply_parser
 from farm.cli.args import _nonnegative_int, _positive_int, add_verbose_everywhere, verbose_level
+from farm.cli.capture import add_capture_parser
 from farm.cli.console import _console, _print_json, _setup_logging, json_stdout
 from farm.cli.model import add_model_parser
 from farm.cli.tune import add_tune_parser
@@ -231,7 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_devices)
 
+    add_capture_parser(sub)
     add_tune_parser(sub)
+    add_apply_parser(sub)
     _add_result_commands(sub)
     add_verbose_everywhere(parser)
     return parser

@@ -8,9 +8,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,41 +17,7 @@ from rich.markup import escape
 from farm.cli.args import _positive_int
 from farm.cli.console import _console, _print_json
 from farm.errors import InputError
-
-
-@dataclass(frozen=True)
-class Target:
-    """What farm verify was pointed at: a run folder, a published root, or one file; and the file for this device."""
-
-    kind: str  # "run" | "root" | "file"
-    path: str  # the override file replayed
-    where: str  # the run folder, the root, or the file itself
-    note: str = ""  # the published file is another signature's (a same-arch fallback, as replay would use)
-
-
-def resolve(given: str, device: Any) -> Target:
-    """The override file a production process on ``device`` would replay from ``given``."""
-    from farm.store.published import find_published
-
-    sig = device.signature
-    if "://" not in given and os.path.isfile(given):
-        return Target("file", given, given)
-    if "://" not in given and not os.path.isdir(given):
-        raise InputError("no such file or folder", source=given)
-    if "://" not in given and os.path.isdir(os.path.join(given, "results")) \
-            and os.path.isdir(os.path.join(given, "overrides")):
-        path = os.path.join(given, "overrides", f"{sig}.json")
-        if not os.path.isfile(path):
-            have = sorted(p.name for p in Path(given, "overrides").glob("*.json") if not p.name.startswith("."))
-            raise InputError(f"holds no override file for this device ({sig}); it holds: {', '.join(have) or 'none'}",
-                             source=given)
-        return Target("run", path, given)
-    found = find_published(given, device.properties)
-    if found is None:
-        raise InputError(f"holds no override file for this device ({sig}) nor one of its arch", source=given)
-    path, note = found
-    kind = "root" if "://" in given or os.path.isfile(os.path.join(given, "index.json")) else "file"
-    return Target(kind, path, given if kind == "root" else path, note)
+from farm.store.targets import Target, resolve
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -157,44 +121,13 @@ def _record(target: Target, f: Any, verified: list[Any], device: Any, fix: bool)
 
 
 def _record_in_run(target: Target, verified: list[Any], device: Any) -> list[str]:
-    from farm.fsutil import LockTimeout, PathLock
     from farm.replay.verify import result_rows
-    from farm.store.override_files import load_overrides
-    from farm.store.reduce import reduce_results
-    from farm.store.results import ResultWriter, RunContext, new_id, result_row
+    from farm.store.run_records import record_in_run
 
-    run = Path(target.where)
-    record = _job_record(run)
-    lock = PathLock(run / ".job.lock", timeout=0)
-    try:
-        lock.acquire()
-    except LockTimeout:
-        raise InputError("a farm tune is running into this folder; verify it once that has finished",
-                         source=str(run)) from None
-    try:
-        ctx = RunContext(str(record.get("job_id") or new_id()), workload_name=str(record.get("workload", {}).get("name", ""))
-                         if isinstance(record.get("workload"), dict) else "")
-        rows = result_rows(verified, device)
-        with ResultWriter(run / "results", ctx.run_id, name="verify") as writer:
-            writer.append(result_row(r, d.problem, d.name, ctx, where) for r, d, where in rows)
-        old = load_overrides(target.path, strict=False)
-        warning = (old.extra.get("generated_by") or {}).get("measurement_warning", "") \
-            if isinstance(old.extra.get("generated_by"), dict) else ""
-        settings = record.get("settings") if isinstance(record.get("settings"), dict) else {}
-        report = reduce_results(run / "results", run / "overrides", incumbents=(settings or {}).get("incumbents"),
-                                signatures=[device.signature], measurement_warning=str(warning or ""))
-    finally:
-        lock.release()
+    rows = [(r, d.problem, d.name, where) for r, d, where in result_rows(verified, device)]
+    count, report = record_in_run(Path(target.where), target.path, rows, device.signature, name="verify")
     written = [s.write.path for s in report.signatures if s.write is not None]
-    return [f"{len(rows)} verify row(s) in {run / 'results'}; reduced again: {', '.join(written)}"]
-
-
-def _job_record(run: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((run / "job.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return [f"{count} verify row(s) in {Path(target.where) / 'results'}; reduced again: {', '.join(written)}"]
 
 
 def add_verify_parser(sub: Any) -> None:

@@ -51,15 +51,24 @@ def problem_of(op: str, tensors: Mapping[str, Any], criteria: Criteria, compute_
         tensors = {k: v.numpy() for k, v in tensors.items()}
     fw = where.framework
     described = {k: fw.describe(v) for k, v in tensors.items()}
+    problem = problem_for(op, described, criteria, compute_dtype, torch_layouts=isinstance(fw, TorchFramework))
+    return problem, where, tensors
+
+
+def problem_for(op: str, described: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], str]], criteria: Criteria,
+                compute_dtype: str | None, *, torch_layouts: bool) -> Problem:
+    """The Problem a call makes of tensors of these layouts (``described``: id -> (dims, strides, dtype)), as
+    farm.ops binds it; ``torch_layouts``: the tensors are a GPU framework's (a channels-last convolution input
+    gives a channels-last output there, as torch's conv2d does; the CPU engines write NCHW)."""
     spec: dict[str, Any] = {k: {"dims": d, "strides": s, "dtype": t} for k, (d, s, t) in described.items()}
     problem = Problem.create(op, spec, criteria=dict(criteria), compute_dtype=compute_dtype)
-    if op == "conv_fprop" and isinstance(fw, TorchFramework) and _channels_last(*described["X"][:2]):
+    if op == "conv_fprop" and torch_layouts and _channels_last(*described["X"][:2]):
         # a channels-last input gives a channels-last output, as torch's conv2d does (and the engines are
         # tuned for: an NCHW output from NHWC inputs is another, slower problem)
         dims = problem.tensor("Y").dims
         spec["Y"] = {"dims": dims, "strides": nhwc_strides(dims), "dtype": described["X"][2]}
         problem = Problem.create(op, spec, criteria=dict(criteria), compute_dtype=compute_dtype)
-    return problem, where, tensors
+    return problem
 
 
 def _where(p: Placement) -> str:

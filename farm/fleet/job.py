@@ -35,6 +35,7 @@ from farm.store.decisions import Decisions, Winner, decide_results, incumbent_fi
 from farm.store.location import Location, is_uri
 from farm.store.reduce import ReduceReport, reduce_results, relocated
 from farm.store.results import (
+    CHECK_ROUNDS,
     MeasurementContext,
     ResultWriter,
     RunContext,
@@ -662,10 +663,10 @@ def prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, list
     import pyarrow.dataset as ds
 
     # min_ms is read too, so a row the reducer would drop (an infinite time) is dropped here as well
-    # farm verify's rows check published decisions: no part of the tuning a resume rebuilds
+    # farm verify's and the model check's rows check published decisions: no part of the tuning a resume rebuilds
     t = dataset.table(["problem_key", "candidate_key", "round", "call", "session_id", "succeeded", "median_ms",
                        "mad_ms", "session_size", "disposition", "measured_at", "min_ms"],
-                      filter=(ds.field("device_signature") == signature) & (ds.field("round") != "verify"))
+                      filter=(ds.field("device_signature") == signature) & ~ds.field("round").isin(list(CHECK_ROUNDS)))
     when = pc.divide(pc.cast(t["measured_at"], pa.int64()), 1000.0).to_pylist()
     out: dict[str, list[PriorRow]] = {}
     cols = [t.column(c).to_pylist() for c in t.column_names[:-2]]

@@ -251,7 +251,8 @@ class DeviceWorkerImpl:
             try:
                 run = run_confirmation(wp.problem, self.device, self.registry, [(s, index[s]) for s in task.specs],
                                        reference=task.reference, incumbent=task.incumbent, call=CallMode(task.call),
-                                       config=config, seed=seed, phases=self.phases, probe=task.probe)
+                                       config=config, seed=seed, phases=self.phases, probe=task.probe,
+                                       by_host=wp.host_bound)
                 for r in run.results:
                     if not (task.probe and r.succeeded):  # a probe's measurement is no stage's: only a failure counts
                         items.put(r)

@@ -363,6 +363,10 @@ class AutotuneResult:
     calls_per_sample: int | None = None
     call_path: str = ""
     input_sets: int | None = None
+    # eager confirmation and verify rows: the host's time a call (issuing it, not waiting for the device), and
+    # "host" where its samples are those host times (a model's step the host bounds pays them, not device time)
+    host_ms: float | None = None
+    ranked_by: str = ""
 
     @property
     def compiled_plan_index(self) -> int:

@@ -34,13 +34,15 @@ from farm.errors import InputError, UnknownNameError
 from farm.fsutil import read_text_file
 from farm.model.engine import EngineRegistry, user_knobs
 from farm.model.knobs import BENCHMARKING_KNOB, KnobValue
+from farm.model.model_steps import StepInfo, Use, host_bound, parse_sites, parse_steps, parse_uses
 from farm.model.plans import EngineSweep, cartesian_product
 from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig, CallMode, parse_calls
+from farm.model.tunableop_gemms import is_untuned_file, untuned_workload
 
 WORKLOAD_VERSION = 1
-_TOP_KEYS = {"version", "name", "description", "seed", "call", "autotune", "engines", "problems"}
-_PROBLEM_KEYS = {"name", "op", "dtype", "compute_dtype", "tensors", "criteria", "engines", "call"}
+_TOP_KEYS = {"version", "name", "description", "seed", "call", "autotune", "engines", "problems", "steps"}
+_PROBLEM_KEYS = {"name", "op", "dtype", "compute_dtype", "tensors", "criteria", "engines", "call", "steps", "sites"}
 _ENGINE_KEYS = {"include", "exclude", "defaults", "sweep"}
 _CONFIG_KEYS = {f.name for f in fields(AutotuneConfig)} - {"ranking_fn", "engine_id_filter", "ranking", "storage"}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
@@ -79,6 +81,9 @@ class WorkloadProblem:
     problem: Problem
     engines: EngineSelection
     calls: tuple[CallMode, ...] = (CallMode.EAGER,)  # how production calls it: each is confirmed and decided
+    uses: tuple[Use, ...] = ()  # captured from a model: each step's calls of it (farm.model.model_steps)
+    sites: tuple[str, ...] = ()  # captured from a model: the module paths that call it
+    host_bound: bool = False  # a step calling it is bound by the host: its eager calls are ranked by host time
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class Workload:
     seed: int = 0
     description: str = ""
     digest: str = field(default="", compare=False)
+    steps: tuple[StepInfo, ...] = ()  # the model steps it was captured from (farm capture)
 
     @property
     def problem_count(self) -> int:
@@ -119,6 +125,8 @@ def load_workload(path: str | Path, registry: EngineRegistry | None = None) -> W
     path = Path(path)
     source = str(path)
     text = read_text_file(path, "workload file")
+    if is_untuned_file(text):  # PyTorch TunableOp's untuned-GEMM file: its GEMMs are the problems
+        return parse_workload(untuned_workload(text, source=source), source=source, registry=registry, text=text)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         _check_nodes(node, source)
@@ -206,6 +214,7 @@ def parse_workload(data: Any, *, source: str = "<workload>", registry: EngineReg
         config = dataclasses.replace(config, prune=dataclasses.replace(
             config.prune, model=str(Path(source).parent / config.prune.model)))
     calls = parse_calls(data["call"], "call") if "call" in data else (CallMode.EAGER,)
+    steps = parse_steps(data["steps"]) if data.get("steps") is not None else ()
     base = _engine_selection(data.get("engines") or {}, "engines", registry, None)
     problems_raw = data.get("problems")
     if not isinstance(problems_raw, list) or not problems_raw:
@@ -213,7 +222,7 @@ def parse_workload(data: Any, *, source: str = "<workload>", registry: EngineReg
     problems = []
     names: set[str] = set()
     for i, raw in enumerate(problems_raw):
-        wp = _problem(raw, i, registry, base, calls)
+        wp = _problem(raw, i, registry, base, calls, steps)
         if wp.name in names:
             raise InputError("problem names must be unique", field=f"problems[{i}].name", value=wp.name)
         names.add(wp.name)
@@ -227,6 +236,7 @@ def parse_workload(data: Any, *, source: str = "<workload>", registry: EngineReg
         seed=seed,
         description=str(data.get("description") or ""),
         digest=digest,
+        steps=steps,
     )
 
 
@@ -328,7 +338,7 @@ def _sweeps(raw: Any, prefix: str, registry: EngineRegistry) -> tuple[EngineSwee
 
 
 def _problem(raw: Any, i: int, registry: EngineRegistry, base: EngineSelection,
-             calls: tuple[CallMode, ...] = (CallMode.EAGER,)) -> WorkloadProblem:
+             calls: tuple[CallMode, ...] = (CallMode.EAGER,), steps: tuple[StepInfo, ...] = ()) -> WorkloadProblem:
     prefix = f"problems[{i}]"
     if not isinstance(raw, Mapping):
         raise InputError("expected a mapping with op and tensors", field=prefix, value=raw)
@@ -365,7 +375,10 @@ def _problem(raw: Any, i: int, registry: EngineRegistry, base: EngineSelection,
         raise InputError("expected a string", field=f"{prefix}.name", value=name)
     if "call" in raw:
         calls = parse_calls(raw["call"], f"{prefix}.call")
-    return WorkloadProblem(i, name or f"{problem.op}-{problem.key[:8]}", problem, engines, calls)
+    uses = parse_uses(raw["steps"], [s.label for s in steps], f"{prefix}.steps") if raw.get("steps") is not None else ()
+    sites = parse_sites(raw["sites"], f"{prefix}.sites") if raw.get("sites") is not None else ()
+    return WorkloadProblem(i, name or f"{problem.op}-{problem.key[:8]}", problem, engines, calls, uses, sites,
+                           host_bound(uses, {s.label: s for s in steps}))
 
 
 _TOKEN = re.compile(r"\[([^\]]+)\]|\.?([^.\[\]]+)")

@@ -274,13 +274,15 @@ class FileReplay:
         exec_device = dataclasses.replace(device, stream=None, extras={**device.extras, "replay": True})
         self.runtime = TunableRuntime(device, exec_device, settings=TunableSettings(enabled=False),
                                       registry=registry)
-        self.calls = OpCalls(self._bind)
+        self.calls = OpCalls(self.bind_problem)
 
     @property
     def exec_device(self) -> Device:
         return self.runtime.exec_device
 
-    def _bind(self, problem: Problem, where: Placement) -> tuple[Bound, Bound | None, Callable[[], bool] | None]:
+    def bind_problem(self, problem: Problem, where: Placement | None = None
+                     ) -> tuple[Bound, Bound | None, Callable[[], bool] | None]:
+        """What farm.ops binds ``problem`` to with the file under test (farm.dispatch's binder contract)."""
         with config_path(self.path):
             return self.runtime.bind_for_ops(problem)
 

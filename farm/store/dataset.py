@@ -22,7 +22,7 @@ from farm.devices.properties import DeviceProperties
 from farm.errors import InputError
 from farm.model.problem import Problem
 from farm.store.location import Location
-from farm.store.results import DATASET_SCHEMA, FILE_SCHEMA, PARTITIONING, SCHEMA_VERSION, spec_of
+from farm.store.results import CHECK_ROUNDS, DATASET_SCHEMA, FILE_SCHEMA, PARTITIONING, SCHEMA_VERSION, spec_of
 
 log = logging.getLogger("farm.store.dataset")
 
@@ -172,10 +172,10 @@ class ResultsDataset:
 
     def done_candidates(self, device_signature: str) -> dict[str, set[str]]:
         """problem key -> candidate keys with a row on this signature (any disposition but ``pruned``: a
-        candidate a cost model skipped is measured by a run that does not prune; no farm verify row: a check of a
-        published decision measures no candidate): the resume set."""
+        candidate a cost model skipped is measured by a run that does not prune; no farm verify or model check row:
+        a check of a published decision measures no candidate): the resume set."""
         t = self.table(["problem_key", "candidate_key"], filter=(ds.field("device_signature") == device_signature)
-                       & (ds.field("disposition") != "pruned") & (ds.field("round") != "verify"))
+                       & (ds.field("disposition") != "pruned") & ~ds.field("round").isin(list(CHECK_ROUNDS)))
         done: dict[str, set[str]] = {}
         for pk, ck in zip(t.column("problem_key").to_pylist(), t.column("candidate_key").to_pylist()):
             done.setdefault(pk, set()).add(ck)

@@ -22,7 +22,8 @@ from farm.model.knobs import KnobSettings, candidate_label
 from farm.store.dataset import ResultsDataset
 from farm.store.override_files import load_overrides
 from farm.store.overrides import OverrideEntry
-from farm.store.results import candidate_key, spec_of
+from farm.store.model_checks import apply_model_checks
+from farm.store.results import CHECK_ROUNDS, candidate_key, spec_of
 from farm.tuner.paired import CONFIDENCE, paired_ratio
 from farm.tuner.winner import ConfirmedRule, Rule, confirmed_why, decide_groups, decide_stage, is_noisy, noise_sigma, why
 
@@ -145,6 +146,8 @@ class Winner:
     # the round its figures (median, min, MAD, default and fastest medians) come from, as the Parquet's ``round``
     # column names it: main or finalist (no stage), confirm (the stage's paired rounds), verify (farm verify fixed it)
     round: str = "main"
+    default_row: int = -1  # the default's row in the decided table, in the decision's round (-1: none)
+    model_check: Any = None  # farm.store.model_checks.ModelCheck: the model step checked with this decision
 
     @property
     def label(self) -> str:
@@ -276,7 +279,7 @@ def _load_successes(data: ResultsDataset) -> tuple[pa.Table, bool, dict[str, set
     keep = t["succeeded"].to_numpy(zero_copy_only=False).astype(bool) if rows else np.zeros(0, bool)
     rounds = _strings(t["round"])
     stage = pc.equal(rounds, CONFIRM).to_numpy(zero_copy_only=False).astype(bool) if rows else keep
-    verify = pc.equal(rounds, VERIFY).to_numpy(zero_copy_only=False).astype(bool) if rows else keep
+    verify = pc.is_in(rounds, pa.array(CHECK_ROUNDS)).to_numpy(zero_copy_only=False).astype(bool) if rows else keep
     has_stage = bool(((stage | verify) & keep).any())
     # a stage's row that failed, or whose times are unusable (an old part): its candidate failed in the stage
     stage_failed = stage & ~(keep & _usable(t["median_ms"], t["min_ms"], t["avg_ms"])) if stage.any() else stage
@@ -425,6 +428,7 @@ def decide_results(data: ResultsDataset | str | Path, *, incumbents: dict[str, A
     if has_stage:
         table, winners = _apply_confirmations(data, table, c, d, winners, failures, default_failed, top)
         table, winners = _apply_verifications(data, table, winners, top)
+    winners = apply_model_checks(data, table, winners, top)
     if failures:
         winners = _note_failures(winners, failures, default_failed)
     return Decisions(table, winners, top, tuned, skipped, read)
@@ -560,7 +564,7 @@ def _winners(c: _Compared, d: Any, tuned: dict[str, set[str]]) -> dict[tuple[str
             noisy=bool(noisy[w]), rule=rule, why=phrase, fastest=c.label(f), fastest_ms=float(median[f]),
             default=c.label(df) if df >= 0 else None, default_ms=float(median[df]) if df >= 0 else None,
             candidates=int(counts[g]), row=w, default_noisy=bool(noisy[df]) if df >= 0 else False,
-            round=rounds[g] or "main")
+            round=rounds[g] or "main", default_row=df)
     return out
 
 
@@ -675,7 +679,8 @@ def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", 
             noisy=bool(is_noisy(np.array([med[w]]), np.array([mad[w]]))[0]), rule=dec.rule,
             why=phrase, fastest=label(fastest), fastest_ms=med[fastest],
             default=gone.label if gone is not None else label(ref), default_ms=None if gone is not None else med[ref],
-            row=offset + rows[w], confirmed=confirmation, round=CONFIRM))
+            row=offset + rows[w], confirmed=confirmation, round=CONFIRM,
+            default_row=offset + rows[ref] if ref >= 0 and gone is None else -1))
         # the stage's ranking, winner first: what top_k lists for this decision (its figures are the stage's)
         stage_top[(sig, pkey, call)] = [offset + rows[w]] + [offset + rows[j] for j in sorted(
             range(len(rows)), key=lambda j: (med[j], j)) if j != w]

@@ -178,6 +178,8 @@ def _selection(w: Winner) -> dict[str, Any]:
         selection["confirmation"] = w.confirmed.as_dict()
     if w.verified is not None:  # farm verify's replay beside the direct call: delivered next to published
         selection["verified"] = w.verified.as_dict()
+    if w.model_check is not None:  # farm apply's check of a model's step with and without it
+        selection["model_check"] = w.model_check.as_dict()
     return selection
 
 
@@ -217,7 +219,8 @@ WINNERS_SCHEMA = pa.schema([
     ("trusted", pa.bool_()), ("confirm_rounds", pa.int32()), ("confirm_ms", pa.float64()),
     ("delivered_speedup", pa.float64()), ("delivered_low", pa.float64()), ("delivered_high", pa.float64()),
     ("verdict", pa.string()), ("verified_on_cpu", pa.string()), ("round", pa.string()),
-], metadata={b"tunefarm.table": b"winners", b"tunefarm.schema_version": b"4"})
+    ("step_speedup", pa.float64()), ("model_verdict", pa.string()),
+], metadata={b"tunefarm.table": b"winners", b"tunefarm.schema_version": b"5"})
 
 
 def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winner]) -> Path:
@@ -254,6 +257,8 @@ def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winne
         "delivered_high": col(lambda w: w.verified.high if w.verified else None),
         "verdict": col(lambda w: w.verified.verdict if w.verified else None),
         "verified_on_cpu": col(lambda w: w.verified.host_cpu if w.verified else None),
+        "step_speedup": col(lambda w: w.model_check.speedup if w.model_check else None),
+        "model_verdict": col(lambda w: w.model_check.verdict if w.model_check else None),
     }
     arrays = []
     for spec in WINNERS_SCHEMA:

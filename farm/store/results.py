@@ -36,6 +36,9 @@ from farm.store.location import Location
 log = logging.getLogger("farm.store.results")
 
 SCHEMA_VERSION = 1
+# rounds whose rows check a decision where it is used (farm verify: one call; farm apply: a model's step), never a
+# measurement of a candidate: the main-round readers leave them out
+CHECK_ROUNDS = ("verify", "model")
 
 KNOB_TYPE = pa.struct([("id", pa.string()), ("type", pa.string()), ("value", pa.string())])
 TENSOR_TYPE = pa.struct([("id", pa.string()), ("dims", pa.list_(pa.int64())),
@@ -53,15 +56,18 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("round", pa.string(), "'main'; 'finalist' for a re-measurement of shard winners; 'confirm' for the paired "
                            "confirmation stage (its rows' samples_ms are paired by position: round i of a session); "
                            "'verify' for farm verify's replay of a published decision beside the direct call (two "
-                           "rows a session, paired likewise)"),
-    ("call", pa.string(), "confirm and verify rows: the calling mode timed, 'eager' (per call of back-to-back "
+                           "rows a session, paired likewise); 'model' for farm apply's model check: a model's step "
+                           "with and without the decision (two rows a session, step ms, paired likewise)"),
+    ("call", pa.string(), "confirm, verify and model rows: the calling mode timed, 'eager' (per call of back-to-back "
                           "calls as production makes them, launch cost included) or 'graph' (device time inside a "
                           "captured graph); '' for the other rounds"),
     ("session_size", pa.int32(), "confirm rows: how many rows the stage wrote in all (its participants); a stage "
                                  "with fewer on disk was cut short and is measured again; verify rows: 2; null for "
                                  "other rounds"),
     ("verdict", pa.string(), "verify rows: what farm verify found of the decision, 'holds', 'flagged: why' or "
-                             "'fixed: why' (the default was published in its place); '' otherwise"),
+                             "'fixed: why' (the default was published in its place); model rows: what farm apply's "
+                             "model check found, 'holds: why' or 'withdrawn: why' (the default is published in its "
+                             "place); '' otherwise"),
     ("run_started_at", TIMESTAMP, "when the run started"),
     ("measured_at", TIMESTAMP, "when this candidate's measurement started"),
     ("host", pa.string(), "host name of the measuring process"),
@@ -79,7 +85,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("runtime_version", pa.string(), ""),
     ("library_versions", pa.list_(NAMED_STR), "libraries that decide which kernel wins"),
     ("farm_version", pa.string(), "tunefarm version"),
-    ("workload_name", pa.string(), ""),
+    ("workload_name", pa.string(), "the workload's name; model rows: the model checked"),
     ("workload_digest", pa.string(), "hash of the workload file"),
     ("problem_name", pa.string(), "name of the problem in the workload"),
     ("problem_key", pa.string(), "hash of the canonical problem"),
@@ -123,14 +129,19 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("predicted_rel_time", pa.float64(), "disposition 'pruned': the cost model's predicted time relative to the "
                                          "problem's best (farm tune --prune); null otherwise"),
     ("calls_per_sample", pa.int32(), "confirm and verify rows: back-to-back calls one sample timed (eager; the same "
-                                     "for every participant of a round) or calls in the captured graph (graph); null "
-                                     "otherwise"),
+                                     "for every participant of a round) or calls in the captured graph (graph); model "
+                                     "rows: steps a sample; null otherwise"),
     ("call_path", pa.string(), "confirm and verify rows: what each call called: 'direct' (the library call a user "
                                "makes without the farm, the default's), 'replay' (farm.ops' entry point, its "
                                "dispatch included), 'plan' (the plan, where farm.ops has no entry point for the "
                                "problem); '' otherwise"),
     ("input_sets", pa.int32(), "confirm and verify rows: input sets the calls took in turn (with cold_cache sized "
                                "from the device's cache, so no call reads its inputs from it); null otherwise"),
+    ("host_ms", pa.float64(), "eager confirm rows: the host's time a call, issuing it without waiting for the device "
+                              "(median over the samples; on a CPU the call itself); null otherwise"),
+    ("ranked_by", pa.string(), "eager confirm rows: 'host' where samples_ms are host times a call (the problem is "
+                               "called by a model step the host bounds: farm capture's steps), '' where they are the "
+                               "calls' time"),
 )
 FILE_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in COLUMNS],
                         metadata={b"tunefarm.schema_version": str(SCHEMA_VERSION).encode()})
@@ -283,6 +294,8 @@ def _candidate_fields(result: AutotuneResult) -> dict[str, Any]:
         "calls_per_sample": result.calls_per_sample,
         "call_path": result.call_path,
         "input_sets": result.input_sets,
+        "host_ms": result.host_ms,
+        "ranked_by": result.ranked_by,
         "workspace_bytes": result.workspace_size if result.workspace_size is not None and result.workspace_size >= 0
         else None,  # never compiled: -1 in the result, null here
         "estimated_workspace_bytes": result.estimated_workspace,

@@ -45,6 +45,7 @@ from farm.fsutil import PathLock, atomic_write_text, move_aside, read_text_file
 from farm.model import dtypes
 from farm.model.knobs import KnobSettings
 from farm.model.op_catalog import OPS
+from farm.model.tunableop_gemms import TYPE_NAMES, gemm_tensors
 from farm.store.override_files import lock_path, merge_entries
 from farm.store.overrides import OVERRIDE_VERSION, OverrideEntry, OverrideFile, TensorRule
 
@@ -54,10 +55,6 @@ DEFAULT_KERNEL = "Default"  # TunableOp's name for the library's own (heuristic)
 VALIDATORS = "tunableop_validators"  # OverrideFile.extra keys: what is kept for the rewrite
 FOREIGN = "tunableop_lines"
 _LINE = "tunableop_line"  # OverrideEntry.extra: the line an entry was read from
-_TYPE_NAMES = {"fp32": "float", "fp64": "double", "fp16": "Half", "bf16": "BFloat16"}
-_FROM_TYPE = {v: k for k, v in _TYPE_NAMES.items()}
-_GEMM_OP = re.compile(r"GemmTunableOp_(float|double|Half|BFloat16)_([NT])([NT])")
-_GEMM_PARAMS = re.compile(r"([nt])([nt])_(\d+)_(\d+)_(\d+)(?:_ld_(\d+)_(\d+)_(\d+))?")
 # the runtime tuner's own GEMM line: its dtype names (storage, compute), and its params
 _SEED_TYPES = {"Float32": ("fp32", "fp32"), "Tf32": ("fp32", "tf32"), "Float64": ("fp64", "fp64"),
                "Float16": ("fp16", "fp32"), "Half": ("fp16", "fp32"), "BFloat16": ("bf16", "fp32")}
@@ -132,20 +129,12 @@ def _entry(row: Sequence[str], ordinal: int | None = None) -> OverrideEntry | No
             tensors.append(TensorRule("bias", (n,), (1,), dtype))
         return OverrideEntry("matmul", engine, tuple(tensors), (), knobs, compute, {**meta, "device_ordinal":
                                                                                       int(p.group(6))})
-    gemm = _GEMM_OP.fullmatch(op_name)
-    if gemm is not None:
-        p = _GEMM_PARAMS.fullmatch(params)
-        if p is None or (p.group(1).upper(), p.group(2).upper()) != gemm.group(2, 3):
+    if op_name.startswith("GemmTunableOp_"):
+        got = gemm_tensors(op_name, params)
+        if got is None:
             return None
-        dtype = _FROM_TYPE[gemm.group(1)]
-        ta, tb = p.group(1), p.group(2)
-        m, n, k = (int(x) for x in p.group(3, 4, 5))
-        lda, ldb, ldc = (int(x) for x in p.group(6, 7, 8)) if p.group(6) else (m if ta == "n" else k, k if tb == "n" else n, m)
-        # column-major C^T (m x n) = B^T A^T: M = n, N = m, K = k; the first operand is B
-        b_strides = (lda, 1) if ta == "n" else (1, lda)
-        a_strides = (ldb, 1) if tb == "n" else (1, ldb)
-        tensors = (TensorRule("A", (n, k), a_strides, dtype), TensorRule("B", (k, m), b_strides, dtype),
-                   TensorRule("C", (n, m), (ldc, 1), dtype))
+        dtype, spec = got
+        tensors = tuple(TensorRule(t, tuple(spec[t]["dims"]), tuple(spec[t]["strides"]), dtype) for t in ("A", "B", "C"))
         return OverrideEntry("matmul", engine, tensors, (), knobs, dtypes.default_compute_dtype(dtype), meta)
     if op_name not in OPS:
         return None
@@ -199,7 +188,7 @@ def gemm_signature(e: OverrideEntry) -> tuple[str, str] | None:
     if e.op != "matmul" or set(by_id) - {"A", "B", "C"} or e.criteria or a is None or b is None:
         return None
     dtype = a.data_type
-    if dtype not in _TYPE_NAMES or b.data_type != dtype or (c is not None and c.data_type not in (None, dtype)):
+    if dtype not in TYPE_NAMES or b.data_type != dtype or (c is not None and c.data_type not in (None, dtype)):
         return None
     if e.compute_data_type not in (None, dtypes.default_compute_dtype(dtype)):
         return None
@@ -215,7 +204,7 @@ def gemm_signature(e: OverrideEntry) -> tuple[str, str] | None:
         ldc = c.strides[0]
     if ta is None or tb is None:
         return None
-    return (f"GemmTunableOp_{_TYPE_NAMES[dtype]}_{ta.upper()}{tb.upper()}",
+    return (f"GemmTunableOp_{TYPE_NAMES[dtype]}_{ta.upper()}{tb.upper()}",
             f"{ta}{tb}_{nn}_{mm}_{kk}_ld_{lda}_{ldb}_{ldc}")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -197,14 +198,18 @@ def calls_per_sample(estimates: Mapping[Any, float], reference: Any, target_ms: 
     return int(max(1, min(most, n)))
 
 
-def eager_sampler(timer: Timer, caller: Caller, n: int) -> Callable[[], float]:
+def eager_sampler(timer: Timer, caller: Caller, n: int, host: list[float] | None = None, *,
+                  by_host: bool = False) -> Callable[[], float]:
     """``sample()`` -> ms a call of ``n`` back-to-back calls (no synchronisation between them), the input sets
     taken in turn across samples. An untimed call on the set before the sample's first comes just before it:
     every sample starts from the state a call leaves (a BLAS library's threads awake, a launch queue in
     flight), whichever participant ran last in the round; else the one timed second in a round gains from the
-    first, and a round's order, not the candidate, decides a short sample."""
+    first, and a round's order, not the candidate, decides a short sample. ``host`` receives each sample's host
+    time a call (issuing the calls, not waiting for the device: a sample's calls stay far below a launch queue's
+    depth); ``by_host``: the sample is that host time (what a step the host bounds pays)."""
     calls, m = caller.calls, len(caller.calls)
     turn = [0]
+    issued = [0.0]
 
     def sample() -> float:
         k = turn[0]
@@ -213,10 +218,16 @@ def eager_sampler(timer: Timer, caller: Caller, n: int) -> Callable[[], float]:
         calls[(k - 1) % m]()
 
         def loop() -> None:
+            t0 = time.perf_counter()
             for f in seq:
                 f()
+            issued[0] = time.perf_counter() - t0
 
-        return timer.measure(loop) / n
+        t = timer.measure(loop) / n
+        h = issued[0] * 1e3 / n
+        if host is not None:
+            host.append(h)
+        return h if by_host else t
 
     return sample
 

@@ -148,7 +148,7 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
                      incumbent: PlanSpec | None = None, call: CallMode = CallMode.EAGER,
                      config: AutotuneConfig | None = None, seed: int = 0,
                      tensors: Mapping[str, Any] | None = None, phases: PhaseClock | None = None,
-                     watch: HangWatch | None = None, probe: bool = False) -> ConfirmRun:
+                     watch: HangWatch | None = None, probe: bool = False, by_host: bool = False) -> ConfirmRun:
     """Re-measure ``entries`` ((plan spec, discovery index) each) in paired rounds; never raises for a
     candidate's failure: a participant that raises anything (SystemExit and an engine's KeyboardInterrupt
     included; a user's Ctrl-C goes on up) or gives an unusable time gets a failed row and leaves the rounds.
@@ -156,7 +156,9 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
     other participant through farm.ops' entry point; every participant's sample holds the same number of calls.
     ``phases`` learns the time spent building the participants' plans and in the rounds. ``watch`` (in-process
     tuning) sees the participant being compiled, warmed up or sampled. ``probe``: the rounds run to the budget
-    even for one participant (a participant alone, run again to find which one killed its worker)."""
+    even for one participant (a participant alone, run again to find which one killed its worker). ``by_host``
+    (eager): the samples are the host's time a call, what a model step the host bounds pays (farm capture's
+    steps), not the calls' time; every eager row records its host time a call either way."""
     from farm.tuner.autotuner import Autotuner
 
     config = config or AutotuneConfig()
@@ -214,11 +216,13 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
             callers[spec] = caller
         samplers: dict[PlanSpec, Callable[[], float]] = {}
         notes: dict[PlanSpec, str] = {}
+        hosts: dict[PlanSpec, list[float]] = {spec: [] for spec in callers}
+        by_host = by_host and call is CallMode.EAGER
         if call is CallMode.EAGER:
             target = settings.sample_ms or {"cpu": CPU_SAMPLE_MS, "nvidia": GPU_SAMPLE_MS,
                                              "amd": GPU_SAMPLE_MS}.get(stage_device.vendor, DEVICE_SAMPLE_MS)
             n = calls_per_sample(estimates, reference, target, most=MAX_CALLS_PER_SAMPLE)
-            samplers = {spec: eager_sampler(timer, c, n) for spec, c in callers.items()}
+            samplers = {spec: eager_sampler(timer, c, n, hosts[spec], by_host=by_host) for spec, c in callers.items()}
         else:
             n = config.graph_repeats or GRAPH_REPEATS
             for spec, c in callers.items():
@@ -255,13 +259,15 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
                 warmups=1, converged=settled,
                 error="; ".join(x for x in (f"confirmation ({call.value}): {rounds} paired rounds of {n} call(s) a "
                                             f"sample over {len(sets)} input set(s), {caller.describe()}",
-                                            notes.get(spec, "")) if x),
+                                            "ranked by the host's time a call (a model step the host bounds)"
+                                            if by_host else "", notes.get(spec, "")) if x),
                 workspace_size=int(getattr(cand.plan, "workspace_size", 0) or 0),
                 estimated_workspace=cand.estimated_workspace,
                 supports_exhaustive=bool(cand.engine.supports_exhaustive) if cand.engine else False,
                 device_name=device.properties.name, compile_ms=cand.compile_ms,
                 tuning_ms=wall / max(len(cands), 1), started_at=started_at,
-                calls_per_sample=n, call_path=caller.path, input_sets=len(sets))
+                calls_per_sample=n, call_path=caller.path, input_sets=len(sets),
+                host_ms=float(np.median(hosts[spec])) if hosts.get(spec) else None, ranked_by="host" if by_host else "")
         log.info("autotune: confirmation (%s) of %s: %d candidate(s), %d round(s) of %d call(s) a sample, %s, %.0f ms",
                  call.value, problem.label(), len(order), rounds, n, "settled" if settled else "budget ended", wall)
         return ConfirmRun(call, tuple(results[s] for s, _ in entries), rounds, settled, wall)
@@ -365,10 +371,11 @@ def stage_winner(run: ConfirmRun, *, default: PlanSpec | None, incumbent: PlanSp
 
 def confirm_problem(problem: Problem, device: Device, registry: EngineRegistry, config: AutotuneConfig,
                     calls: Sequence[CallMode], measured: Sequence[Measured], *, incumbent: PlanSpec | None = None,
-                    seed: int = 0, watch: HangWatch | None = None) -> list[ConfirmRun]:
+                    seed: int = 0, watch: HangWatch | None = None, by_host: bool = False) -> list[ConfirmRun]:
     """The stage for one problem, once per calling mode in ``calls``, from its main-round results
     (``measured``: every successful candidate, this run's and earlier runs'). A participant that fails one
-    mode's stage is in no later one. Nothing when it is off or there is nothing to compare."""
+    mode's stage is in no later one. Nothing when it is off or there is nothing to compare. ``by_host``: see
+    run_confirmation."""
     if not config.confirm.enabled or not calls:
         return []
     defaults = [m for m in measured if not m.spec.knobs]
@@ -383,7 +390,7 @@ def confirm_problem(problem: Problem, device: Device, registry: EngineRegistry, 
         if chosen:
             run = run_confirmation(problem, device, registry, [(s, index[s]) for s in chosen],
                                    reference=default or leader, incumbent=incumbent, call=call, config=config,
-                                   seed=seed, watch=watch)
+                                   seed=seed, watch=watch, by_host=by_host)
             runs.append(run)
             failed = {r.spec for r in run.results if not r.succeeded}
             measured = [m for m in measured if m.spec not in failed]

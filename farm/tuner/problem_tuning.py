@@ -136,7 +136,7 @@ def tune_problem(
         # new main-round rows make an earlier stage stale: every calling mode is confirmed again then
         left = list(wp.calls) if todo else [c for c in wp.calls if c not in set(confirmed)]
         runs = confirm_problem(wp.problem, device, registry, config, left, measured, incumbent=incumbent, seed=seed,
-                               watch=watch)
+                               watch=watch, by_host=wp.host_bound)
         for run in runs:
             if on_confirm is not None:
                 on_confirm(run)

@@ -199,6 +199,8 @@ class ConfirmedRule(str, enum.Enum):
     NOT_DELIVERED = "not_delivered"  # farm verify found the winner short of what it promised where it is replayed:
     # the default is published instead
     DEFAULT_FAILED = "default_failed"  # the default failed in the stage: the fastest of the rest is published
+    WITHDRAWN_IN_MODEL = "withdrawn_in_model"  # the model check found the step slower with it (farm apply): the
+    # default is published instead
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,141 @@
+"""farm capture: a model's tunable operations into a workload file.
+
+    farm capture examples/models.py:decoder --with batch=1 --with batch=8    # a model factory (farm.nn.targets)
+    farm capture examples/models.py:decoder --meta                            # shapes only, no memory, no times
+    farm capture infer.py --args '--batch 8'                                  # a whole script, as one step
+
+Each ``--with`` builds the model once and captures one step (its label); the steps merge into one workload.
+On a real device each step is then timed (the host's time to issue it, its wall time, what bounds it) and
+each problem's direct call, for its share of the step. Steps run under ``torch.no_grad()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from farm.cli.console import _console, _print_json
+from farm.errors import InputError
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from farm.nn.captured import load_template, merge, problem_names
+
+    template = load_template(args.template) if args.template else None
+    device = "meta" if args.meta else args.device
+    calls = tuple(c for c in (args.call or "").split(",") if c) or None
+    if ":" in args.target and not args.target.endswith(".py"):
+        parts, name = _capture_factory(args, device, calls)
+    else:
+        parts, name = _capture_script(args, calls)
+    workload = merge(parts, name=args.name or name)
+    out = Path(args.out or f"runs/{workload.name}/workload.yaml")
+    workload.write(out, template)
+    if args.json:
+        _print_json({"workload": str(out), "name": workload.name, "steps": [s.to_dict() for s in workload.steps],
+                     "problems": [{"name": n, "op": p.problem.op, "label": p.problem.label(), "key": p.problem.key,
+                                   "calls": list(p.calls), "sites": list(p.sites),
+                                   "uses": {u.step: u.to_dict() for u in p.uses}}
+                                  for n, p in zip(problem_names(workload.problems), workload.problems)],
+                     "skipped": [{"kind": s.kind, "reason": s.reason, "count": s.count, "sites": list(s.sites)}
+                                 for s in workload.skipped]})
+        return 0
+    console = _console()
+    console.print(_problems_table(workload))
+    for s in workload.steps:
+        if s.wall_ms is not None:
+            console.print(f"step {escape(s.label)} on {escape(s.device)}: {s.wall_ms:.3f} ms, the host issues it in "
+                          f"{s.host_ms:.3f} ms: bound by the {s.bound}"
+                          + (" (eager calls are ranked by their host time)" if s.bound == "host" else ""))
+    for s in workload.skipped:
+        console.print(f"[yellow]not captured[/] {s.count} {escape(s.kind)} call(s) at {escape(', '.join(s.sites[:3]))}: "
+                      f"{escape(s.reason)}")
+    console.print(f"wrote {escape(str(out))}: {len(workload.problems)} problem(s) from {len(workload.steps)} step(s)")
+    console.print(f"next: farm tune {escape(str(out))} --out {escape(str(out.parent))}", soft_wrap=True)
+    return 0
+
+
+def _capture_factory(args: argparse.Namespace, device: str | None, calls: Any) -> tuple[list[Any], str]:
+    from farm.nn.capture import capture
+    from farm.nn.targets import build, load_factory, parse_with
+    from farm.nn.torch_calls import torch_module
+
+    factory = load_factory(args.target)
+    parts = []
+    with torch_module().no_grad():
+        for given in [parse_with(w) for w in args.with_] or [{}]:
+            built = build(factory, given, device=device)
+            with capture(built.model, label=built.label, calls=calls) as c:
+                built.step()
+            if device != "meta" and not args.no_time and c.workload().problems:
+                c.time_step(built.step)
+            parts.append(c.workload())
+    return parts, factory.__name__.replace("_", "-")
+
+
+def _capture_script(args: argparse.Namespace, calls: Any) -> tuple[list[Any], str]:
+    from farm.nn.capture import capture
+
+    script = Path(args.target)
+    if not script.is_file():
+        raise InputError("expected a script (FILE.py) or a factory (FILE.py:NAME, package.module:NAME)",
+                         source=args.target)
+    argv = sys.argv
+    sys.argv = [str(script), *shlex.split(args.script_args)]
+    try:
+        with capture(label=script.stem, calls=calls, steps=args.steps, name=script.stem) as c:
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return [c.workload()], script.stem.replace("_", "-")
+
+
+def _problems_table(workload: Any) -> Table:
+    from farm.nn.captured import problem_names
+
+    steps = [s.label for s in workload.steps]
+    table = Table(title=f"{workload.name}: {len(workload.problems)} problem(s) the farm tunes", title_justify="left")
+    table.add_column("problem", overflow="fold")
+    for label in steps:
+        table.add_column(f"{label}\ncalls", justify="right")
+        table.add_column("ms a call", justify="right")
+        table.add_column("share", justify="right")
+    table.add_column("call sites", overflow="fold")
+    for name, p in zip(problem_names(workload.problems), workload.problems):
+        cells = [escape(name)]
+        uses = {u.step: u for u in p.uses}
+        for label in steps:
+            u = uses.get(label)
+            cells += [str(u.calls) if u else "", f"{u.ms:.4f}" if u and u.ms is not None else "",
+                      f"{100 * u.share:.1f} %" if u and u.share is not None else ""]
+        cells.append(escape(", ".join(p.sites)))
+        table.add_row(*cells)
+    return table
+
+
+def add_capture_parser(sub: Any) -> None:
+    p = sub.add_parser("capture", help="capture a PyTorch model's tunable operations (shapes, calls per step, share) "
+                                       "into a workload file")
+    p.add_argument("target", help="FILE.py:NAME or package.module:NAME, a function returning (model, args[, kwargs]); "
+                                  "or a script FILE.py, run whole as one step (its arguments: --args)")
+    p.add_argument("--with", dest="with_", action="append", default=[], metavar="K=V[,K=V]",
+                   help="keyword arguments for the factory, one step each (e.g. --with batch=1 --with batch=8)")
+    p.add_argument("--out", help="the workload file to write (default: runs/<name>/workload.yaml)")
+    p.add_argument("--device", help="passed to the factory as device= (e.g. cuda, cpu)")
+    p.add_argument("--meta", action="store_true", help="build on the meta device: shapes only (no memory, no times)")
+    p.add_argument("--call", help="calling modes to tune: eager, graph or eager,graph (default: as each call was made)")
+    p.add_argument("--template", help="a workload file whose autotune, engines, call and seed the captured one takes")
+    p.add_argument("--name", help="the workload's name (default: the factory's or script's)")
+    p.add_argument("--steps", type=int, default=1, help="a script: how many steps it runs (calls per step = calls / steps)")
+    p.add_argument("--no-time", action="store_true", help="do not time the steps after capturing them")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--args", dest="script_args", default="", metavar="'ARGS'",
+                   help="a script: its command-line arguments, as one quoted string")
+    p.set_defaults(func=cmd_capture)

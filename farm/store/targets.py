@@ -1,0 +1,50 @@
+"""Which override file a production process on a device reads, from what a user points a command at.
+
+    RUN      a farm tune --out folder: RUN/overrides/<signature>.json
+    ROOT     a published root (farm publish): ROOT/<arch>/<signature>.json, or one of its arch
+    FILE     one override file
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from farm.errors import InputError
+
+
+@dataclass(frozen=True)
+class Target:
+    """What farm verify was pointed at: a run folder, a published root, or one file; and the file for this device."""
+
+    kind: str  # "run" | "root" | "file"
+    path: str  # the override file replayed
+    where: str  # the run folder, the root, or the file itself
+    note: str = ""  # the published file is another signature's (a same-arch fallback, as replay would use)
+
+
+def resolve(given: str, device: Any) -> Target:
+    """The override file a production process on ``device`` would replay from ``given``."""
+    from farm.store.published import find_published
+
+    sig = device.signature
+    if "://" not in given and os.path.isfile(given):
+        return Target("file", given, given)
+    if "://" not in given and not os.path.isdir(given):
+        raise InputError("no such file or folder", source=given)
+    if "://" not in given and os.path.isdir(os.path.join(given, "results")) \
+            and os.path.isdir(os.path.join(given, "overrides")):
+        path = os.path.join(given, "overrides", f"{sig}.json")
+        if not os.path.isfile(path):
+            have = sorted(p.name for p in Path(given, "overrides").glob("*.json") if not p.name.startswith("."))
+            raise InputError(f"holds no override file for this device ({sig}); it holds: {', '.join(have) or 'none'}",
+                             source=given)
+        return Target("run", path, given)
+    found = find_published(given, device.properties)
+    if found is None:
+        raise InputError(f"holds no override file for this device ({sig}) nor one of its arch", source=given)
+    path, note = found
+    kind = "root" if "://" in given or os.path.isfile(os.path.join(given, "index.json")) else "file"
+    return Target(kind, path, given if kind == "root" else path, note)
