@@ -202,9 +202,7 @@ class _LinearSite(_Site):
         super().__init__(applied, name)
         self.module = module
         self.original = type(module).forward.__get__(module)
-        torch = torch_module()
         ops, is_compiling, table, number = custom_ops(), compiling(), self.table, self.number
-        F = torch.nn.functional
 
         def forward(x: Any) -> Any:
             if is_compiling():
@@ -214,7 +212,7 @@ class _LinearSite(_Site):
                 fn = table[x.shape] = self.resolve(x)
             return fn(x)
 
-        self.run = lambda x, w, b: forward(x) if w is module.weight else F.linear(x, w, b)
+        self.run = lambda x, w, b: forward(x)  # the custom op's runtime: the module's own call (its weight)
         module.forward = forward
 
     def restore(self) -> None:
@@ -289,8 +287,12 @@ class _ModuleSite(_Site):
             return fn(x)
 
         self.run = lambda x, w, b: forward(x)
-        self.fake = lambda x, w, b: self.original(x)  # torch's own output layout, on fake tensors
         module.forward = forward
+
+    def fake(self, x: Any, w: Any, b: Any) -> Any:
+        """The custom op's result on fake tensors: torch's own convolution of them (its output layout)."""
+        m = self.module
+        return torch_module().nn.functional.conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)
 
     def restore(self) -> None:
         self.module.__dict__.pop("forward", None)
@@ -354,7 +356,7 @@ class _SdpaSite(_Site):
         torch = torch_module()
         self.F = F = torch.nn.functional
         self.original = original = F.scaled_dot_product_attention
-        ops, is_compiling, table, number = custom_ops(), compiling(), self.table, self.number
+        ops, is_compiling, number = custom_ops(), compiling(), self.number
 
         def sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
                  scale: Any = None, enable_gqa: bool = False) -> Any:

@@ -1,0 +1,520 @@
+"""A model's step, end to end: capture, tune, apply, and the step time against torch, CUDA graphs and Inductor.
+
+    python benchmarks/model_step.py run --out DIR                        # a CPU at a small size (tiny decoder)
+    python benchmarks/model_step.py run --out DIR --size qwen2.5-7b --batches 1,8,32 --resnet 32   # an H200
+    python benchmarks/model_step.py table DIR                            # the markdown table of DIR's results
+
+Models (examples/models.py, standard torch.nn, random weights): a Qwen2.5-7B-shaped decoder's decode step at
+M = batch (RMSNorm, fused qkv and gate/up projections, SDPA with GQA over a KV cache of ``context`` tokens, the
+LM head) and ResNet-50 (fp16, channels-last). ``--parts`` runs named steps, each leaving DIR/<part>.json:
+
+* ``capture``  farm capture of every config (its wall time), the workload files under DIR/dec, DIR/resnet;
+* ``tune``     farm tune of each workload (``--in-process``; its wall time);
+* ``apply``    farm apply: the model check of each config and calling mode (withdraws what slows a step);
+* ``steps``    per config, in paired interleaved rounds: eager torch, eager applied, one CUDA graph of the
+               torch step and of the applied one (GPU); step ms, ratios with their 99 % intervals, and for the
+               decoder the share of the HBM floor (every weight and the KV cache read once, at the copy
+               bandwidth measured in the same run);
+* ``inductor`` per config: torch.compile(model, mode="max-autotune") (its own CUDA graphs; its compile time),
+               max-autotune-no-cudagraphs captured in one CUDA graph, torch.compile(farm.apply(model)) (default
+               mode, and "reduce-overhead" on a GPU), graph breaks from the farm, beside the graphs of ``steps``;
+* ``start``    a second process: the published file applied to a fresh model, to its first tuned step (and the
+               graph ready), against Inductor's max-autotune compile from its warm cache.
+
+Each part writes its JSON as soon as it has it (a lease that ends mid-run keeps what was measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+PARTS = ("capture", "tune", "apply", "steps", "inductor", "start")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def farm_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "farm", *args]
+
+
+def run_timed(cmd: list[str], **kw: Any) -> tuple[float, subprocess.CompletedProcess[str]]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, text=True, capture_output=True, env={**os.environ, "PYTHONPATH": _pythonpath()}, **kw)
+    if proc.returncode != 0:
+        log(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - t0, proc
+
+
+def _pythonpath() -> str:
+    return os.pathsep.join([str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
+
+
+def save(out: Path, name: str, data: Any) -> None:
+    path = out / f"{name}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
+
+
+def load(out: Path, name: str) -> Any:
+    path = out / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+# -- configs ----------------------------------------------------------------------------------------
+def configs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each model step benchmarked: its factory, keyword arguments and the folder of its workload and run."""
+    out = [{"name": f"decoder M={b}", "factory": "decoder", "kwargs": {"size": args.size, "batch": b},
+            "run": "dec"} for b in args.batches]
+    if args.resnet:
+        small = {} if args.size == "qwen2.5-7b" else {"width": 8, "image": 32}
+        out.append({"name": f"resnet50 N={args.resnet}", "factory": "resnet50",
+                    "kwargs": {"batch": args.resnet, **small}, "run": "resnet"})
+    return out
+
+
+def with_arg(kwargs: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in kwargs.items())
+
+
+def build(cfg: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+    import models
+
+    return getattr(models, cfg["factory"])(**cfg["kwargs"])
+
+
+# -- capture, tune, apply ---------------------------------------------------------------------------
+def part_capture(args: argparse.Namespace, out: Path) -> None:
+    result: dict[str, Any] = {}
+    for run, cfgs in _by_run(configs(args)).items():
+        def cmd(file: str, *extra: str) -> list[str]:
+            return farm_cmd("capture", f"{ROOT}/examples/models.py:{cfgs[0]['factory']}",
+                            *[x for c in cfgs for x in ("--with", with_arg(c["kwargs"]))],
+                            "--template", str(ROOT / "examples/model-step.yaml"), "--out", str(out / run / file),
+                            "--name", f"{run}-{args.size}", "--json", *extra)
+
+        seconds, proc = run_timed(cmd("workload.yaml"))
+        meta_s, meta = run_timed(cmd("meta.yaml", "--meta"))
+        same = _same_problems(out / run / "workload.yaml", out / run / "meta.yaml")
+        result[run] = {"seconds": seconds, "ok": proc.returncode == 0, "meta_seconds": meta_s,
+                       "meta_same_problems": same, "capture": json.loads(proc.stdout) if proc.returncode == 0 else None}
+        log(f"capture {run}: {seconds:.1f} s (meta {meta_s:.1f} s, same problems as on the device: {same})")
+    save(out, "capture", result)
+
+
+def _same_problems(a: Path, b: Path) -> bool | None:
+    import yaml
+
+    if not a.exists() or not b.exists():
+        return None
+    strip = lambda p: {k: v for k, v in p.items() if k != "steps"}  # noqa: E731  (times differ, problems must not)
+    pa, pb = (yaml.safe_load(x.read_text())["problems"] for x in (a, b))
+    return [strip(p) for p in pa] == [strip(p) for p in pb]
+
+
+def part_tune(args: argparse.Namespace, out: Path) -> None:
+    result: dict[str, Any] = {}
+    for run in _by_run(configs(args)):
+        devices = ["--devices", "gpu"] if _gpu() else []
+        seconds, proc = run_timed(farm_cmd("tune", str(out / run / "workload.yaml"), "--out", str(out / run),
+                                           "--in-process", *devices, "--json"))
+        summary = _json_tail(proc.stdout)
+        sigs = summary.get("signatures", {}) if isinstance(summary, dict) else {}
+        result[run] = {"seconds": seconds, "ok": proc.returncode == 0, "candidates": (summary or {}).get("candidates"),
+                       "winners": [{"problem": p["name"], "winner": (p.get("winner") or {}).get("label"),
+                                    "rule": (p.get("winner") or {}).get("rule"),
+                                    "speedup": (p.get("winner") or {}).get("speedup_over_default")}
+                                   for ps in sigs.values() for p in ps]}
+        log(f"tune {run}: {seconds:.1f} s (exit {proc.returncode})")
+    save(out, "tune", result)
+
+
+def part_apply(args: argparse.Namespace, out: Path) -> None:
+    result: dict[str, Any] = {}
+    for cfg in configs(args):
+        cmd = farm_cmd("apply", f"{ROOT}/examples/models.py:{cfg['factory']}", str(out / cfg["run"]),
+                       "--with", with_arg(cfg["kwargs"]), "--rounds", str(args.rounds), "--json")
+        seconds, proc = run_timed(cmd)
+        result[cfg["name"]] = {"seconds": seconds, "ok": proc.returncode == 0, "checks": _json_tail(proc.stdout)}
+        log(f"apply {cfg['name']}: {seconds:.1f} s (exit {proc.returncode})")
+    save(out, "apply", result)
+
+
+def _json_tail(text: str) -> Any:
+    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
+    try:
+        return json.loads(text[start:]) if start >= 0 else None
+    except ValueError:
+        return None
+
+
+def _by_run(cfgs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for c in cfgs:
+        out.setdefault(c["run"], []).append(c)
+    return out
+
+
+# -- measuring --------------------------------------------------------------------------------------
+def _gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def graph_of(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """One CUDA graph of ``fn()`` (warmed on a side stream first); its replay."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def measure(variants: dict[str, Callable[[], Any]], rounds: int, sample_ms: float, seed: int = 0
+            ) -> dict[str, list[float]]:
+    """Paired interleaved rounds: each round one sample of every variant (ms a step over enough steps to fill
+    ``sample_ms``), in a fresh random order."""
+    import numpy as np
+
+    counts = {}
+    for name, fn in variants.items():
+        fn()
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        counts[name] = max(1, math.ceil(sample_ms / max((time.perf_counter() - t0) * 1e3, 1e-3)))
+    out: dict[str, list[float]] = {n: [] for n in variants}
+    names = list(variants)
+    rng = np.random.default_rng(seed)
+    for _ in range(rounds):
+        for i in rng.permutation(len(names)):
+            name, fn, n = names[i], variants[names[i]], counts[names[i]]
+            _sync()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            _sync()
+            out[name].append((time.perf_counter() - t0) * 1e3 / n)
+    return out
+
+
+def summary(samples: dict[str, list[float]], pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Each variant's median ms, and each (variant, reference) pair's paired speed-up with its 99 % interval."""
+    import numpy as np
+
+    from farm.tuner.paired import paired_ratio
+
+    out: dict[str, Any] = {"ms": {k: float(np.median(v)) for k, v in samples.items()}, "ratios": {}}
+    for a, b in pairs:
+        if a in samples and b in samples:
+            r = paired_ratio(samples[a], samples[b])
+            out["ratios"][f"{a} / {b}"] = {"speedup": r.speedup, "low": r.speedup_low, "high": r.speedup_high,
+                                           "rounds": r.rounds}
+    return out
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (the HBM ceiling of this run)."""
+    import torch
+
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    _sync()
+    best = math.inf
+    for _ in range(10):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        _sync()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.numel() / best
+
+
+def step_bytes(model: Any) -> int:
+    """Bytes a decode step must read at least: every parameter but the embedding table (a row each), and every
+    buffer (the KV caches, read whole by attention)."""
+    total = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
+    return total + sum(b.numel() * b.element_size() for b in model.buffers())
+
+
+def _applied(cfg: dict[str, Any], out: Path) -> tuple[Any, tuple[Any, ...]]:
+    import farm
+
+    model, inputs = build(cfg)
+    farm.apply(model, str(out / cfg["run"]))
+    return model, inputs
+
+
+def part_steps(args: argparse.Namespace, out: Path) -> None:
+    import torch
+
+    result = load(out, "steps") or {}
+    bw = copy_bandwidth() if _gpu() else None
+    for cfg in configs(args):
+        with torch.no_grad():
+            base, inputs = build(cfg)
+            applied, inputs2 = _applied(cfg, out)
+            variants: dict[str, Callable[[], Any]] = {"eager torch": lambda: base(*inputs),
+                                                      "eager applied": lambda: applied(*inputs2)}
+            if _gpu():
+                variants["graph torch"] = graph_of(lambda: base(*inputs))
+                variants["graph applied"] = graph_of(lambda: applied(*inputs2))
+            samples = measure(variants, args.rounds, args.sample_ms)
+            row = summary(samples, [("eager applied", "eager torch"), ("graph applied", "graph torch"),
+                                    ("graph torch", "eager torch")])
+            row["routed"] = _routed(applied)
+            if bw is not None and cfg["factory"] == "decoder":
+                floor = step_bytes(base) / bw * 1e3
+                row.update(floor_ms=floor, bytes=step_bytes(base), copy_tb_s=bw / 1e12,
+                           floor_share={k: floor / v for k, v in row["ms"].items()})
+            result[cfg["name"]] = row
+            save(out, "steps", result)
+            log(f"steps {cfg['name']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row["ms"].items()))
+            variants.clear()  # the models (and their graphs) go before the next config's are built
+        _free()
+
+
+def _routed(model: Any) -> list[dict[str, Any]]:
+    from farm.nn.apply import applied_to
+
+    a = applied_to(model)
+    return [] if a is None else [{"problem": r.problem.label(), "sites": r.sites, "decisions": dict(r.route.labels),
+                                  "routed": {"eager": r.route.eager is not None, "graph": r.route.graph is not None}}
+                                 for r in a.routed.values()]
+
+
+def _free() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def part_inductor(args: argparse.Namespace, out: Path) -> None:
+    import torch
+
+    result = load(out, "inductor") or {}
+    cache = out / "inductor-cache"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    deadline = time.monotonic() + args.budget_s
+    for cfg in configs(args):
+        if cfg["name"] in result and result[cfg["name"]].get("ms"):
+            continue
+        if time.monotonic() > deadline:
+            log(f"inductor {cfg['name']}: not run (the part's budget of {args.budget_s:.0f} s is spent)")
+            continue
+        result[cfg["name"]] = _inductor_config(cfg, out, args)
+        save(out, "inductor", result)
+        _free()
+        torch._dynamo.reset()
+
+
+def _inductor_config(cfg: dict[str, Any], out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    row: dict[str, Any] = {"compile_s": {}, "graph_breaks": {}}
+    with torch.no_grad():
+        base, inputs = build(cfg)
+        applied, inputs2 = _applied(cfg, out)
+        variants: dict[str, Callable[[], Any]] = {}
+        gpu = _gpu()
+        compiled = [("inductor max-autotune", base, inputs, {"mode": "max-autotune"}, False),
+                    ("compile(apply(model))", applied, inputs2, {}, False)]
+        if gpu:
+            compiled += [("inductor max-autotune-no-cudagraphs, in a graph", base, inputs,
+                          {"mode": "max-autotune-no-cudagraphs"}, True),
+                         ("compile(apply(model)) reduce-overhead", applied, inputs2, {"mode": "reduce-overhead"}, False)]
+        for name, model, ins, kw, in_graph in compiled:
+            torch._dynamo.utils.counters.clear()
+            fn = torch.compile(model, **kw)
+            t0 = time.perf_counter()
+            try:
+                fn(*ins)
+                _sync()
+            except Exception as exc:  # a compile that fails is a finding, not the end of the run
+                row["compile_s"][name] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
+                log(f"inductor {cfg['name']}: {name} failed: {exc}")
+                continue
+            row["compile_s"][name] = time.perf_counter() - t0
+            row["graph_breaks"][name] = sum(torch._dynamo.utils.counters["graph_break"].values())
+            for _ in range(2):
+                fn(*ins)  # cudagraph trees record on a later call
+            variants[name] = graph_of(lambda fn=fn, ins=ins: fn(*ins)) if in_graph else (lambda fn=fn, ins=ins: fn(*ins))
+            log(f"inductor {cfg['name']}: {name} compiled in {row['compile_s'][name]:.1f} s, "
+                f"{row['graph_breaks'][name]} graph break(s)")
+        if gpu:
+            variants["graph torch"] = graph_of(lambda: base(*inputs))
+            variants["graph applied"] = graph_of(lambda: applied(*inputs2))
+        else:
+            variants["eager torch"] = lambda: base(*inputs)
+        samples = measure(variants, args.rounds, args.sample_ms)
+        ref = "graph torch" if gpu else "eager torch"
+        row.update(summary(samples, [(k, ref) for k in variants if k != ref] +
+                           [("graph applied", "inductor max-autotune"),
+                            ("compile(apply(model)) reduce-overhead", "inductor max-autotune"),
+                            ("compile(apply(model))", "inductor max-autotune")]))
+        log(f"inductor {cfg['name']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row["ms"].items()))
+    return row
+
+
+START = r"""
+import os, sys, time, json
+t_process = float(sys.argv[1]); mode = sys.argv[2]; out = sys.argv[3]; kwargs = json.loads(sys.argv[4])
+sys.path[:0] = [os.environ["FARM_ROOT"], os.path.join(os.environ["FARM_ROOT"], "examples")]
+import torch, models
+t_imported = time.time()
+with torch.no_grad():
+    model, inputs = models.decoder(**kwargs)
+    torch.cuda.synchronize()
+    t0 = time.time()
+    if mode == "farm":
+        import farm
+        farm.apply(model, out)
+        model(*inputs)                                   # binds every routed call (plans from the caches)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s): model(*inputs)
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g): model(*inputs)
+        g.replay()
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = out
+        fn = torch.compile(model, mode="max-autotune")
+        for _ in range(3): fn(*inputs)                    # compiled from the warm cache; cudagraphs recorded
+    torch.cuda.synchronize()
+    t1 = time.time()
+print(json.dumps({"to_first_tuned_step_s": t1 - t0, "import_s": t_imported - t_process,
+                  "process_s": t1 - t_process, "model_build_s": t0 - t_imported}))
+"""
+
+
+def part_start(args: argparse.Namespace, out: Path) -> None:
+    if not _gpu():
+        log("start: needs a GPU (a CUDA graph and Inductor's GPU cache); not run")
+        return
+    cfg = next(c for c in configs(args) if c["factory"] == "decoder")
+    result: dict[str, Any] = {"config": cfg["name"]}
+    env = {**os.environ, "FARM_ROOT": str(ROOT), "PYTHONPATH": _pythonpath()}
+    for mode, where in (("farm", str(out / cfg["run"])), ("inductor", str(out / "inductor-cache"))):
+        proc = subprocess.run([sys.executable, "-c", START, repr(time.time()), mode, where, json.dumps(cfg["kwargs"])],
+                              text=True, capture_output=True, env=env)
+        result[mode] = _json_tail(proc.stdout) if proc.returncode == 0 else f"failed: {proc.stderr[-2000:]}"
+        log(f"start {mode}: {result[mode]}")
+    save(out, "start", result)
+
+
+# -- the table ----------------------------------------------------------------------------------------
+def table(out: Path) -> str:
+    steps, ind, apply_, tune, cap, start = (load(out, n) or {} for n in ("steps", "inductor", "apply", "tune", "capture",
+                                                                         "start"))
+    lines = ["| config | eager torch ms | eager applied | graph torch ms | graph applied | Inductor max-autotune ms "
+             "(compile s) | max-autotune-no-cudagraphs in a graph | compile(apply) / reduce-overhead | "
+             "graph applied vs Inductor | % of HBM floor (torch graph / applied graph) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, row in steps.items():
+        ms, r = row["ms"], row["ratios"]
+        i = ind.get(name, {})
+        ims, ir = i.get("ms", {}), i.get("ratios", {})
+
+        def ratio(d: dict[str, Any], key: str) -> str:
+            x = d.get(key)
+            return f"{x['speedup']:.3f}x ({x['low']:.3f}-{x['high']:.3f})" if x else "-"
+
+        share = row.get("floor_share", {})
+        lines.append("| " + " | ".join([
+            name, f"{ms.get('eager torch', math.nan):.3f}", ratio(r, "eager applied / eager torch"),
+            f"{ms['graph torch']:.3f}" if "graph torch" in ms else "-", ratio(r, "graph applied / graph torch"),
+            (f"{ims['inductor max-autotune']:.3f} ({i['compile_s'].get('inductor max-autotune', 0):.0f} s)"
+             if "inductor max-autotune" in ims else "-"),
+            f"{ims['inductor max-autotune-no-cudagraphs, in a graph']:.3f}"
+            if "inductor max-autotune-no-cudagraphs, in a graph" in ims else "-",
+            " / ".join(f"{ims[k]:.3f}" for k in ("compile(apply(model))", "compile(apply(model)) reduce-overhead")
+                       if k in ims) or "-",
+            ratio(ir, "graph applied / inductor max-autotune"),
+            (f"{100 * share['graph torch']:.0f} % / {100 * share['graph applied']:.0f} %"
+             if "graph applied" in share else "-")]) + " |")
+    lines.append("")
+    for run, t in tune.items():
+        c = cap.get(run, {})
+        applies = sum(v["seconds"] for k, v in apply_.items() if k.startswith(run[:3]))
+        lines.append(f"- {run}: capture {c.get('seconds', math.nan):.1f} s + tune {t['seconds']:.1f} s + apply (the "
+                     f"model checks) {applies:.1f} s = {c.get('seconds', 0) + t['seconds'] + applies:.1f} s; "
+                     f"capture on meta gives the same problems: {c.get('meta_same_problems')}")
+    for name, i in ind.items():
+        breaks = {k: v for k, v in i.get("graph_breaks", {}).items()}
+        lines.append(f"- {name}: compile s {json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in i.get('compile_s', {}).items()})}; graph breaks {json.dumps(breaks)}")
+    if start:
+        lines.append(f"- a second process ({start.get('config')}): {json.dumps(start.get('farm'))} with the published "
+                     f"file; Inductor from its warm cache: {json.dumps(start.get('inductor'))}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--size", default="tiny", help="decoder size: tiny, small, qwen2.5-7b (default tiny)")
+    r.add_argument("--batches", default="1,8", help="decoder batch sizes (M), comma-separated")
+    r.add_argument("--resnet", type=int, default=0, help="ResNet-50 batch size (0: none)")
+    r.add_argument("--parts", default=",".join(p for p in PARTS if p not in ("inductor", "start")),
+                   help=f"comma-separated, of {', '.join(PARTS)}")
+    r.add_argument("--rounds", type=int, default=11)
+    r.add_argument("--sample-ms", type=float, default=60.0)
+    r.add_argument("--budget-s", type=float, default=480.0, help="the inductor part stops starting configs after this")
+    t = sub.add_parser("table")
+    t.add_argument("out")
+    args = p.parse_args()
+    if args.cmd == "table":
+        print(table(Path(args.out)))
+        return 0
+    args.batches = [int(b) for b in str(args.batches).split(",") if b]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for part in [x for x in args.parts.split(",") if x]:
+        if part not in PARTS:
+            raise SystemExit(f"unknown part {part!r}; parts: {', '.join(PARTS)}")
+        log(f"part {part}")
+        with contextlib.suppress(KeyboardInterrupt):
+            globals()[f"part_{part}"](args, out)
+    print(table(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
