@@ -307,7 +307,7 @@ def part_steps(args: argparse.Namespace, out: Path) -> None:
 
 
 def _routed(model: Any) -> list[dict[str, Any]]:
-    from farm.nn.apply import applied_to
+    from farm.nn.routing import applied_to
 
     a = applied_to(model)
     return [] if a is None else [{"problem": r.problem.label(), "sites": r.sites, "decisions": dict(r.route.labels),

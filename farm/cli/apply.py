@@ -4,7 +4,7 @@
     farm apply mypkg.models:decoder ROOT --call graph --dry-run
 
 For each step (``--with``) and calling mode (``--call``; eager and graph on a GPU, eager on a CPU), the model is
-built (farm.nn.targets), applied (farm.nn.apply: only non-default decisions are routed) and checked
+built (farm.nn.targets), applied (farm.nn.routing: only non-default decisions are routed) and checked
 (farm.nn.step_check): the step untouched, with every routed decision and with each alone, in paired rounds; a
 decision the step is not faster with is withdrawn where the decisions live (a run folder: its rows, then a
 reduce; a published root or a file: its entries), unless ``--dry-run``. In production: ``farm.apply(model, RUN)``.
@@ -23,7 +23,7 @@ from farm.cli.console import _console, _print_json
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from farm.nn.apply import apply, unapply
+    from farm.nn.routing import apply, unapply
     from farm.nn.step_check import CheckSettings, check_step
     from farm.nn.step_record import record_check
     from farm.nn.targets import build, load_factory, parse_with
@@ -58,7 +58,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def _applied(model: Any) -> Any:
-    from farm.nn.apply import applied_to
+    from farm.nn.routing import applied_to
 
     applied = applied_to(model)
     assert applied is not None

@@ -63,7 +63,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def _capture_factory(args: argparse.Namespace, device: str | None, calls: Any) -> tuple[list[Any], str]:
-    from farm.nn.capture import capture
+    from farm.nn.capturing import capture
     from farm.nn.targets import build, load_factory, parse_with
     from farm.nn.torch_calls import torch_module
 
@@ -81,7 +81,7 @@ def _capture_factory(args: argparse.Namespace, device: str | None, calls: Any) -
 
 
 def _capture_script(args: argparse.Namespace, calls: Any) -> tuple[list[Any], str]:
-    from farm.nn.capture import capture
+    from farm.nn.capturing import capture
 
     script = Path(args.target)
     if not script.is_file():

@@ -4,7 +4,7 @@ Under ``torch.compile`` a patched module's forward calls ``torch.ops.farm.linear
 ``layer_norm``, ``rms_norm``) with its site's number: Dynamo records one opaque op with a fake implementation (the
 output's shape, dtype and layout), so the graph does not break and Inductor fuses everything around it; at run
 time the op runs the site's own call (the routed plan, or the library call where the decision is the default).
-Sites are numbered in ``SITES``, the one registry of them (farm.nn.apply fills and empties it).
+Sites are numbered in ``SITES``, the one registry of them (farm.nn.routing fills and empties it).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import numpy as np
 from farm.errors import UsageError
 from farm.model.knobs import candidate_label
 from farm.model.problem import Problem
-from farm.nn.apply import Applied, Routed
+from farm.nn.routing import Applied, Routed
 from farm.nn.torch_calls import torch_module
 from farm.tuner.paired import PairedRatio, min_rounds, paired_ratio
 

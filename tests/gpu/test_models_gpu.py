@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch", reason="the model tests need torch")
 
 import farm  # noqa: E402
 from farm.devices.open import open_device  # noqa: E402
-from farm.nn.apply import applied_to  # noqa: E402
+from farm.nn.routing import applied_to  # noqa: E402
 from farm.nn.captured import workload_dict  # noqa: E402
 from farm.nn.step_check import CheckSettings, check_step  # noqa: E402
 from farm.nn.torch_calls import read_call  # noqa: E402
@@ -98,7 +98,7 @@ def test_apply_routes_eager_graph_and_compiled_calls_and_unapply_restores(tmp_pa
         assert (out - ref).norm() / ref.norm() < 2e-2
         farm.unapply(model)
         assert not [n for n, m in model.named_modules() if "forward" in m.__dict__]
-        assert F.scaled_dot_product_attention.__module__ != "farm.nn.apply"
+        assert F.scaled_dot_product_attention.__module__ != "farm.nn.routing"
 
 
 def test_a_default_decision_is_not_intercepted(tmp_path):

@@ -25,7 +25,7 @@ from farm.model.model_steps import StepInfo, Use, bound_of
 from farm.nn.captured import CapturedProblem, CapturedWorkload, SkippedCall
 from farm.nn.torch_calls import OpCall, Skipped, read_call, torch_module
 
-log = logging.getLogger("farm.nn.capture")
+log = logging.getLogger("farm.nn.capturing")
 CALL_MODES = ("eager", "graph")
 _LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 

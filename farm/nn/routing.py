@@ -32,7 +32,7 @@ from farm.nn.decided import Decisions, Route
 from farm.nn.torch_calls import NORM_EPS, OpCall, layout, read_call, torch_module
 from farm.store.targets import resolve
 
-log = logging.getLogger("farm.nn.apply")
+log = logging.getLogger("farm.nn.routing")
 CONFIG_ENV = "FARM_HEUR_CONFIG_PATH"
 CALL_CHOICES = ("auto", "eager", "graph")
 
