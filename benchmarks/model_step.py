@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-PARTS = ("capture", "tune", "apply", "steps", "inductor", "start")
+PARTS = ("capture", "meta", "tune", "apply", "steps", "inductor", "start")
 
 
 def log(msg: str) -> None:
@@ -117,12 +117,25 @@ def part_capture(args: argparse.Namespace, out: Path) -> None:
     save(out, "capture", result)
 
 
+def part_meta(args: argparse.Namespace, out: Path) -> None:
+    """Capture on the meta device again and compare with the device's capture (the capture part does both)."""
+    result = load(out, "capture") or {}
+    for run, cfgs in _by_run(configs(args)).items():
+        seconds, proc = run_timed(farm_cmd("capture", f"{ROOT}/examples/models.py:{cfgs[0]['factory']}",
+                                           *[x for c in cfgs for x in ("--with", with_arg(c["kwargs"]))], "--meta",
+                                           "--out", str(out / run / "meta.yaml"), "--json"))
+        same = _same_problems(out / run / "workload.yaml", out / run / "meta.yaml")
+        result.setdefault(run, {}).update(meta_seconds=seconds, meta_same_problems=same)
+        log(f"meta {run}: {seconds:.1f} s, same problems as on the device: {same}")
+    save(out, "capture", result)
+
+
 def _same_problems(a: Path, b: Path) -> bool | None:
     import yaml
 
     if not a.exists() or not b.exists():
         return None
-    strip = lambda p: {k: v for k, v in p.items() if k != "steps"}  # noqa: E731  (times differ, problems must not)
+    strip = lambda p: {k: v for k, v in p.items() if k not in ("steps", "name")}  # noqa: E731  (times differ)
     pa, pb = (yaml.safe_load(x.read_text())["problems"] for x in (a, b))
     return [strip(p) for p in pa] == [strip(p) for p in pb]
 

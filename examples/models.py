@@ -106,9 +106,9 @@ class Decoder(nn.Module):
 def decoder(batch: int = 1, size: str = "tiny", device: str | None = None, dtype: str | None = None,
             eps: float = 1e-6, seed: int = 0) -> tuple[nn.Module, tuple[object, ...]]:
     """The decoder's decode step for ``batch`` sequences (M = batch), its KV cache full but for the last slot.
-    Defaults: CUDA and bf16 when a GPU is there, else the CPU and fp32."""
+    Defaults: CUDA when a GPU is there, else the CPU; bf16 but on the CPU (``meta`` stands for a GPU)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dt = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    dt = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
     s = SIZES[size]
     torch.manual_seed(seed)
     model = Decoder(s, batch, eps, device=device, dtype=dt).eval()
@@ -166,10 +166,10 @@ class ResNet50(nn.Module):
 
 def resnet50(batch: int = 32, image: int = 224, device: str | None = None, dtype: str | None = None,
              width: int = 64, seed: int = 0) -> tuple[nn.Module, tuple[object, ...]]:
-    """ResNet-50 inference on ``batch`` images, channels-last (fp16 on a GPU, fp32 on the CPU); ``width`` and
+    """ResNet-50 inference on ``batch`` images, channels-last (fp16 but on the CPU: fp32); ``width`` and
     ``image`` shrink it for a CPU (width=8, image=32)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dt = getattr(torch, dtype) if dtype else (torch.float16 if device.startswith("cuda") else torch.float32)
+    dt = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.float16)
     torch.manual_seed(seed)
     widths = tuple(width * f for f in (1, 2, 4, 8))
     model = ResNet50(widths=widths, device=device, dtype=dt).eval().to(memory_format=torch.channels_last)

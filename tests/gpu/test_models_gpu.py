@@ -68,7 +68,7 @@ def test_apply_routes_eager_graph_and_compiled_calls_and_unapply_restores(tmp_pa
     with torch.no_grad():
         ref = model(*inputs).float()
         _override(tmp_path / "o.json", model, inputs, ("torch.blas", (("backend", "cublas"),)),
-                  ("triton.gemm_splitk", (("SPLIT_K", 4),)))
+                  ("triton.gemm_splitk", (("SPLIT_K", 8),)))
         farm.apply(model, str(tmp_path / "o.json"))
         applied = applied_to(model)
         patched = [n for n, m in model.named_modules() if "forward" in m.__dict__]
@@ -76,7 +76,7 @@ def test_apply_routes_eager_graph_and_compiled_calls_and_unapply_restores(tmp_pa
         out = model(*inputs).float()
         assert (out - ref).norm() / ref.norm() < 2e-2
         route = next(iter(applied.routed.values())).route
-        assert route.labels == {"eager": "torch.blas[backend=cublas]", "graph": "triton.gemm_splitk[SPLIT_K=4]"}
+        assert route.labels == {"eager": "torch.blas[backend=cublas]", "graph": "triton.gemm_splitk[SPLIT_K=8]"}
         # one CUDA graph of the step: the graph decision is what the capture records
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
