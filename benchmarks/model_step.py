@@ -79,10 +79,11 @@ def load(out: Path, name: str) -> Any:
 # -- configs ----------------------------------------------------------------------------------------
 def configs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Each model step benchmarked: its factory, keyword arguments and the folder of its workload and run."""
-    out = [{"name": f"decoder M={b}", "factory": "decoder", "kwargs": {"size": args.size, "batch": b},
-            "run": "dec"} for b in args.batches]
+    gpu = args.size == "qwen2.5-7b"  # the full size is for a GPU: bf16 (ResNet fp16); a CPU's small one fp32
+    out = [{"name": f"decoder M={b}", "factory": "decoder", "run": "dec",
+            "kwargs": {"size": args.size, "batch": b, "dtype": "bfloat16" if gpu else "float32"}} for b in args.batches]
     if args.resnet:
-        small = {} if args.size == "qwen2.5-7b" else {"width": 8, "image": 32}
+        small = {"dtype": "float16"} if gpu else {"width": 8, "image": 32, "dtype": "float32"}
         out.append({"name": f"resnet50 N={args.resnet}", "factory": "resnet50",
                     "kwargs": {"batch": args.resnet, **small}, "run": "resnet"})
     return out
@@ -100,7 +101,7 @@ def build(cfg: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
 
 # -- capture, tune, apply ---------------------------------------------------------------------------
 def part_capture(args: argparse.Namespace, out: Path) -> None:
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = load(out, "capture") or {}
     for run, cfgs in _by_run(configs(args)).items():
         def cmd(file: str, *extra: str) -> list[str]:
             return farm_cmd("capture", f"{ROOT}/examples/models.py:{cfgs[0]['factory']}",
@@ -141,7 +142,7 @@ def _same_problems(a: Path, b: Path) -> bool | None:
 
 
 def part_tune(args: argparse.Namespace, out: Path) -> None:
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = load(out, "tune") or {}
     for run in _by_run(configs(args)):
         devices = ["--devices", "gpu"] if _gpu() else []
         seconds, proc = run_timed(farm_cmd("tune", str(out / run / "workload.yaml"), "--out", str(out / run),
@@ -158,14 +159,14 @@ def part_tune(args: argparse.Namespace, out: Path) -> None:
 
 
 def part_apply(args: argparse.Namespace, out: Path) -> None:
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = load(out, "apply") or {}
     for cfg in configs(args):
         cmd = farm_cmd("apply", f"{ROOT}/examples/models.py:{cfg['factory']}", str(out / cfg["run"]),
                        "--with", with_arg(cfg["kwargs"]), "--rounds", str(args.rounds), "--json")
         seconds, proc = run_timed(cmd)
         result[cfg["name"]] = {"seconds": seconds, "ok": proc.returncode == 0, "checks": _json_tail(proc.stdout)}
         log(f"apply {cfg['name']}: {seconds:.1f} s (exit {proc.returncode})")
-    save(out, "apply", result)
+        save(out, "apply", result)
 
 
 def _json_tail(text: str) -> Any:
@@ -282,11 +283,13 @@ def step_bytes(model: Any) -> int:
     return total + sum(b.numel() * b.element_size() for b in model.buffers())
 
 
-def _applied(cfg: dict[str, Any], out: Path) -> tuple[Any, tuple[Any, ...]]:
+def _applied(cfg: dict[str, Any], out: Path, call: str) -> tuple[Any, tuple[Any, ...]]:
+    """A fresh model with the run's decisions for calls of kind ``call`` routed (what a caller that knows how it
+    calls its model does; ``auto`` checks for a graph capture on every routed call)."""
     import farm
 
     model, inputs = build(cfg)
-    farm.apply(model, str(out / cfg["run"]))
+    farm.apply(model, str(out / cfg["run"]), call=call)
     return model, inputs
 
 
@@ -298,16 +301,21 @@ def part_steps(args: argparse.Namespace, out: Path) -> None:
     for cfg in configs(args):
         with torch.no_grad():
             base, inputs = build(cfg)
-            applied, inputs2 = _applied(cfg, out)
-            variants: dict[str, Callable[[], Any]] = {"eager torch": lambda: base(*inputs),
-                                                      "eager applied": lambda: applied(*inputs2)}
+            eager, inputs2 = _applied(cfg, out, "eager")
+            # eager steps are the host's: noisier, so more rounds of longer samples
+            samples = measure({"eager torch": lambda: base(*inputs), "eager applied": lambda: eager(*inputs2)},
+                              2 * args.rounds - 1, 2 * args.sample_ms)
+            routed = _routed(eager)
+            eager = None
             if _gpu():
-                variants["graph torch"] = graph_of(lambda: base(*inputs))
-                variants["graph applied"] = graph_of(lambda: applied(*inputs2))
-            samples = measure(variants, args.rounds, args.sample_ms)
+                graph, inputs3 = _applied(cfg, out, "graph")
+                samples.update(measure({"graph torch": graph_of(lambda: base(*inputs)),
+                                        "graph applied": graph_of(lambda: graph(*inputs3))}, args.rounds, args.sample_ms))
+                routed += _routed(graph)
+                graph = None
             row = summary(samples, [("eager applied", "eager torch"), ("graph applied", "graph torch"),
                                     ("graph torch", "eager torch")])
-            row["routed"] = _routed(applied)
+            row["routed"] = routed
             if bw is not None and cfg["factory"] == "decoder":
                 floor = step_bytes(base) / bw * 1e3
                 row.update(floor_ms=floor, bytes=step_bytes(base), copy_tb_s=bw / 1e12,
@@ -315,7 +323,7 @@ def part_steps(args: argparse.Namespace, out: Path) -> None:
             result[cfg["name"]] = row
             save(out, "steps", result)
             log(f"steps {cfg['name']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row["ms"].items()))
-            variants.clear()  # the models (and their graphs) go before the next config's are built
+            base = None  # the models (and their graphs) go before the next config's are built
         _free()
 
 
@@ -363,15 +371,17 @@ def _inductor_config(cfg: dict[str, Any], out: Path, args: argparse.Namespace) -
     row: dict[str, Any] = {"compile_s": {}, "graph_breaks": {}}
     with torch.no_grad():
         base, inputs = build(cfg)
-        applied, inputs2 = _applied(cfg, out)
-        variants: dict[str, Callable[[], Any]] = {}
         gpu = _gpu()
+        # compiled without CUDA graphs the step is called eagerly: the eager decisions; with them, the graph ones
+        applied, inputs2 = _applied(cfg, out, "eager")
+        variants: dict[str, Callable[[], Any]] = {}
         compiled = [("inductor max-autotune", base, inputs, {"mode": "max-autotune"}, False),
                     ("compile(apply(model))", applied, inputs2, {}, False)]
         if gpu:
+            graphed, inputs3 = _applied(cfg, out, "graph")
             compiled += [("inductor max-autotune-no-cudagraphs, in a graph", base, inputs,
                           {"mode": "max-autotune-no-cudagraphs"}, True),
-                         ("compile(apply(model)) reduce-overhead", applied, inputs2, {"mode": "reduce-overhead"}, False)]
+                         ("compile(apply(model)) reduce-overhead", graphed, inputs3, {"mode": "reduce-overhead"}, False)]
         for name, model, ins, kw, in_graph in compiled:
             torch._dynamo.utils.counters.clear()
             fn = torch.compile(model, **kw)
@@ -392,7 +402,7 @@ def _inductor_config(cfg: dict[str, Any], out: Path, args: argparse.Namespace) -
                 f"{row['graph_breaks'][name]} graph break(s)")
         if gpu:
             variants["graph torch"] = graph_of(lambda: base(*inputs))
-            variants["graph applied"] = graph_of(lambda: applied(*inputs2))
+            variants["graph applied"] = graph_of(lambda: graphed(*inputs3))
         else:
             variants["eager torch"] = lambda: base(*inputs)
         samples = measure(variants, args.rounds, args.sample_ms)
@@ -417,7 +427,7 @@ with torch.no_grad():
     t0 = time.time()
     if mode == "farm":
         import farm
-        farm.apply(model, out)
+        farm.apply(model, out, call="graph")
         model(*inputs)                                   # binds every routed call (plans from the caches)
         g = torch.cuda.CUDAGraph()
         s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())

@@ -209,12 +209,14 @@ def _direct_call_times(problems: Iterable[Problem], device: str) -> dict[str, fl
     """Each problem's direct library call (its default engine's), ms a call of back-to-back calls over input sets
     that keep it out of the cache: what the step pays for it alone."""
     from farm.devices.arrays import make_tensors
+    from farm.devices.device import eager_device
     from farm.devices.open import open_device
     from farm.model.engine import default_engine_registry, settings_to_resolved
     from farm.tuner.callers import direct_caller, estimate_ms, input_set_count, input_sets, plan_caller
 
     kind, _, index = device.partition(":")
-    dev = open_device("cpu" if kind == "cpu" else "cuda", int(index or 0))
+    # the direct call runs on the caller's stream: its timer is of that stream (farm.devices.device.eager_device)
+    dev, timer = eager_device(open_device("cpu" if kind == "cpu" else "cuda", int(index or 0)))
     registry = default_engine_registry()
     out: dict[str, float] = {}
     for problem in problems:
@@ -231,7 +233,7 @@ def _direct_call_times(problems: Iterable[Problem], device: str) -> dict[str, fl
                 size = int(getattr(plan, "workspace_size", 0) or 0)
                 caller = plan_caller(problem, dev, engine.name, plan, dev.runtime.malloc(size) if size else None, sets)
             caller.calls[0]()
-            out[problem.key] = estimate_ms(dev.timer, caller, calls=max(16, len(sets)))
+            out[problem.key] = estimate_ms(timer, caller, calls=max(16, len(sets)))
         except Exception as exc:  # a time is information; the capture stands without it
             log.warning("capture: no time for %s: %s", problem.label(), exc)
     return out

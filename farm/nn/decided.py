@@ -45,9 +45,10 @@ class Route:
 class Decisions:
     """The decisions of the override file at ``path`` for ``device`` (a GPU: the caller's torch stream runs them)."""
 
-    def __init__(self, path: str, device: Device) -> None:
+    def __init__(self, path: str, device: Device, calls: tuple[str, ...] = CALLS) -> None:
         self.path = path
         self.device = device
+        self.calls = calls  # the calling modes whose decisions are routed
         self.file = load_overrides(path)  # what production would refuse is refused here, naming the rule
         self.replay = FileReplay(path, device)
         self.registry = self.replay.runtime.registry
@@ -69,10 +70,11 @@ class Decisions:
     def _maybe_not_default(self, entry: OverrideEntry) -> bool:
         """The entry's engine (what every calling mode without a decision of its own runs) or a calling mode's
         decision may not be its problem's default (the exact check is made when a call binds)."""
-        chosen = [(entry.engine_name, entry.knobs)]
-        for call in CALLS:
+        chosen = []
+        for call in self.calls:
             try:
-                chosen.append(call_choice(entry, call))
+                # a mode without a decision of its own runs the entry's engine, as production does
+                chosen.append(call_choice(entry, call) or (entry.engine_name, entry.knobs))
             except InputError:  # an unreadable graph decision: production would not use it; the others count
                 pass
         for pick in chosen:

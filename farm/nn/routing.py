@@ -111,7 +111,7 @@ def apply(model: Any, overrides: str | None = None, *, call: str = "auto") -> An
         raise UsageError(f"call: expected one of {', '.join(CALL_CHOICES)}, got {call!r}")
     if APPLIED.get(model) is not None:
         unapply(model)
-    decisions = decisions_for(model, overrides)
+    decisions = decisions_for(model, overrides, call)
     applied = Applied(model, decisions, call)
     names = {id(m): n for n, m in model.named_modules()}
     for module in model.modules():
@@ -138,8 +138,8 @@ def applied_to(model: Any) -> Applied | None:
     return APPLIED.get(model)
 
 
-def decisions_for(model: Any, overrides: str | None) -> Decisions:
-    """The decisions production would read on the device ``model``'s parameters are on."""
+def decisions_for(model: Any, overrides: str | None, call: str = "auto") -> Decisions:
+    """The decisions production would read on the device ``model``'s parameters are on (of calling mode ``call``)."""
     given = overrides or os.environ.get(CONFIG_ENV)
     if not given:
         raise UsageError(f"no override file: give one (a run folder, a published root or a file) or set {CONFIG_ENV}")
@@ -148,7 +148,7 @@ def decisions_for(model: Any, overrides: str | None) -> Decisions:
     if where is None or where.type == "meta":
         raise UsageError("the model's parameters must be on the device that runs it (not meta) to apply decisions")
     device = open_device("cpu" if where.type == "cpu" else "cuda", where.index or 0)
-    return Decisions(resolve(str(given), device).path, device)
+    return Decisions(resolve(str(given), device).path, device, ("eager", "graph") if call == "auto" else (call,))
 
 
 # -- sites ----------------------------------------------------------------------------------------

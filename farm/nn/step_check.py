@@ -6,8 +6,8 @@ other way round), so each decision ``farm.apply`` routes is judged on the step i
 
 1. paired rounds, the order drawn anew each round: the step untouched (every call the library's), with every
    routed decision, and with each decision alone;
-2. a decision whose step is not faster than the untouched one (its paired median ratio below 1) is withdrawn:
-   applying the farm never costs the model what it did not gain;
+2. a decision the step is not faster with, beyond noise (the 99 % interval of its paired speed-up wholly above
+   1), is withdrawn: applying the farm never costs the model what it did not gain;
 3. the step with the decisions kept is measured against the untouched step again; if it is slower beyond noise
    (its 99 % interval below 1), every decision is withdrawn.
 
@@ -141,10 +141,12 @@ def _judge(r: Routed, mine: Sequence[float], base: Sequence[float], call: str, d
     alone = paired_ratio(mine, base)  # with / untouched: its speedup is the step's (untouched / with)
     binding = r.route.eager if call == "eager" else r.route.graph
     assert binding is not None
-    if alone.rounds and alone.speedup >= 1.0:
+    if alone.rounds and alone.speedup_low > 1.0:
         verdict = f"holds: the step ran {alone.describe()} with it alone"
-    else:
+    elif alone.rounds and alone.speedup_high < 1.0:
         verdict = f"withdrawn: the step ran {alone.describe()} with it alone: slower than without it"
+    else:
+        verdict = f"withdrawn: the step ran {alone.describe()} with it alone: no faster beyond noise"
     return Judged(r.problem, binding.bound.engine_name, tuple(binding.bound.knobs), default, tuple(r.sites), alone,
                   tuple(mine), tuple(base), verdict.startswith("holds"), verdict)
 
