@@ -238,6 +238,7 @@ def _linear_call(route: Route, x: Any, params: dict[str, Any], w: Any, b: Any, o
     flat = len(shape) != 2
     rows, out_shape = (x.numel() // k if k else 0), (*shape[:-1], n)
     pick = _chooser(route)
+    _prime(route, {"A": x.view(rows, k), "B": wt, **({"bias": bd} if bd is not None else {})})
 
     def call(x: Any) -> Any:
         if x.dtype is not dtype or params["weight"] is not w or params.get("bias") is not b or not x.is_contiguous():
@@ -252,6 +253,19 @@ def _linear_call(route: Route, x: Any, params: dict[str, Any], w: Any, b: Any, o
         return y.view(out_shape) if flat else y
 
     return call
+
+
+def _prime(route: Route, tensors: dict[str, Any]) -> None:
+    """Run the graph decision once now, outside any capture, where eager calls run something else: a plan's
+    lazily made state (split-K's partials, a stream's scratch) is then made outside the graph's memory pool, which
+    torch.compile's CUDA graphs require of everything that outlives a recording."""
+    graph = route.graph
+    if graph is None or graph is route.eager:
+        return
+    torch = torch_module()
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return
+    graph.call(tensors)
 
 
 def _chooser(route: Route) -> Callable[[], Callable[..., Any] | None]:
@@ -305,19 +319,21 @@ class _ModuleSite(_Site):
         w, b = params.get("weight"), params.get("bias")
         if self.kind == "conv2d":
             got = read_call(F.conv2d, (x, w, None, m.stride, m.padding, m.dilation, m.groups), {})
-            return self.bind(got, lambda route: _conv_call(route, params, w, b, original), original)
+            return self.bind(got, lambda route: _conv_call(route, x, params, w, b, original), original)
         if self.kind == "layer_norm":
             got = read_call(F.layer_norm, (x, m.normalized_shape, w, b, m.eps), {})
-            return self.bind(got, lambda route: _plain_call(route, params, {"X": None, "scale": w, "bias": b}, original),
-                             original)
+            return self.bind(got, lambda route: _plain_call(route, x, params, {"X": None, "scale": w, "bias": b},
+                                                            original), original)
         got = read_call(F.rms_norm, (x, m.normalized_shape, w, m.eps), {})
-        return self.bind(got, lambda route: _plain_call(route, params, {"X": None, "scale": w}, original), original)
+        return self.bind(got, lambda route: _plain_call(route, x, params, {"X": None, "scale": w}, original), original)
 
 
-def _conv_call(route: Route, params: dict[str, Any], w: Any, b: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+def _conv_call(route: Route, x: Any, params: dict[str, Any], w: Any, b: Any, original: Callable[..., Any]
+               ) -> Callable[..., Any]:
     pick, grad = _chooser(route), torch_module().is_grad_enabled
     bias = b.detach().view(1, -1, 1, 1) if b is not None else None
     wd = w.detach()
+    _prime(route, {"X": x, "W": wd})
 
     def call(x: Any) -> Any:
         run = pick()
@@ -330,11 +346,12 @@ def _conv_call(route: Route, params: dict[str, Any], w: Any, b: Any, original: C
     return call
 
 
-def _plain_call(route: Route, params: dict[str, Any], tensors: dict[str, Any], original: Callable[..., Any]
+def _plain_call(route: Route, x: Any, params: dict[str, Any], tensors: dict[str, Any], original: Callable[..., Any]
                 ) -> Callable[..., Any]:
     pick, grad = _chooser(route), torch_module().is_grad_enabled
     w = tensors.get("scale")
     detached = {k: v.detach() for k, v in tensors.items() if v is not None}
+    _prime(route, {**detached, "X": x})
 
     def call(x: Any) -> Any:
         run = pick()
@@ -387,6 +404,7 @@ class _SdpaSite(_Site):
 
         def fast(route: Route) -> Callable[..., Any]:
             pick = _chooser(route)
+            _prime(route, {"Q": q, "K": k, "V": v})
 
             grad = torch_module().is_grad_enabled
 
