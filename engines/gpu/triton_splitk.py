@@ -262,11 +262,11 @@ class StreamScratch:
 
     Calls on two streams at once must not share them (torch keeps cuBLAS's workspace per stream for the
     same reason): a shared counter would be counted twice over and never return to zero. Partials are made
-    on the calling stream at its first call, with a spare beside the first ones: a stream that first calls while
-    it captures a CUDA graph takes the spare (memory made during a capture belongs to the graph's pool, which
-    torch.compile's CUDA graphs refuse to see outlive the graph). Counters come from a slab zeroed when the plan
-    is built, since a capturing stream cannot zero them (a new stream past ``SLOTS`` gets zeroed counters of its
-    own, unless it is capturing: then the call fails and says why).
+    on the calling stream at its first call, and with the first stream's a spare: the second stream takes it (a
+    CUDA graph's stream, whose first call may run in the graph's memory pool, where torch.compile's CUDA graphs
+    refuse memory that outlives a recording). Counters come from a slab zeroed when the plan is built, since a
+    capturing stream cannot zero them (a new stream past ``SLOTS`` gets zeroed counters of its own, unless it is
+    capturing: then the call fails and says why).
     """
 
     SLOTS = 8
@@ -304,10 +304,10 @@ class StreamScratch:
                                    "make zeroed counters for a new one while it captures a CUDA graph; call it "
                                    "once on that stream before capturing")
             counters = torch.zeros(self._tiles, dtype=torch.int32, device=self._device)
-        if torch.cuda.is_current_stream_capturing() and self._spare is not None:
+        if self._spare is not None:  # a second stream (a graph's, capturing or warming up in its pool) takes it
             partials, self._spare = self._spare, None
             return partials, counters
-        if self._spare is None and not torch.cuda.is_current_stream_capturing():
+        if slot == 0 and not torch.cuda.is_current_stream_capturing():
             self._spare = torch.empty(self._shape, dtype=torch.float32, device=self._device)
         return torch.empty(self._shape, dtype=torch.float32, device=self._device), counters
 
