@@ -81,6 +81,16 @@ def test_capture_on_meta_gives_the_same_problems_as_on_the_device():
         on_meta.time_step(lambda: None)
 
 
+def test_a_channels_last_network_captured_on_meta_keeps_its_layout_as_on_a_device():
+    model, (x,) = models.resnet50(batch=2, image=32, width=8, device="meta", dtype="float16")
+    with farm.capture(model, label="n2") as c:
+        model(x)
+    convs = [p.problem for p in c.workload().problems if p.kind == "conv2d"]
+    assert len(convs) > 10
+    # every convolution's input and output NHWC, as torch's GPU kernels keep them (its meta kernel would not)
+    assert all(p.tensor("X").strides[1] == 1 and p.tensor("Y").strides[1] == 1 for p in convs)
+
+
 def test_capture_skips_what_the_farm_cannot_run_and_says_why(tmp_path):
     x = torch.randn(2, 4, 8, 16)
     mask = torch.ones(8, 8, dtype=torch.bool)

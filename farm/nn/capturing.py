@@ -174,9 +174,24 @@ def _mode_class() -> type:
         def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             self.capture._record(func, args, kwargs)
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            return _as_on_a_device(func, args, out)
 
     return _CaptureMode
+
+
+def _as_on_a_device(func: Any, args: tuple[Any, ...], out: Any) -> Any:
+    """A convolution's output on ``meta`` in the layout a GPU's (or the CPU's) kernel gives it: channels-last when
+    its input or weight is (torch's suggest_memory_format); torch's meta kernel gives NCHW, and every convolution
+    of a channels-last network after the first would be captured in another layout than on the device."""
+    torch = torch_module()
+    if func not in (torch.nn.functional.conv2d, torch.conv2d) or getattr(out, "device", None) is None \
+            or out.device.type != "meta" or out.dim() != 4 or len(args) < 2:
+        return out
+    last = torch.channels_last
+    if any(t.dim() == 4 and t.is_contiguous(memory_format=last) and not t.is_contiguous() for t in args[:2]):
+        return out.contiguous(memory_format=last)
+    return out
 
 
 def _Mode(capture: Capture) -> Any:
