@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from rich.markup import escape
 from farm.cli.args import _positive_int
 from farm.cli.console import _console, _print_json
 from farm.errors import InputError
-from farm.store.targets import Target, resolve
+from farm.store.targets import Target, resolve, rewrite_entries
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -99,25 +98,15 @@ def _record(target: Target, f: Any, verified: list[Any], device: Any, fix: bool)
     if not fix:
         return []
     from farm.replay.verify import fixed_entries
-    from farm.store.override_files import write_overrides
 
     entries = fixed_entries(f, [v for v in verified if not v.skipped])
     if not entries:
         return []
     fixed = sum(v.fixed for v in verified)
+    written = rewrite_entries(target, f, entries, device.signature)
     if target.kind == "file":
-        write_overrides(target.path, entries, device=f.device, mode="append")
         return [f"{target.path}: {fixed} decision(s) replaced by the default, {len(verified)} check(s) recorded"]
-    import tempfile
-
-    from farm.store.publish import publish
-
-    with tempfile.TemporaryDirectory(prefix="farm-verify-") as tmp:
-        # the changed entries only: publishing merges them into the published file by match key
-        name = os.path.join(tmp, f"{f.device_signature or device.signature}.json")
-        write_overrides(name, entries, device=f.device, mode="new", extra=f.extra)
-        reports = publish(tmp, target.where, force=True)  # the default may be recorded slower: that is the fix
-    return [f"republished {r.path}: {fixed} decision(s) replaced by the default" for r in reports if r.written]
+    return [f"republished {path}: {fixed} decision(s) replaced by the default" for path in written]
 
 
 def _record_in_run(target: Target, verified: list[Any], device: Any) -> list[str]:

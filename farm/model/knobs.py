@@ -151,6 +151,16 @@ def resolve(knobs: Iterable[Knob], settings: KnobSettings) -> dict[str, KnobValu
     return values
 
 
+def value_from_text(text: str) -> KnobValue:
+    """A value written as text (``128``, ``0.5``, ``serial``): an int, else a float, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def knob_type_of(value: KnobValue) -> KnobType:
     if isinstance(value, bool):
         return KnobType.INT

@@ -12,8 +12,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,11 +21,10 @@ from farm.model.measurement import summarize
 from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
 from farm.nn.step_check import Judged, StepCheck
 from farm.store.model_checks import MODEL, ModelCheck
-from farm.store.override_files import write_overrides
 from farm.store.overrides import OverrideEntry, OverrideFile
 from farm.store.results import MeasurementContext, new_id
 from farm.store.run_records import Row, record_in_run
-from farm.store.targets import Target
+from farm.store.targets import Target, rewrite_entries
 from farm.tuner.winner import ConfirmedRule
 
 
@@ -44,16 +41,10 @@ def record_check(check: StepCheck, target: Target, f: OverrideFile, device: Devi
     entries = checked_entries(f, check)
     if not entries:
         return []
+    written = rewrite_entries(target, f, entries, device.signature)
     if target.kind == "file":
-        write_overrides(target.path, entries, device=f.device, mode="append")
         return [f"{target.path}: {len(check.withdrawn)} decision(s) withdrawn, {len(judged)} check(s) recorded"]
-    from farm.store.publish import publish
-
-    with tempfile.TemporaryDirectory(prefix="farm-apply-") as tmp:
-        name = os.path.join(tmp, f"{f.device_signature or device.signature}.json")
-        write_overrides(name, entries, device=f.device, mode="new", extra=f.extra)
-        reports = publish(tmp, target.where, force=True)
-    return [f"republished {r.path}: {len(check.withdrawn)} decision(s) withdrawn" for r in reports if r.written]
+    return [f"republished {path}: {len(check.withdrawn)} decision(s) withdrawn" for path in written]
 
 
 def model_check_of(check: StepCheck, j: Judged) -> ModelCheck:

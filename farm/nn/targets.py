@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from farm.errors import InputError
+from farm.model.knobs import value_from_text
 
 
 @dataclass(frozen=True)
@@ -64,17 +65,8 @@ def parse_with(text: str) -> dict[str, Any]:
         key, sep, value = part.partition("=")
         if not sep or not key.isidentifier():
             raise InputError("expected key=value[,key=value...]", field="--with", value=text)
-        out[key] = _value(value)
+        out[key] = value_from_text(value)
     return out
-
-
-def _value(text: str) -> Any:
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def build(factory: Callable[..., Any], kwargs: Mapping[str, Any], *, device: str | None = None) -> Built:

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import InputError
+from farm.store.override_files import write_overrides
+from farm.store.overrides import OverrideEntry, OverrideFile
 
 
 @dataclass(frozen=True)
@@ -48,3 +50,22 @@ def resolve(given: str, device: Any) -> Target:
     path, note = found
     kind = "root" if "://" in given or os.path.isfile(os.path.join(given, "index.json")) else "file"
     return Target(kind, path, given if kind == "root" else path, note)
+
+
+def rewrite_entries(target: Target, f: OverrideFile, entries: list[OverrideEntry], signature: str) -> list[str]:
+    """Write changed entries of ``f`` back where they were read: a file rewritten in place (temp file, rename), a
+    published root republished with them (``farm publish --force``: a default may be recorded slower than what it
+    replaces, which is the point of a check's fix). -> the paths written."""
+    import tempfile
+
+    from farm.store.publish import publish
+
+    if target.kind == "file":
+        write_overrides(target.path, entries, device=f.device, mode="append")
+        return [target.path]
+    with tempfile.TemporaryDirectory(prefix="farm-rewrite-") as tmp:
+        # the changed entries only: publishing merges them into the published file by match key
+        name = os.path.join(tmp, f"{f.device_signature or signature}.json")
+        write_overrides(name, entries, device=f.device, mode="new", extra=f.extra)
+        reports = publish(tmp, target.where, force=True)
+    return [r.path for r in reports if r.written]

@@ -43,7 +43,7 @@ from farm._version import __version__
 from farm.errors import InputError
 from farm.fsutil import PathLock, atomic_write_text, move_aside, read_text_file
 from farm.model import dtypes
-from farm.model.knobs import KnobSettings
+from farm.model.knobs import KnobSettings, value_from_text
 from farm.model.op_catalog import OPS
 from farm.model.tunableop_gemms import TYPE_NAMES, gemm_tensors
 from farm.store.override_files import lock_path, merge_entries
@@ -167,17 +167,8 @@ def _parse_kernel(kernel: str) -> tuple[str, KnobSettings]:
     knobs = []
     for part in filter(None, (m.group(2) or "").split(";")):
         name, _, value = part.partition("=")
-        knobs.append((name, _typed(value)))
+        knobs.append((name, value_from_text(value)))
     return m.group(1), tuple(sorted(knobs))
-
-
-def _typed(text: str) -> int | float | str:
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 # -- writing -------------------------------------------------------------------------------------
