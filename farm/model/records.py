@@ -303,11 +303,13 @@ class AutotuneConfig:
             need(is_int("workspace_limit") and self.workspace_limit >= 0, "workspace_limit", "must be an integer >= 0 (bytes)")
 
     def bounded_by(self, candidate_timeout_s: float | None) -> "AutotuneConfig":
-        """This config with each candidate's measuring (warm-up and timed runs) ending within a third of the candidate
-        timeout: a workload asking for a billion iterations gets a result in bounded time, not a hang."""
+        """This config with each candidate's measuring ending within the candidate timeout: its warm-up, its timed
+        runs and a noisy candidate's second round of them each within a quarter of it (the last quarter for its
+        compile and check), so a workload asking for a billion iterations gets a result in bounded time, not a
+        hang, on both executors (farm.fleet.job.run_local and farm.fleet.cluster.run_farm apply it)."""
         if not candidate_timeout_s:
             return self
-        budget = candidate_timeout_s * 1e3 / 3  # warm-up and timed runs each within it
+        budget = candidate_timeout_s * 1e3 / 4
         if self.max_tuning_duration_ms is not None and self.max_tuning_duration_ms <= budget:
             return self
         return dataclasses.replace(self, max_tuning_duration_ms=budget)
