@@ -326,7 +326,9 @@ def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, optio
     from farm.fleet.worker import expand_problems
     from farm.model.engine import default_engine_registry
 
-    if not jr.job.results.exists():
+    # the run's results writer makes the folder at once: a folder without a results file is a first run, whose
+    # problems the workers expand (expanding them here too would do it twice)
+    if not jr.job.results.exists() or not ResultsDataset(jr.job.results).files:
         return None
     kind = request.kind
     if kind == "auto":

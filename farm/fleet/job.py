@@ -19,21 +19,21 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import pyarrow as pa
 
 from farm._version import __version__
 from farm.devices.device import Device
 from farm.errors import FarmError, InputError
-from farm.fsutil import atomic_write_bytes, move_aside, read_text_file
+from farm.fsutil import atomic_write_bytes, move_aside
 from farm.model.engine import EngineRegistry
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset, partition_signatures
 from farm.store.decisions import Decisions, Winner, decide_results, incumbent_file, incumbent_spec, load_incumbents
 from farm.store.location import Location, is_uri
-from farm.store.reduce import ReduceReport, reduce_results, relocated
+from farm.store.reduce import ReduceReport, reduce_results, relocated, rendered
 from farm.store.results import (
     CHECK_ROUNDS,
     MeasurementContext,
@@ -287,6 +287,7 @@ class JobRun:
         self.waiting: dict[str, list[str]] = {}  # signature -> problems no device of it was left to measure
         self._fenced: list[tuple[str, str, str]] = []  # (signature, op, session) of lost nodes' tasks run again
         self._counted_parts: dict[str, set[str]] = {}  # session -> the parts of it counted as reported
+        self._skipped_files: list[tuple[str, str]] = []  # results files the last decision could not read
 
     def done_candidates(self, signature: str) -> dict[str, set[str]]:
         """problem key -> candidate keys this folder has rows for on ``signature`` (the resume set)."""
@@ -399,12 +400,16 @@ class JobRun:
         set_aside = self._set_aside_late_parts()
         if set_aside:
             fields["set_aside"] = set_aside
-        decisions, report = self._decide(reduce, top_k)
+        per_sig = self._decisions(top_k)
         verification: dict[str, Any] | None = None
-        if verify is not None and report is not None:
-            verification = self._verify(report, decisions, verify)
-            if verification["rows"]:
-                decisions, report = self._decide(reduce, top_k)
+        if verify is not None and reduce:
+            # the check reads each file as it would be written; only the signatures it wrote rows for are decided
+            # again; each file is written once, after it
+            verification = self._verify({sig: rendered(d, sig, top_k) for sig, d in per_sig.items()}, per_sig,
+                                        verify)
+            if verification["signatures"]:
+                per_sig.update(self._decisions(top_k, only=verification["signatures"]))
+        decisions, report = self._write(per_sig, reduce, top_k)
         self.writer.close()
         no_winner: dict[str, dict[str, str]] = {s: dict(v) for s, v in self._skipped.items()}
         for sig, names in self.waiting.items():
@@ -421,7 +426,7 @@ class JobRun:
         if manifest:
             fields["manifest"] = manifest
         if verification is not None:
-            fields["verify"] = {k: v for k, v in verification.items() if k != "rows"}
+            fields["verify"] = {k: v for k, v in verification.items() if k not in ("rows", "signatures")}
         summary = JobSummary(self.run.job_id, self.run.run_id, self.rows_written, dict(self.counts), decisions,
                              report, no_winner, problems, time.perf_counter() - self.t0,
                              verified=list((verification or {}).get("decisions", [])), waiting=dict(self.waiting))
@@ -434,61 +439,74 @@ class JobRun:
         self._lock.release()
         return summary
 
-    def _verify(self, report: ReduceReport, decisions: Decisions,
+    def _verify(self, texts: dict[str, str], per_sig: dict[str, Decisions],
                 verify: Callable[[str, str, list[str]], Any]) -> dict[str, Any]:
-        """Each written override file's decisions of this workload that no check has seen yet (a resume verifies
-        only what changed), replayed by ``verify``; its rows are written."""
+        """Each signature's decisions of this workload that no check has seen yet (a resume verifies only what
+        changed), replayed by ``verify`` from the file's text before it is written; its rows are written."""
         names = {wp.problem.key: wp.name for wp in self.workload.problems}
         records: list[dict[str, Any]] = []
         skipped: list[dict[str, str]] = []
         rows = 0
-        for sig_report in report.signatures:
-            if sig_report.signature not in self._signatures or not sig_report.entries:
+        checked: list[str] = []
+        for sig, text in texts.items():
+            winners = per_sig[sig].winners
+            if sig not in self._signatures or not winners:
                 continue
-            sig = sig_report.signature
-            keys = [k for k in names if (sig, k) in decisions.winners and
-                    any(w.verified is None for w in (decisions.winners[(sig, k)], *decisions.winners[(sig, k)].others))]
+            keys = [k for k in names if (sig, k) in winners and
+                    any(w.verified is None for w in (winners[(sig, k)], *winners[(sig, k)].others))]
             if not keys:
                 continue
-            path = self.job.overrides / f"{sig}.json"
             try:
-                outcome = verify(sig_report.signature, read_text_file(path, "override file"), keys)
+                outcome = verify(sig, text, keys)
             except FarmError as exc:  # the tuning is done and kept: the check says why it did not run
-                log.warning("farm: verifying %s failed: %s", sig_report.signature, exc)
-                skipped.append({"signature": sig_report.signature, "why": str(exc)})
+                log.warning("farm: verifying %s failed: %s", sig, exc)
+                skipped.append({"signature": sig, "why": str(exc)})
                 continue
             made = [result_row(r, problem, names.get(problem.key, name), self.run, where)
                     for r, problem, name, where in outcome.rows]
             self.writer.append(made)
             rows += len(made)
-            records += [dict(r, signature=sig_report.signature) for r in outcome.records]
-            skipped += [{"signature": sig_report.signature, "problem": n, "why": w} for n, w in outcome.skipped]
+            if made:
+                checked.append(sig)
+            records += [dict(r, signature=sig) for r in outcome.records]
+            skipped += [{"signature": sig, "problem": n, "why": w} for n, w in outcome.skipped]
         self.writer.flush()
         tally = {"checked": len(records), "holds": sum(r["verdict"] == "holds" for r in records),
                  "flagged": sum(r["verdict"].startswith("flagged") for r in records),
                  "fixed": sum(r["verdict"].startswith("fixed") for r in records),
                  "not_verified": sum(r["verdict"].startswith("not verified") for r in records)}
-        return {"rows": rows, **tally, "decisions": records, "skipped": skipped}
+        return {"rows": rows, "signatures": checked, **tally, "decisions": records, "skipped": skipped}
 
-    def _decide(self, reduce: bool, top_k: int) -> tuple[Decisions, ReduceReport | None]:
-        """The winners of the folder's results, one device signature at a time (the driver holds one
-        signature's rows at once, not the dataset), and the override files when ``reduce``."""
+    def _decisions(self, top_k: int, only: Sequence[str] | None = None) -> dict[str, Decisions]:
+        """The winners of the folder's results, one device signature at a time (the driver holds one signature's
+        rows at once, not the dataset); ``only``: these signatures."""
         results = self.job.results
         listing = ResultsDataset(results) if results.exists() else None  # every file checked and named once
         signatures = partition_signatures(results) if listing is not None else []
         source = self.record.get("settings", {}).get("incumbents")
+        out: dict[str, Decisions] = {}
+        for sig in signatures:
+            if only is not None and sig not in only:
+                continue
+            data = listing.partition(sig)  # type: ignore[union-attr]
+            out[sig] = self._without_waiting(sig, decide_results(data, incumbents=load_incumbents(source, data),
+                                                                 top_k=top_k))
+        self._skipped_files = [(f.path, f.reason) for f in listing.skipped] if listing is not None else []
+        return out
+
+    def _write(self, per_sig: dict[str, Decisions], reduce: bool, top_k: int) -> tuple[Decisions, ReduceReport | None]:
+        """Every signature's decisions together, and its override file and winners table written (once) when
+        ``reduce``."""
         winners: dict[tuple[str, str], Winner] = {}
         tuned: dict[str, set[str]] = {}
-        skipped: list[tuple[str, str]] = [(f.path, f.reason) for f in listing.skipped] if listing is not None else []
+        skipped: list[tuple[str, str]] = list(self._skipped_files)
         rows = 0
         written = []
         if reduce:
             self.job.pull_overrides()
-        for sig in signatures:
-            data = listing.partition(sig)
-            d = self._without_waiting(sig, decide_results(data, incumbents=load_incumbents(source, data), top_k=top_k))
+        for sig, d in per_sig.items():
             if reduce:
-                written += reduce_results(results, self.job.overrides, top_k=top_k, decisions=d,
+                written += reduce_results(self.job.results, self.job.overrides, top_k=top_k, decisions=d,
                                           measurement_warning=self.measurement_warning).signatures
             winners.update(d.winners)
             tuned.update(d.tuned)

@@ -33,8 +33,8 @@ from farm._version import __version__
 from farm.errors import InputError
 from farm.fsutil import fsync_dir, temp_path
 from farm.store.dataset import ResultsDataset, safe_signature
-from farm.store.override_files import ISO_SECONDS_FORMAT, WriteReport, autotune_metadata, write_overrides
-from farm.store.overrides import OverrideEntry, knob_list
+from farm.store.override_files import ISO_SECONDS_FORMAT, WriteReport, autotune_metadata, render, write_overrides
+from farm.store.overrides import OVERRIDE_VERSION, OverrideEntry, OverrideFile, knob_list
 from farm.store.results import KNOB_TYPE, knobs_to_structs
 from farm.store.tunableop_csv import write_tunableop_csv
 
@@ -110,6 +110,15 @@ def reduce_results(results_dir: Any, out_dir: str | Path, *, top_k: int = 3, mod
                                     mode="replace")
         reports.append(rep)
     return ReduceReport(reports, decisions.skipped_files, decisions.rows, decisions)
+
+
+def rendered(decisions: Decisions, signature: str, top_k: int = 3) -> str:
+    """The override file of ``signature``'s decisions as the reducer would write its entries (the text alone,
+    nothing written): what a check of them reads before they are written once."""
+    entries, device, job_ids = _entries(decisions, decisions.of(signature), top_k)
+    doc = OverrideFile(OVERRIDE_VERSION, entries, {"signature": signature, "properties": device},
+                       {"generated_by": {"tool": "tunefarm", "version": __version__, "job_ids": job_ids}}, "")
+    return render(doc, [e.to_json() for e in entries])
 
 
 def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tuple[list[OverrideEntry], dict[str, Any], list[str]]:
