@@ -132,6 +132,7 @@ def test_optional_engine_capabilities_are_protocols_the_built_ins_satisfy():
     assert {"triton.gemm", "triton.conv"} <= names["Preparable"] and names["Prioritized"]
 
 
+@pytest.mark.slow
 def test_every_import_of_farm_in_the_repository_resolves():
     """GPU tests and benchmarks do not run in CI: their imports of farm names are checked here."""
     import ast

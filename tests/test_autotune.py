@@ -243,7 +243,10 @@ def test_config_validation_names_the_field(kwargs, field):
 
 
 def test_stable_only_checks_apply_to_run_until_stable():
-    AutotuneConfig(strategy="fixed_average", window=1)  # window is irrelevant there
+    assert AutotuneConfig(strategy="fixed_average", window=1).window == 1  # window is irrelevant there
+    with pytest.raises(InputError) as info:
+        AutotuneConfig(strategy="run_until_stable", window=1)
+    assert info.value.field == "window"
 
 
 def test_winner_is_what_execute_runs_and_others_are_released():

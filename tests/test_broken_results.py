@@ -98,6 +98,7 @@ def _winners(out):
     return {e.engine_name + json.dumps(e.knobs) for f in (out / "overrides").glob("*.json") for e in load_overrides(f).entries}
 
 
+@pytest.mark.slow
 def test_every_reader_skips_and_names_a_broken_part(broken, tuned, capsys):
     case, out, bad = broken
     expected = _winners(tuned / "good")

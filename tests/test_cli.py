@@ -25,6 +25,7 @@ def test_engines_table_lists_engines_ops_knobs(repo_root):
         assert text in out, text
 
 
+@pytest.mark.slow
 def test_engines_json_and_op_filter(repo_root):
     data = json.loads(farm(repo_root, "engines", "--json", check=True).stdout)
     blas = next(e for e in data if e["name"] == "cpu.matmul.blas")
@@ -39,6 +40,7 @@ def test_engines_json_and_op_filter(repo_root):
     assert "no engine serves sdpa_bwd" in none.stdout
 
 
+@pytest.mark.slow
 def test_tune_example_json(repo_root, tmp_path):
     proc = farm(repo_root, "tune", "examples/cpu-quick.yaml", "--out", str(tmp_path / "o"), "--json", "--in-process",
                 check=True)
@@ -56,6 +58,7 @@ def test_tune_example_json(repo_root, tmp_path):
         assert all(r["disposition"] for r in p["results"])
 
 
+@pytest.mark.slow
 def test_tune_tables_and_summary(repo_root, tmp_path):
     out = farm(repo_root, "tune", "examples/cpu-quick.yaml", "--out", str(tmp_path / "o"), "--in-process",
                check=True).stdout
@@ -64,6 +67,7 @@ def test_tune_tables_and_summary(repo_root, tmp_path):
     assert "Outputs" in out and ".winners.parquet" in out and str(tmp_path / "o") in out
 
 
+@pytest.mark.slow
 def test_default_out_is_runs_workload_name(repo_root, tmp_path):
     import shutil
 

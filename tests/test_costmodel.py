@@ -65,6 +65,7 @@ def test_the_model_file_records_its_training_data_and_its_feature_schema(trained
     assert {"engine", "gemm_m", "gemm_k_align", "knob_block_k", "arch"} <= set(names)
 
 
+@pytest.mark.slow
 def test_a_pruned_tune_measures_the_default_and_the_top_k_and_writes_a_pruned_row_for_the_rest(trained, tmp_path):
     wl = _workload(tmp_path / "held.yaml", "held", HELD)
     out = tmp_path / "pruned"
@@ -99,6 +100,7 @@ def test_a_pruned_tune_measures_the_default_and_the_top_k_and_writes_a_pruned_ro
     assert not {(w["problem_key"], w["candidate_key"]) for w in winners} & pruned_keys
 
 
+@pytest.mark.slow
 def test_pruned_rows_are_no_failures_and_farm_report_counts_them_per_problem(trained, tmp_path, capsys):
     wl = _workload(tmp_path / "held.yaml", "held", HELD)
     out = tmp_path / "pruned"
@@ -133,6 +135,7 @@ def test_a_resume_without_prune_measures_what_was_pruned(trained, tmp_path):
     assert {r["candidate_key"] for r in rows if r["disposition"] == "succeeded"} >= pruned
 
 
+@pytest.mark.slow
 def test_the_farm_prunes_on_ray_and_records_the_seed_in_job_json(trained, tmp_path):
     from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
     from farm.model.engine import default_engine_registry

@@ -4,6 +4,8 @@ local devices expands its problems only where they are tuned (issue 55)."""
 from __future__ import annotations
 
 import collections
+
+import pytest
 import functools
 
 import farm.store.reduce as reduce_module
@@ -41,6 +43,7 @@ def test_each_override_file_is_written_once_though_the_check_wrote_rows(tmp_path
     assert text.count('"verified"') >= 2
 
 
+@pytest.mark.slow
 def test_a_first_run_on_simulated_devices_expands_its_problems_on_the_workers_only(tmp_path, monkeypatch):
     """The driver used to expand every problem to learn that a first run has work (its results folder always
     exists: the writer makes it), before the workers expanded them again; a resume with nothing left still

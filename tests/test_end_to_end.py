@@ -52,6 +52,7 @@ def test_discover_add_autotune_execute(problem, mode, cpu):
     tuner.close()
 
 
+@pytest.mark.slow
 def test_tuning_workload_problems_in_process(repo_root, cpu, registry):
     from farm.tuner.problem_tuning import tune_workload
     from farm.model.workload import load_workload

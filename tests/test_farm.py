@@ -16,6 +16,8 @@ from farm.store.dataset import ResultsDataset
 from farm.devices.sim import SimConfig
 from farm.model.workload import parse_workload
 
+pytestmark = pytest.mark.slow  # an end-to-end test of the farm: Ray, a cluster, the docs run whole
+
 ray = pytest.importorskip("ray", reason="the farm needs ray[default]")
 
 SWEEP = {"sim.gemm": {"block": [16, 32, 64, 128, 256], "stages": [1, 2, 3, 4, 5], "split_k": [1, 2, 4, 8]},

@@ -25,6 +25,8 @@ from farm.model.engine import default_engine_registry  # noqa: E402
 from farm.model.workload import parse_workload  # noqa: E402
 from farm.store.dataset import ResultsDataset  # noqa: E402
 
+pytestmark = pytest.mark.slow  # an end-to-end test of the farm: Ray, a cluster, the docs run whole
+
 PROBLEMS = 12
 # three kinds of simulated device; a node carries devices of one kind (its resource says how many)
 SIM = SimConfig.parse({"devices": [{"name": "Sim A", "speed": 1.0}, {"name": "Sim B", "speed": 1.6},

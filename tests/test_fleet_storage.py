@@ -13,6 +13,8 @@ from farm.store.dataset import ResultsDataset
 from farm.store.location import Location, is_uri
 from farm.store.results import MeasurementContext, ResultWriter, RunContext, result_row
 
+pytestmark = pytest.mark.slow  # an end-to-end test of the farm: Ray, a cluster, the docs run whole
+
 P1 = matmul_problem()
 
 

@@ -187,6 +187,7 @@ def _farm(repo_root, *args, cwd=None):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_workload_named_like_a_path_writes_under_runs(tmp_path, repo_root):
     # YAML's double-quoted escapes: \e is ESC, \a is BEL (raw control characters are not valid YAML)
     (tmp_path / "w.yaml").write_text(
@@ -208,6 +209,7 @@ def test_publish_to_an_empty_root_is_a_one_line_error(tmp_path, repo_root):
 
 
 # -- jobs where some problems get no winner finish, say so, and exit 3 ---------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", [["--in-process"], ["--devices", "cpu:1"]])
 def test_a_job_where_no_candidate_can_run_finishes_with_exit_code_3(tmp_path, repo_root, executor):
     """An int8 matmul on the CPU (no engine applies) ended in IndexError and a job.json saying 'running'."""
@@ -230,6 +232,7 @@ def test_a_job_where_no_candidate_can_run_finishes_with_exit_code_3(tmp_path, re
 @pytest.mark.parametrize("flag,value", [("--candidate-timeout", "-1"), ("--candidate-timeout", "nan"),
                                         ("--candidate-timeout", "inf"), ("--progress-every", "0"),
                                         ("--top-k", "0"), ("--top-k", "-2")])
+@pytest.mark.slow
 def test_cli_numbers_out_of_range_are_one_line_errors(repo_root, flag, value):
     proc = _farm(repo_root, "tune", "examples/cpu-quick.yaml", "--dry-run", f"{flag}={value}")
     assert proc.returncode == 2 and flag in proc.stderr and "Traceback" not in proc.stderr
@@ -260,6 +263,7 @@ def test_nan_or_negative_times_never_win_a_reduce(tmp_path):
     ("name: w\nproblems:\n  - {name: a, op: conv_fprop, criteria: {pad_h: 99999999999999999999},\n"
      "     tensors: {X: [1, 1, 4, 4], W: [1, 1, 3, 3]}}\n", "pad_h"),
 ])
+@pytest.mark.slow
 def test_bad_workloads_are_one_line_errors(tmp_path, repo_root, text, field):
     (tmp_path / "w.yaml").write_text(text)
     proc = _farm(repo_root, "tune", tmp_path / "w.yaml", "--dry-run")
@@ -291,6 +295,7 @@ def test_rows_reach_disk_within_a_second_without_another_row_arriving(tmp_path):
     assert w.rows_written == 1  # close() wrote nothing twice
 
 
+@pytest.mark.slow
 def test_a_second_farm_tune_into_the_same_folder_is_refused(tmp_path, repo_root):
     """Two farm tune processes into one --out measured everything twice and lost one run's 'finished'."""
     from filelock import FileLock
@@ -307,6 +312,7 @@ def test_a_second_farm_tune_into_the_same_folder_is_refused(tmp_path, repo_root)
 
 
 # -- CLI targets and executors: bounded, one line -----------------------------------------------------
+@pytest.mark.slow
 def test_in_process_honours_the_candidate_timeout(tmp_path, repo_root):
     """A hanging candidate in-process gets a timed_out row; the run restarts itself and finishes the rest."""
     (tmp_path / "sim.yaml").write_text("devices: [{name: Sim H, count: 1}]\n"
@@ -362,6 +368,7 @@ def test_unwritable_targets_are_one_line_errors(tmp_path, repo_root, capsys):
         assert len(err.splitlines()) == 1 and "a-file" in err and "Traceback" not in err, (argv, err)
 
 
+@pytest.mark.slow
 def test_a_problem_larger_than_the_devices_memory_is_an_error_before_any_device_time(tmp_path, repo_root):
     (tmp_path / "w.yaml").write_text("name: big\nproblems:\n"
                                      "  - {name: huge, op: matmul, tensors: {A: [400000, 400000], B: [400000, 8]}}\n")

@@ -115,6 +115,7 @@ def test_capture_skips_what_the_farm_cannot_run_and_says_why(tmp_path):
     assert "# not captured: 1 sdpa call(s)" in text and "an attention mask" in text
 
 
+@pytest.mark.slow
 def test_captures_of_two_batch_sizes_merge_and_load_as_a_workload_with_its_steps(tmp_path):
     parts = []
     for batch in (1, 4):
@@ -264,6 +265,7 @@ def _slow_decisions(tmp_path, model, inputs):
     return _override_file(tmp_path / "o.json", entries)
 
 
+@pytest.mark.slow
 def test_the_model_check_withdraws_decisions_the_step_is_slower_with_and_rewrites_the_file(tmp_path):
     model, inputs = models.decoder(batch=1, size="small", device="cpu")
     path = _slow_decisions(tmp_path, model, inputs)

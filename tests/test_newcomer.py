@@ -264,6 +264,7 @@ def test_a_part_with_a_corrupt_data_page_is_measured_again_by_an_in_process_resu
     assert report["rows_written"] == 2 and report["no_winner"] == {}  # measured again, and a winner
 
 
+@pytest.mark.slow
 def test_winners_measured_by_more_cpu_workers_than_cores_are_marked_and_not_published_unless_forced(
         tmp_path, monkeypatch, capsys):
     pytest.importorskip("ray", reason="the farm needs ray[default]")
@@ -316,6 +317,7 @@ def test_the_html_report_has_alt_text_readable_labels_and_shows_untrusted_winner
     assert len(report_mod._short("x" * 200)) <= 48
 
 
+@pytest.mark.slow
 def test_farm_tune_json_is_json_alone_on_stdout_even_when_a_worker_dies(tmp_path, repo_root):
     """A crashing candidate kills its worker: Ray prints "(raylet) A worker died..." and the workers' lines; with
     --json, stdout holds the JSON document and nothing else."""
@@ -368,6 +370,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc (Linux)")
 def test_no_ray_process_of_the_job_survives_a_kill_9_of_the_driver(tmp_path, repo_root):
     pytest.importorskip("ray", reason="the farm needs ray[default]")

@@ -57,6 +57,7 @@ def _tune_winners(data):
     return sig, {p["name"]: p["winner"]["label"] for p in data["signatures"][sig]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_every_surface_names_the_same_winner(runs, repo_root, executor):
     duckdb = pytest.importorskip("duckdb")

@@ -25,6 +25,7 @@ TWO = "name: two\nproblems:\n  - {name: tiny-mm, op: matmul, tensors: {A: [16, 8
       "  - {name: mm8, op: matmul, dtype: int8, tensors: {A: [8, 4], B: [4, 8]}}\n"
 
 
+@pytest.mark.slow
 def test_verbose_ray_run_names_problems_without_colour_codes_then_a_finished_resume_starts_no_ray(tmp_path, repo_root):
     (tmp_path / "w.yaml").write_text(TWO)
     out = tmp_path / "o"

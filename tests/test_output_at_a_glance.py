@@ -143,6 +143,7 @@ def test_diff_and_reduce_refuse_or_keep_an_entry_with_a_knob_of_the_wrong_type(t
     assert load_overrides(bad).entries[0].engine_name == "cpu.matmul.einsum"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", [["--in-process"], ["--devices", "cpu"]], ids=["in-process", "ray"])
 def test_tuning_a_billion_iterations_ends_within_the_candidate_timeout_on_both_executors(tmp_path, executor):
     wl = tmp_path / "huge.yaml"

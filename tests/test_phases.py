@@ -89,6 +89,7 @@ def test_run_phases_reads_the_latest_run_that_has_a_split():
 ray = pytest.importorskip("ray", reason="the farm needs ray[default]")
 
 
+@pytest.mark.slow
 def test_a_farm_run_on_simulated_devices_reports_where_its_device_time_went(tmp_path, capsys):
     from farm.cli.main import main
     from farm.devices.sim import SimConfig

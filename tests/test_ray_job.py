@@ -19,6 +19,8 @@ import pytest
 from farm.store.override_files import load_overrides
 from tests.test_docs_commands import RAY_JOB, REPO, blocks
 
+pytestmark = pytest.mark.slow  # an end-to-end test of the farm: Ray, a cluster, the docs run whole
+
 pytest.importorskip("ray", reason="needs ray[default]")
 
 

@@ -134,6 +134,7 @@ def test_tunableop_csv(tmp_path):
     assert float(fast[3]) == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_farm_tune_out_then_resume_then_reduce_cli(tmp_path, repo_root):
     duckdb = pytest.importorskip("duckdb")
     env = dict(os.environ, PYTHONPATH=repo_root, COLUMNS="200")

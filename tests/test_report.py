@@ -147,6 +147,7 @@ def test_one_outlier_does_not_make_a_problem_noisy_and_untrustworthy_winners_are
     assert "p2: winner within noise of 1 other(s), no confirmation stage" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", ["80", "100", "120"])
 def test_report_never_cuts_a_name_short_at_common_widths(tmp_path, repo_root, columns):
     import os

@@ -21,6 +21,8 @@ import yaml
 from farm.store.override_files import load_overrides
 from farm.store.dataset import ResultsDataset
 
+pytestmark = pytest.mark.slow  # an end-to-end test of the farm: Ray, a cluster, the docs run whole
+
 pytest.importorskip("ray", reason="the farm needs ray[default]")
 
 WORKLOAD = {

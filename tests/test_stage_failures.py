@@ -105,6 +105,7 @@ def _check(proc: subprocess.CompletedProcess, out: Path, faults: dict[int, str],
     return summary
 
 
+@pytest.mark.slow
 def test_in_process_a_participant_that_exits_raises_hangs_or_times_badly_costs_only_itself(tmp_path):
     faults = {64: "exit0@11:default", 96: "kbint@11:fast", 128: "neg@11:default", 160: "nan@11:fast",
               192: "hang@11:default"}
@@ -127,6 +128,7 @@ def test_in_process_a_participant_that_exits_raises_hangs_or_times_badly_costs_o
 
 @pytest.mark.skipif(shutil.which("ray") is None and not __import__("importlib").util.find_spec("ray"),
                     reason="the Ray farm needs ray[default]")
+@pytest.mark.slow
 def test_on_ray_a_stage_that_kills_or_hangs_its_worker_runs_again_without_the_culprit(tmp_path):
     faults = {64: "abort@11:default", 96: "exit@11:fast", 128: "hang@11:fast", 160: "kbint@11:default"}
     proc, out = _tune(tmp_path, faults, "--candidate-timeout", "4")
@@ -243,6 +245,7 @@ def test_a_resume_never_counts_a_lone_failed_stage_row_as_a_stage_and_drops_its_
     assert confirmed_calls(main + [hung] + whole) == {"eager"}
 
 
+@pytest.mark.slow
 def test_in_process_a_native_crash_in_the_stage_is_named_by_the_runs_after_it(tmp_path):
     """os.abort() takes farm tune --in-process with it; the journal of candidates in flight (a memory-mapped page
     of the output folder) names it: the next run measures it again (a kill names nobody), and when that run ends

@@ -1,5 +1,6 @@
 """The loop a user runs: farm tune (Ray) -> farm publish -> FARM_HEUR_CONFIG_PATH in a fresh process -> farm.ops."""
 
+import pytest
 import json
 import os
 import subprocess
@@ -37,6 +38,7 @@ REPLAY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_tune_publish_then_a_fresh_process_replays_the_winners(tmp_path, repo_root, capsys):
     wl = tmp_path / "e2e.yaml"
     wl.write_text(WORKLOAD)
