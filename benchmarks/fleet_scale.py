@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -78,23 +77,15 @@ def one(candidates: int, devices: int, signatures: int, out: str) -> dict:
 
 
 def moto() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
+    """moto's S3 server (tests/servers.py, the tests' own) with this benchmark's bucket; (process, URI query)."""
     import pyarrow.fs as pafs
 
-    fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
-                           allow_bucket_creation=True)
+    from tests.servers import s3_query, start_moto
+
+    proc, endpoint = start_moto()
+    fs = pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", region="us-east-1", allow_bucket_creation=True)
     fs.create_dir("fleet")
-    return proc, f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+    return proc, s3_query(endpoint)
 
 
 def main() -> int:

@@ -1,9 +1,8 @@
-"""Shared fixtures. Tests import helpers from tests/fakes.py."""
+"""Shared fixtures. Tests import helpers from tests/fakes.py, servers from tests/servers.py (the benchmarks too)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -52,35 +51,21 @@ def replay_env(monkeypatch):
 def s3_server(tmp_path):
     """A real S3-compatible endpoint: moto's server in a subprocess (skips when moto is not installed)."""
     pytest.importorskip("moto", reason="the S3 test needs moto[server] (pip install 'tunefarm[dev]')")
-    import socket
-    import time
+    from servers import moto_server
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture()
 def s3_bucket(s3_server, monkeypatch):
     """A bucket on moto's S3 server; returns (pyarrow S3FileSystem, URI query that reaches the server)."""
     import pyarrow.fs as pafs
+    from servers import s3_query
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     fs = pafs.S3FileSystem(endpoint_override=s3_server, scheme="http", region="us-east-1", allow_bucket_creation=True)
     fs.create_dir("tunefarm")
-    return fs, f"endpoint_override={s3_server}&scheme=http&region=us-east-1"
+    return fs, s3_query(s3_server)
