@@ -37,7 +37,7 @@ LARGE = [(4096, 4096, 4096), (2048, 4096, 14336), (2048, 14336, 4096), (8192, 81
 CONVS = [(3, 224, 224, 64, 7, 7, 2, 3), (64, 56, 56, 64, 1, 1, 1, 0), (64, 56, 56, 64, 3, 3, 1, 1),
          (256, 56, 56, 64, 1, 1, 1, 0), (128, 28, 28, 128, 3, 3, 1, 1), (256, 14, 14, 256, 3, 3, 1, 1),
          (512, 7, 7, 512, 3, 3, 1, 1), (1024, 14, 14, 2048, 1, 1, 2, 0)]
-# the split-K sweep (what benchmarks/splitk_decode.py found worth trying); row tiles as tall as M needs, so B is
+# the split-K sweep (what benchmarks/history/splitk_decode.py found worth trying); row tiles as tall as M needs, so B is
 # read once, not once per 16 rows
 SPLITK = {"SPLIT_K": [2, 4, 8, 16], "BLOCK_N": [32, 64, 128], "num_stages": [3, 5]}
 SPLITK_FIXED = {"BLOCK_K": 128, "num_warps": 4, "REDUCTION": "serial"}

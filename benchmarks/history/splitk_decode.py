@@ -1,6 +1,6 @@
 """Skinny (LLM decode) GEMMs on one GPU: torch.matmul (cuBLAS's choice) vs the split-K Triton GEMM's sweep.
 
-    python benchmarks/splitk_decode.py [--json FILE] [--budget-s 300]
+    python benchmarks/history/splitk_decode.py [--json FILE] [--budget-s 300]
 
 For M = 1, 16, 64, 128 rows against Llama-3-8B projection shapes (bf16), times torch.matmul and every
 configuration of a split-K sweep (both ``REDUCTION`` schemes: the tile's last program sums, one launch; or a
@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 from beat_the_defaults import DECODE, ROTATE_BYTES, copy_bandwidth, per_call_us  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Where one farm task's wall time goes on this machine's device: a problem of a workload tuned in-process
 as a worker tunes it, under cProfile (the measuring thread) with the phase clock beside it.
 
-    python benchmarks/task_profile.py examples/h200-library-plans.yaml mm-16x14336x4096 [--top 30]
+    python benchmarks/history/task_profile.py examples/h200-library-plans.yaml mm-16x14336x4096 [--top 30]
 
 Prints the phase split (farm.tuner.phases) and the functions with the most cumulative time: what "setup" and
 "compile" are made of, per task.
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from farm.devices.open import open_device  # noqa: E402
 from farm.model.engine import default_engine_registry  # noqa: E402

@@ -1,6 +1,6 @@
 """How fast can a decode GEMM be here? Reading the weights alone, against the GEMMs (one GPU).
 
-    python benchmarks/decode_ceiling.py [--rows 1,16] [--json FILE]
+    python benchmarks/history/decode_ceiling.py [--rows 1,16] [--json FILE]
 
 For the LLM decode GEMMs of benchmarks/beat_the_defaults.py (M = 1, 16, 64, 128 against Llama-3-8B projections,
 bf16), measured the same way (device time per call from CUDA-graph replays of 100 calls, each on its own copy
@@ -27,8 +27,8 @@ import math
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from beat_the_defaults import DECODE, ROTATE_BYTES, SPLITK, copy_bandwidth, per_call_us, splitk_rows  # noqa: E402
 
 CUDA_READ = r"""

@@ -1,7 +1,7 @@
 """Do published decisions hold for the caller? Tune on a busy machine, then re-check every winner against
 the default in a fresh process, paired and interleaved, the way production calls it.
 
-    python benchmarks/decisions_hold.py [--workloads examples/cpu-quick.yaml examples/cpu-matmuls.yaml]
+    python benchmarks/history/decisions_hold.py [--workloads examples/cpu-quick.yaml examples/cpu-matmuls.yaml]
                                         [--busy 1] [--rounds 40] [--json OUT.json]
 
 For each workload: a fresh `farm tune` (the Ray executor, as the Quick start runs it) into a temporary
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository (this probe lives in benchmarks/history)
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.busy import busy_cores  # noqa: E402

@@ -1,6 +1,6 @@
 """Where the time goes in an odd-sized GEMM (4095x511 @ 511x4097 fp16 by default), piece by piece.
 
-    python benchmarks/odd_gemm_probe.py --out DIR [--m 4095 --k 511 --n 4097]
+    python benchmarks/history/odd_gemm_probe.py --out DIR [--m 4095 --k 511 --n 4097]
 
 Times, with the suite's ``bench`` (device events, L2 flushed, median of 100):
 the default path, each step of torch.matmul_padded (copies in, aligned GEMM,
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository (this probe lives in benchmarks/history)
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_suite import bench  # noqa: E402
