@@ -32,7 +32,7 @@ from farm.dispatch.calls import OpCalls
 from farm.dispatch.frameworks import Placement
 from farm.model.problem import Problem
 from farm.replay.tunable_runtime import TunableRuntime
-from farm.replay.tunable_settings import TunableSettings, _budget_ms, _budget_samples
+from farm.replay.tunable_settings import TunableSettings, parse_budget_ms, parse_budget_samples
 
 __all__ = ["matmul", "sdpa", "conv2d", "layernorm", "rmsnorm", "bind_matmul", "bind_conv2d", "bind_sdpa",
            "enable", "disable", "is_enabled", "tuning_enable", "tuning_disable", "tuning_is_enabled",
@@ -146,7 +146,7 @@ def set_verbose(on: bool = True) -> None:
 
 def set_max_tuning_duration(ms: float) -> None:
     """Per candidate, in ms; 0 turns the time limit off."""
-    RUNTIMES.configure(max_tuning_duration_ms=_budget_ms(str(ms)))
+    RUNTIMES.configure(max_tuning_duration_ms=parse_budget_ms(str(ms)))
 
 
 def get_max_tuning_duration() -> float:
@@ -155,7 +155,7 @@ def get_max_tuning_duration() -> float:
 
 def set_max_tuning_samples(samples: int) -> None:
     """Per candidate; 0 turns the sample limit off."""
-    RUNTIMES.configure(max_tuning_samples=_budget_samples(str(samples)))
+    RUNTIMES.configure(max_tuning_samples=parse_budget_samples(str(samples)))
 
 
 def get_max_tuning_samples() -> int:

@@ -166,9 +166,9 @@ def test_the_quick_starts_summary_fits_40_lines_at_100_columns_with_every_winner
     assert max(len(line) for line in lines) <= 100, printed
     [file] = (checkout / "runs" / "quick" / "overrides").glob("*.json")
     from farm.store.override_files import load_overrides
-    from farm.store.publish import _desc
+    from farm.store.publish import entry_desc
 
-    labels = [_desc(e) for e in load_overrides(file).entries]
+    labels = [entry_desc(e) for e in load_overrides(file).entries]
     assert len(labels) == 8
     for label in labels:  # each on one line, as written in the override file
         assert any(label in line for line in lines), f"{label} not shown whole:\n{printed}"

@@ -133,10 +133,10 @@ def test_a_published_index_cannot_point_the_config_policy_outside_its_root(tmp_p
 
 
 def test_an_arch_named_dot_dot_publishes_inside_the_root(tmp_path):
-    from farm.store.published import _arch_dir
+    from farm.store.published import arch_dir
 
-    assert _arch_dir("..") == "_.." and _arch_dir(".") == "_." and _arch_dir("../../etc") == "_.._.._etc"
-    assert _arch_dir("sm_90") == "sm_90" and _arch_dir("gfx942:sramecc+:xnack-") == "gfx942"
+    assert arch_dir("..") == "_.." and arch_dir(".") == "_." and arch_dir("../../etc") == "_.._.._etc"
+    assert arch_dir("sm_90") == "sm_90" and arch_dir("gfx942:sramecc+:xnack-") == "gfx942"
 
 
 # -- farm reduce writes only inside --out, under the rows' own signature ------------------------------

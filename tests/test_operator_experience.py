@@ -77,7 +77,7 @@ def test_more_cpu_workers_than_cores_is_warned(monkeypatch):
         def print(self, message, **kw):
             said.append(message)
 
-    monkeypatch.setattr(tune_cli, "_console", lambda stderr=False: Console())
+    monkeypatch.setattr(tune_cli, "make_console", lambda stderr=False: Console())
     n = usable_cores() + 2
     tune_cli._warn_oversubscribed(n)
     tune_cli._warn_oversubscribed(usable_cores())  # as many as the cores: nothing to say

@@ -123,12 +123,12 @@ def _both_overrides(a: Path, b: Path) -> tuple[dict[Hashable, _Side], dict[Hasha
 
 def _from_overrides(path: Path) -> dict[Hashable, _Side]:
     from farm.store.override_files import load_overrides
-    from farm.store.publish import _desc, _label, _ms, check_knobs
+    from farm.store.publish import entry_desc, entry_label, entry_ms, check_knobs
 
     f = load_overrides(path)
     check_knobs(f, str(path))  # a knob value of the wrong type is an error here as in farm publish
     sig = f.device_signature or ""
-    return {(sig, e.match_key()): _Side(sig, _label(e), _desc(e), _ms(e), _ties(e), _mad(e)) for e in f.entries}
+    return {(sig, e.match_key()): _Side(sig, entry_label(e), entry_desc(e), entry_ms(e), _ties(e), _mad(e)) for e in f.entries}
 
 
 def _mad(e: Any) -> float | None:

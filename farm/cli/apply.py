@@ -18,8 +18,8 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from farm.cli.args import _positive_int
-from farm.cli.console import _console, _print_json
+from farm.cli.args import positive_int
+from farm.cli.console import make_console, print_json
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -33,7 +33,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     torch = torch_module()
     factory = load_factory(args.target)
     settings = CheckSettings(rounds=args.rounds)
-    console, out = _console(), []
+    console, out = make_console(), []
     with torch.no_grad():
         for given in [parse_with(w) for w in args.with_] or [{}]:
             built = build(factory, given, device=args.device)
@@ -53,7 +53,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
                 if not args.json:
                     _show(console, check, written)
     if args.json:
-        _print_json([_check_dict(c, w) for c, w in out])
+        print_json([_check_dict(c, w) for c, w in out])
     return 0
 
 
@@ -110,7 +110,7 @@ def add_apply_parser(sub: Any) -> None:
     p.add_argument("--device", help="passed to the factory as device= (e.g. cuda, cpu)")
     p.add_argument("--call", help="calling modes checked: eager, graph or eager,graph (default: both on a GPU, "
                                   "eager on a CPU)")
-    p.add_argument("--rounds", type=_positive_int, default=11, help="paired rounds of each check (default 11, at least 8)")
+    p.add_argument("--rounds", type=positive_int, default=11, help="paired rounds of each check (default 11, at least 8)")
     p.add_argument("--dry-run", action="store_true", help="check and print; withdraw nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_apply)

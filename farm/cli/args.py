@@ -18,27 +18,27 @@ def _seconds(text: str, *, zero: bool) -> float:
     return value
 
 
-def _positive_seconds(text: str) -> float:
+def positive_seconds(text: str) -> float:
     return _seconds(text, zero=False)
 
 
-def _nonnegative_seconds(text: str) -> float:
+def nonnegative_seconds(text: str) -> float:
     return _seconds(text, zero=True)
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return int(text)
 
 
-def _nonnegative_int(text: str) -> int:
+def nonnegative_int(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return int(text)
 
 
-def _share(text: str) -> float:
+def fraction(text: str) -> float:
     import math
 
     try:

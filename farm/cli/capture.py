@@ -21,7 +21,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from farm.cli.console import _console, _print_json
+from farm.cli.console import make_console, print_json
 from farm.errors import InputError
 
 
@@ -39,7 +39,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/{workload.name}/workload.yaml")
     workload.write(out, template)
     if args.json:
-        _print_json({"workload": str(out), "name": workload.name, "steps": [s.to_dict() for s in workload.steps],
+        print_json({"workload": str(out), "name": workload.name, "steps": [s.to_dict() for s in workload.steps],
                      "problems": [{"name": n, "op": p.problem.op, "label": p.problem.label(), "key": p.problem.key,
                                    "calls": list(p.calls), "sites": list(p.sites),
                                    "uses": {u.step: u.to_dict() for u in p.uses}}
@@ -47,7 +47,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
                      "skipped": [{"kind": s.kind, "reason": s.reason, "count": s.count, "sites": list(s.sites)}
                                  for s in workload.skipped]})
         return 0
-    console = _console()
+    console = make_console()
     console.print(_problems_table(workload))
     for s in workload.steps:
         if s.wall_ms is not None:

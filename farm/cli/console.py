@@ -30,7 +30,7 @@ class _SafeConsole(Console):
 MIN_WIDTH = 80  # narrower, a table's columns shrink to nothing and its figures vanish: it runs wider instead
 
 
-def _console(stderr: bool = False) -> Console:
+def make_console(stderr: bool = False) -> Console:
     probe = Console(stderr=stderr)
     # piped output (logs, CI) gets wide tables rather than 80-column wrapping, unless COLUMNS says a width
     columns = os.environ.get("COLUMNS", "").strip()
@@ -42,7 +42,7 @@ def _console(stderr: bool = False) -> Console:
 _JSON_OUT: contextvars.ContextVar[Any] = contextvars.ContextVar("farm_json_out", default=None)
 
 
-def _print_json(data: Any) -> None:
+def print_json(data: Any) -> None:
     out = _JSON_OUT.get() or sys.stdout
     out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     out.flush()
@@ -105,7 +105,7 @@ class _SafeFormatter(logging.Formatter):
                          for line in super().format(record).split("\n"))
 
 
-def _setup_logging(verbosity: int) -> None:
+def setup_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     handler = _StderrHandler()
     handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))

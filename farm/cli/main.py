@@ -15,9 +15,9 @@ from farm.errors import FarmError, InputError
 
 log = logging.getLogger("farm.cli")
 from farm.cli.apply import add_apply_parser
-from farm.cli.args import _nonnegative_int, _positive_int, add_verbose_everywhere, verbose_level
+from farm.cli.args import nonnegative_int, positive_int, add_verbose_everywhere, verbose_level
 from farm.cli.capture import add_capture_parser
-from farm.cli.console import _console, _print_json, _setup_logging, json_stdout
+from farm.cli.console import make_console, print_json, setup_logging, json_stdout
 from farm.cli.model import add_model_parser
 from farm.cli.tune import add_tune_parser
 from farm.cli.verify import add_verify_parser
@@ -42,11 +42,11 @@ def cmd_engines(args: argparse.Namespace) -> int:
     # what runs on this machine first, then the rest (each group by op, priority, name)
     engines.sort(key=lambda e: not here[e.name].startswith("yes"))
     if args.json:
-        _print_json([{**engine_dict(registry, e), "runs_here": here[e.name]} for e in engines])
+        print_json([{**engine_dict(registry, e), "runs_here": here[e.name]} for e in engines])
     elif args.op is not None and not engines:
-        _console().print(f"no engine serves {escape(args.op)} (built-in or installed as a plugin)")
+        make_console().print(f"no engine serves {escape(args.op)} (built-in or installed as a plugin)")
     else:
-        _console().print(engines_table(registry, engines, here))
+        make_console().print(engines_table(registry, engines, here))
     return 0
 
 
@@ -57,12 +57,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
     probes = probe()
     if args.json:
-        _print_json({
+        print_json({
             "devices": [d.to_dict() for p in probes for d in p.devices],
             "runtimes": [{"runtime": p.runtime, "devices": len(p.devices), "note": p.note} for p in probes],
         })
     else:
-        _console().print(devices_table(probes))
+        make_console().print(devices_table(probes))
     return 0
 
 
@@ -79,14 +79,14 @@ def cmd_reduce(args: argparse.Namespace) -> int:
         report = reduce_results(args.results, args.out, top_k=args.top_k, mode=args.mode,
                                 tunableop_csv=args.tunableop_csv, incumbents=args.incumbents)
     if args.json:
-        _print_json(reduce_dict(report))
+        print_json(reduce_dict(report))
     else:
-        console = _console()
+        console = make_console()
         for path, reason in report.skipped_files:
-            _console(stderr=True).print(f"[yellow]skipped[/] {escape(path)}: {escape(reason)}")
+            make_console(stderr=True).print(f"[yellow]skipped[/] {escape(path)}: {escape(reason)}")
         console.print(reduce_table(report))
     if not any(s.entries for s in report.signatures):
-        _console(stderr=True).print(f"nothing to reduce: no successful measurement in {escape(str(args.results))} "
+        make_console(stderr=True).print(f"nothing to reduce: no successful measurement in {escape(str(args.results))} "
                                     f"({report.rows} rows read)")
         return 1
     return 0
@@ -118,13 +118,13 @@ def cmd_policies(args: argparse.Namespace) -> int:
     order = [p.name for p in resolve_order(registry)]
     configs = _config_status(registry)
     if args.json:
-        _print_json({"policies": [{"name": i.name, "id": i.id, "api_version": list(i.api_version), "origin": i.origin}
+        print_json({"policies": [{"name": i.name, "id": i.id, "api_version": list(i.api_version), "origin": i.origin}
                                   for i in registry.info()],
                      "rejected": [{"where": w, "reason": r} for w, r in registry.rejected],
                      "order": order, "order_from": ORDER_ENV if os.environ.get(ORDER_ENV) else "default",
                      "default_order": list(DEFAULT_ORDER), "config": configs})
         return 0
-    console = _console()
+    console = make_console()
     console.print(policies_table(registry, order))
     for where, reason in registry.rejected:
         console.print(f"[yellow]rejected[/] {escape(where)}: {escape(reason)}")
@@ -161,14 +161,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
     reports = publish(args.overrides, args.to, force=args.force, replace=args.replace, dry_run=args.dry_run,
                       trusted_only=args.trusted_only)
     if args.json:
-        _print_json(publish_dict(reports))
+        print_json(publish_dict(reports))
     else:
-        console = _console()
+        console = make_console()
         for table in publish_tables(reports, args.dry_run):
             console.print(table)
         for r in reports:
             if r.refused:
-                _console(stderr=True).print(f"[bold red]refused[/] {escape(r.signature)}: {escape(r.refused)}")
+                make_console(stderr=True).print(f"[bold red]refused[/] {escape(r.signature)}: {escape(r.refused)}")
     return 1 if any(r.refused for r in reports) else 0
 
 
@@ -192,9 +192,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.html:
         write_html(report, args.html)
     if args.json:
-        _print_json(report_dict(report))
+        print_json(report_dict(report))
     else:
-        console = _console()
+        console = make_console()
         for table in report_tables(report, verbose=verbose_level(args) > 0):
             console.print(table)
         if args.html:
@@ -209,9 +209,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     rows = diff_paths(args.a, args.b)
     if args.json:
-        _print_json(diff_dict(rows))
+        print_json(diff_dict(rows))
     else:
-        _console().print(diff_table(rows, args.a, args.b, show_same=args.all, limit=args.limit))
+        make_console().print(diff_table(rows, args.a, args.b, show_same=args.all, limit=args.limit))
     return 0
 
 
@@ -249,7 +249,7 @@ def _add_result_commands(sub: Any) -> None:
     p.add_argument("--ray", action="store_true",
                    help="reduce on a Ray cluster, one task per device signature (--address, else a local instance)")
     p.add_argument("--address", help="Ray cluster address for --ray (default: a local instance)")
-    p.add_argument("--top-k", type=_positive_int, default=3, help="ranking depth kept in the metadata (default 3)")
+    p.add_argument("--top-k", type=positive_int, default=3, help="ranking depth kept in the metadata (default 3)")
     p.add_argument("--mode", choices=("append", "replace", "new"), default="append",
                    help="append: replace matching entries, keep the rest (default); replace: start over; "
                         "new: refuse to touch an existing file")
@@ -292,7 +292,7 @@ def _add_result_commands(sub: Any) -> None:
     p.add_argument("b", help="the new side, of the same kind")
     p.add_argument("--all", action="store_true",
                    help="also list problems whose winner and time did not change (or a winner by < 3 %%)")
-    p.add_argument("--limit", type=_nonnegative_int, default=40,
+    p.add_argument("--limit", type=nonnegative_int, default=40,
                    help="rows in the table, the largest changes first (default 40; 0: all; --json has every row)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_diff)
@@ -302,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for a restart (farm tune --in-process)
-    _setup_logging(verbose_level(args))
+    setup_logging(verbose_level(args))
     from farm.tuner.interrupts import SIGINTS
 
     SIGINTS.install()  # a KeyboardInterrupt an engine raises fails its candidate; the user's Ctrl-C stops the run
@@ -313,18 +313,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except FarmError as exc:
         # one line, however narrow the terminal: scripts grep it, people read it whole
-        _console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False,
+        make_console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False,
                                     soft_wrap=True)
         return 2
     except OSError as exc:
         # a path the user gave that cannot be made, read or written (a file where a folder should be, a
         # read-only mount, a full disk): name it in one line; nothing written before is touched
         where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f) or "a file"
-        _console(stderr=True).print(f"[bold red]error:[/] {escape(where)}: {escape(exc.strerror or str(exc))}",
+        make_console(stderr=True).print(f"[bold red]error:[/] {escape(where)}: {escape(exc.strerror or str(exc))}",
                                     markup=True, highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
-        err = _console(stderr=True)
+        err = make_console(stderr=True)
         if getattr(args, "func", None) is not None and args.func.__name__ == "cmd_tune":
             import shlex
 

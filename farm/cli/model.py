@@ -9,8 +9,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from farm.cli.args import _nonnegative_int, _positive_int, _share
-from farm.cli.console import _console, _print_json
+from farm.cli.args import nonnegative_int, positive_int, fraction
+from farm.cli.console import make_console, print_json
 
 
 def cmd_model_train(args: argparse.Namespace) -> int:
@@ -18,7 +18,7 @@ def cmd_model_train(args: argparse.Namespace) -> int:
     from farm.costmodel.model import CostModel, require_lightgbm
 
     require_lightgbm()  # before reading anything
-    console = _console(stderr=True)
+    console = make_console(stderr=True)
     data = load_training_set(args.datasets)
     if not args.json:
         console.print(f"training on {len(data.problems)} problem(s), "
@@ -28,7 +28,7 @@ def cmd_model_train(args: argparse.Namespace) -> int:
     path = model.save(args.out)
     t = model.training
     if args.json:
-        _print_json({"model": str(path), "training": t, "features": len(model.schema.names),
+        print_json({"model": str(path), "training": t, "features": len(model.schema.names),
                      "coverage": model.coverage.to_json()})
         return 0
     table = Table(title=f"cost model written to {escape(str(path))}", title_justify="left", show_header=False)
@@ -40,7 +40,7 @@ def cmd_model_train(args: argparse.Namespace) -> int:
     table.add_row("runs", str(len(t["runs"])))
     table.add_row("features", f"{len(model.schema.numeric)} numeric, {len(model.schema.categorical)} categorical")
     table.add_row("ops covered", Text(", ".join(f"{op} ({', '.join(v['dtypes'])})" for op, v in model.coverage.ops.items())))
-    _console().print(table)
+    make_console().print(table)
     return 0
 
 
@@ -53,7 +53,7 @@ def cmd_model_eval(args: argparse.Namespace) -> int:
     require_lightgbm()
     settings = PruneSettings(model="(trained per fold)", top_k=args.top_k, explore=args.explore, seed=args.seed)
     data = load_training_set(args.datasets)
-    err = _console(stderr=True)
+    err = make_console(stderr=True)
 
     def progress(group: str, n: int, total: int) -> None:
         if not args.json:
@@ -61,7 +61,7 @@ def cmd_model_eval(args: argparse.Namespace) -> int:
 
     result = evaluate(data, args.holdout, settings, rounds=args.rounds, progress=progress)
     if args.json:
-        _print_json(result.to_json())
+        print_json(result.to_json())
         return 0
     table = Table(title=f"pruned tunes of held-out problems (--holdout {args.holdout}, top-k {args.top_k}, "
                         f"explore {args.explore:g}, seed {args.seed})", title_justify="left")
@@ -76,7 +76,7 @@ def cmd_model_eval(args: argparse.Namespace) -> int:
     full = sum(bool(p.full) for p in result.problems)
     if full:
         table.caption = Text(f"(full): {full} problem(s) outside the training data, measured in full", style="dim")
-    console = _console()
+    console = make_console()
     console.print(table)
     console.print(Text(result.summary()), soft_wrap=True)
     return 0
@@ -90,8 +90,8 @@ def add_model_parser(sub: Any) -> None:
     t.add_argument("datasets", nargs="+", metavar="DATASET",
                    help="run folders, results folders or pyarrow.fs URIs (s3://...); one signature or many")
     t.add_argument("--out", required=True, help="the model file to write (JSON)")
-    t.add_argument("--rounds", type=_positive_int, default=600, help="boosting rounds (default 600)")
-    t.add_argument("--seed", type=_nonnegative_int, default=0, help="the trainer's seed (default 0)")
+    t.add_argument("--rounds", type=positive_int, default=600, help="boosting rounds (default 600)")
+    t.add_argument("--seed", type=nonnegative_int, default=0, help="the trainer's seed (default 0)")
     t.add_argument("--json", action="store_true", help="machine-readable output")
     t.set_defaults(func=cmd_model_train)
     e = msub.add_parser("eval", help="leave-a-group-out validation: measurements and regret of pruned tunes")
@@ -100,14 +100,14 @@ def add_model_parser(sub: Any) -> None:
                    help="what is held out in turn: a model family (the problem name before '/', else the "
                         "workload), an op, or a device signature (default family)")
     add_prune_options(e)
-    e.add_argument("--seed", type=_nonnegative_int, default=0, help="the exploration draw's and the trainer's seed (default 0)")
-    e.add_argument("--rounds", type=_positive_int, default=600, help="boosting rounds (default 600)")
+    e.add_argument("--seed", type=nonnegative_int, default=0, help="the exploration draw's and the trainer's seed (default 0)")
+    e.add_argument("--rounds", type=positive_int, default=600, help="boosting rounds (default 600)")
     e.add_argument("--json", action="store_true", help="machine-readable output")
     e.set_defaults(func=cmd_model_eval)
 
 
 def add_prune_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--top-k", "--prune-top-k", dest="top_k", type=_positive_int, default=7,
+    p.add_argument("--top-k", "--prune-top-k", dest="top_k", type=positive_int, default=7,
                    help="candidates measured by predicted rank, besides the default and the incumbent (default 7)")
-    p.add_argument("--explore", "--prune-explore", dest="explore", type=_share, default=0.05,
+    p.add_argument("--explore", "--prune-explore", dest="explore", type=fraction, default=0.05,
                    help="share of the other candidates measured at random (default 0.05)")

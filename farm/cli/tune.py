@@ -11,8 +11,8 @@ from typing import Any, Sequence
 
 from rich.markup import escape
 
-from farm.cli.args import _nonnegative_int, _nonnegative_seconds, _positive_int, _positive_seconds, _share
-from farm.cli.console import _console, _print_json, real_stdout, real_stdout_back
+from farm.cli.args import nonnegative_int, nonnegative_seconds, positive_int, positive_seconds, fraction
+from farm.cli.console import make_console, print_json, real_stdout, real_stdout_back
 from farm.errors import InputError
 
 
@@ -26,7 +26,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     workload = _with_pruning(args, workload)
     out = args.out or f"runs/{_folder_name(workload.name)}"
     if args.dry_run:
-        return _dry_run(workload, _local_device(args.devices), registry, args.json, out, args.history or ())
+        return _dry_run(workload, local_device(args.devices), registry, args.json, out, args.history or ())
     if args.in_process:
         return _tune_in_process(args, workload, out, registry)
     return _tune_on_ray(args, workload, out)
@@ -75,7 +75,7 @@ def _folder_name(name: str) -> str:
     return safe[:100]
 
 
-def _local_device(spec: str) -> Any:
+def local_device(spec: str) -> Any:
     from farm.devices.open import open_device
     from farm.fleet.options import DeviceRequest
 
@@ -90,9 +90,9 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
     from farm.cli.render_verify import verified_table
     from farm.fleet.job import run_local
 
-    device = _local_device(args.devices)
+    device = local_device(args.devices)
     _check_fits(workload, device.properties)
-    console = _console()
+    console = make_console()
     total = len(workload.problems)
     if not args.json:
         console.print(f"tuning [bold]{escape(workload.name)}[/] ({total} problem(s)) in-process on "
@@ -111,7 +111,7 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
                        on_hang=lambda message, _out=real_stdout(): _restart(args, message, _out),
                        verifier=_verifier(args))
     if args.json:
-        _print_json(local_dict(workload, out, device, report))
+        print_json(local_dict(workload, out, device, report))
     else:
         console.print(summary_table(report.outcomes, report.wall_s,
                                     lambda key: report.summary.winner(device.signature, key), verbose=_verbose(args),
@@ -131,7 +131,7 @@ MAX_RESTARTS = 50
 def _restart(args: argparse.Namespace, message: str, stdout: Any = None) -> None:
     """A candidate hung in this process: start the same command again; it resumes after that candidate."""
     restarts = int(os.environ.get("FARM_IN_PROCESS_RESTARTS", "0") or 0) + 1
-    err = _console(stderr=True)
+    err = make_console(stderr=True)
     if restarts > MAX_RESTARTS:
         err.print(f"[bold red]error:[/] {escape(message)}; {MAX_RESTARTS} restarts already, giving up "
                   "(run the same command to go on)", soft_wrap=True)
@@ -162,7 +162,7 @@ def _warn_oversubscribed(workers: int) -> None:
 
     cores = usable_cores()
     if workers > cores:
-        _console(stderr=True).print(
+        make_console(stderr=True).print(
             f"[yellow]warning:[/] --devices cpu:{workers} starts {workers} measuring workers on {cores} usable "
             f"core(s): they run at once and slow each other down, so their timings are slower and noisier than "
             f"production's; use cpu:{cores} or fewer", soft_wrap=True)
@@ -175,19 +175,19 @@ def _finish(args: argparse.Namespace, summary: Any, warning: str = "") -> int:
         import shlex
 
         left = "; ".join(f"{len(names)} problem(s) on {sig}" for sig, names in summary.waiting.items())
-        _console(stderr=True).print(
+        make_console(stderr=True).print(
             f"[yellow]waiting:[/] no device of a kind the cluster lost came back within --device-wait: {escape(left)} "
             f"wait for one (exit status {code}). When a node with one is up, resume with:\n  "
             f"{escape(shlex.join(['farm', *args.argv]))}", soft_wrap=True)
         return code
     if warning:
-        _console(stderr=True).print(f"[yellow]warning:[/] these winners were {escape(warning)}. The override files say "
+        make_console(stderr=True).print(f"[yellow]warning:[/] these winners were {escape(warning)}. The override files say "
                                     "so, and farm publish refuses them unless --force", soft_wrap=True)
     if summary.missing:
         names = [f"{name} ({why})" for problems in summary.no_winner.values() for name, why in problems.items()]
         shown = "; ".join(names[:5]) + (f"; and {len(names) - 5} more" if len(names) > 5 else "")
         verdict = "accepted (--allow-partial)" if code == 0 else f"exit status {code}; --allow-partial accepts that"
-        _console(stderr=True).print(f"[yellow]finished:[/] {summary.winners} of {summary.problems} problem(s) have a "
+        make_console(stderr=True).print(f"[yellow]finished:[/] {summary.winners} of {summary.problems} problem(s) have a "
                                     f"winner, {summary.missing} have none: {escape(shown)} ({verdict})", soft_wrap=True)
     return code
 
@@ -199,7 +199,7 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
 
     request = DeviceRequest.parse(args.devices)
     if request.kind == "cpu" and not (args.address or os.environ.get("RAY_ADDRESS")):
-        _check_fits(workload, _local_device("cpu").properties)  # the workers run on this host
+        _check_fits(workload, local_device("cpu").properties)  # the workers run on this host
         _warn_oversubscribed(request.count or 1)
     options = FarmOptions(shard_size=args.shard_size, finalist_k=args.finalist_k,
                           candidate_timeout_s=args.candidate_timeout, cpu_threads=args.cpu_threads,
@@ -214,7 +214,7 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     if options.log_level < logging.WARNING:
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # -v asked for every line: Ray would fold repeats away
     address = args.address or os.environ.get("RAY_ADDRESS") or None
-    console = _console()
+    console = make_console()
     header = (f"tuning [bold]{escape(workload.name)}[/] ({len(workload.problems)} problem(s)) on "
               f"{'Ray cluster ' + escape(address) if address else 'a local Ray instance'}, "
               f"devices: {escape(args.devices)}, into {escape(out)}")
@@ -228,7 +228,7 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
         if view is not None:
             view.close()
     if args.json:
-        _print_json(farm_dict(workload, out, report))
+        print_json(farm_dict(workload, out, report))
     else:
         if report.total == 0 and not report.rows_written and not report.workers_started:
             console.print(f"nothing left to measure in {escape(out)}: every candidate has a result (no Ray instance "
@@ -280,7 +280,7 @@ def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool, out: str,
     cost = estimate(sig, plans, History([results, *history]), measured=already_measured(results, sig),
                     confirm_budget_ms=workload.autotune.confirm.budget_ms, confirm=workload.autotune.confirm.enabled)
     if as_json:
-        _print_json({"problems": [{"name": wp.name, "problem_key": wp.problem.key, "label": wp.problem.label(),
+        print_json({"problems": [{"name": wp.name, "problem_key": wp.problem.key, "label": wp.problem.label(),
                                    "candidates": [s.describe(registry) for s in specs],
                                    "not_applicable": [f"{e}: {r}" for e, r in skipped]}
                                   for wp, specs, skipped in rows],
@@ -297,7 +297,7 @@ def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool, out: str,
         names = [s.describe(registry) for s in specs]
         table.add_row(Text(f"{wp.name}\n{wp.problem.label()}"), Text(f"{len(specs)}: " + ", ".join(names)),
                       Text("\n".join(own) or "-"))
-    console = _console()
+    console = make_console()
     console.print(table)
     by_reason: dict[str, list[str]] = {}
     for engine, why in sorted(here.items()):
@@ -345,24 +345,24 @@ def add_tune_parser(sub: Any) -> None:
                    help="auto (GPUs if any, else the CPU), gpu, cpu[:N], sim:N or sim:FILE.yaml (default auto)")
     p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray instance)")
     p.add_argument("--in-process", action="store_true", help="no Ray: tune on one local device in this process")
-    p.add_argument("--shard-size", type=_positive_int, default=128,
+    p.add_argument("--shard-size", type=positive_int, default=128,
                    help="split problems with more candidates across devices, then re-measure finalists (default 128)")
-    p.add_argument("--finalist-k", type=_positive_int, default=3, help="finalists per shard (default 3)")
-    p.add_argument("--candidate-timeout", type=_positive_seconds, default=120.0,
+    p.add_argument("--finalist-k", type=positive_int, default=3, help="finalists per shard (default 3)")
+    p.add_argument("--candidate-timeout", type=positive_seconds, default=120.0,
                    help="seconds without a result before a worker counts as hung and is restarted (default 120)")
-    p.add_argument("--device-wait", type=_nonnegative_seconds, default=300.0, metavar="SECONDS",
+    p.add_argument("--device-wait", type=nonnegative_seconds, default=300.0, metavar="SECONDS",
                    help="when the cluster loses the last node of a device kind with work left, wait this long for one "
                         "to join; then finish the rest, mark that kind's problems as waiting and exit 4 (a resume "
                         "measures them) (default 300)")
-    p.add_argument("--max-devices", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--max-devices", type=positive_int, default=None, metavar="N",
                    help="start at most N device workers, now and as nodes join (a shared cluster; default: every "
                         "device the cluster has)")
-    p.add_argument("--cpu-threads", type=_positive_int, default=None,
+    p.add_argument("--cpu-threads", type=positive_int, default=None,
                    help="BLAS threads of each CPU worker (default: what production uses: this process's count on a "
                         "local Ray instance, the host's usable cores on a cluster); part of the CPU device signature")
-    p.add_argument("--progress-every", type=_positive_seconds, default=10.0,
+    p.add_argument("--progress-every", type=positive_seconds, default=10.0,
                    help="seconds between progress lines when output is not a terminal (default 10)")
-    p.add_argument("--top-k", type=_positive_int, default=3, help="ranking depth kept in the override metadata (default 3)")
+    p.add_argument("--top-k", type=positive_int, default=3, help="ranking depth kept in the override metadata (default 3)")
     p.add_argument("--no-reduce", action="store_true", help="write results only, no override files")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the check after the reduce: each decision replayed through farm.ops beside the direct "
@@ -371,10 +371,10 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--prune", metavar="MODEL",
                    help="measure only what this cost model (farm model train) ranks worth it: the default, the "
                         "incumbent, the top-k by predicted time and a random share of the rest (docs/costmodel.md)")
-    p.add_argument("--prune-top-k", type=_positive_int, default=None, help="with --prune: the top-k (default 7)")
-    p.add_argument("--prune-explore", type=_share, default=None,
+    p.add_argument("--prune-top-k", type=positive_int, default=None, help="with --prune: the top-k (default 7)")
+    p.add_argument("--prune-explore", type=fraction, default=None,
                    help="with --prune: the share of the rest measured at random (default 0.05)")
-    p.add_argument("--prune-seed", type=_nonnegative_int, default=None,
+    p.add_argument("--prune-seed", type=nonnegative_int, default=None,
                    help="with --prune: the random draw's seed, recorded in job.json (default 0)")
     p.add_argument("--no-prune", action="store_true", help="measure every candidate, even if the workload prunes")
     p.add_argument("--incumbents", metavar="PATH",

@@ -13,21 +13,21 @@ from typing import Any
 
 from rich.markup import escape
 
-from farm.cli.args import _positive_int
-from farm.cli.console import _console, _print_json
+from farm.cli.args import positive_int
+from farm.cli.console import make_console, print_json
 from farm.errors import InputError
 from farm.store.targets import Target, resolve, rewrite_entries
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from farm.cli.render_verify import verified_table
-    from farm.cli.tune import _local_device
+    from farm.cli.tune import local_device
     from farm.replay.verify import VerifySettings, mark_fixes, verify_file
     from farm.store.override_files import load_overrides
 
     calls = (args.call,) if args.call else ("eager", "graph")
     settings = VerifySettings(calls=args.calls or 400, rounds=args.rounds, calls_given=args.calls is not None)
-    device = _local_device(args.devices)
+    device = local_device(args.devices)
     target = resolve(args.target, device)
     f = load_overrides(target.path, strict=False)
     if f.device_signature and f.device_signature != device.signature and not target.note:
@@ -37,9 +37,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise InputError(f"{target.note}: --fix republishes only a file of this device's own signature",
                          source=target.where)
     keys = _keys(f, args.problem, target.path)
-    console = _console(stderr=True)
+    console = make_console(stderr=True)
     if not args.json:
-        _console().print(f"verifying {escape(target.path)} on {escape(device.properties.name)} "
+        make_console().print(f"verifying {escape(target.path)} on {escape(device.properties.name)} "
                          f"[dim]{device.signature}[/] ({', '.join(calls)}; farm.ops beside the direct call)",
                          soft_wrap=True)
         if target.note:
@@ -57,11 +57,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     written = _record(target, f, verified, device, args.fix)
     records = [v.as_dict() for v in verified]
     if args.json:
-        _print_json({"target": target.where, "file": target.path, "device": device.signature, "note": target.note,
+        print_json({"target": target.where, "file": target.path, "device": device.signature, "note": target.note,
                      "decisions": records, "not_verifiable": [{"problem": n, "why": w} for n, w in skipped],
                      "written": written})
     else:
-        out = _console()
+        out = make_console()
         out.print(verified_table(records))
         for name, why in skipped:
             out.print(f"[dim]not verifiable:[/] {escape(name)}: {escape(why)}", soft_wrap=True)
@@ -128,10 +128,10 @@ def add_verify_parser(sub: Any) -> None:
     p.add_argument("--devices", default="auto", help="auto (a GPU if any, else the CPU), gpu, cpu or sim:FILE.yaml")
     p.add_argument("--problem", action="append", metavar="NAME",
                    help="only this problem (its name or key in the file; repeatable)")
-    p.add_argument("--calls", type=_positive_int, default=None,
+    p.add_argument("--calls", type=positive_int, default=None,
                    help="calls a sample: back-to-back (eager) or in a captured graph (graph) (default: as many as the "
                         "decision's confirmation stage timed, which the file records; else 400)")
-    p.add_argument("--rounds", type=_positive_int, default=9, help="paired rounds, interleaved (default 9)")
+    p.add_argument("--rounds", type=positive_int, default=9, help="paired rounds, interleaved (default 9)")
     p.add_argument("--fix", action="store_true",
                    help="publish the default in place of each flagged decision, saying why in the override file")
     p.add_argument("--strict", action="store_true",

@@ -57,7 +57,7 @@ from farm.store.tunableop_csv import (DEFAULT_KERNEL, VALIDATORS, is_tunableop_c
 from farm.tuner.autotuner import Autotuner
 
 log = logging.getLogger("farm.replay.tunable_runtime")
-from farm.replay.tunable_settings import DEFAULT_FILENAME, TunableSettings, _budget_ms, _budget_samples, with_ordinal
+from farm.replay.tunable_settings import DEFAULT_FILENAME, TunableSettings, parse_budget_ms, parse_budget_samples, with_ordinal
 
 
 class TunableRuntime:
@@ -134,14 +134,14 @@ class TunableRuntime:
 
     def set_max_tuning_duration(self, ms: float) -> None:
         """Per candidate, in ms; 0 turns the time limit off."""
-        self._set(max_tuning_duration_ms=_budget_ms(str(ms)))
+        self._set(max_tuning_duration_ms=parse_budget_ms(str(ms)))
 
     def get_max_tuning_duration(self) -> float:
         return self.settings.max_tuning_duration_ms
 
     def set_max_tuning_samples(self, samples: int) -> None:
         """Per candidate; 0 turns the sample limit off."""
-        self._set(max_tuning_samples=_budget_samples(str(samples)))
+        self._set(max_tuning_samples=parse_budget_samples(str(samples)))
 
     def get_max_tuning_samples(self) -> int:
         return self.settings.max_tuning_samples

@@ -40,7 +40,7 @@ class TunableSettings:
         s = TunableSettings()
         changes: dict[str, Any] = {}
         for field, parse in (("enabled", _bool), ("tuning", _bool), ("record_untuned", _bool), ("verbose", _bool),
-                             ("max_tuning_duration_ms", _budget_ms), ("max_tuning_samples", _budget_samples),
+                             ("max_tuning_duration_ms", parse_budget_ms), ("max_tuning_samples", parse_budget_samples),
                              ("filename", _nonempty)):
             name = ENV_PREFIX + field.upper()
             if name not in env:
@@ -66,7 +66,7 @@ def _bool(text: str) -> bool:
     raise ValueError("expected 1/0, true/false, yes/no or on/off")
 
 
-def _budget_ms(text: str) -> float:
+def parse_budget_ms(text: str) -> float:
     """A time budget in ms: >= 0, where 0 turns that limit off (TunableOp's meaning)."""
     v = float(text)
     if not (v >= 0 and v != float("inf")):
@@ -74,7 +74,7 @@ def _budget_ms(text: str) -> float:
     return v
 
 
-def _budget_samples(text: str) -> int:
+def parse_budget_samples(text: str) -> int:
     """A sample budget: an integer >= 0, where 0 turns that limit off."""
     v = int(text)
     if v < 0:

@@ -361,11 +361,11 @@ def _float(v: Any) -> float | None:
 @functools.lru_cache(maxsize=4096)
 def _label(engine_name: str, key: str) -> str:
     """The candidate's label from its engine and candidate key (few distinct ones: each made once)."""
-    return candidate_label(engine_name, _knobs_of(key))
+    return candidate_label(engine_name, knobs_of(key))
 
 
 @functools.lru_cache(maxsize=4096)
-def _knobs_of(key: str) -> tuple[tuple[str, Any], ...]:
+def knobs_of(key: str) -> tuple[tuple[str, Any], ...]:
     """A candidate key's knobs (a few hundred distinct keys stand behind a million rows)."""
     return spec_of(key).knobs
 
@@ -560,7 +560,7 @@ def _winners(c: _Compared, d: Any, tuned: dict[str, set[str]]) -> dict[tuple[str
                      fastest_noise=float(sigma[f] / median[f]) if median[f] else 0.0)
         out[(sig, pkey)] = Winner(
             signature=sig, problem_key=pkey, problem_name=problem_names[g], engine_name=c.names[w],
-            knobs=_knobs_of(c.keys[w]), median_ms=float(median[w]), min_ms=_float(mins[w]), mad_ms=_float(c.mad[w]),
+            knobs=knobs_of(c.keys[w]), median_ms=float(median[w]), min_ms=_float(mins[w]), mad_ms=_float(c.mad[w]),
             noisy=bool(noisy[w]), rule=rule, why=phrase, fastest=c.label(f), fastest_ms=float(median[f]),
             default=c.label(df) if df >= 0 else None, default_ms=float(median[df]) if df >= 0 else None,
             candidates=int(counts[g]), row=w, default_noisy=bool(noisy[df]) if df >= 0 else False,
@@ -674,7 +674,7 @@ def _apply_confirmations(data: ResultsDataset, table: pa.Table, c: "_Compared", 
         elif confirmation.failed:
             phrase = f"{phrase}; failed in the confirmation stage, never published: {'; '.join(confirmation.failed)}"
         decided.setdefault((sig, pkey), []).append(dataclasses.replace(
-            main, engine_name=names[rows[w]], knobs=_knobs_of(row_keys[w]), median_ms=med[w],
+            main, engine_name=names[rows[w]], knobs=knobs_of(row_keys[w]), median_ms=med[w],
             min_ms=float(np.min(samples[w])) if len(samples[w]) else None, mad_ms=mad[w],
             noisy=bool(is_noisy(np.array([med[w]]), np.array([mad[w]]))[0]), rule=dec.rule,
             why=phrase, fastest=label(fastest), fastest_ms=med[fastest],
@@ -763,7 +763,7 @@ def _apply_verifications(data: ResultsDataset, table: pa.Table, winners: dict[tu
             continue
         check = check_of(call, *hit)
         if check.fixed:
-            decision = _fixed(decision, check, col["engine_name"][hit[1]], _knobs_of(col["candidate_key"][hit[1]]),
+            decision = _fixed(decision, check, col["engine_name"][hit[1]], knobs_of(col["candidate_key"][hit[1]]),
                               values[offsets[hit[1]]:offsets[hit[1] + 1]], offset + hit[1])
             later = newest(found, decision, int(stamps[hit[0]]))  # the default's own check since, if any
             if later is not None and later != hit:

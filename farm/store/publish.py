@@ -33,7 +33,7 @@ from farm.store.overrides import OverrideEntry, OverrideFile
 log = logging.getLogger("farm.store.publish")
 
 NOISE_FLOOR = 0.03  # relative; below this a slower re-measurement is noise
-from farm.store.published import INDEX, Store, _arch_dir, _now, _read_index
+from farm.store.published import INDEX, Store, arch_dir, now_stamp, read_index
 
 
 @dataclass
@@ -60,7 +60,7 @@ class PublishedFile:
     left_out: list[str] = field(default_factory=list)  # untrusted ones not published (--trusted-only)
 
 
-def _label(e: OverrideEntry) -> str:
+def entry_label(e: OverrideEntry) -> str:
     meta = e.metadata or {}
     return str(meta.get("problem_name") or meta.get("problem_key") or e.op)
 
@@ -72,13 +72,13 @@ def untrusted(e: OverrideEntry) -> bool:
     return isinstance(sel, dict) and sel.get("trusted") is False
 
 
-def _desc(e: OverrideEntry) -> str:
+def entry_desc(e: OverrideEntry) -> str:
     from farm.model.knobs import candidate_label
 
     return candidate_label(e.engine_name, e.knobs)
 
 
-def _ms(e: OverrideEntry) -> float | None:
+def entry_ms(e: OverrideEntry) -> float | None:
     meta = e.metadata or {}
     v = meta.get("median_time_ms", meta.get("min_time_ms"))
     return float(v) if isinstance(v, (int, float)) else None
@@ -97,14 +97,14 @@ def diff_entries(old: Iterable[OverrideEntry], new: Iterable[OverrideEntry]) -> 
     for k, e in new_by.items():
         o = old_by.get(k)
         if o is None:
-            added.append(Change(_label(e), "", _desc(e), None, _ms(e)))
+            added.append(Change(entry_label(e), "", entry_desc(e), None, entry_ms(e)))
         elif (o.engine_name, o.knobs) != (e.engine_name, e.knobs):
-            changed.append(Change(_label(e), _desc(o), _desc(e), _ms(o), _ms(e)))
+            changed.append(Change(entry_label(e), entry_desc(o), entry_desc(e), entry_ms(o), entry_ms(e)))
         else:
             same += 1
     for k, o in old_by.items():
         if k not in new_by:
-            removed.append(Change(_label(o), _desc(o), "", _ms(o), None))
+            removed.append(Change(entry_label(o), entry_desc(o), "", entry_ms(o), None))
     return added, changed, removed, same
 
 
@@ -117,9 +117,9 @@ def _regressions(old: Iterable[OverrideEntry], new: Iterable[OverrideEntry]) -> 
         # an untrusted figure is no baseline: replacing it is never a regression
         if o is None or (o.engine_name, o.knobs) == (e.engine_name, e.knobs) or untrusted(o):
             continue
-        a, b = _ms(o), _ms(e)
+        a, b = entry_ms(o), entry_ms(e)
         if a is not None and b is not None and b - a > max(_noise(o, e), NOISE_FLOOR * a):
-            out.append(Change(_label(e), _desc(o), _desc(e), a, b))
+            out.append(Change(entry_label(e), entry_desc(o), entry_desc(e), a, b))
     return out
 
 
@@ -182,7 +182,7 @@ def publish(overrides_dir: str | Path, root: str, *, force: bool = False, replac
                       trusted_only=trusted_only).report for path in files]
     store.ensure()
     with store.lock():
-        index = _read_index(store)
+        index = read_index(store)
         plans = [_plan(store, root, path, index, force=force, replace=replace, trusted_only=trusted_only)
                  for path in files]
         reports = [p.report for p in plans]
@@ -217,10 +217,10 @@ def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: 
     shaky = [e for e in new.entries if untrusted(e)]
     if trusted_only and shaky:
         new = OverrideFile(new.version, [e for e in new.entries if not untrusted(e)], new.device, new.extra, new.source)
-    report_untrusted = [] if trusted_only else [_label(e) for e in shaky]
-    rel = f"{_arch_dir(props.arch)}/{props.signature}.json"
+    report_untrusted = [] if trusted_only else [entry_label(e) for e in shaky]
+    rel = f"{arch_dir(props.arch)}/{props.signature}.json"
     rep = PublishedFile(props.signature, f"{root.rstrip('/')}/{rel}", untrusted=report_untrusted,
-                        left_out=[_label(e) for e in shaky] if trusted_only else [])
+                        left_out=[entry_label(e) for e in shaky] if trusted_only else [])
     old_text = store.read(rel)
     old = parse_overrides(old_text, source=f"{root}/{rel}") if old_text is not None else None
     if old is not None and old.device_signature != props.signature:
@@ -250,7 +250,7 @@ def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: 
         "vendor": props.vendor, "driver_version": props.driver_version,
         "runtime_version": props.runtime_version, "libraries": dict(props.libraries),
         "entries": len(merged), "sha256": hashlib.sha256(body.encode()).hexdigest(),
-        "created": (prev.get("created") if isinstance(prev, dict) else None) or _now(), "updated": _now(),
+        "created": (prev.get("created") if isinstance(prev, dict) else None) or now_stamp(), "updated": now_stamp(),
         "job_ids": jobs,
     }
     return _Plan(rel, body, old_text, record, rep)
@@ -265,7 +265,7 @@ def _write_all(store: Store, plans: list[_Plan], index: dict[str, Any]) -> None:
             store.write(plan.rel, plan.body)
             done.append(plan)
             index["files"][plan.report.signature] = plan.record
-        index["updated"] = _now()
+        index["updated"] = now_stamp()
         store.write(INDEX, json.dumps(index, indent=2, sort_keys=True) + "\n")  # last: it names written files
     except Exception as exc:
         problems = []

@@ -26,13 +26,13 @@ INDEX = "index.json"
 INDEX_VERSION = 1
 
 
-def _arch_dir(arch: str) -> str:
+def arch_dir(arch: str) -> str:
     """A folder name for an arch: ``sm_90``, ``gfx942`` (target features dropped), ``x86_64-skylakex``."""
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", arch.split(":")[0]) or "unknown"
     return "_" + name if name.startswith(".") else name  # never "." or "..": a folder inside the root
 
 
-def _now() -> str:
+def now_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
@@ -142,7 +142,7 @@ class _AdvisoryLock:
             pass
 
 
-def _read_index(store: Store) -> dict[str, Any]:
+def read_index(store: Store) -> dict[str, Any]:
     text = store.read(INDEX)
     if text is None:
         return {"version": INDEX_VERSION, "files": {}}
@@ -168,11 +168,11 @@ def find_published(root: str, props: DeviceProperties) -> tuple[str, str] | None
     if store is None:
         return None
     try:
-        index = _read_index(store)["files"]
+        index = read_index(store)["files"]
     except InputError:
         index = {}
     exact = index.get(props.signature)
-    rel = f"{_arch_dir(props.arch)}/{props.signature}.json"
+    rel = f"{arch_dir(props.arch)}/{props.signature}.json"
     if isinstance(exact, dict) and exact.get("path") != rel:
         log.warning("publish: %s/%s: entry %s names path %r, not %r; using the layout's path", root, INDEX,
                     props.signature, exact.get("path"), rel)
@@ -202,7 +202,7 @@ def find_published(root: str, props: DeviceProperties) -> tuple[str, str] | None
 def _indexed_path_ok(store: Store, entry: dict[str, Any]) -> bool:
     """An index entry may be followed only where its path is the layout's for its own arch and signature."""
     sig, arch, path = entry.get("signature"), entry.get("arch"), entry.get("path")
-    if not isinstance(sig, str) or not isinstance(arch, str) or path != f"{_arch_dir(arch)}/{sig}.json":
+    if not isinstance(sig, str) or not isinstance(arch, str) or path != f"{arch_dir(arch)}/{sig}.json":
         log.warning("publish: %s/%s: entry %r with path %r is not the layout's; ignored", store.uri, INDEX, sig, path)
         return False
     try:

@@ -41,7 +41,7 @@ from farm.store.tunableop_csv import write_tunableop_csv
 log = logging.getLogger("farm.store.reduce")
 
 WINNERS_SUFFIX = ".winners.parquet"
-from farm.store.decisions import Decisions, Winner, _knobs_of, decide_results, load_incumbents
+from farm.store.decisions import Decisions, Winner, knobs_of, decide_results, load_incumbents
 
 
 @dataclass
@@ -206,7 +206,7 @@ def _floats(col: Any) -> list[float | None]:
 
 @functools.lru_cache(maxsize=4096)
 def _knob_dict(key: str) -> dict[str, Any]:
-    return dict(_knobs_of(key))  # shared by the entries that rank this candidate: read only
+    return dict(knobs_of(key))  # shared by the entries that rank this candidate: read only
 
 
 @functools.lru_cache(maxsize=4096)

@@ -46,12 +46,12 @@ from farm.model.knobs import KnobValue, candidate_label
 from farm.model.plans import EngineSweep, EngineVariant, PlanSpec, PlanSpecCollection
 from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig, AutotuneResult, BuildPolicy, HeuristicMode, ResultCheck, TuneMode
-from farm.tuner.candidate import _Candidate, _close_plan, _err
+from farm.tuner.candidate import CandidateRun, close_plan, error_text
 from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.journal import InFlight
 from farm.tuner.phases import PhaseClock
-from farm.tuner.ranking import _rank
-from farm.tuner.session import _Run
+from farm.tuner.ranking import rank_results
+from farm.tuner.session import TuningRun
 
 log = logging.getLogger("farm.tuner.autotuner")
 
@@ -61,7 +61,7 @@ class _Slot:
     """One entry of the compiled-plan list: its plan spec and build state (``cand.plan``, ``cand.error``)."""
 
     spec: PlanSpec
-    cand: _Candidate
+    cand: CandidateRun
 
 
 class Autotuner:
@@ -291,7 +291,7 @@ class Autotuner:
                                 f"{cand.error}")
         built = {id(s.cand.plan) for s in self._built or []}
         if self._active is not None and id(self._active[2]) not in built:
-            _close_plan(self._active[2])
+            close_plan(self._active[2])
         self._active = (spec, eng, plan)
         return spec
 
@@ -321,9 +321,9 @@ class Autotuner:
         built = {id(s.cand.plan) for s in self._built or [] if s.cand.plan is not None}
         for slot in self._built or []:
             if slot.cand.plan is not None:
-                _close_plan(slot.cand.plan)
+                close_plan(slot.cand.plan)
         if self._active is not None and id(self._active[2]) not in built:
-            _close_plan(self._active[2])
+            close_plan(self._active[2])
         self._active = None
         self._built = None
         self._release_workspace()
@@ -374,9 +374,9 @@ class Autotuner:
         log.info("autotune: start %s (key %s) on %s: %d candidate(s), mode %s, strategy %s",
                  self.problem.label(), self.problem.key, self.device.properties.name, len(candidates),
                  config.mode.value, config.strategy.value)
-        run = _Run(self, config, tensors, listener, phases)
+        run = TuningRun(self, config, tensors, listener, phases)
         results = run.execute(candidates, prebuilt=self._built is not None)
-        ranked = _rank(results, config.ranking_fn, config.ranking)
+        ranked = rank_results(results, config.ranking_fn, config.ranking)
         self.results = ranked
         ok = [r for r in ranked if r.succeeded]
         counts: dict[str, int] = {}
@@ -398,7 +398,7 @@ class Autotuner:
         return ranked
 
     # -- helpers --------------------------------------------------------------------
-    def _candidates(self, config: AutotuneConfig, only: Iterable[PlanSpec] | None) -> list[_Candidate]:
+    def _candidates(self, config: AutotuneConfig, only: Iterable[PlanSpec] | None) -> list[CandidateRun]:
         """The candidates of this call: the built plans, or the plan specs (those in ``only``, if given)."""
         if self._built is not None:
             if config.mode is TuneMode.EXHAUSTIVE:
@@ -413,9 +413,9 @@ class Autotuner:
             raise AutotuneError("no autotuning candidates left: every plan spec was excluded by 'only'")
         return candidates
 
-    def _candidate(self, index: int, spec: PlanSpec) -> _Candidate:
+    def _candidate(self, index: int, spec: PlanSpec) -> CandidateRun:
         engine = self.registry.get(spec.engine_id) if spec.engine_id in self.registry else None
-        return _Candidate(index, spec, engine, self._collection.estimated_workspace(spec))
+        return CandidateRun(index, spec, engine, self._collection.estimated_workspace(spec))
 
     # -- used by the measuring session (farm.tuner.session) ---------------------------------
     def barred_reason(self, spec: PlanSpec) -> str | None:
@@ -426,14 +426,14 @@ class Autotuner:
         """Why a compiled plan of this workspace is over the deselect ceiling (None: it is not)."""
         return self._collection.ceiling_reason(workspace)
 
-    def unsupported_reason(self, cand: _Candidate) -> str | None:
+    def unsupported_reason(self, cand: CandidateRun) -> str | None:
         """Why no engine can build this candidate here (None: it applies)."""
         if cand.engine is None:
             return f"unknown engine id {cand.spec.engine_id}"
         support = self.registry.config_for(cand.engine, self.problem, self.device)
         return None if support.applicable else f"{cand.engine.name} does not apply: {support.reason}"
 
-    def compile_key(self, cand: _Candidate) -> str | None:
+    def compile_key(self, cand: CandidateRun) -> str | None:
         """The host-wide key of the artifact compiling ``cand`` produces, if its engine declares one."""
         if not isinstance(cand.engine, CompileKeyed):
             return None
@@ -441,10 +441,10 @@ class Autotuner:
             return cand.engine.compile_key(self.problem, settings_to_resolved(cand.engine, cand.spec.knobs), self.device)
         except Exception as exc:  # no key means no sharing, never a failed candidate
             log.warning("autotune: %s.compile_key failed (%s); compiling without host-wide sharing",
-                        cand.engine.name, _err(exc))
+                        cand.engine.name, error_text(exc))
             return None
 
-    def compile_candidate(self, cand: _Candidate, *, benchmarking: bool = False) -> Plan | None:
+    def compile_candidate(self, cand: CandidateRun, *, benchmarking: bool = False) -> Plan | None:
         """Compile (or, with ``benchmarking``, build a priming plan). Sets cand.error on failure."""
         engine = cand.engine
         why = self.unsupported_reason(cand)
@@ -457,7 +457,7 @@ class Autotuner:
             plan = engine.compile(self.problem, settings_to_resolved(engine, cand.spec.knobs, benchmarking=benchmarking), self.device)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:  # any compile failure is that candidate's
             reraise_user_interrupt(exc)  # ... but a user's Ctrl-C stops the tuning
-            cand.error = f"{engine.name}: compile: {_err(exc)}"
+            cand.error = f"{engine.name}: compile: {error_text(exc)}"
             plan = None
         finally:
             self.in_flight.pop(cand.spec, None)

@@ -15,7 +15,7 @@ log = logging.getLogger("farm.tuner.autotuner")  # the tuner's lines
 
 
 @dataclass
-class _Candidate:
+class CandidateRun:
     """Per-candidate working state inside one autotune() call."""
 
     index: int
@@ -34,16 +34,16 @@ class _Candidate:
     spent_ms: float = 0.0
 
 
-def _now_iso() -> str:
+def started_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _err(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _close_plan(plan: Any) -> None:
+def close_plan(plan: Any) -> None:
     close = getattr(plan, "close", None)
     if callable(close):
         try:

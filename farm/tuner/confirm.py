@@ -38,7 +38,7 @@ from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig, AutotuneResult, CallMode, ConfirmSettings, Disposition
 from farm.tuner.callers import (Caller, calls_per_sample, estimate_ms, eager_sampler, graph_sampler,
                                 input_set_count, input_sets, participant_caller)
-from farm.tuner.candidate import _Candidate, _close_plan, _err, _now_iso
+from farm.tuner.candidate import CandidateRun, close_plan, error_text, started_iso
 from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.session import ENGINE_ERRORS
 from farm.tuner.paired import CONFIDENCE, min_rounds
@@ -164,14 +164,14 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
     config = config or AutotuneConfig()
     settings = config.confirm
     t_start = time.perf_counter()
-    started_at = _now_iso()
+    started_at = started_iso()
     stage_device, timer = eager_device(device) if call is CallMode.EAGER else (device, device.timer)
     tuner = Autotuner(problem, stage_device, registry=registry)
     tuner.in_flight.stage = call.value  # what a hang watch's row and the journal say
     if watch is not None:
         watch.watch(tuner)
     results: dict[PlanSpec, AutotuneResult] = {}
-    cands: list[_Candidate] = []
+    cands: list[CandidateRun] = []
     try:
         if tensors is None:
             make = getattr(stage_device.arrays, "make", None)
@@ -209,7 +209,7 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
             except ENGINE_ERRORS as exc:
                 reraise_user_interrupt(exc)
                 results[spec] = _failed(problem, cand, Disposition.FAILED_WARMUP,
-                                        f"{name}: confirmation warm-up: {_err(exc)}", config, call)
+                                        f"{name}: confirmation warm-up: {error_text(exc)}", config, call)
                 continue
             finally:
                 tuner.in_flight.pop(spec, None)
@@ -234,7 +234,7 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
                     reraise_user_interrupt(exc)
                     cand = next(x for x in cands if x.spec == spec)
                     results[spec] = _failed(problem, cand, Disposition.FAILED_WARMUP,
-                                            f"{c.label}: graph capture: {_err(exc)}", config, call)
+                                            f"{c.label}: graph capture: {error_text(exc)}", config, call)
                 finally:
                     tuner.in_flight.pop(spec, None)
         order = [s for s, _ in entries if s in samplers]
@@ -274,11 +274,11 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
     finally:
         for cand in cands:
             if cand.plan is not None:
-                _close_plan(cand.plan)
+                close_plan(cand.plan)
         tuner.close()
 
 
-def _rounds(problem: Problem, cands: dict[PlanSpec, _Candidate], order: list[PlanSpec],
+def _rounds(problem: Problem, cands: dict[PlanSpec, CandidateRun], order: list[PlanSpec],
             samplers: dict[PlanSpec, Callable[[], float]],
             samples: dict[PlanSpec, list[float]], failed: dict[PlanSpec, AutotuneResult],
             reference: PlanSpec | None, incumbent: PlanSpec | None, settings: ConfirmSettings, device: Device,
@@ -312,7 +312,7 @@ def _rounds(problem: Problem, cands: dict[PlanSpec, _Candidate], order: list[Pla
                     reraise_user_interrupt(exc)
                     del samplers[spec]
                     failed[spec] = _failed(problem, cands[spec], Disposition.FAILED_RUN,
-                                           f"round {rounds + 1}: {_err(exc)}", config, call)
+                                           f"round {rounds + 1}: {error_text(exc)}", config, call)
                 finally:
                     in_flight.pop(spec, None)
             live = [s for s in live if s in samplers]  # the others keep one sample a round: still paired
@@ -344,7 +344,7 @@ def _precise(r: Any, precision: float) -> bool:
     return r is not None and r.ratio > 0 and (r.high - r.low) / (2.0 * r.ratio) <= precision
 
 
-def _failed(problem: Problem, cand: _Candidate, disposition: Disposition, error: str, config: AutotuneConfig,
+def _failed(problem: Problem, cand: CandidateRun, disposition: Disposition, error: str, config: AutotuneConfig,
             call: CallMode) -> AutotuneResult:
     return AutotuneResult(
         problem_key=problem.key, engine_id=cand.spec.engine_id,

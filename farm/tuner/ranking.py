@@ -39,7 +39,7 @@ def _fastest_order(results: list[AutotuneResult]) -> list[AutotuneResult]:
     return sorted(results, key=lambda r: (r.min_ms if r.min_ms is not None else inf, r.candidate))
 
 
-def _rank(results: list[AutotuneResult], ranking_fn: Callable[[list[AutotuneResult]], Any] | None,
+def rank_results(results: list[AutotuneResult], ranking_fn: Callable[[list[AutotuneResult]], Any] | None,
           ranking: str = "winner_rule") -> list[AutotuneResult]:
     ok = [r for r in results if r.succeeded]
     failed = [r for r in results if not r.succeeded]

@@ -39,10 +39,10 @@ if TYPE_CHECKING:
 ENGINE_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
 
 log = logging.getLogger("farm.tuner.autotuner")
-from farm.tuner.candidate import _Candidate, _close_plan, _err, _now_iso
+from farm.tuner.candidate import CandidateRun, close_plan, error_text, started_iso
 
 
-class _Run:
+class TuningRun:
     """One autotune() call: classify, prime, compile, measure."""
 
     def __init__(self, tuner: Autotuner, config: AutotuneConfig, tensors: Mapping[str, Any],
@@ -70,14 +70,14 @@ class _Run:
         return input_sets(tuner.problem, tuner.device, tensors, count)
 
     # -- the pipeline ----------------------------------------------------------------
-    def execute(self, candidates: list[_Candidate], *, prebuilt: bool) -> list[AutotuneResult]:
+    def execute(self, candidates: list[CandidateRun], *, prebuilt: bool) -> list[AutotuneResult]:
         self._prebuilt = prebuilt
         # the inputs were made on the caller's stream; the device stream does not wait for it by itself
         self.t.device.synchronize()
         self._total = len(candidates)
-        todo: list[_Candidate] = []
+        todo: list[CandidateRun] = []
         for cand in candidates:
-            cand.started, cand.started_at = time.perf_counter(), _now_iso()
+            cand.started, cand.started_at = time.perf_counter(), started_iso()
             cand.spent_ms, cand.note, cand.not_primed, cand.ran_exhaustive = 0.0, "", "", False  # a slot is measured again
             reason = self.t.barred_reason(cand.spec)
             if reason is not None:
@@ -111,14 +111,14 @@ class _Run:
             self._compile_while_measuring(todo)
         return self.results
 
-    def _compile_while_measuring(self, todo: list[_Candidate]) -> None:
+    def _compile_while_measuring(self, todo: list[CandidateRun]) -> None:
         """Compile threads feed the measuring loop, which takes candidates as they are ready.
 
         The order of compiles follows host-wide claims (farm.tuner.compile_claims): an artifact another
         process on this host is compiling is left for later, when it is a cache load.
         """
-        work: CompileQueue[_Candidate] = CompileQueue(todo, self.t.compile_key)
-        ready: queue.Queue[_Candidate] = queue.Queue()
+        work: CompileQueue[CandidateRun] = CompileQueue(todo, self.t.compile_key)
+        ready: queue.Queue[CandidateRun] = queue.Queue()
 
         def compile_some() -> None:
             while (taken := work.take()) is not None:
@@ -143,7 +143,7 @@ class _Run:
             log.info("autotune: %d compile(s) deferred: another process on this host was compiling them", work.deferred)
 
     @staticmethod
-    def _next_ready(ready: "queue.Queue[_Candidate]", threads: list[concurrent.futures.Future]) -> _Candidate:
+    def _next_ready(ready: "queue.Queue[CandidateRun]", threads: list[concurrent.futures.Future]) -> CandidateRun:
         while True:
             try:
                 return ready.get(timeout=0.5)
@@ -153,7 +153,7 @@ class _Run:
                         t.result()  # a compile thread that died raises here
                     raise RuntimeError("compile threads ended with candidates left")  # pragma: no cover
 
-    def _prime(self, cand: _Candidate) -> None:
+    def _prime(self, cand: CandidateRun) -> None:
         """EXHAUSTIVE mode: build a plan with the benchmarking knob, run it once, discard it."""
         engine = cand.engine
         if engine is None:
@@ -178,9 +178,9 @@ class _Run:
                 cand.ran_exhaustive = True
             except ENGINE_ERRORS as exc:
                 reraise_user_interrupt(exc)
-                failure = f"{engine.name}: priming run: {_err(exc)}"
+                failure = f"{engine.name}: priming run: {error_text(exc)}"
         if plan is not None:
-            _close_plan(plan)
+            close_plan(plan)
         cand.spent_ms += (time.perf_counter() - t0) * 1e3
         if failure:
             if self.cfg.priming_failure is PrimingFailurePolicy.ABORT:
@@ -189,10 +189,10 @@ class _Run:
             cand.not_primed = f"priming failed, benchmarked unprimed: {failure}"
             log.warning("autotune: %s: %s", cand.spec.describe(self.t.registry), cand.not_primed)
 
-    def _measure(self, cand: _Candidate) -> None:
+    def _measure(self, cand: CandidateRun) -> None:
         # the candidate's own time starts here (its compile is counted apart): with compiles
         # pipelined, the time since the batch began would include other candidates' work
-        cand.started, cand.started_at = time.perf_counter(), _now_iso()
+        cand.started, cand.started_at = time.perf_counter(), started_iso()
         self.t.in_flight[cand.spec] = time.monotonic()
         log.info("autotune: [%d/%d] %s: start", cand.index + 1, self._total, cand.spec.describe(self.t.registry))
         plan = cand.plan
@@ -213,7 +213,7 @@ class _Run:
                 finalize(workspace)
         except ENGINE_ERRORS as exc:
             reraise_user_interrupt(exc)
-            self._finish(cand, Disposition.FAILED_FINALIZE, error=f"{cand.engine.name}: finalize: {_err(exc)}", workspace=ws)
+            self._finish(cand, Disposition.FAILED_FINALIZE, error=f"{cand.engine.name}: finalize: {error_text(exc)}", workspace=ws)
             return
         warmed = self._warm_up(cand, plan, workspace, ws)
         if warmed is None:
@@ -230,7 +230,7 @@ class _Run:
                 note = "; ".join(x for x in (note, f"noisy near the top: re-measured ({len(samples)} samples)") if x)
         except ENGINE_ERRORS as exc:
             reraise_user_interrupt(exc)
-            self._finish(cand, Disposition.FAILED_RUN, error=f"{cand.engine.name}: run {len(samples) + 1}: {_err(exc)}",
+            self._finish(cand, Disposition.FAILED_RUN, error=f"{cand.engine.name}: run {len(samples) + 1}: {error_text(exc)}",
                          workspace=ws, warmups=warmups, samples=samples, max_err=max_err)
             return
         self._finish(cand, Disposition.SUCCEEDED, workspace=ws, warmups=warmups, samples=samples,
@@ -244,7 +244,7 @@ class _Run:
             return f"workspace {ws} B over the limit {limit} B"
         return self.t.ceiling_reason(ws)
 
-    def _over_workspace_limit(self, cand: _Candidate, ws: int) -> bool:
+    def _over_workspace_limit(self, cand: CandidateRun, ws: int) -> bool:
         """Finish the candidate when its compiled plan needs more workspace than the limit."""
         limit = self.cfg.workspace_limit
         if limit is None or ws <= limit:
@@ -255,7 +255,7 @@ class _Run:
         self._finish(cand, Disposition.EXCEEDS_WORKSPACE_LIMIT, error=f"workspace {ws} B > limit {limit} B", workspace=ws)
         return True
 
-    def _warm_up(self, cand: _Candidate, plan: Plan, workspace: Any, ws: int) -> tuple[int, float | None] | None:
+    def _warm_up(self, cand: CandidateRun, plan: Plan, workspace: Any, ws: int) -> tuple[int, float | None] | None:
         """The untimed runs; the first one's outputs are checked. (warmups, max error), or None: finished."""
         dev = self.t.device
         checking = self.cfg.check is not ResultCheck.OFF
@@ -285,7 +285,7 @@ class _Run:
             dev.synchronize()
         except ENGINE_ERRORS as exc:
             reraise_user_interrupt(exc)
-            self._finish(cand, Disposition.FAILED_WARMUP, error=f"{cand.engine.name}: warmup: {_err(exc)}", workspace=ws)
+            self._finish(cand, Disposition.FAILED_WARMUP, error=f"{cand.engine.name}: warmup: {error_text(exc)}", workspace=ws)
             return None
         return warmups, max_err
 
@@ -332,7 +332,7 @@ class _Run:
         band = NOISE_SIGMAS * float(np.sqrt((sigma ** 2).sum())) + RELATIVE_FLOOR * best_median
         return stats.median - best_median <= band
 
-    def _timed_call(self, plan: Plan, workspace: Any, cand: _Candidate) -> tuple[Callable[[int], Callable[[], None]], int, str]:
+    def _timed_call(self, plan: Plan, workspace: Any, cand: CandidateRun) -> tuple[Callable[[int], Callable[[], None]], int, str]:
         """(sample index -> the function one measurement times, runs per measurement, a note).
 
         A plan whose ``run`` copies the library's output into the given one (``copies_output``) is timed
@@ -362,7 +362,7 @@ class _Run:
                 return (lambda i: replay), repeats, ""
             except ENGINE_ERRORS as exc:
                 reraise_user_interrupt(exc)
-                note = f"graph capture failed, timed without graphs: {_err(exc)}"
+                note = f"graph capture failed, timed without graphs: {error_text(exc)}"
                 log.info("autotune: %s: %s", cand.spec.describe(self.t.registry), note)
                 dev.synchronize()
         elif repeats:
@@ -379,7 +379,7 @@ class _Run:
 
     # -- numerical check ---------------------------------------------------------------
     # -- bookkeeping -----------------------------------------------------------------
-    def _finish(self, cand: _Candidate, disposition: Disposition, *, error: str = "", workspace: int | None = None,
+    def _finish(self, cand: CandidateRun, disposition: Disposition, *, error: str = "", workspace: int | None = None,
                 warmups: int = 0, samples: Sequence[float] = (), converged: bool = False,
                 max_err: float | None = None) -> None:
         self.t.in_flight.pop(cand.spec, None)
@@ -431,7 +431,7 @@ class _Run:
             level = logging.INFO if disposition is Disposition.EXCEEDS_WORKSPACE_LIMIT else logging.WARNING
             log.log(level, "autotune: %s %s: %s", result.label, disposition.value, error)
             if cand.plan is not None and not self._prebuilt:
-                _close_plan(cand.plan)
+                close_plan(cand.plan)
         if self.listener is not None:
             self.listener(result)
 
@@ -443,6 +443,6 @@ class _Run:
             return  # compiled-plan path: the tuner owns them
         for entry in self._plans.values():
             if keep is None or entry[2] is not keep[2]:
-                _close_plan(entry[2])
+                close_plan(entry[2])
 
 
