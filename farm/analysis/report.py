@@ -62,6 +62,7 @@ class ProblemSummary:
     winner_knobs: dict[str, Any] = field(default_factory=dict)
     round: str = "main"  # the round winner_ms, default_ms, speedup, noise and samples come from (Parquet's ``round``)
     short_where_replayed: str = ""  # farm verify's verdict where it delivers less than published (Winner's)
+    rule: str = ""  # the winner rule that decided (farm.tuner.winner: Rule or ConfirmedRule value)
 
     @property
     def untrusted(self) -> bool:
@@ -340,6 +341,7 @@ def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0,
         call=winner.call, pruned=pruned, default_noisy=winner.default_noisy, checks=_checks(winner),
         winner_engine=winner.engine_name, winner_knobs=dict(winner.knobs), round=winner.round,
         short_where_replayed=winner.verified.verdict if winner.short_where_replayed and winner.verified else "",
+        rule=winner.rule.value,
     )
 
 

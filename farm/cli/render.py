@@ -130,7 +130,8 @@ def results_table(outcome: ProblemOutcome, position: str = "") -> Table:
 
 # the decision in a few words (the whole reason: -v, JSON, farm report)
 _SHORT = {"confirmed": "confirmed", "default_not_beaten": "default kept", "incumbent_not_beaten": "incumbent kept",
-          "not_delivered": "replay lost", "default_failed": "default failed", "fastest": "fastest",
+          "not_delivered": "replay lost", "withdrawn_in_model": "model withdrew it", "default_failed": "default failed",
+          "fastest": "fastest",
           "stable_over_noisy": "stable over noisy", "default_within_noise": "default (within noise)",
           "incumbent_within_noise": "incumbent (within noise)"}
 

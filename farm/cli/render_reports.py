@@ -59,9 +59,14 @@ def publish_dict(reports: Sequence[Any]) -> dict[str, Any]:
                        "left_out_untrusted": list(r.left_out)} for r in reports]}
 
 
+_SHORT_OF_CHECKS = {"not_delivered": "replay lost", "withdrawn_in_model": "model withdrew it"}
+
+
 def _decision(p: Any) -> str:
     """How a problem's winner was decided, in a few words (the whole reason: -v, --json)."""
     c = p.confirmation
+    if p.rule in _SHORT_OF_CHECKS:  # a check where it runs put the default back: say which
+        return _SHORT_OF_CHECKS[p.rule]
     if c is not None:
         if p.winner == p.default:
             return "default kept" if getattr(c, "settled", True) else "undecided"

@@ -89,7 +89,7 @@ class Capture:
 
         hooks = torch.nn.modules.module
         self._undo = [hooks.register_module_forward_pre_hook(pre), hooks.register_module_forward_hook(post)]
-        self._mode = _Mode(self)
+        self._mode = _mode_class()(self)
         self._mode.__enter__()
         return self
 
@@ -192,10 +192,6 @@ def _as_on_a_device(func: Any, args: tuple[Any, ...], out: Any) -> Any:
     if any(t.dim() == 4 and t.is_contiguous(memory_format=last) and not t.is_contiguous() for t in args[:2]):
         return out.contiguous(memory_format=last)
     return out
-
-
-def _Mode(capture: Capture) -> Any:
-    return _mode_class()(capture)
 
 
 def _device_of(t: Any) -> str:

@@ -202,30 +202,26 @@ class _StepTimer:
         return g
 
     def sampler(self, keys: frozenset[str], n: int) -> Callable[[], float]:
+        """ms a step of ``n`` steps (synchronised at their ends) with ``keys`` routed: replays of the set's graph, or
+        eager steps after one untimed step (the set's tables bound again, its state warm)."""
         if self.call == "graph":
-            g = self._graph(keys)
-
-            def replay() -> float:
-                self.sync()
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    g.replay()
-                self.sync()
-                return (time.perf_counter() - t0) * 1e3 / n
-
-            return replay
+            run = self._graph(keys).replay
+            return lambda: self._timed(run, n)
 
         def eager() -> float:
             self.applied.only(keys)
-            self.step()  # untimed: this set's tables bound again, its state warm
-            self.sync()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                self.step()
-            self.sync()
-            return (time.perf_counter() - t0) * 1e3 / n
+            self.step()
+            return self._timed(self.step, n)
 
         return eager
+
+    def _timed(self, run: Callable[[], Any], n: int) -> float:
+        self.sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            run()
+        self.sync()
+        return (time.perf_counter() - t0) * 1e3 / n
 
     def rounds(self, variants: dict[str, frozenset[str]], settings: CheckSettings) -> tuple[dict[str, list[float]], int]:
         probe = self.sampler(variants["untouched"], 1)
