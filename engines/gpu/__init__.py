@@ -10,6 +10,8 @@ triton.gemm_splitk  a split-K Triton GEMM for skinny A (M <= 256: LLM decode), t
 cuda.decode_gemm  a CUDA C++ tensor-core GEMM (NVRTC, cuda-python) for A of at most 16 rows (decode), K split
                   over a thread-block cluster and summed in distributed shared memory
 torch.sdpa     attention with the backend forced (flash, efficient, cudnn, math) or auto
+triton.decode_attention  split-KV attention for at most 16 query tokens over a long KV cache (flash-decoding),
+                         a program per cache chunk and key/value head with all its query heads (GQA)
 triton.conv    a Triton implicit-GEMM forward convolution: tiles and how the filter is walked (a tap at a time
                or taps and channels as one axis, for few channels) as knobs, configurations listed per shape
 torch.conv     cuDNN convolutions (fprop, dgrad, wgrad): layout, determinism, benchmark priming
@@ -27,12 +29,14 @@ from .cudnn_graph import CudnnGraph
 from .matmul import TorchBlas, TorchMatmul, TorchMatmulPadded
 from .sdpa import TorchSdpa
 from .triton_conv import TritonConv
+from .triton_decode_attention import TritonDecodeAttention
 from .triton_gemm import TritonGemm, TritonGemmPadded
 from .triton_splitk import TritonSplitK
 
 _TRITON = TritonGemm()
 ENGINES = (TorchMatmul(), TorchBlas(), TorchMatmulPadded(), _TRITON, TritonGemmPadded(_TRITON.compile_pool),
-           TritonSplitK(_TRITON.compile_pool), CudaDecodeGemm(), TorchSdpa(), TorchConv(), TritonConv(_TRITON.compile_pool),
+           TritonSplitK(_TRITON.compile_pool), CudaDecodeGemm(), TorchSdpa(),
+           TritonDecodeAttention(_TRITON.compile_pool), TorchConv(), TritonConv(_TRITON.compile_pool),
            CudnnGraph(), CublasLt())
 
 __all__ = ["ENGINES"]

@@ -159,6 +159,45 @@ def test_sdpa_backends(dev, problem):
     assert_winner_correct(dev, t, problem)
 
 
+DECODE_ATTENTION = EngineSweep("triton.decode_attention", {"SPLITS": [1, 4, 32], "BLOCK_N": [32, 128]},
+                               {"num_warps": 4})
+
+
+@pytest.mark.parametrize("problem", [
+    Problem.create("sdpa_fwd", {"Q": {"dims": [1, 28, 1, 128], "strides": [3584, 128, 3584, 1]},
+                                "K": [1, 4, 4096, 128], "V": [1, 4, 4096, 128]}, dtype="bf16"),  # Qwen2.5-7B's
+    Problem.create("sdpa_fwd", {"Q": [3, 8, 4, 64], "K": [3, 2, 1000, 64], "V": [3, 2, 1000, 64]}, dtype="fp16"),
+    Problem.create("sdpa_fwd", {"Q": [2, 6, 1, 80], "K": [2, 6, 333, 80], "V": [2, 6, 333, 80]}, dtype="bf16"),
+], ids=lambda p: p.label())
+def test_decode_attention_is_right_for_every_split_and_in_graph_replays(dev, problem):
+    t, results = tune(dev, problem, [DECODE_ATTENTION])
+    mine = [r for r in results if r.engine_name == "triton.decode_attention"]
+    assert len(mine) >= 6  # the sweep's six (those knob_support leaves) and the listed plans
+    bad = [(r.label, r.disposition.value, r.error) for r in mine if not r.succeeded]
+    assert not bad, bad
+    assert all(r.max_rel_error is not None for r in mine)  # checked against the float64 reference
+    from farm.model.engine import default_engine_registry
+
+    engine = default_engine_registry().get("triton.decode_attention")
+    plan = engine.compile(problem, {"SPLITS": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}, dev)
+    tensors = make_tensors(problem, dev.arrays, seed=5)
+    q, k, v = tensors["Q"], tensors["K"], tensors["V"]
+    gqa = q.shape[1] != k.shape[1]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    plan.fn(tensors)  # eager, then captured in a CUDA graph: the per-call partials come from the graph's pool
+    torch.testing.assert_close(tensors["O"], want, rtol=2e-2, atol=2e-2)
+    tensors["O"].zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.fn(tensors)
+    for _ in range(2):
+        k.copy_(torch.randn_like(k))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        torch.testing.assert_close(tensors["O"], want, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("op, tensors", [
     ("conv_fprop", {"X": [8, 64, 28, 28], "W": [128, 64, 3, 3]}),
     ("conv_dgrad", {"dY": [8, 128, 28, 28], "W": [128, 64, 3, 3], "dX": [8, 64, 28, 28]}),
