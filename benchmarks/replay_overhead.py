@@ -168,7 +168,7 @@ def run_gpu(workload_path: str, published: str, results: str | None, rounds: int
     entries = load_overrides(hit[0]) if hit else None
     winners = {}
     if results:
-        from farm.store.decisions import decide_folder
+        from farm.store.deciding import decide_folder
 
         winners = {key: w for (sig, key), w in decide_folder(results).winners.items() if sig == props.signature}
     rows = []

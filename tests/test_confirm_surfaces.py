@@ -15,7 +15,7 @@ from farm.model.engine import default_engine_registry
 from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, CallMode, ConfirmSettings, Disposition
 from farm.model.workload import EngineSelection, WorkloadProblem
-from farm.store.decisions import decide_results
+from farm.store.deciding import decide_results
 from farm.store.override_files import call_choice, load_overrides
 from farm.store.reduce import reduce_results
 from farm.tuner.winner import ConfirmedRule

@@ -176,7 +176,7 @@ def test_eval_holds_each_family_out_and_reports_measurements_and_regret(trained,
     out = json.loads(capsys.readouterr().out)
     assert out["holdout"] == "family" and out["groups"] == 3 and len(out["problems"]) == 9
     from farm.store.dataset import results_folder
-    from farm.store.decisions import decide_results
+    from farm.store.deciding import decide_results
 
     published = {(w.signature, w.problem_name): w.label
                  for w in decide_results(results_folder(trained / "train")).winners.values()}

@@ -415,7 +415,7 @@ def test_the_tune_summary_flags_a_noisy_winner_that_no_stage_confirmed():
     from farm.cli.render import summary_table
     from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
     from farm.model.workload import WorkloadProblem
-    from farm.store.decisions import Winner
+    from farm.store.deciding import Winner
     from farm.tuner.problem_tuning import ProblemOutcome
     from farm.tuner.winner import Rule
 

@@ -11,7 +11,7 @@ import pytest
 from farm.analysis.report import build_report
 from farm.cli import main
 from farm.cli.render import round_cells
-from farm.store.decisions import decide_results
+from farm.store.deciding import decide_results
 from farm.store.override_files import load_overrides
 from farm.store.reduce import reduce_results
 from farm.tuner.winner import noise_sigma

@@ -179,7 +179,7 @@ def _stage_rows(tmp_path, default_samples):
 
 @pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, 0.0])
 def test_a_stage_part_whose_default_has_unusable_times_publishes_the_real_winner_and_no_such_number(tmp_path, bad):
-    from farm.store.decisions import decide_results
+    from farm.store.deciding import decide_results
     from farm.store.reduce import reduce_results
 
     p, props = _stage_rows(tmp_path, [bad] * 16)
@@ -197,7 +197,7 @@ def test_a_stage_part_whose_default_has_unusable_times_publishes_the_real_winner
 
 
 def test_a_part_with_a_negative_main_round_median_is_no_fastest_and_no_tie(tmp_path):
-    from farm.store.decisions import decide_results
+    from farm.store.deciding import decide_results
     from tests.fakes import fake_props, fake_result, matmul_problem, write_results
 
     p, props = matmul_problem(), fake_props()

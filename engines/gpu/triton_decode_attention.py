@@ -144,7 +144,7 @@ class TritonDecodeAttention(GpuEngine):
             return Support.no("Q, K, V and O of one dtype")
         if problem.compute_dtype != "fp32":
             return Support.no(f"sums in fp32, not {problem.compute_dtype}")
-        (b, hq, sq, d), (_, hkv, skv, _) = q.dims, k.dims
+        (_, hq, sq, d), hkv = q.dims, k.dims[1]
         if sq > MAX_QUERIES:
             return Support.no(f"{sq} query tokens: decode attention is for at most {MAX_QUERIES}")
         if v.dims[3] != d:

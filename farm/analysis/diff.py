@@ -144,7 +144,7 @@ def _ties(e: Any) -> tuple[str, ...]:
 
 
 def _from_results(folder: Location) -> dict[Hashable, _Side]:
-    from farm.store.decisions import decide_folder
+    from farm.store.deciding import decide_folder
 
     d = decide_folder(folder)
     return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms, w.confirmed.ties if w.confirmed else (),

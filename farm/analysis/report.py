@@ -23,8 +23,8 @@ from typing import Any, Mapping
 
 from farm.analysis.phases import RunPhases, run_phases
 from farm.store.dataset import ResultsDataset, results_folder
-from farm.store.decisions import CONFIRM, VERIFY, Decisions, Winner
-from farm.store.model_checks import MODEL
+from farm.store.deciding import CONFIRM, VERIFY, Decisions, Winner
+from farm.store.deciding.model_checks import MODEL
 from farm.tuner.winner import NOISE_SIGMAS, NOISY_RELATIVE, RELATIVE_FLOOR, noise_sigma
 
 _COLUMNS = ["device_signature", "device_name", "host", "device_index", "problem_key", "problem_name", "problem_label",
@@ -53,7 +53,7 @@ class ProblemSummary:
     samples: dict[str, list[float]] = field(default_factory=dict)  # candidate -> samples of the decision's round
     speedup: float | None = None  # the winner's (paired, when confirmed) speed-up over the default
     interval: tuple[float, float] | None = None  # its interval (confirmed winners that are not the default)
-    confirmation: Any = None  # farm.store.decisions.Confirmation, or None when no stage ran
+    confirmation: Any = None  # farm.store.deciding.Confirmation, or None when no stage ran
     call: str = ""
     pruned: int = 0  # candidates a cost model ranked out (farm tune --prune) and nobody measured
     default_noisy: bool = False  # the default's own noise makes the speed-up over it doubtful (no stage)
@@ -202,7 +202,7 @@ def _noise(row: dict[str, Any]) -> float:
 
 
 def build_report(results_dir: str | Path, decisions: Decisions | None = None) -> Report:
-    from farm.store.decisions import decide_folder, job_record
+    from farm.store.deciding import decide_folder, job_record
 
     results_dir = results_folder(results_dir)  # a run folder (farm tune --out) works too
     data = ResultsDataset(results_dir)

@@ -149,7 +149,7 @@ def round_cells(values: Sequence[float | None], rounds: Sequence[str | None], he
                 ) -> tuple[str, list[str]]:
     """A figure column named by the round its figures come from (``stage ms``); where rows mix rounds, each cell
     names its own (``0.4257 main``). A round of None: no figure ("-")."""
-    from farm.store.decisions import ROUND_NAMES
+    from farm.store.deciding import ROUND_NAMES
 
     names = [ROUND_NAMES.get(r, r) if r is not None else None for r in rounds]
     distinct = {n for n in names if n is not None}
@@ -211,7 +211,7 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
     its speed-up over the default and how it was decided in a few words; ``verbose`` adds the speed-up's 99 %
     interval, the candidates and the whole reason.
 
-    ``winner_of(problem_key)`` returns the :class:`~farm.store.decisions.Winner` of a problem, or None; ``load``
+    ``winner_of(problem_key)`` returns the :class:`~farm.store.deciding.Winner` of a problem, or None; ``load``
     (a CPU run on this host) names the measured cause of a noisy result; ``budget_ms``: the workload's confirmation
     budget, which the next step offers to raise.
     """

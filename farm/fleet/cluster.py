@@ -33,7 +33,7 @@ from farm.fleet.worker import PartSink, TaskEnd, TaskStarted, WorkerInfo
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset
-from farm.store.decisions import incumbent_file, incumbent_spec
+from farm.store.deciding import incumbent_file, incumbent_spec
 from farm.store.reduce import ReduceReport
 from farm.tuner.phases import PhaseSplit
 

@@ -31,7 +31,7 @@ from farm.model.engine import EngineRegistry
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset, partition_signatures
-from farm.store.decisions import Decisions, Winner, decide_results, incumbent_file, incumbent_spec, load_incumbents
+from farm.store.deciding import Decisions, Winner, decide_results, incumbent_file, incumbent_spec, load_incumbents
 from farm.store.location import Location, is_uri
 from farm.store.reduce import ReduceReport, reduce_results, relocated, rendered
 from farm.store.results import (

@@ -2,7 +2,7 @@
 
 * A ``farm tune --out`` folder: two rows per judged decision in its results (round ``model``: the step with the
   decision alone and untouched, paired by position; the verdict; the model's name as ``workload_name``), then the
-  device's override file reduced again (farm.store.model_checks reads them: a withdrawn decision publishes the
+  device's override file reduced again (farm.store.deciding.model_checks reads them: a withdrawn decision publishes the
   default, rule ``withdrawn_in_model``).
 * An override file or a published root: the entries rewritten (a withdrawn decision's calling mode runs the
   default; every judged one records ``selection.model_check``); a root is republished (``farm publish --force``:
@@ -20,7 +20,7 @@ from farm.model.ids import engine_name_to_id
 from farm.model.measurement import summarize
 from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
 from farm.nn.step_check import Judged, StepCheck
-from farm.store.model_checks import MODEL, ModelCheck
+from farm.store.deciding.model_checks import MODEL, ModelCheck
 from farm.store.overrides import OverrideEntry, OverrideFile
 from farm.store.results import MeasurementContext, new_id
 from farm.store.run_records import Row, record_in_run

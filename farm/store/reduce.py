@@ -41,7 +41,7 @@ from farm.store.tunableop_csv import write_tunableop_csv
 log = logging.getLogger("farm.store.reduce")
 
 WINNERS_SUFFIX = ".winners.parquet"
-from farm.store.decisions import Decisions, Winner, knobs_of, decide_results, load_incumbents
+from farm.store.deciding import Decisions, Winner, knobs_of, decide_results, load_incumbents
 
 
 @dataclass
