@@ -10,7 +10,7 @@ import functools
 
 import farm.store.reduce as reduce_module
 from farm.devices.device import cpu_device
-from farm.fleet.job import run_local
+from farm.fleet.local_run import run_local
 from farm.model.engine import default_engine_registry
 from farm.model.workload import parse_workload
 from farm.replay.verify import verify_for_job

@@ -80,7 +80,7 @@ def test_report_html_into_a_folder_that_does_not_exist_yet(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="farm report --html needs matplotlib (tunefarm[report])")
     from farm.model.engine import default_engine_registry
     from farm.model.workload import parse_workload
-    from farm.fleet.job import run_local
+    from farm.fleet.local_run import run_local
     from farm.devices.device import cpu_device
 
     wl = parse_workload({"name": "h", "autotune": {"strategy": "fixed_average", "timed_iterations": 2,
@@ -294,7 +294,7 @@ def test_the_html_report_has_alt_text_readable_labels_and_shows_untrusted_winner
 
     from farm.analysis import report as report_mod
     from farm.devices.device import cpu_device
-    from farm.fleet.job import run_local
+    from farm.fleet.local_run import run_local
     from farm.model.engine import default_engine_registry
     from farm.model.workload import parse_workload
 

@@ -88,7 +88,7 @@ def local_device(spec: str) -> Any:
 def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry: Any) -> int:
     from farm.cli.render import host_load, local_dict, pruning_table, results_table, summary_table, where_table
     from farm.cli.render_verify import verified_table
-    from farm.fleet.job import run_local
+    from farm.fleet.local_run import run_local
 
     device = local_device(args.devices)
     _check_fits(workload, device.properties)

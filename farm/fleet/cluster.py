@@ -88,7 +88,7 @@ def run_farm(
 
     options = options or FarmOptions()
     request = DeviceRequest.parse(devices) if isinstance(devices, str) else devices
-    # a candidate measured past its budget ends there, as in-process (farm.fleet.job.run_local): the same bound
+    # a candidate measured past its budget ends there, as in-process (farm.fleet.local_run.run_local): the same bound
     # on both executors, so a workload asking for a billion iterations gets a result, not a worker killed as hung
     config = (config or workload.autotune).bounded_by(options.candidate_timeout_s)
     # a model file is read (and refused) before the job folder or Ray is touched

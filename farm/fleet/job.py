@@ -1,11 +1,9 @@
-"""A tuning job's output folder and the in-process way of running it.
+"""One run of a tuning job in its output folder (farm.fleet.job_folder), the lifecycle both executors share:
+rows streamed into the results, problems skipped or waiting, then the decisions written once (``JobRun.finish``).
 
-    DIR/job.json      the job id (stable across resumes), workload, runs, counts
-    DIR/results/      the Parquet dataset (farm.store.results)
-    DIR/overrides/    one override file per device signature (farm.store.reduce)
-
-Running a workload into a folder that already has results measures only the
-(problem, device signature, plan spec) combinations that are missing.
+Running a workload into a folder that already has results measures only the (problem, device signature, plan
+spec) combinations that are missing (``prior_rows``). The executors: farm.fleet.local_run (in-process) and
+farm.fleet.cluster (Ray).
 """
 
 from __future__ import annotations
@@ -13,9 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import shutil
-import socket
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,190 +18,19 @@ from typing import Any, Callable, Iterable, Sequence
 
 import pyarrow as pa
 
-from farm._version import __version__
-from farm.devices.device import Device
 from farm.errors import FarmError, InputError
-from farm.fsutil import atomic_write_bytes, move_aside
-from farm.model.engine import EngineRegistry
-from farm.model.records import AutotuneConfig, AutotuneResult
+from farm.model.measurement import usable_time
+from farm.model.records import AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset, partition_signatures
-from farm.store.deciding import Decisions, Winner, decide_results, incumbent_file, incumbent_spec, load_incumbents
-from farm.store.location import Location, is_uri
+from farm.store.deciding import Decisions, Winner, decide_results, load_incumbents
 from farm.store.reduce import ReduceReport, reduce_results, relocated, rendered
-from farm.store.results import (
-    CHECK_ROUNDS,
-    MeasurementContext,
-    ResultWriter,
-    RunContext,
-    candidate_key,
-    new_id,
-    now_iso,
-    result_row,
-    spec_of,
-)
-from farm.fleet.pruning import PlanPruning
-from farm.fleet.scheduler import CONFIRM, Candidate, PriorRow, confirmed_calls, failed_in_stage
-from farm.model.plans import PlanSpec
-from farm.model.measurement import usable_time
-from farm.model.records import CallMode
-from farm.tuner.confirm import ConfirmRun, Measured
-from farm.tuner.problem_tuning import ProblemOutcome, tune_problem
-from farm.tuner.journal import InFlightJournal
-from farm.tuner.watchdog import HangWatch
+from farm.store.results import CHECK_ROUNDS, MeasurementContext, ResultWriter, result_row, spec_of
+from farm.fleet.job_folder import JobDir, lock_job_folder
+from farm.fleet.scheduler import CONFIRM, PriorRow, failed_in_stage
+from farm.tuner.confirm import Measured
 
 log = logging.getLogger("farm.fleet.job")
-
-JOB_FILE_VERSION = 1
-CALLS = {c.value for c in CallMode}
-
-
-@dataclass
-class JobDir:
-    """Paths and the job record of one output folder: a local folder, or a ``pyarrow.fs`` URI (``s3://...``)
-    that workers on other hosts write their results parts into (farm.store.location)."""
-
-    root: Any
-
-    def __post_init__(self) -> None:
-        self.location = Location.of(self.root)
-        self.root = self.location.local_path if self.location.local else self.location
-        self._staging: Path | None = None
-
-    @property
-    def remote(self) -> bool:
-        """Not on a local filesystem (an object store)."""
-        return not self.location.local
-
-    @property
-    def shared(self) -> bool:
-        """Given as a URI (``s3://``, ``gs://``, ``file://`` for a mount every host has): storage the workers
-        write to themselves. A plain path is the driver's own disk."""
-        return is_uri(self.location.uri)
-
-    @property
-    def results(self) -> Path | Location:
-        return self.location.join("results") if self.remote else self.root / "results"
-
-    @property
-    def overrides(self) -> Path:
-        """Where the override files are written: the folder's own, or for a remote job a local staging folder
-        holding its current override files (``pull_overrides``) until ``push_overrides`` uploads them."""
-        if not self.remote:
-            return self.root / "overrides"
-        if self._staging is None:
-            self._staging = Path(tempfile.mkdtemp(prefix="tunefarm-overrides-"))
-        return self._staging
-
-    @property
-    def job_file(self) -> Path | Location:
-        return self.location.join("job.json") if self.remote else self.root / "job.json"
-
-    def read_job(self) -> dict[str, Any]:
-        """The job record, {} when there is none; a corrupt one is moved aside."""
-        text = self.location.read_text("job.json")
-        if text is None:
-            return {}
-        try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or not isinstance(data.get("job_id"), str):
-                raise ValueError("no job_id")
-            return data
-        except ValueError as exc:
-            if self.remote:
-                moved = f"{self.location.path}/job.json.corrupt-{int(time.time())}"
-                self.location.fs.move(f"{self.location.path}/job.json", moved)
-            else:
-                moved = move_aside(self.root / "job.json")
-            log.warning("job: %s unreadable (%s); moved aside to %s, starting a new job record", self.job_file, exc, moved)
-            return {}
-
-    def write_job(self, record: dict[str, Any]) -> None:
-        if not self.remote:
-            self.root.mkdir(parents=True, exist_ok=True)
-        self.location.write_text("job.json", json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
-
-    def pull_overrides(self) -> None:
-        """A remote job's current override files into the staging folder (a reduce appends to them)."""
-        if self.remote:
-            _copy_files(self.location.join("overrides"), Location.of(self.overrides))
-
-    def push_overrides(self) -> None:
-        """The staged override files, winners tables and CSVs up to the remote job's ``overrides/``; the
-        staging folder goes."""
-        if self.remote:
-            _copy_files(Location.of(self.overrides), self.location.join("overrides"))
-            shutil.rmtree(self.overrides, ignore_errors=True)
-            self._staging = None
-
-    def start(self, workload: Workload, settings: dict[str, Any], job_id: str | None = None) -> tuple[dict[str, Any], RunContext]:
-        """Open (or resume) the job record and start a run in it."""
-        if self.location.exists() and not self.location.is_dir():
-            raise InputError("--out must be a folder", source=str(self.root))
-        record = self.read_job()
-        if record and job_id and record["job_id"] != job_id:
-            raise InputError(f"this folder belongs to job {record['job_id']}, not {job_id}; use another --out",
-                             source=str(self.root))
-        if record and record.get("workload", {}).get("digest") not in (None, workload.digest):
-            log.warning("job: the workload changed since this folder's last run; only missing combinations are measured")
-        run = RunContext(job_id=record.get("job_id") or job_id or new_id(), workload_name=workload.name,
-                         workload_digest=workload.digest)
-        record = record or {"version": JOB_FILE_VERSION, "job_id": run.job_id, "created_at": run.run_started_at, "runs": []}
-        record["workload"] = {"name": workload.name, "source": workload.source, "digest": workload.digest,
-                              "problems": workload.problem_count}
-        record["settings"] = settings
-        record["farm_version"] = __version__
-        record["runs"].append({"run_id": run.run_id, "started_at": run.run_started_at, "host": socket.gethostname(),
-                               "state": "running"})
-        self.write_job(record)
-        return record, run
-
-    def finish(self, record: dict[str, Any], run: RunContext, **fields: Any) -> None:
-        for r in record["runs"]:
-            if r["run_id"] == run.run_id:
-                r.update(fields)
-                r["ended_at"] = now_iso()
-        self.write_job(record)
-
-
-def _copy_files(src: Location, dst: Location) -> None:
-    for path in src.files():
-        name = src.relative(path)
-        if "/" in name or name.startswith((".", "_")):
-            continue  # temporary files and lock files stay where they are
-        with src.fs.open_input_stream(path) as f:
-            data = f.read()
-        if dst.local:
-            dst.local_path.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(dst.local_path / name, data)
-        else:
-            with dst.fs.open_output_stream(f"{dst.path}/{name}") as out:
-                out.write(data)
-
-
-class _NoLock:
-    def release(self) -> None:
-        pass
-
-
-def _lock_job_folder(job: JobDir) -> Any:
-    """One run at a time writes into a job folder: a second one gets a clear error, not doubled measurements.
-    (An object store has no lock to take: one driver per remote --out is the operator's to keep.)"""
-    from farm.fsutil import LockTimeout, PathLock
-
-    if job.remote:
-        return _NoLock()
-    if job.root.exists() and not job.root.is_dir():
-        raise InputError("--out must be a folder", source=str(job.root))
-    job.root.mkdir(parents=True, exist_ok=True)
-    lock = PathLock(job.root / ".job.lock", timeout=0)
-    try:
-        lock.acquire()
-    except LockTimeout:
-        raise InputError("another farm tune is running into this folder; wait for it to finish or use another --out",
-                         source=str(job.root)) from None
-    return lock
-
 
 NO_WINNER_EXIT = 3  # farm tune's exit status: finished, but some problems have no winner
 WAITING_EXIT = 4  # farm tune's exit status: finished what it could; problems wait for a device of a lost kind
@@ -264,7 +88,7 @@ class JobRun:
         self.t0 = time.perf_counter()
         self.workload = workload
         self.job = JobDir(out)
-        self._lock = _lock_job_folder(self.job)
+        self._lock = lock_job_folder(self.job)
         try:
             self.record, self.run = self.job.start(workload, settings, job_id)
         except OSError as exc:
@@ -549,129 +373,6 @@ class JobRun:
             self._lock.release()
 
 
-@dataclass
-class LocalRunReport:
-    outcomes: list[ProblemOutcome]
-    summary: JobSummary
-    pruning: dict[str, Any] | None = None  # farm tune --prune: settings, measured and pruned counts
-
-    @property
-    def job_id(self) -> str:
-        return self.summary.job_id
-
-    @property
-    def run_id(self) -> str:
-        return self.summary.run_id
-
-    @property
-    def rows_written(self) -> int:
-        return self.summary.rows_written
-
-    @property
-    def reduce(self) -> ReduceReport | None:
-        return self.summary.reduce
-
-    @property
-    def wall_s(self) -> float:
-        return self.summary.wall_s
-
-    @property
-    def counts(self) -> dict[str, int]:
-        return self.summary.counts
-
-
-def run_local(
-    workload: Workload,
-    out: str | Path,
-    device: Device,
-    registry: EngineRegistry,
-    *,
-    config: AutotuneConfig | None = None,
-    on_problem: Callable[[ProblemOutcome], None] | None = None,
-    reduce: bool = True,
-    top_k: int = 3,
-    incumbents: str | None = None,
-    candidate_timeout_s: float | None = None,
-    on_hang: Callable[[str], None] | None = None,
-    verifier: Callable[..., Any] | None = None,
-) -> LocalRunReport:
-    """Tune every problem on one in-process device into ``out``; resume what is there.
-
-    ``incumbents``: an override file or published root whose winners are kept within noise.
-    ``candidate_timeout_s``: a candidate compiling or measured for longer gets a ``timed_out`` row
-    (written at once, with every row before it), then ``on_hang(message)`` is called from the watch's
-    thread: the process cannot take the candidate back, so the caller ends or restarts it, and a
-    resume goes on after the candidate. ``verifier(device, override file text, problem keys)``: after the
-    reduce, the decisions are replayed beside the direct call on ``device`` (farm.replay.verify.verify_for_job).
-    """
-    # a candidate measured past its budget ends there (a hang past the timeout is the watch's)
-    config = (config or workload.autotune).bounded_by(candidate_timeout_s)
-    pruning = PlanPruning(config.prune, config, lambda rows: None) if config.prune is not None else None
-    jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents,
-                                "candidate_timeout_s": candidate_timeout_s,
-                                "prune": pruning.pruner.record() if pruning else None})
-    if pruning is not None:
-        pruning.write = jr.write
-    current: dict[str, Any] = {}  # the problem being tuned, for the hang watch
-    journal = InFlightJournal(jr.job.root / JOURNAL) if not jr.job.remote else None
-    if journal is not None:
-        _after_an_unfinished_run(jr, journal, workload, device, registry, config)
-    watch = _hang_watch(jr, current, config, candidate_timeout_s, on_hang, journal) \
-        if candidate_timeout_s or journal is not None else None
-    try:
-        # a tuning run compiles for a while: engines may start what helps (Triton's compile pool on a GPU)
-        registry.prepare((e.name for e in registry if any(wp.engines.selects(e.name) for wp in workload.problems)),
-                         "gpu" if device.vendor in ("nvidia", "amd") else device.vendor)
-        jr.tuning(device.signature)
-        done = jr.done_candidates(device.signature)
-        prior = prior_rows(ResultsDataset(jr.job.results).check_pages(), device.signature) if done else {}
-        standing = incumbent_file(incumbents, device.properties)
-        outcomes: list[ProblemOutcome] = []
-        for wp in workload.problems:
-            where = MeasurementContext(device.properties)
-
-            def stream(result: AutotuneResult, _wp: Any = wp, _where: MeasurementContext = where) -> None:
-                jr.write([(result, _wp, _where)])
-
-            def confirmed(run: ConfirmRun, _wp: Any = wp) -> None:
-                stage = MeasurementContext(device.properties, round=CONFIRM, call=run.call.value,
-                                           session_size=len(run.results))
-                jr.write([(r, _wp, stage) for r in run.results])
-
-            previous = [spec_of(k) for k in done.get(wp.problem.key, ())]
-            rows = prior.get(wp.problem.key, ())
-            current.update(wp=wp, where=where)
-            incumbent = incumbent_spec(standing, wp.problem)
-            select = None
-            if pruning is not None:
-                def select(specs: list[PlanSpec], _wp: Any = wp, _rows: Any = rows, _inc: Any = incumbent) -> list[PlanSpec]:
-                    cands = [Candidate(s, registry.get(s.engine_id).name, i) for i, s in enumerate(specs)]
-                    return [c.spec for c in pruning.apply(device.properties, _wp, cands, _rows, _inc)]
-            outcome = tune_problem(wp, device, config, registry, seed=workload.seed,
-                                   done=previous, listener=stream, watch=watch, prior=measured_of(rows),
-                                   confirmed={CallMode(c) for c in confirmed_calls(rows) if c in CALLS},
-                                   incumbent=incumbent, on_confirm=confirmed, select=select)
-            jr.set_ranks(where.session_id, {candidate_key(r.engine_id, r.knobs): r.rank for r in outcome.results})
-            if outcome.error and not outcome.results and not outcome.skipped:
-                jr.skip(device.signature, wp.name, outcome.error)
-            outcomes.append(outcome)
-            if on_problem is not None:
-                on_problem(outcome)
-    except BaseException as exc:
-        jr.fail(exc)
-        raise
-    finally:
-        if watch is not None:
-            watch.close()
-        if journal is not None:  # this run ended in Python (finished, an error, a Ctrl-C): nothing to attribute
-            journal.settle(None)
-            journal.close()
-    check = None if verifier is None else (lambda sig, text, keys: verifier(device, text, keys))
-    summary = jr.finish(reduce=reduce, top_k=top_k, verify=check, device=device.properties.to_dict(),
-                        **({"pruning": pruning.pruner.tally.to_json()} if pruning else {}))
-    return LocalRunReport(outcomes, summary, pruning.record() if pruning else None)
-
-
 def prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, list[PriorRow]]:
     """problem key -> every row measured before on ``signature`` (resume): what scheduling and the
     confirmation stage need of it."""
@@ -705,91 +406,3 @@ def measured_of(rows: Iterable[PriorRow]) -> list[Measured]:
             if r.spec not in latest or r.measured_at >= latest[r.spec].measured_at:
                 latest[r.spec] = r
     return [Measured(r.spec, -1, r.session, r.median_ms, r.mad_ms or 0.0) for r in latest.values()]
-
-
-def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, timeout_s: float | None,
-                on_hang: Callable[[str], None] | None, journal: InFlightJournal | None = None) -> HangWatch:
-    """A watch that records a stuck candidate as timed out (with every row before it) and ends the run's record;
-    with ``journal``, it keeps the candidates in flight there."""
-
-    def hung(tuner: Any, spec: Any, seconds: float) -> None:
-        row = _timed_out_row(tuner, spec, seconds, config)
-        where = current["where"]
-        stage = getattr(tuner.in_flight, "stage", "")
-        if stage:  # in a confirmation stage: a failed row of the stage (no session size: no stage ran)
-            where = MeasurementContext(where.device, round=CONFIRM, call=stage)
-            row = dataclasses.replace(row, error=f"confirmation ({stage}): {row.error}")
-        jr.write([(row, current["wp"], where)])
-        jr.writer.flush()
-        if journal is not None:
-            journal.settle(None)  # recorded: the restart has nothing to attribute
-        message = (f"{current['wp'].name}: {row.engine_name} {dict(spec.knobs)} hung for {seconds:.0f} s "
-                   f"{'in the confirmation stage ' if stage else ''}"
-                   f"(candidate timeout {timeout_s:g} s); recorded as timed_out")
-        jr.job.finish(jr.record, jr.run, state="failed", error=message, rows_written=jr.writer.rows_written)
-        if on_hang is not None:
-            on_hang(message)
-
-    return HangWatch(timeout_s or None, hung, journal)
-
-
-JOURNAL = ".in-flight"  # farm.tuner.journal's file in an in-process run's output folder
-
-
-def _after_an_unfinished_run(jr: JobRun, journal: InFlightJournal, workload: Workload, device: Device,
-                             registry: EngineRegistry, config: AutotuneConfig) -> None:
-    """The last in-process run into this folder ended without finishing (a native crash of a candidate, or the
-    process killed) while one candidate ran: the first time it runs again (a kill names nobody), the second time
-    in a row it gets a ``crashed`` row (of the stage it was in), and the run goes on after it."""
-    from farm.model.records import Disposition
-    from farm.tuner.autotuner import Autotuner
-    from farm.tuner.problem_tuning import plan_specs_for
-
-    now, suspect = journal.read()
-    wp = next((w for w in workload.problems if now is not None and w.problem.key == now.problem_key), None)
-    if now is None or wp is None or len(now.candidates) != 1:
-        journal.settle(None)
-        return
-    spec = spec_of(now.candidates[0])
-    engine = registry.get(spec.engine_id) if spec is not None else None
-    where = f"{' confirmation stage (' + now.stage + ')' if now.stage else ' main round'}"
-    label = f"{engine.name if engine else now.candidates[0]} {dict(spec.knobs) if spec else ''}".strip()
-    if spec is None or engine is None or suspect != now:
-        log.warning("farm: the last run into this folder ended while %s ran in the%s of %s (a native crash, or the "
-                    "process was killed); it runs again, and is recorded as crashed if the run ends so again",
-                    label, where, wp.name)
-        journal.settle(now)
-        return
-    tuner = Autotuner(wp.problem, device, registry=registry)
-    try:
-        specs = plan_specs_for(wp, tuner)
-    except FarmError:
-        specs = []
-    finally:
-        tuner.close()
-    stage = f"confirmation ({now.stage}): " if now.stage else ""
-    row = AutotuneResult(
-        problem_key=wp.problem.key, engine_id=spec.engine_id, engine_name=engine.name, knobs=spec.knobs,
-        disposition=Disposition.CRASHED, mode=config.mode, strategy=config.strategy,
-        candidate=specs.index(spec) if spec in specs else -1,
-        error=f"{stage}the process ended while it ran, in two runs in a row (a native crash: in-process, nothing "
-              "survives it to say more); quarantined", started_at=now_iso())
-    context = MeasurementContext(device.properties, round=CONFIRM if now.stage else "main", call=now.stage)
-    jr.write([(row, wp, context)])
-    jr.writer.flush()
-    log.warning("farm: %s ended the process twice in the%s of %s: recorded as crashed; the run goes on without it",
-                label, where, wp.name)
-    journal.settle(None)
-
-
-def _timed_out_row(tuner: Any, spec: Any, seconds: float, config: AutotuneConfig) -> AutotuneResult:
-    from farm.model.records import Disposition
-
-    engine = tuner.registry.get(spec.engine_id)
-    specs = list(tuner.specs)
-    return AutotuneResult(
-        problem_key=tuner.problem.key, engine_id=spec.engine_id, engine_name=engine.name if engine else "?",
-        knobs=spec.knobs, disposition=Disposition.TIMED_OUT, mode=config.mode, strategy=config.strategy,
-        candidate=specs.index(spec) if spec in specs else -1,
-        error=f"no result within the candidate timeout ({seconds:.0f} s in-process); the run was restarted",
-        started_at=now_iso())

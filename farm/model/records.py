@@ -306,7 +306,7 @@ class AutotuneConfig:
         """This config with each candidate's measuring ending within the candidate timeout: its warm-up, its timed
         runs and a noisy candidate's second round of them each within a quarter of it (the last quarter for its
         compile and check), so a workload asking for a billion iterations gets a result in bounded time, not a
-        hang, on both executors (farm.fleet.job.run_local and farm.fleet.cluster.run_farm apply it)."""
+        hang, on both executors (farm.fleet.local_run.run_local and farm.fleet.cluster.run_farm apply it)."""
         if not candidate_timeout_s:
             return self
         budget = candidate_timeout_s * 1e3 / 4

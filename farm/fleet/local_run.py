@@ -1,0 +1,271 @@
+"""The in-process executor: ``farm tune --in-process`` tunes every problem on one device of this process into a job
+folder (farm.fleet.job.JobRun), with the same bound on a candidate as a Ray worker (``bounded_by``), a hang watch
+that records a stuck candidate, and a journal that quarantines a candidate that ended the process twice."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from farm.devices.device import Device
+from farm.errors import FarmError
+from farm.model.engine import EngineRegistry
+from farm.model.plans import PlanSpec
+from farm.model.records import AutotuneConfig, AutotuneResult, CallMode
+from farm.model.workload import Workload, WorkloadProblem
+from farm.store.dataset import ResultsDataset
+from farm.store.deciding import incumbent_file, incumbent_spec
+from farm.store.reduce import ReduceReport
+from farm.store.results import MeasurementContext, candidate_key, now_iso, spec_of
+from farm.fleet.job import JobRun, JobSummary, measured_of, prior_rows
+from farm.fleet.pruning import PlanPruning
+from farm.fleet.scheduler import CONFIRM, Candidate, confirmed_calls
+from farm.tuner.confirm import ConfirmRun
+from farm.tuner.journal import InFlightJournal
+from farm.tuner.problem_tuning import ProblemOutcome, tune_problem
+from farm.tuner.watchdog import HangWatch
+
+log = logging.getLogger("farm.fleet.local_run")
+
+CALLS = {c.value for c in CallMode}
+JOURNAL = ".in-flight"  # farm.tuner.journal's file in an in-process run's output folder
+
+
+@dataclass
+class LocalRunReport:
+    outcomes: list[ProblemOutcome]
+    summary: JobSummary
+    pruning: dict[str, Any] | None = None  # farm tune --prune: settings, measured and pruned counts
+
+    @property
+    def job_id(self) -> str:
+        return self.summary.job_id
+
+    @property
+    def run_id(self) -> str:
+        return self.summary.run_id
+
+    @property
+    def rows_written(self) -> int:
+        return self.summary.rows_written
+
+    @property
+    def reduce(self) -> ReduceReport | None:
+        return self.summary.reduce
+
+    @property
+    def wall_s(self) -> float:
+        return self.summary.wall_s
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.summary.counts
+
+
+def run_local(
+    workload: Workload,
+    out: str | Path,
+    device: Device,
+    registry: EngineRegistry,
+    *,
+    config: AutotuneConfig | None = None,
+    on_problem: Callable[[ProblemOutcome], None] | None = None,
+    reduce: bool = True,
+    top_k: int = 3,
+    incumbents: str | None = None,
+    candidate_timeout_s: float | None = None,
+    on_hang: Callable[[str], None] | None = None,
+    verifier: Callable[..., Any] | None = None,
+) -> LocalRunReport:
+    """Tune every problem on one in-process device into ``out``; resume what is there.
+
+    ``incumbents``: an override file or published root whose winners are kept within noise.
+    ``candidate_timeout_s``: a candidate compiling or measured for longer gets a ``timed_out`` row
+    (written at once, with every row before it), then ``on_hang(message)`` is called from the watch's
+    thread: the process cannot take the candidate back, so the caller ends or restarts it, and a
+    resume goes on after the candidate. ``verifier(device, override file text, problem keys)``: after the
+    reduce, the decisions are replayed beside the direct call on ``device`` (farm.replay.verify.verify_for_job).
+    """
+    # a candidate measured past its budget ends there (a hang past the timeout is the watch's)
+    config = (config or workload.autotune).bounded_by(candidate_timeout_s)
+    pruning = PlanPruning(config.prune, config, lambda rows: None) if config.prune is not None else None
+    jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents,
+                                "candidate_timeout_s": candidate_timeout_s,
+                                "prune": pruning.pruner.record() if pruning else None})
+    if pruning is not None:
+        pruning.write = jr.write
+    run = _LocalRun(jr, workload, device, registry, config, pruning)
+    journal = InFlightJournal(jr.job.root / JOURNAL) if not jr.job.remote else None
+    if journal is not None:
+        _after_an_unfinished_run(jr, journal, workload, device, registry, config)
+    watch = _hang_watch(jr, run.current, config, candidate_timeout_s, on_hang, journal) \
+        if candidate_timeout_s or journal is not None else None
+    try:
+        outcomes = run.tune_all(incumbents, watch, on_problem)
+    except BaseException as exc:
+        jr.fail(exc)
+        raise
+    finally:
+        if watch is not None:
+            watch.close()
+        if journal is not None:  # this run ended in Python (finished, an error, a Ctrl-C): nothing to attribute
+            journal.settle(None)
+            journal.close()
+    check = None if verifier is None else (lambda sig, text, keys: verifier(device, text, keys))
+    summary = jr.finish(reduce=reduce, top_k=top_k, verify=check, device=device.properties.to_dict(),
+                        **({"pruning": pruning.pruner.tally.to_json()} if pruning else {}))
+    return LocalRunReport(outcomes, summary, pruning.record() if pruning else None)
+
+
+class _LocalRun:
+    """The problems of one in-process run, tuned one after another on its device into its job run."""
+
+    def __init__(self, jr: JobRun, workload: Workload, device: Device, registry: EngineRegistry,
+                 config: AutotuneConfig, pruning: PlanPruning | None) -> None:
+        self.jr, self.workload, self.device, self.registry = jr, workload, device, registry
+        self.config, self.pruning = config, pruning
+        self.current: dict[str, Any] = {}  # the problem being tuned, for the hang watch
+
+    def tune_all(self, incumbents: str | None, watch: HangWatch | None,
+                 on_problem: Callable[[ProblemOutcome], None] | None) -> list[ProblemOutcome]:
+        jr, device, registry, workload = self.jr, self.device, self.registry, self.workload
+        # a tuning run compiles for a while: engines may start what helps (Triton's compile pool on a GPU)
+        registry.prepare((e.name for e in registry if any(wp.engines.selects(e.name) for wp in workload.problems)),
+                         "gpu" if device.vendor in ("nvidia", "amd") else device.vendor)
+        jr.tuning(device.signature)
+        done = jr.done_candidates(device.signature)
+        prior = prior_rows(ResultsDataset(jr.job.results).check_pages(), device.signature) if done else {}
+        standing = incumbent_file(incumbents, device.properties)
+        outcomes: list[ProblemOutcome] = []
+        for wp in workload.problems:
+            outcome = self.tune(wp, [spec_of(k) for k in done.get(wp.problem.key, ())], prior.get(wp.problem.key, ()),
+                                incumbent_spec(standing, wp.problem), watch)
+            outcomes.append(outcome)
+            if on_problem is not None:
+                on_problem(outcome)
+        return outcomes
+
+    def tune(self, wp: WorkloadProblem, previous: list[PlanSpec], rows: Any, incumbent: PlanSpec | None,
+             watch: HangWatch | None) -> ProblemOutcome:
+        """One problem: its rows streamed into the job run as they come, the main round's and each stage's."""
+        jr, device = self.jr, self.device
+        where = MeasurementContext(device.properties)
+
+        def stream(result: AutotuneResult) -> None:
+            jr.write([(result, wp, where)])
+
+        def confirmed(run: ConfirmRun) -> None:
+            stage = MeasurementContext(device.properties, round=CONFIRM, call=run.call.value,
+                                       session_size=len(run.results))
+            jr.write([(r, wp, stage) for r in run.results])
+
+        self.current.update(wp=wp, where=where)
+        outcome = tune_problem(wp, device, self.config, self.registry, seed=self.workload.seed, done=previous,
+                               listener=stream, watch=watch, prior=measured_of(rows),
+                               confirmed={CallMode(c) for c in confirmed_calls(rows) if c in CALLS},
+                               incumbent=incumbent, on_confirm=confirmed, select=self._selector(wp, rows, incumbent))
+        jr.set_ranks(where.session_id, {candidate_key(r.engine_id, r.knobs): r.rank for r in outcome.results})
+        if outcome.error and not outcome.results and not outcome.skipped:
+            jr.skip(device.signature, wp.name, outcome.error)
+        return outcome
+
+    def _selector(self, wp: WorkloadProblem, rows: Any, incumbent: PlanSpec | None
+                  ) -> Callable[[list[PlanSpec]], list[PlanSpec]] | None:
+        """farm tune --prune: the plan specs the cost model keeps (None: every one is measured)."""
+        pruning, registry, props = self.pruning, self.registry, self.device.properties
+        if pruning is None:
+            return None
+
+        def select(specs: list[PlanSpec]) -> list[PlanSpec]:
+            cands = [Candidate(s, registry.get(s.engine_id).name, i) for i, s in enumerate(specs)]
+            return [c.spec for c in pruning.apply(props, wp, cands, rows, incumbent)]
+
+        return select
+
+
+def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, timeout_s: float | None,
+                on_hang: Callable[[str], None] | None, journal: InFlightJournal | None = None) -> HangWatch:
+    """A watch that records a stuck candidate as timed out (with every row before it) and ends the run's record;
+    with ``journal``, it keeps the candidates in flight there."""
+
+    def hung(tuner: Any, spec: Any, seconds: float) -> None:
+        row = _timed_out_row(tuner, spec, seconds, config)
+        where = current["where"]
+        stage = getattr(tuner.in_flight, "stage", "")
+        if stage:  # in a confirmation stage: a failed row of the stage (no session size: no stage ran)
+            where = MeasurementContext(where.device, round=CONFIRM, call=stage)
+            row = dataclasses.replace(row, error=f"confirmation ({stage}): {row.error}")
+        jr.write([(row, current["wp"], where)])
+        jr.writer.flush()
+        if journal is not None:
+            journal.settle(None)  # recorded: the restart has nothing to attribute
+        message = (f"{current['wp'].name}: {row.engine_name} {dict(spec.knobs)} hung for {seconds:.0f} s "
+                   f"{'in the confirmation stage ' if stage else ''}"
+                   f"(candidate timeout {timeout_s:g} s); recorded as timed_out")
+        jr.job.finish(jr.record, jr.run, state="failed", error=message, rows_written=jr.writer.rows_written)
+        if on_hang is not None:
+            on_hang(message)
+
+    return HangWatch(timeout_s or None, hung, journal)
+
+
+def _after_an_unfinished_run(jr: JobRun, journal: InFlightJournal, workload: Workload, device: Device,
+                             registry: EngineRegistry, config: AutotuneConfig) -> None:
+    """The last in-process run into this folder ended without finishing (a native crash of a candidate, or the
+    process killed) while one candidate ran: the first time it runs again (a kill names nobody), the second time
+    in a row it gets a ``crashed`` row (of the stage it was in), and the run goes on after it."""
+    from farm.model.records import Disposition
+    from farm.tuner.autotuner import Autotuner
+    from farm.tuner.problem_tuning import plan_specs_for
+
+    now, suspect = journal.read()
+    wp = next((w for w in workload.problems if now is not None and w.problem.key == now.problem_key), None)
+    if now is None or wp is None or len(now.candidates) != 1:
+        journal.settle(None)
+        return
+    spec = spec_of(now.candidates[0])
+    engine = registry.get(spec.engine_id) if spec is not None else None
+    where = f"{' confirmation stage (' + now.stage + ')' if now.stage else ' main round'}"
+    label = f"{engine.name if engine else now.candidates[0]} {dict(spec.knobs) if spec else ''}".strip()
+    if spec is None or engine is None or suspect != now:
+        log.warning("farm: the last run into this folder ended while %s ran in the%s of %s (a native crash, or the "
+                    "process was killed); it runs again, and is recorded as crashed if the run ends so again",
+                    label, where, wp.name)
+        journal.settle(now)
+        return
+    tuner = Autotuner(wp.problem, device, registry=registry)
+    try:
+        specs = plan_specs_for(wp, tuner)
+    except FarmError:
+        specs = []
+    finally:
+        tuner.close()
+    stage = f"confirmation ({now.stage}): " if now.stage else ""
+    row = AutotuneResult(
+        problem_key=wp.problem.key, engine_id=spec.engine_id, engine_name=engine.name, knobs=spec.knobs,
+        disposition=Disposition.CRASHED, mode=config.mode, strategy=config.strategy,
+        candidate=specs.index(spec) if spec in specs else -1,
+        error=f"{stage}the process ended while it ran, in two runs in a row (a native crash: in-process, nothing "
+              "survives it to say more); quarantined", started_at=now_iso())
+    context = MeasurementContext(device.properties, round=CONFIRM if now.stage else "main", call=now.stage)
+    jr.write([(row, wp, context)])
+    jr.writer.flush()
+    log.warning("farm: %s ended the process twice in the%s of %s: recorded as crashed; the run goes on without it",
+                label, where, wp.name)
+    journal.settle(None)
+
+
+def _timed_out_row(tuner: Any, spec: Any, seconds: float, config: AutotuneConfig) -> AutotuneResult:
+    from farm.model.records import Disposition
+
+    engine = tuner.registry.get(spec.engine_id)
+    specs = list(tuner.specs)
+    return AutotuneResult(
+        problem_key=tuner.problem.key, engine_id=spec.engine_id, engine_name=engine.name if engine else "?",
+        knobs=spec.knobs, disposition=Disposition.TIMED_OUT, mode=config.mode, strategy=config.strategy,
+        candidate=specs.index(spec) if spec in specs else -1,
+        error=f"no result within the candidate timeout ({seconds:.0f} s in-process); the run was restarted",
+        started_at=now_iso())
