@@ -161,7 +161,7 @@ class RowSink(Protocol):
 
 
 class Planner(Protocol):
-    """Where more problems come from (farm.fleet.cluster.Planner: discovery on the workers, in windows)."""
+    """Where more problems come from (farm.fleet.planner.Planner: discovery on the workers, in windows)."""
 
     @property
     def open(self) -> bool: ...
