@@ -26,7 +26,7 @@ from farm.cli.verify import add_verify_parser
 # -- farm engines ---------------------------------------------------------------------------
 def cmd_engines(args: argparse.Namespace) -> int:
     from farm.cli.engines_here import local_devices, runs_here
-    from farm.cli.render import engine_dict, engines_table
+    from farm.cli.render_engines import engine_dict, engines_table
     from farm.model.engine import default_engine_registry, engine_priority
 
     registry = default_engine_registry()
@@ -52,7 +52,7 @@ def cmd_engines(args: argparse.Namespace) -> int:
 
 # -- farm devices ---------------------------------------------------------------------------
 def cmd_devices(args: argparse.Namespace) -> int:
-    from farm.cli.render import devices_table
+    from farm.cli.render_engines import devices_table
     from farm.devices.device import probe
 
     probes = probe()
@@ -111,7 +111,7 @@ def _reduce_on_ray(args: argparse.Namespace) -> Any:
 
 # -- farm policies --------------------------------------------------------------------------
 def cmd_policies(args: argparse.Namespace) -> int:
-    from farm.cli.render import policies_table
+    from farm.cli.render_engines import policies_table
     from farm.replay.selection import DEFAULT_ORDER, ORDER_ENV, PolicyRegistry, resolve_order
 
     registry = PolicyRegistry.default()

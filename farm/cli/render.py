@@ -5,15 +5,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from rich.table import Table
 from rich.text import Text
 
-from farm.model.engine import Engine, EngineRegistry, engine_id, user_knobs
-from farm.model.knobs import format_settings
 from farm.model.records import AutotuneResult
-from farm.tuner.confirm import ConfirmRun
 from farm.tuner.problem_tuning import ProblemOutcome
 
 
@@ -44,49 +41,6 @@ def fmt_bytes(n: int | None) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
-
-
-FOLD_KNOBS = 8  # knob lines shown per engine in farm engines' table
-
-
-def engines_table(registry: EngineRegistry, engines: Iterable[Engine], here: dict[str, str] | None = None) -> Table:
-    table = Table(title="Engines", show_lines=True)
-    table.add_column("engine", style="bold")
-    table.add_column("id", justify="right")
-    table.add_column("ops")
-    table.add_column("knobs (type, range, default)", no_wrap=True)
-    table.add_column("exhaustive", justify="center")
-    table.add_column("from")
-    if here is not None:
-        table.add_column("runs here")
-    for e in engines:
-        described = [k.describe() for k in user_knobs(e)]
-        if len(described) > FOLD_KNOBS:  # cuDNN's 47: the first few, and where to find the rest
-            described = described[:FOLD_KNOBS - 1] + [f"... and {len(described) - FOLD_KNOBS + 1} more "
-                                                      f"(farm engines --json)"]
-        knobs = "\n".join(described) or "-"
-        row = [Text(e.name), str(engine_id(e)), Text(", ".join(sorted(e.ops))), Text(knobs),
-               "yes" if e.supports_exhaustive else "no", Text(registry.origin(e))]
-        if here is not None:
-            answer = here.get(e.name, "")
-            row.append(Text(answer, style="green" if answer.startswith("yes") else "dim"))
-        table.add_row(*row)
-    return table
-
-
-def engine_dict(registry: EngineRegistry, e: Engine) -> dict[str, Any]:
-    return {
-        "name": e.name,
-        "id": engine_id(e),
-        "ops": sorted(e.ops),
-        "supports_exhaustive": bool(e.supports_exhaustive),
-        "origin": registry.origin(e),
-        "knobs": [
-            {"name": k.name, "type": k.type.value, "default": k.default, "min": k.min, "max": k.max,
-             "choices": list(k.choices), "doc": k.doc}
-            for k in user_knobs(e)
-        ],
-    }
 
 
 def _status(r: AutotuneResult) -> Text:
@@ -229,38 +183,12 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
     head, times = round_cells([w.median_ms if w else None for w in decided], [w.round if w else None for w in decided])
     table.columns[1].header = head
     for o, w, ms in zip(outcomes, decided, times):
-        # a candidate that failed in the main round or in a confirmation stage (this run's, or one the reducer read)
-        failed = len({r.label for r in o.results if not r.succeeded}
-                     | {r.label for run in o.confirmations for r in run.results if not r.succeeded}
-                     | set(w.stage_failed if w is not None else ()))
-        note = w.why if w is not None else ""
-        if w is not None and not o.results:
-            note = "; ".join(x for x in ("measured before", note) if x)
-        if w is not None and w.confirmed is not None and not w.confirmed.settled:
+        doubt = _doubt(w)
+        if doubt == "undecided":
             undecided.append(o.problem.name)
-        elif w is not None and w.short_where_replayed:  # its check is listed under the table: the reason is there
-            doubtful.setdefault("short of its figure where replayed", []).append(o.problem.name)
-        elif w is not None and w.confirmed is None and w.noisy:  # as farm report says it (no stage to settle it)
-            doubtful.setdefault("noisy, no confirmation stage ran", []).append(o.problem.name)
-        elif w is not None and w.confirmed is None and w.default_noisy and w.label != w.default:
-            doubtful.setdefault("the default is noisy: the speed-up over it is doubtful", []).append(o.problem.name)
-        for other in (w.others if w is not None else ()):
-            note = "; ".join(x for x in (note, f"{other.call}: {other.label} {fmt_speedup(other.speedup_over_default, other.speedup_interval)}") if x)
-        decision = short_decision(w) if w is not None else "no winner"
-        if failed:
-            decision += f", {failed} failed"
-        if w is not None and w.others:
-            decision += ", " + ", ".join(f"{x.call}: {x.label}" for x in w.others)
-        cells = [Text(o.problem.name), ms,
-                 fmt_speedup(w.speedup_over_default, w.speedup_interval if verbose else None).replace(" (", "\n(")
-                 if w is not None else "-",
-                 Text(decision, style="yellow" if w is not None and w.confirmed is not None and not w.confirmed.settled
-                      else "")]
-        names = Text(w.label) if w is not None else Text(o.error or "no winner", style="red")
-        if verbose:
-            names.append(f"\n{len(o.results) + o.skipped} candidate(s)" + (f"; {note}" if note else ""), style="dim")
-        cells.append(names)
-        table.add_row(*cells)
+        elif doubt:
+            doubtful.setdefault(doubt, []).append(o.problem.name)
+        table.add_row(*_summary_row(o, w, ms, verbose))
     parts = [f"Untrusted ({reason}): {', '.join(names)}." for reason, names in doubtful.items()]
     if undecided:
         cause = load.cause() if load is not None else ""
@@ -271,6 +199,49 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
     table.caption = Text(caption, style="yellow" if undecided or doubtful else "dim")
     table.caption_justify = "left"
     return table
+
+
+def _doubt(w: Any) -> str:
+    """Why a decision is not to be trusted, in a few words ('undecided': its stage's budget ran out); '' if it is."""
+    if w is None:
+        return ""
+    if w.confirmed is not None and not w.confirmed.settled:
+        return "undecided"
+    if w.short_where_replayed:  # its check is listed under the table: the reason is there
+        return "short of its figure where replayed"
+    if w.confirmed is None and w.noisy:  # as farm report says it (no stage to settle it)
+        return "noisy, no confirmation stage ran"
+    if w.confirmed is None and w.default_noisy and w.label != w.default:
+        return "the default is noisy: the speed-up over it is doubtful"
+    return ""
+
+
+def _summary_row(o: ProblemOutcome, w: Any, ms: Any, verbose: bool) -> list[Any]:
+    """A problem's cells: name, ms, speed-up, the decision in a few words, the winner (and with -v, why)."""
+    # a candidate that failed in the main round or in a confirmation stage (this run's, or one the reducer read)
+    failed = len({r.label for r in o.results if not r.succeeded}
+                 | {r.label for run in o.confirmations for r in run.results if not r.succeeded}
+                 | set(w.stage_failed if w is not None else ()))
+    note = w.why if w is not None else ""
+    if w is not None and not o.results:
+        note = "; ".join(x for x in ("measured before", note) if x)
+    for other in (w.others if w is not None else ()):
+        note = "; ".join(x for x in (note, f"{other.call}: {other.label} "
+                                           f"{fmt_speedup(other.speedup_over_default, other.speedup_interval)}") if x)
+    decision = short_decision(w) if w is not None else "no winner"
+    if failed:
+        decision += f", {failed} failed"
+    if w is not None and w.others:
+        decision += ", " + ", ".join(f"{x.call}: {x.label}" for x in w.others)
+    cells = [Text(o.problem.name), ms,
+             fmt_speedup(w.speedup_over_default, w.speedup_interval if verbose else None).replace(" (", "\n(")
+             if w is not None else "-",
+             Text(decision, style="yellow" if w is not None and w.confirmed is not None and not w.confirmed.settled
+                  else "")]
+    names = Text(w.label) if w is not None else Text(o.error or "no winner", style="red")
+    if verbose:
+        names.append(f"\n{len(o.results) + o.skipped} candidate(s)" + (f"; {note}" if note else ""), style="dim")
+    return [*cells, names]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -423,201 +394,6 @@ def ranked_by_decision(results: Sequence[AutotuneResult], w: Any) -> tuple[Autot
     return tuple([dc.replace(r, rank=i) for i, r in enumerate(ok)] + [dc.replace(r, rank=-1) for r in bad])
 
 
-def farm_outcomes(workload: Any, report: Any, signature: str) -> list[ProblemOutcome]:
-    """Per-problem outcomes of one signature from a farm report (finalist rows replace earlier ones),
-    ranked the reducer's way: its winner first, then by median."""
-    import dataclasses as dc
-
-    out = []
-    skipped = dict(report.problems_skipped.get(signature, {}))
-    skipped.update({name: "waiting for a device of this kind (resume to measure it)"
-                    for name in getattr(report, "waiting", {}).get(signature, ())})
-    for wp in workload.problems:
-        rows = report.results.get((signature, wp.name), [])
-        latest: dict[Any, AutotuneResult] = {}
-        for r in rows:
-            latest[r.spec] = r
-        w = report.summary.winner(signature, wp.problem.key) if report.summary else None
-        ranked = ranked_by_decision(list(latest.values()), w)
-        stages = tuple(ConfirmRun.of(c.value, report.confirmations[(signature, wp.name, c.value)]) for c in wp.calls
-                       if (signature, wp.name, c.value) in report.confirmations)
-        out.append(ProblemOutcome(wp, ranked, skipped.get(wp.name, ""), 0.0, confirmations=stages))
-    return out
-
-
-def farm_tables(workload: Any, report: Any, verbose: bool = False, load: HostLoad | None = None) -> list[Table]:
-    """The run's tables; ``load``: this host's, for the CPU signatures its workers measured here."""
-    tables = []
-    for sig in sorted({w.signature for w in report.workers}):
-        outcomes = farm_outcomes(workload, report, sig)
-        t = summary_table(outcomes, report.wall_s, lambda key, _s=sig: report.summary.winner(_s, key), verbose=verbose,
-                          load=load if sig.startswith("cpu-") else None, budget_ms=workload.autotune.confirm.budget_ms)
-        t.title = Text(f"{sig}: {len(outcomes)} problem(s)")
-        tables.append(t)
-    from farm.analysis.phases import from_statuses
-
-    phases = from_statuses(report.run_id, report.tuning_s, report.statuses) \
-        if report.workers_started and report.statuses else None
-    if verbose:
-        tables.append(workers_table(report))
-    else:
-        tables.append(workers_line(report, phases))
-    if report.nodes and (len(report.nodes) > 1 or any(n["state"] != "active" or n["joined_s"] is not None
-                                                      for n in report.nodes)):
-        tables.append(nodes_table(report.nodes, report.waiting))
-    if phases is not None and verbose:
-        tables.append(phases_table(phases))
-    if report.pruning:
-        tables.append(pruning_table(report.pruning))
-    if report.summary is not None and report.summary.verified:
-        from farm.cli.render_verify import verified_lines, verified_table
-
-        tables.append(verified_table(report.summary.verified, title="Verified where replayed") if verbose
-                      else verified_lines(report.summary.verified, title="Verified where replayed"))
-    return tables
-
-
-def workers_table(report: Any) -> Table:
-    workers = Table(title=f"Workers ({report.tuning_s:.1f} s of tuning, {report.wall_s:.1f} s in all)",
-                    title_justify="left")
-    for col, justify in (("worker", "left"), ("host", "left"), ("device", "left"), ("signature", "left"),
-                         ("candidates", "right"), ("failed", "right"), ("restarts", "right"), ("busy", "right")):
-        workers.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for st in report.statuses:
-        frac = st.busy_s / report.tuning_s if report.tuning_s else 0.0
-        workers.add_row(Text(st.name), Text(st.host), Text(st.device), Text(st.signature), str(st.candidates),
-                        str(st.failures), str(st.restarts), f"{100 * frac:.0f} %")
-    return workers
-
-
-def workers_line(report: Any, phases: Any) -> Text:
-    """The workers in one line (the table, and the device time by phase: -v, farm report)."""
-    n = len(report.statuses)
-    busy = sum(st.busy_s for st in report.statuses) / (n * report.tuning_s) if n and report.tuning_s else 0.0
-    failed = sum(st.failures for st in report.statuses)
-    restarts = sum(st.restarts for st in report.statuses)
-    text = f"Workers: {n}, {report.tuning_s:.1f} s of tuning ({100 * busy:.0f} % busy), {report.wall_s:.1f} s in all"
-    text += "".join(f", {v} {what}" for v, what in ((failed, "failed"), (restarts, "restarted")) if v)
-    if phases is not None and getattr(phases, "total", None) is not None and report.tuning_s:
-        whole = phases.total.total or 1.0
-        parts = [(p, phases.total.get(p) / whole) for p in ("measure", "confirm")]
-        text += "; " + ", ".join(f"{p} {100 * f:.0f} %" for p, f in parts if f >= 0.005)
-    return Text(text)
-
-
-def nodes_table(nodes: Sequence[dict[str, Any]], waiting: dict[str, list[str]] | None = None) -> Table:
-    """The Ray nodes that ran device workers: where, which devices, active or lost, when they joined or went."""
-    from farm.cli.progress import clock
-
-    table = Table(title="Nodes", title_justify="left")
-    for col, justify in (("node", "left"), ("host", "left"), ("devices", "left"), ("signature", "left"),
-                         ("state", "left"), ("joined", "right"), ("lost", "right"), ("candidates", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for n in nodes:
-        style = {"lost": "red"}.get(n["state"], "")
-        table.add_row(Text(n["node_id"][:8]), Text(n["host"]), Text(", ".join(n["workers"])),
-                      Text(", ".join(n["signatures"])), Text(n["state"], style=style),
-                      "at start" if n["joined_s"] is None else clock(n["joined_s"]),
-                      "-" if n["lost_s"] is None else clock(n["lost_s"]), str(n["candidates"]))
-    if waiting:
-        table.caption = Text("waiting for a device: " + "; ".join(f"{sig}: {len(names)} problem(s)"
-                                                                  for sig, names in waiting.items()), style="yellow")
-    return table
-
-
-def pruning_table(pruning: dict[str, Any]) -> Table:
-    """What farm tune --prune measured: settings, counts, and the problems it measured in full (and why)."""
-    t = Table(title=f"Pruned by the cost model {pruning['model']} (top-k {pruning['top_k']}, explore "
-                    f"{pruning['explore']:g}, seed {pruning['seed']})", title_justify="left", show_header=False)
-    t.add_column("what")
-    t.add_column("value", overflow="fold")
-    n, m = pruning["candidates"], pruning["measured"]
-    t.add_row("measured", f"{m} of {n} candidates ({n / m:.1f}x fewer)" if m else f"0 of {n}")
-    t.add_row("pruned", f"{pruning['pruned']} (rows with disposition pruned and the predicted relative time)")
-    full = [f"{name}: {why}" for problems in pruning["measured_in_full"].values() for name, why in problems.items()]
-    t.add_row("measured in full", Text("\n".join(full) or "none (every problem inside the training data)"))
-    trained = pruning.get("trained_on") or {}
-    t.add_row("trained on", Text(f"{trained.get('problems')} problem(s) of {', '.join(trained.get('families', []))}"))
-    return t
-
-
-def phases_table(phases: Any) -> Table:
-    """Where each worker's time went (farm.analysis.phases.RunPhases): seconds and share per phase, a total row,
-    and in the title what kept the devices from measuring."""
-    from farm.tuner.phases import PHASES
-
-    total = phases.total
-    worst = ", ".join(f"{p} {100 * f:.0f} %" for p, f in phases.overhead()[:3])
-    signatures = sorted({w.signature for w in phases.workers})
-    one = len(signatures) == 1  # one signature goes in the title: a column would fold it mid-name
-    t = Table(title=f"Device time by phase ({len(phases.workers)} worker(s), {phases.tuning_s:.1f} s of tuning"
-                    + (f"; not measuring: {worst}" if worst else "") + "): each worker's share"
-                    + (f" ({signatures[0]})" if one else ""), title_justify="left")
-    t.add_column("worker", no_wrap=True)
-    t.add_column("seconds", justify="right", no_wrap=True)
-    for p in PHASES:
-        t.add_column(p, justify="right", no_wrap=True)
-    if not one:
-        t.add_column("signature", overflow="fold")  # last: it folds there, the figures stay on one line
-
-    def cells(split: Any) -> list[str]:
-        whole = split.total
-        return [f"{whole:.{2 if whole < 10 else 1}f}"] + [
-            f"{100 * split.get(p) / whole:.0f} %" if whole > 0 and split.get(p) > 0 else "-" for p in PHASES]
-
-    for w in phases.workers:
-        t.add_row(Text(w.name), *cells(w.split), *([] if one else [Text(w.signature)]))
-    if len(phases.workers) > 1:
-        t.add_row(Text("total", style="bold"), *cells(total), *([] if one else [""]))
-    return t
-
-
-def farm_dict(workload: Any, out: str, report: Any) -> dict[str, Any]:
-    import dataclasses as dc
-
-    signatures = {}
-    for sig in sorted({w.signature for w in report.workers}):
-        signatures[sig] = [outcome_dict(o, report.summary.winner(sig, o.problem.problem.key))
-                           for o in farm_outcomes(workload, report, sig)]
-    return {
-        "workload": {"name": workload.name, "source": workload.source, "digest": workload.digest},
-        "autotune": to_jsonable(workload.autotune),
-        "executor": "ray", "job_id": report.job_id, "run_id": report.run_id, "out": out, "wall_s": report.wall_s,
-        "tuning_s": report.tuning_s, "phases": {"tuning_s": report.tuning_s, "total": report.phases.to_json()},
-        "rows_written": report.rows_written, "candidates": report.total, "remeasured": report.remeasured,
-        "counts": report.counts, "skipped_problems": report.problems_skipped,
-        "workers": [{**st.to_json(), "gpu_ids": list(w.gpu_ids), "pid": w.pid,
-                     "properties": w.properties.to_dict()} for st, w in zip(report.statuses, report.workers)],
-        "signatures": signatures,
-        "no_winner": report.summary.no_winner,
-        "reduce": reduce_dict(report.reduce) if report.reduce else None,
-        "pruning": report.pruning,
-        "verified": report.summary.verified,
-        "nodes": report.nodes,
-        "waiting_for_devices": report.waiting,
-    }
-
-
-def devices_table(probes: Any) -> Table:
-    table = Table(title="Devices", show_lines=True, title_justify="left")
-    for col, justify in (("runtime", "left"), ("index", "right"), ("name", "left"), ("arch", "left"),
-                         ("units", "right"), ("memory", "right"), ("L2", "right"), ("clock", "right"),
-                         ("driver / runtime", "left"), ("libraries", "left"), ("signature", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    notes = []
-    for p in probes:
-        for d in p.devices:
-            libs = "\n".join(f"{k} {v}" for k, v in d.libraries) or "-"
-            table.add_row(p.runtime, str(d.index), Text(d.name), Text(d.arch), str(d.compute_units),
-                          fmt_bytes(d.total_memory), fmt_bytes(d.l2_bytes), f"{d.clock_mhz} MHz" if d.clock_mhz else "-",
-                          Text(f"{d.driver_version or '-'} / {d.runtime_version or '-'}"), Text(libs), Text(d.signature))
-        if p.note:
-            notes.append(f"{p.runtime}: {p.note}")
-    if notes:
-        table.caption = Text("\n".join(notes), style="dim")
-    return table
-
-
 def local_dict(workload: Any, out: str, device: Any, report: Any) -> dict[str, Any]:
     """The in-process run in the same shape as :func:`farm_dict` (one worker, one signature)."""
     candidates = sum(len(o.results) for o in report.outcomes)
@@ -644,18 +420,6 @@ def _decided(o: ProblemOutcome, w: Any) -> dict[str, Any]:
     import dataclasses as dc
 
     return outcome_dict(dc.replace(o, results=ranked_by_decision(o.results, w)) if w is not None else o, w)
-
-
-def policies_table(registry: Any, order: Sequence[str]) -> Table:
-    table = Table(title="Selection policies (order in force: " + " > ".join(order) + ")", title_justify="left")
-    for col, justify in (("#", "right"), ("name", "left"), ("id", "right"), ("API", "left"), ("origin", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for info in registry.info():
-        pos = str(order.index(info.name) + 1) if info.name in order else "-"
-        table.add_row(pos, Text(info.name), str(info.id), ".".join(map(str, info.api_version)), Text(info.origin))
-    return table
-
-
 
 
 def _seconds(s: float) -> str:

@@ -7,7 +7,8 @@ from typing import Any, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from farm.cli.render import fmt_ms, fmt_speedup, phases_table, round_cells
+from farm.cli.render import fmt_ms, fmt_speedup, round_cells
+from farm.cli.render_farm import phases_table
 
 
 def _change_line(c: Any) -> str:

@@ -86,7 +86,8 @@ def local_device(spec: str) -> Any:
 
 
 def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry: Any) -> int:
-    from farm.cli.render import host_load, local_dict, pruning_table, results_table, summary_table, where_table
+    from farm.cli.render import host_load, local_dict, results_table, summary_table, where_table
+    from farm.cli.render_farm import pruning_table
     from farm.cli.render_verify import verified_table
     from farm.fleet.local_run import run_local
 
@@ -194,7 +195,8 @@ def _finish(args: argparse.Namespace, summary: Any, warning: str = "") -> int:
 
 def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     from farm.cli.progress import ProgressView
-    from farm.cli.render import farm_dict, farm_tables, host_load, where_table
+    from farm.cli.render import host_load, where_table
+    from farm.cli.render_farm import farm_dict, farm_tables
     from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
 
     request = DeviceRequest.parse(args.devices)
