@@ -228,7 +228,7 @@ def test_verify_flags_a_decision_slower_where_replayed_and_fix_publishes_the_def
     assert entry.engine_name == "sim.vendor" and not entry.knobs and sel["rule"] == "not_delivered"
     assert sel["verified"]["delivered"] < 0.99 and sel["replaced"].startswith("sim.gemm") and "farm verify" in sel["why"]
     # a production process replaying the fixed file runs the default
-    from farm.replay.verify import FileReplay
+    from farm.replay.file_replay import FileReplay
     from farm.devices.sim import SimTensor
 
     replay = FileReplay(str(path), device)
@@ -402,7 +402,7 @@ def test_verify_fix_republishes_a_published_root(tmp_path, capsys, replay_env):
     """A published root (farm publish): read-only without --fix; --fix republishes the changed entry, the index
     learns the new file, and a production process pointed at the root runs the default."""
     from farm.cli.main import main
-    from farm.replay.verify import FileReplay
+    from farm.replay.file_replay import FileReplay
     from farm.devices.sim import SimTensor
     from farm.store.override_files import load_overrides
     from farm.store.published import find_published
