@@ -37,95 +37,15 @@ from farm.model.records import AutotuneConfig, AutotuneResult, CallMode, Confirm
 from farm.model.workload import WorkloadProblem
 from farm.tuner.confirm import Measured, participants
 from farm.tuner.winner import is_noisy
+from farm.fleet.tasks import (CONFIRM, FINALIST, MAIN, Candidate, PriorRow, Task, confirmed_calls, failed_in_stage,
+                              kernel_family)
 
 log = logging.getLogger("farm.fleet.scheduler")
 
-MAIN, FINALIST, CONFIRM = "main", "finalist", "confirm"
+__all__ = ["CONFIRM", "FINALIST", "MAIN", "Candidate", "PriorRow", "Scheduler", "Task", "confirmed_calls",
+           "failed_in_stage", "kernel_family"]
+
 MAX_STAGE_PROBES = 2  # a stage that loses its worker has its participants run alone, at most this many times
-
-
-def kernel_family(problem: WorkloadProblem) -> tuple[str, ...]:
-    """Problems of one family (op, storage and compute dtypes) tend to share JIT-compiled kernels.
-
-    Two devices starting such problems at once both wait for the same compiles (one compiles,
-    the other waits on its claim), where one device alone would compile once and then hit its
-    cache; so a device first takes work of a family no other device is running.
-    """
-    p = problem.problem
-    return (p.op, *sorted({t.dtype for t in p.tensors}), p.compute_dtype)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A plan spec as discovered on a signature: its identity, engine name, and discovery position."""
-
-    spec: PlanSpec
-    engine_name: str
-    index: int
-    supports_exhaustive: bool = False
-    estimated_workspace: int | None = None
-
-
-@dataclass(frozen=True)
-class Task:
-    id: int
-    signature: str
-    problem: int  # index in the workload
-    specs: tuple[PlanSpec, ...]
-    round: str = MAIN
-    careful: bool = False
-    call: str = ""  # a confirm task: the calling mode it times
-    reference: PlanSpec | None = None  # a confirm task: the default (what a challenger must beat)
-    incumbent: PlanSpec | None = None  # a confirm task: the incumbent
-    attempt: int = 1  # a confirm task: how many times its stage has been started
-    probe: bool = False  # a confirm task of one participant, alone: did it kill or hang the stage's worker?
-
-    @property
-    def size(self) -> int:
-        return len(self.specs)
-
-
-@dataclass(frozen=True)
-class PriorRow:
-    """A row measured before (resume): enough to rebuild the state."""
-
-    spec: PlanSpec
-    round: str
-    session: str
-    succeeded: bool
-    median_ms: float | None
-    mad_ms: float | None = None
-    call: str = ""  # the calling mode of a confirm row
-    measured_at: float = 0.0  # seconds since the epoch
-    session_size: int | None = None  # a confirm row: the rows its stage wrote in all
-    pruned: bool = False  # a cost model skipped it (farm tune --prune): no measurement, so still to measure
-
-
-def confirmed_calls(rows: Iterable[PriorRow]) -> set[str]:
-    """The calling modes whose confirmation stage ran, whole, after the problem's last main-round measurement
-    (a stage cut short has fewer rows on disk than its ``session_size``; a stage's failed row written apart
-    from a stage, for a participant that hung or killed its worker, has none)."""
-    rows = list(rows)
-    main = max((r.measured_at for r in rows if r.round != CONFIRM and not r.pruned), default=0.0)
-    sessions = collections.Counter(r.session for r in rows if r.round == CONFIRM)
-    return {r.call for r in rows if r.round == CONFIRM and r.measured_at >= main and r.session_size
-            and sessions[r.session] >= r.session_size}
-
-
-def failed_in_stage(rows: Iterable[PriorRow]) -> set[PlanSpec]:
-    """The candidates whose newest row is a failed confirmation-stage row (newer than their main-round one):
-    they take part in no stage again and are never published, until a main round measures them again."""
-    newest: dict[PlanSpec, tuple[float, bool]] = {}
-    for r in rows:
-        if r.pruned:
-            continue
-        failed = r.round == CONFIRM and not r.succeeded
-        if r.round == CONFIRM and not failed:
-            continue
-        at = (r.measured_at, failed)  # at the same instant the failure counts
-        if r.spec not in newest or at > newest[r.spec]:
-            newest[r.spec] = at
-    return {spec for spec, (_, failed) in newest.items() if failed}
 
 
 def _take_first(tasks: collections.deque[Task] | None, problems: Any) -> Task | None:
@@ -340,31 +260,7 @@ class Scheduler:
         left = [s for s in task.specs if s not in seen]
         rows: list[AutotuneResult] = []
         if task.round == CONFIRM:
-            if kind == "not_started":  # again, as it was (its rows come at its end)
-                self._push(task.signature, task.problem, task.specs, round=CONFIRM, urgent=True, call=task.call,
-                           reference=task.reference, incumbent=task.incumbent, attempt=task.attempt, probe=task.probe,
-                           careful=task.careful)
-            elif task.probe:  # this participant, alone, killed or hung its worker: it is out of the stage
-                culprit = task.specs[0]
-                rows.append(self._failure_row(state, culprit, kind, config, detail, stage=task.call))
-                self._probe_done(task, culprit)
-            elif task.attempt <= MAX_STAGE_PROBES:
-                # the stage lost its worker: which participant did it is unknown (its rows come at its end), so
-                # each runs alone; the stage then runs again without those that failed
-                state.probes[task.call] = _StageProbe(task, len(task.specs))
-                log.warning("farm: the %s confirmation stage of %s lost its worker (%s): running its %d "
-                            "participant(s) one at a time to find which", task.call, state.wp.name, detail or kind,
-                            len(task.specs))
-                for spec in task.specs:
-                    self._push(task.signature, task.problem, (spec,), round=CONFIRM, urgent=True, careful=True,
-                               call=task.call, reference=task.reference, incumbent=task.incumbent,
-                               attempt=task.attempt, probe=True)
-            else:  # lost again: the problem is decided on its main round (without what failed in a probe)
-                log.warning("farm: the %s confirmation stage of %s lost its worker again (%s): decided on the main "
-                            "round", task.call, state.wp.name, detail or kind)
-                state.confirmed.add(task.call)
-                self._settle(task)
-            return rows
+            return self._stage_lost(task, state, kind, config, detail)
         if kind == "not_started":
             if left:  # queued again as it was
                 self._push(task.signature, task.problem, tuple(left), round=task.round, careful=task.careful,
@@ -390,6 +286,37 @@ class Scheduler:
         for spec in left:  # retried one per task, so the next failure names its candidate
             self._push(task.signature, task.problem, (spec,), round=task.round, careful=True, urgent=True)
         if not left:
+            self._settle(task)
+        return rows
+
+    def _stage_lost(self, task: Task, state: "_Problem", kind: str, config: AutotuneConfig, detail: str
+                    ) -> list[AutotuneResult]:
+        """A confirmation stage's task lost: run again (not started), its probe's participant out, its participants
+        probed one at a time, or (lost again) the problem decided on its main round."""
+        rows: list[AutotuneResult] = []
+        if kind == "not_started":  # again, as it was (its rows come at its end)
+            self._push(task.signature, task.problem, task.specs, round=CONFIRM, urgent=True, call=task.call,
+                       reference=task.reference, incumbent=task.incumbent, attempt=task.attempt, probe=task.probe,
+                       careful=task.careful)
+        elif task.probe:  # this participant, alone, killed or hung its worker: it is out of the stage
+            culprit = task.specs[0]
+            rows.append(self._failure_row(state, culprit, kind, config, detail, stage=task.call))
+            self._probe_done(task, culprit)
+        elif task.attempt <= MAX_STAGE_PROBES:
+            # the stage lost its worker: which participant did it is unknown (its rows come at its end), so
+            # each runs alone; the stage then runs again without those that failed
+            state.probes[task.call] = _StageProbe(task, len(task.specs))
+            log.warning("farm: the %s confirmation stage of %s lost its worker (%s): running its %d "
+                        "participant(s) one at a time to find which", task.call, state.wp.name, detail or kind,
+                        len(task.specs))
+            for spec in task.specs:
+                self._push(task.signature, task.problem, (spec,), round=CONFIRM, urgent=True, careful=True,
+                           call=task.call, reference=task.reference, incumbent=task.incumbent,
+                           attempt=task.attempt, probe=True)
+        else:  # lost again: the problem is decided on its main round (without what failed in a probe)
+            log.warning("farm: the %s confirmation stage of %s lost its worker again (%s): decided on the main "
+                        "round", task.call, state.wp.name, detail or kind)
+            state.confirmed.add(task.call)
             self._settle(task)
         return rows
 
