@@ -159,123 +159,158 @@ def run_confirmation(problem: Problem, device: Device, registry: EngineRegistry,
     even for one participant (a participant alone, run again to find which one killed its worker). ``by_host``
     (eager): the samples are the host's time a call, what a model step the host bounds pays (farm capture's
     steps), not the calls' time; every eager row records its host time a call either way."""
-    from farm.tuner.autotuner import Autotuner
-
     config = config or AutotuneConfig()
-    settings = config.confirm
-    t_start = time.perf_counter()
-    started_at = started_iso()
-    stage_device, timer = eager_device(device) if call is CallMode.EAGER else (device, device.timer)
-    tuner = Autotuner(problem, stage_device, registry=registry)
-    tuner.in_flight.stage = call.value  # what a hang watch's row and the journal say
+    stage = _Stage(problem, device, registry, call, config, phases, by_host)
     if watch is not None:
-        watch.watch(tuner)
-    results: dict[PlanSpec, AutotuneResult] = {}
-    cands: list[CandidateRun] = []
+        watch.watch(stage.tuner)
     try:
-        if tensors is None:
-            make = getattr(stage_device.arrays, "make", None)
-            tensors = make(problem, seed) if make is not None else make_tensors(problem, stage_device.arrays, seed)
-        count = input_set_count(problem, stage_device, rotating_buffers=config.rotating_buffers,
-                                cold_cache=config.cold_cache)
-        sets = input_sets(problem, stage_device, tensors, count)
-        callers: dict[PlanSpec, Caller] = {}
-        estimates: dict[PlanSpec, float] = {}
+        stage.inputs(tensors, seed)
         for spec, index in entries:
-            cand = tuner._candidate(index, spec)
-            cand.started_at = started_at
-            cands.append(cand)
-            with timed(phases, COMPILE):
-                plan = tuner.compile_candidate(cand)
-            if plan is None:
-                results[spec] = _failed(problem, cand, Disposition.FAILED_COMPILE, cand.error, config, call)
-                continue
-            name = cand.engine.name if cand.engine else str(spec.engine_id)
-            tuner.in_flight[spec] = time.monotonic()
-            try:
-                workspace = tuner.workspace_for(int(getattr(plan, "workspace_size", 0) or 0))
-                finalize = getattr(plan, "finalize", None)
-                if callable(finalize):
-                    finalize(workspace)
-                with timed(phases, CONFIRM):  # a warm-up call, and how long one call takes
-                    stage_device.synchronize()
-                    caller = participant_caller(problem, stage_device, cand.engine, name, spec.knobs, plan, workspace,
-                                                sets, direct=spec == reference and not spec.knobs)
-                    stage_device.synchronize()
-                    if call is CallMode.EAGER:
-                        estimates[spec] = estimate_ms(timer, caller)
-                        if not usable_time(estimates[spec]):
-                            raise ValueError(f"unusable time {estimates[spec]!r} ms for one call")
-            except ENGINE_ERRORS as exc:
-                reraise_user_interrupt(exc)
-                results[spec] = _failed(problem, cand, Disposition.FAILED_WARMUP,
-                                        f"{name}: confirmation warm-up: {error_text(exc)}", config, call)
-                continue
-            finally:
-                tuner.in_flight.pop(spec, None)
-            callers[spec] = caller
-        samplers: dict[PlanSpec, Callable[[], float]] = {}
-        notes: dict[PlanSpec, str] = {}
-        hosts: dict[PlanSpec, list[float]] = {spec: [] for spec in callers}
-        by_host = by_host and call is CallMode.EAGER
-        if call is CallMode.EAGER:
-            target = settings.sample_ms or {"cpu": CPU_SAMPLE_MS, "nvidia": GPU_SAMPLE_MS,
-                                             "amd": GPU_SAMPLE_MS}.get(stage_device.vendor, DEVICE_SAMPLE_MS)
-            n = calls_per_sample(estimates, reference, target, most=MAX_CALLS_PER_SAMPLE)
-            samplers = {spec: eager_sampler(timer, c, n, hosts[spec], by_host=by_host) for spec, c in callers.items()}
-        else:
-            n = config.graph_repeats or GRAPH_REPEATS
-            for spec, c in callers.items():
-                tuner.in_flight[spec] = time.monotonic()
-                try:
-                    with timed(phases, CONFIRM):
-                        samplers[spec], notes[spec] = graph_sampler(stage_device, c, n)
-                except ENGINE_ERRORS as exc:
-                    reraise_user_interrupt(exc)
-                    cand = next(x for x in cands if x.spec == spec)
-                    results[spec] = _failed(problem, cand, Disposition.FAILED_WARMUP,
-                                            f"{c.label}: graph capture: {error_text(exc)}", config, call)
-                finally:
-                    tuner.in_flight.pop(spec, None)
+            stage.build(spec, index, reference)
+        n, samplers, notes = stage.samplers(reference)
         order = [s for s, _ in entries if s in samplers]
         samples: dict[PlanSpec, list[float]] = {s: [] for s in order}
         with timed(phases, CONFIRM):
-            rounds, settled = _rounds(problem, {c.spec: c for c in cands}, order, samplers, samples, results,
-                                      reference, incumbent, settings, stage_device, timer, config, seed, call,
-                                      tuner.in_flight, probe)
-        wall = (time.perf_counter() - t_start) * 1e3
-        for cand in cands:
-            spec = cand.spec
-            if spec in results:
-                continue
-            stats = summarize(samples[spec])
-            caller = callers[spec]
-            results[spec] = AutotuneResult(
-                problem_key=problem.key, engine_id=spec.engine_id,
-                engine_name=cand.engine.name if cand.engine else str(spec.engine_id), knobs=spec.knobs,
-                disposition=Disposition.SUCCEEDED, mode=config.mode, strategy=config.strategy,
-                candidate=cand.index, min_ms=stats.min, avg_ms=stats.mean, stddev_ms=stats.stddev,
-                median_ms=stats.median, mad_ms=stats.mad, samples=tuple(samples[spec]), iterations=len(samples[spec]),
-                warmups=1, converged=settled,
-                error="; ".join(x for x in (f"confirmation ({call.value}): {rounds} paired rounds of {n} call(s) a "
-                                            f"sample over {len(sets)} input set(s), {caller.describe()}",
-                                            "ranked by the host's time a call (a model step the host bounds)"
-                                            if by_host else "", notes.get(spec, "")) if x),
-                workspace_size=int(getattr(cand.plan, "workspace_size", 0) or 0),
-                estimated_workspace=cand.estimated_workspace,
-                supports_exhaustive=bool(cand.engine.supports_exhaustive) if cand.engine else False,
-                device_name=device.properties.name, compile_ms=cand.compile_ms,
-                tuning_ms=wall / max(len(cands), 1), started_at=started_at,
-                calls_per_sample=n, call_path=caller.path, input_sets=len(sets),
-                host_ms=float(np.median(hosts[spec])) if hosts.get(spec) else None, ranked_by="host" if by_host else "")
+            rounds, settled = _rounds(problem, {c.spec: c for c in stage.cands}, order, samplers, samples,
+                                      stage.results, reference, incumbent, config.confirm, stage.device, stage.timer,
+                                      config, seed, call, stage.tuner.in_flight, probe)
+        wall = (time.perf_counter() - stage.t_start) * 1e3
+        for cand in stage.cands:
+            if cand.spec not in stage.results:
+                stage.results[cand.spec] = stage.result(cand, samples[cand.spec], n, rounds, settled, wall,
+                                                        notes.get(cand.spec, ""))
         log.info("autotune: confirmation (%s) of %s: %d candidate(s), %d round(s) of %d call(s) a sample, %s, %.0f ms",
                  call.value, problem.label(), len(order), rounds, n, "settled" if settled else "budget ended", wall)
-        return ConfirmRun(call, tuple(results[s] for s, _ in entries), rounds, settled, wall)
+        return ConfirmRun(call, tuple(stage.results[s] for s, _ in entries), rounds, settled, wall)
     finally:
-        for cand in cands:
+        stage.close()
+
+
+class _Stage:
+    """One confirmation stage's participants on its device: their plans, callers, samplers, and rows."""
+
+    def __init__(self, problem: Problem, device: Device, registry: EngineRegistry, call: CallMode,
+                 config: AutotuneConfig, phases: PhaseClock | None, by_host: bool) -> None:
+        from farm.tuner.autotuner import Autotuner
+
+        self.problem, self.origin, self.call, self.config, self.phases = problem, device, call, config, phases
+        self.t_start = time.perf_counter()
+        self.started_at = started_iso()
+        self.device, self.timer = eager_device(device) if call is CallMode.EAGER else (device, device.timer)
+        self.tuner = Autotuner(problem, self.device, registry=registry)
+        self.tuner.in_flight.stage = call.value  # what a hang watch's row and the journal say
+        self.by_host = by_host and call is CallMode.EAGER
+        self.results: dict[PlanSpec, AutotuneResult] = {}
+        self.cands: list[CandidateRun] = []
+        self.callers: dict[PlanSpec, Caller] = {}
+        self.estimates: dict[PlanSpec, float] = {}
+        self.hosts: dict[PlanSpec, list[float]] = {}
+        self.sets: Any = None
+
+    def inputs(self, tensors: Mapping[str, Any] | None, seed: int) -> None:
+        """The input sets the participants' calls rotate over (``tensors`` the first, else made)."""
+        problem, device, config = self.problem, self.device, self.config
+        if tensors is None:
+            make = getattr(device.arrays, "make", None)
+            tensors = make(problem, seed) if make is not None else make_tensors(problem, device.arrays, seed)
+        count = input_set_count(problem, device, rotating_buffers=config.rotating_buffers, cold_cache=config.cold_cache)
+        self.sets = input_sets(problem, device, tensors, count)
+
+    def build(self, spec: PlanSpec, index: int, reference: PlanSpec | None) -> None:
+        """A participant's plan and caller, warmed up (a failure is its row)."""
+        problem, call, config = self.problem, self.call, self.config
+        cand = self.tuner._candidate(index, spec)
+        cand.started_at = self.started_at
+        self.cands.append(cand)
+        with timed(self.phases, COMPILE):
+            plan = self.tuner.compile_candidate(cand)
+        if plan is None:
+            self.results[spec] = _failed(problem, cand, Disposition.FAILED_COMPILE, cand.error, config, call)
+            return
+        name = cand.engine.name if cand.engine else str(spec.engine_id)
+        self.tuner.in_flight[spec] = time.monotonic()
+        try:
+            workspace = self.tuner.workspace_for(int(getattr(plan, "workspace_size", 0) or 0))
+            finalize = getattr(plan, "finalize", None)
+            if callable(finalize):
+                finalize(workspace)
+            with timed(self.phases, CONFIRM):  # a warm-up call, and how long one call takes
+                self.device.synchronize()
+                caller = participant_caller(problem, self.device, cand.engine, name, spec.knobs, plan, workspace,
+                                            self.sets, direct=spec == reference and not spec.knobs)
+                self.device.synchronize()
+                if call is CallMode.EAGER:
+                    self.estimates[spec] = estimate_ms(self.timer, caller)
+                    if not usable_time(self.estimates[spec]):
+                        raise ValueError(f"unusable time {self.estimates[spec]!r} ms for one call")
+        except ENGINE_ERRORS as exc:
+            reraise_user_interrupt(exc)
+            self.results[spec] = _failed(problem, cand, Disposition.FAILED_WARMUP,
+                                         f"{name}: confirmation warm-up: {error_text(exc)}", config, call)
+            return
+        finally:
+            self.tuner.in_flight.pop(spec, None)
+        self.callers[spec] = caller
+
+    def samplers(self, reference: PlanSpec | None
+                 ) -> tuple[int, dict[PlanSpec, Callable[[], float]], dict[PlanSpec, str]]:
+        """(calls a sample, each participant's sampler, notes): eager loops of back-to-back calls, or replays of a
+        captured graph (a participant whose capture fails gets its row)."""
+        self.hosts = {spec: [] for spec in self.callers}
+        if self.call is CallMode.EAGER:
+            target = self.config.confirm.sample_ms or {"cpu": CPU_SAMPLE_MS, "nvidia": GPU_SAMPLE_MS,
+                                                       "amd": GPU_SAMPLE_MS}.get(self.device.vendor, DEVICE_SAMPLE_MS)
+            n = calls_per_sample(self.estimates, reference, target, most=MAX_CALLS_PER_SAMPLE)
+            return n, {spec: eager_sampler(self.timer, c, n, self.hosts[spec], by_host=self.by_host)
+                       for spec, c in self.callers.items()}, {}
+        n = self.config.graph_repeats or GRAPH_REPEATS
+        samplers: dict[PlanSpec, Callable[[], float]] = {}
+        notes: dict[PlanSpec, str] = {}
+        for spec, c in self.callers.items():
+            self.tuner.in_flight[spec] = time.monotonic()
+            try:
+                with timed(self.phases, CONFIRM):
+                    samplers[spec], notes[spec] = graph_sampler(self.device, c, n)
+            except ENGINE_ERRORS as exc:
+                reraise_user_interrupt(exc)
+                cand = next(x for x in self.cands if x.spec == spec)
+                self.results[spec] = _failed(self.problem, cand, Disposition.FAILED_WARMUP,
+                                             f"{c.label}: graph capture: {error_text(exc)}", self.config, self.call)
+            finally:
+                self.tuner.in_flight.pop(spec, None)
+        return n, samplers, notes
+
+    def result(self, cand: CandidateRun, samples: list[float], n: int, rounds: int, settled: bool, wall: float,
+               note: str) -> AutotuneResult:
+        """A participant's row of the stage: its paired samples and how they were taken."""
+        spec, config, call = cand.spec, self.config, self.call
+        stats = summarize(samples)
+        caller = self.callers[spec]
+        how = "; ".join(x for x in (f"confirmation ({call.value}): {rounds} paired rounds of {n} call(s) a sample over "
+                                    f"{len(self.sets)} input set(s), {caller.describe()}",
+                                    "ranked by the host's time a call (a model step the host bounds)"
+                                    if self.by_host else "", note) if x)
+        return AutotuneResult(
+            problem_key=self.problem.key, engine_id=spec.engine_id,
+            engine_name=cand.engine.name if cand.engine else str(spec.engine_id), knobs=spec.knobs,
+            disposition=Disposition.SUCCEEDED, mode=config.mode, strategy=config.strategy,
+            candidate=cand.index, min_ms=stats.min, avg_ms=stats.mean, stddev_ms=stats.stddev,
+            median_ms=stats.median, mad_ms=stats.mad, samples=tuple(samples), iterations=len(samples),
+            warmups=1, converged=settled, error=how,
+            workspace_size=int(getattr(cand.plan, "workspace_size", 0) or 0),
+            estimated_workspace=cand.estimated_workspace,
+            supports_exhaustive=bool(cand.engine.supports_exhaustive) if cand.engine else False,
+            device_name=self.origin.properties.name, compile_ms=cand.compile_ms,
+            tuning_ms=wall / max(len(self.cands), 1), started_at=self.started_at,
+            calls_per_sample=n, call_path=caller.path, input_sets=len(self.sets),
+            host_ms=float(np.median(self.hosts[spec])) if self.hosts.get(spec) else None,
+            ranked_by="host" if self.by_host else "")
+
+    def close(self) -> None:
+        for cand in self.cands:
             if cand.plan is not None:
                 close_plan(cand.plan)
-        tuner.close()
+        self.tuner.close()
 
 
 def _rounds(problem: Problem, cands: dict[PlanSpec, CandidateRun], order: list[PlanSpec],
