@@ -24,6 +24,7 @@ from farm.devices.runtimes import RuntimeUnavailable
 from farm.devices.sim import SimConfig, SimGroup, sim_device
 from farm.errors import AutotuneError, FarmError
 from farm.fleet.scheduler import CONFIRM, FINALIST, Candidate, Task
+from farm.model.plans import PlanSpec
 from farm.model.engine import EngineRegistry, default_engine_registry
 from farm.model.records import AutotuneConfig, AutotuneResult, CallMode
 from farm.model.workload import WorkloadProblem
@@ -223,45 +224,15 @@ class DeviceWorkerImpl:
         if compiles and config.compile_workers == 0:
             config = dataclasses.replace(config, compile_workers=2)  # keep the GPU busy while JIT engines compile
 
-        def tune() -> None:
-            if task.round == CONFIRM:
-                confirm()
-                return
-            tuner = Autotuner(wp.problem, self.device, registry=self.registry)
-            error = ""
-            ranked: list[AutotuneResult] = []
-            try:
-                for spec in task.specs:
-                    tuner.add_engine(spec.engine_id, dict(spec.knobs))
-                # the engines were prepared above, as the worker started and for this task's candidates
-                ranked = tuner.autotune(config=config, seed=seed, listener=items.put, phases=self.phases,
-                                        prepare=False)
-            except AutotuneError as exc:
-                ranked, error = exc.results, "" if exc.results else str(exc)
-            except ENGINE_ERRORS as exc:  # an engine bug (SystemExit included) must not end the task silently
-                error = f"{type(exc).__name__}: {exc}"
-            finally:
-                tuner.close()
-            ranks = {candidate_key(r.engine_id, r.knobs): r.rank for r in ranked}
-            items.put(TaskEnd(session, ranks, error, (time.perf_counter() - t0) * 1e3))
-
-        def confirm() -> None:
-            """The confirmation stage (farm.tuner.confirm): its rows all come at its end (paired samples)."""
-            error = ""
-            try:
-                run = run_confirmation(wp.problem, self.device, self.registry, [(s, index[s]) for s in task.specs],
-                                       reference=task.reference, incumbent=task.incumbent, call=CallMode(task.call),
-                                       config=config, seed=seed, phases=self.phases, probe=task.probe,
-                                       by_host=wp.host_bound)
-                for r in run.results:
-                    if not (task.probe and r.succeeded):  # a probe's measurement is no stage's: only a failure counts
-                        items.put(r)
-            except ENGINE_ERRORS as exc:  # an engine bug must not end the task silently
-                error = f"{type(exc).__name__}: {exc}"
-            items.put(TaskEnd(session, {}, error, (time.perf_counter() - t0) * 1e3))
-
-        thread = threading.Thread(target=tune, name=f"farm-task-{task.id}", daemon=True)
+        work = _TaskWork(self, task, wp, index, config, seed, items, session, t0)
+        thread = threading.Thread(target=work.run, name=f"farm-task-{task.id}", daemon=True)
         thread.start()
+        yield from self._stream(task, items, thread, rows, index, stream_interval_s, before, t0)
+
+    def _stream(self, task: Task, items: queue.Queue, thread: threading.Thread, rows: "_TaskRows | None",
+                index: dict[PlanSpec, int], stream_interval_s: float, before: dict[str, float], t0: float
+                ) -> Iterator[list[AutotuneResult] | TaskEnd]:
+        """The task's rows as its thread measures them (each alone in careful mode), then its TaskEnd."""
         batch: list[AutotuneResult] = []
         last = time.perf_counter()
         while True:
@@ -382,3 +353,51 @@ def _open(kind: str, slot: int, sim: SimConfig | None, sim_group: SimGroup | Non
         return open_device("gpu", 0, physical_index=int(ids[0]) if ids and str(ids[0]).isdigit() else None)
     except RuntimeUnavailable as exc:
         raise WorkerFailed(f"a GPU worker found no GPU: {exc}") from None
+
+
+class _TaskWork:
+    """What a task's thread runs: the main (or finalist) round of its candidates, or its confirmation stage; every
+    row onto ``items``, then a TaskEnd."""
+
+    def __init__(self, worker: "DeviceWorkerImpl", task: Task, wp: WorkloadProblem, index: dict[PlanSpec, int],
+                 config: AutotuneConfig, seed: int, items: queue.Queue, session: str, t0: float) -> None:
+        self.worker, self.task, self.wp, self.index, self.config, self.seed = worker, task, wp, index, config, seed
+        self.items, self.session, self.t0 = items, session, t0
+
+    def run(self) -> None:
+        if self.task.round == CONFIRM:
+            self.confirm()
+            return
+        w, items = self.worker, self.items
+        tuner = Autotuner(self.wp.problem, w.device, registry=w.registry)
+        error = ""
+        ranked: list[AutotuneResult] = []
+        try:
+            for spec in self.task.specs:
+                tuner.add_engine(spec.engine_id, dict(spec.knobs))
+            # the engines were prepared as the worker started and for this task's candidates
+            ranked = tuner.autotune(config=self.config, seed=self.seed, listener=items.put, phases=w.phases,
+                                    prepare=False)
+        except AutotuneError as exc:
+            ranked, error = exc.results, "" if exc.results else str(exc)
+        except ENGINE_ERRORS as exc:  # an engine bug (SystemExit included) must not end the task silently
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            tuner.close()
+        ranks = {candidate_key(r.engine_id, r.knobs): r.rank for r in ranked}
+        items.put(TaskEnd(self.session, ranks, error, (time.perf_counter() - self.t0) * 1e3))
+
+    def confirm(self) -> None:
+        """The confirmation stage (farm.tuner.confirm): its rows all come at its end (paired samples)."""
+        task, w, error = self.task, self.worker, ""
+        try:
+            run = run_confirmation(self.wp.problem, w.device, w.registry, [(s, self.index[s]) for s in task.specs],
+                                   reference=task.reference, incumbent=task.incumbent, call=CallMode(task.call),
+                                   config=self.config, seed=self.seed, phases=w.phases, probe=task.probe,
+                                   by_host=self.wp.host_bound)
+            for r in run.results:
+                if not (task.probe and r.succeeded):  # a probe's measurement is no stage's: only a failure counts
+                    self.items.put(r)
+        except ENGINE_ERRORS as exc:  # an engine bug must not end the task silently
+            error = f"{type(exc).__name__}: {exc}"
+        self.items.put(TaskEnd(self.session, {}, error, (time.perf_counter() - self.t0) * 1e3))
