@@ -45,6 +45,11 @@ class CallMode(str, enum.Enum):
     GRAPH = "graph"  # inside a captured CUDA/HIP graph: device time only
 
 
+# the one order of calling modes: a problem's primary decision (the override entry's own; the tuner's first-ranked
+# row) is its first mode's, the eager one when it has one; the others are written beside it
+CALL_ORDER = {c.value: i for i, c in enumerate(CallMode)}
+
+
 def parse_calls(value: Any, field_name: str = "call") -> tuple[CallMode, ...]:
     """``eager``, ``graph``, or a list of both (each measured and decided on its own)."""
     items = value if isinstance(value, (list, tuple)) else [value]

@@ -18,7 +18,7 @@ from farm.errors import AutotuneError, FarmError
 from farm.model.engine import EngineRegistry
 from farm.model.plans import PlanSpec
 from farm.model.problem import Problem
-from farm.model.records import AutotuneConfig, AutotuneResult, CallMode
+from farm.model.records import CALL_ORDER, AutotuneConfig, AutotuneResult, CallMode
 from farm.model.workload import Workload, WorkloadProblem
 from farm.tuner.autotuner import Autotuner
 from farm.tuner.confirm import ConfirmRun, Measured, confirm_problem, stage_winner
@@ -112,12 +112,9 @@ def tune_problem(
     try:
         specs = plan_specs_for(wp, tuner)
         if not specs:
-            reasons = "; ".join(f"{c.engine_name}: {c.reason}" for c in registry.explain(wp.problem, device)
-                                if wp.engines.selects(c.engine_name)) or "no engine implements this op"
-            return ProblemOutcome(wp, (), f"no applicable engine ({reasons})", (time.perf_counter() - t0) * 1e3)
-        done_set = set(done)
-        wanted = set(select(list(specs))) if select is not None else None
-        todo = [s for s in specs if s not in done_set and (wanted is None or s in wanted)]
+            return _no_engine(wp, device, registry, t0)
+        wanted, done = set(select(list(specs))) if select is not None else None, set(done)
+        todo = [s for s in specs if s not in done and (wanted is None or s in wanted)]
         results: Sequence[AutotuneResult] = ()
         error = ""
         if todo:
@@ -127,12 +124,7 @@ def tune_problem(
             except AutotuneError as exc:
                 results, error = exc.results, str(exc)
         tuner.close()
-        index = {s: i for i, s in enumerate(specs)}
-        session = f"run:{id(results)}"
-        fresh = {r.spec for r in results}
-        measured = [*(dataclasses.replace(m, index=index[m.spec]) for m in prior if m.spec in index and m.spec not in fresh),
-                    *(Measured(r.spec, index.get(r.spec, r.candidate), session, r.median_ms, r.mad_ms or 0.0)
-                      for r in results if r.succeeded and r.median_ms is not None)]
+        measured = _measured(specs, prior, results)
         # new main-round rows make an earlier stage stale: every calling mode is confirmed again then
         left = list(wp.calls) if todo else [c for c in wp.calls if c not in set(confirmed)]
         runs = confirm_problem(wp.problem, device, registry, config, left, measured, incumbent=incumbent, seed=seed,
@@ -140,15 +132,8 @@ def tune_problem(
         for run in runs:
             if on_confirm is not None:
                 on_confirm(run)
-        if runs:  # what is published first: the primary calling mode's stage decides, as the reducer reads it
-            defaults = [m for m in measured if not m.spec.knobs]
-            default = min(defaults, key=lambda m: m.index).spec if defaults else None
-            primary = min(runs, key=lambda r: list(CallMode).index(r.call))
-            first = stage_winner(primary, default=default, incumbent=incumbent)
-            # a candidate that failed in a stage is never first, whatever its main-round time
-            dropped = {r.spec for run in runs for r in run.results if not r.succeeded}
-            ok = sorted((r for r in results if r.succeeded), key=lambda r: (r.spec in dropped, r.spec != first, r.rank))
-            results = [dataclasses.replace(r, rank=i) for i, r in enumerate(ok)] + [r for r in results if not r.succeeded]
+        if runs:
+            results = _ranked_by_stages(results, runs, measured, incumbent)
         pruned = len(specs) - len(wanted) if wanted is not None else 0
         return ProblemOutcome(wp, tuple(results), error, (time.perf_counter() - t0) * 1e3,
                               len(specs) - len(todo) - pruned, tuple(runs), pruned)
@@ -156,6 +141,37 @@ def tune_problem(
         return ProblemOutcome(wp, (), str(exc), (time.perf_counter() - t0) * 1e3)
     finally:
         tuner.close()
+
+
+def _no_engine(wp: WorkloadProblem, device: Device, registry: EngineRegistry, t0: float) -> ProblemOutcome:
+    reasons = "; ".join(f"{c.engine_name}: {c.reason}" for c in registry.explain(wp.problem, device)
+                        if wp.engines.selects(c.engine_name)) or "no engine implements this op"
+    return ProblemOutcome(wp, (), f"no applicable engine ({reasons})", (time.perf_counter() - t0) * 1e3)
+
+
+def _measured(specs: Sequence[PlanSpec], prior: Sequence[Measured], results: Sequence[AutotuneResult]
+              ) -> list[Measured]:
+    """What the confirmation stage chooses its participants from: earlier runs' successes (``prior``) not measured
+    again, and this run's."""
+    index = {s: i for i, s in enumerate(specs)}
+    session = f"run:{id(results)}"
+    fresh = {r.spec for r in results}
+    return [*(dataclasses.replace(m, index=index[m.spec]) for m in prior if m.spec in index and m.spec not in fresh),
+            *(Measured(r.spec, index.get(r.spec, r.candidate), session, r.median_ms, r.mad_ms or 0.0)
+              for r in results if r.succeeded and r.median_ms is not None)]
+
+
+def _ranked_by_stages(results: Sequence[AutotuneResult], runs: Sequence[ConfirmRun], measured: Sequence[Measured],
+                      incumbent: PlanSpec | None) -> list[AutotuneResult]:
+    """The main round's rows ranked as published: the primary calling mode's stage winner first (as the reducer
+    reads it, CALL_ORDER), a candidate that failed in a stage never first, whatever its main-round time."""
+    defaults = [m for m in measured if not m.spec.knobs]
+    default = min(defaults, key=lambda m: m.index).spec if defaults else None
+    primary = min(runs, key=lambda r: CALL_ORDER[r.call.value])
+    first = stage_winner(primary, default=default, incumbent=incumbent)
+    dropped = {r.spec for run in runs for r in run.results if not r.succeeded}
+    ok = sorted((r for r in results if r.succeeded), key=lambda r: (r.spec in dropped, r.spec != first, r.rank))
+    return [dataclasses.replace(r, rank=i) for i, r in enumerate(ok)] + [r for r in results if not r.succeeded]
 
 
 def tune_workload(

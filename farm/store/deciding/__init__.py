@@ -11,7 +11,8 @@ incumbents    the current override file's decisions, given the benefit of the do
 
 from farm.store.deciding.incumbents import incumbent_file, incumbent_spec, job_record, load_incumbents
 from farm.store.deciding.loading import knobs_of, load_confirmations, load_successes
-from farm.store.deciding.records import (CALL_ORDER, CONFIRM, ROUND_NAMES, VERIFY, Confirmation, Decisions,
+from farm.model.records import CALL_ORDER
+from farm.store.deciding.records import (CONFIRM, ROUND_NAMES, VERIFY, Confirmation, Decisions,
                                          StageFailure, Verification, Winner)
 from farm.store.deciding.rule import decide_folder, decide_results
 

@@ -14,7 +14,8 @@ import pyarrow as pa
 
 from farm.store.dataset import ResultsDataset
 from farm.store.deciding.loading import COLUMNS, key_at, knobs_of, label_of, load_confirmations, strings
-from farm.store.deciding.records import CALL_ORDER, CONFIRM, Confirmation, StageFailure, Winner
+from farm.model.records import CALL_ORDER
+from farm.store.deciding.records import CONFIRM, Confirmation, StageFailure, Winner
 from farm.tuner.paired import paired_ratio
 from farm.tuner.winner import confirmed_why, decide_stage, is_noisy
 

@@ -17,7 +17,6 @@ CONFIRM = "confirm"  # the round of the confirmation stage's rows (farm.tuner.co
 VERIFY = "verify"  # the round of farm verify's rows (farm.replay.verify)
 # a round as the tables name it: the figures of a row come from one round, and the tables say which
 ROUND_NAMES = {"main": "main", "finalist": "finalist", CONFIRM: "stage", VERIFY: "verify"}
-CALL_ORDER = {"eager": 0, "graph": 1}  # the primary decision of a problem: its eager one, when it has one
 
 
 @dataclass(frozen=True)
