@@ -80,67 +80,7 @@ def _decision(p: Any) -> str:
 def report_tables(report: Any, verbose: bool = False) -> list[Table]:
     tables = []
     for s in report.signatures:
-        t = Table(title=f"{s.device_name}  {s.signature}", title_justify="left", show_header=False)
-        t.add_column("what")
-        t.add_column("value")
-        worst = s.worst
-        geo = s.geomean_speedup
-        t.add_row("devices", Text(", ".join(s.devices)))
-        t.add_row("problems tuned", str(len(s.problems)))
-        t.add_row("candidates measured", f"{sum(p.candidates for p in s.problems)} ({s.rows} rows)")
-        if s.pruned:
-            t.add_row("candidates pruned", f"{s.pruned} not measured: a cost model ranked them out (farm tune --prune)")
-        t.add_row("failures", Text(", ".join(f"{k} {v}" for k, v in s.failures.items()) or "none"))
-        t.add_row("tuning time", f"{s.tuning_s:.1f} s" + (f" (confirmation stages {s.confirm_s:.1f} s)" if s.confirm_s
-                                                          else ""))
-        t.add_row("winner vs default", f"geomean {geo:.3f}x, worst {worst.speedup:.3f}x ({worst.name})" if geo and worst
-                  else "no default candidate to compare with")
-        t.add_row("noisiest (the winner's 1.4826 x MAD / median in its round)",
-                  Text(", ".join(f"{p.name} {100 * p.noise:.1f} %" for p in s.noisiest())))
-        shaky = s.untrusted()
-        t.add_row("too noisy to trust", Text("; ".join(f"{p.name}: {p.doubt}" for p in shaky) or "nothing",
-                                             style="yellow" if shaky else ""))
-        dis = s.disagreements()
-        t.add_row("devices disagree on", Text("; ".join(f"{p.name}: " + ", ".join(f"{d} {c}" for d, c in
-                                                                                     p.device_winners.items())
-                                                        for p in dis) or "nothing"))
-        held, checked = s.verified()
-        if checked:
-            bad = [f"{c['problem']} ({c['call']})" for c in s.checks if c["verdict"] and c["verdict"] != "holds"]
-            t.add_row("verified where replayed", Text(f"{held} of {checked} decision(s) hold (farm verify: farm.ops "
-                                                      "beside the direct call)" + (f"; not: {', '.join(bad)}" if bad else ""),
-                                                      style="yellow" if bad else ""))
-        for note in s.cpu_notes():
-            t.add_row("host CPUs", Text(note, style="yellow"))
-        tables.append(t)
-        per = Table(title="per problem", title_justify="left")
-        # every column but the last stays on one line; the names, last, fold there whole ("cpu.matmu…" never);
-        # -v writes the rest under them (a column each would squeeze the names at 100 columns)
-        cols = [("problem", "left"), ("ms", "right"), ("speed-up", "right"), ("noise", "right"), ("decision", "left")]
-        if s.pruned:  # pruned candidates: a cost model's choice a reader must see
-            cols[1:1] = [("pruned", "right")]
-        cols.append(("winner (default)", "left"))
-        head, times = round_cells([p.winner_ms for p in s.problems], [p.round for p in s.problems])
-        for col, justify in cols:
-            per.add_column(head if col == "ms" else col, justify=justify, overflow="fold",  # type: ignore[arg-type]
-                           no_wrap=not col.startswith("winner"),
-                           min_width=None)
-        for p, ms in zip(s.problems, times):
-            why = "; ".join(x for x in (p.why, f"not trusted: {p.doubt}" if p.untrusted else "") if x)
-            names = Text(p.winner)
-            if p.default and p.default != p.winner:
-                names.append(f"\n({p.default}" + (f", {fmt_ms(p.default_ms)} ms" if verbose else "") + ")", style="dim")
-            if verbose:
-                names.append(f"\n{p.candidates} candidate(s); device spread {p.spread:.3f} (main round)"
-                             + (f"; {why}" if why else ""), style="yellow" if p.untrusted else "dim")
-            cells = [Text(p.name), ms,
-                     fmt_speedup(p.speedup, p.interval if verbose else None).replace(" (", "\n("),  # interval below
-                     f"{100 * p.noise:.1f} %",
-                     Text(_decision(p), style="yellow" if p.untrusted else "")]
-            if s.pruned:
-                cells[1:1] = [str(p.pruned)]
-            per.add_row(*cells, names)
-        tables.append(per)
+        tables += [_signature_table(s), _problems_table(s, verbose)]
         checks = s.checks
         if any(c["verdict"] for c in checks) or any(c["call"] == "graph" for c in checks):
             tables.append(_decisions_table(checks))
@@ -149,6 +89,79 @@ def report_tables(report: Any, verbose: bool = False) -> list[Table]:
     if report.phases is not None:
         tables.append(phases_table(report.phases))
     return tables
+
+
+def _signature_table(s: Any) -> Table:
+    """A signature at a glance: its devices, what was measured and failed, the winners against the default, noise."""
+    t = Table(title=f"{s.device_name}  {s.signature}", title_justify="left", show_header=False)
+    t.add_column("what")
+    t.add_column("value")
+    worst = s.worst
+    geo = s.geomean_speedup
+    t.add_row("devices", Text(", ".join(s.devices)))
+    t.add_row("problems tuned", str(len(s.problems)))
+    t.add_row("candidates measured", f"{sum(p.candidates for p in s.problems)} ({s.rows} rows)")
+    if s.pruned:
+        t.add_row("candidates pruned", f"{s.pruned} not measured: a cost model ranked them out (farm tune --prune)")
+    t.add_row("failures", Text(", ".join(f"{k} {v}" for k, v in s.failures.items()) or "none"))
+    t.add_row("tuning time", f"{s.tuning_s:.1f} s" + (f" (confirmation stages {s.confirm_s:.1f} s)" if s.confirm_s
+                                                      else ""))
+    t.add_row("winner vs default", f"geomean {geo:.3f}x, worst {worst.speedup:.3f}x ({worst.name})" if geo and worst
+              else "no default candidate to compare with")
+    t.add_row("noisiest (the winner's 1.4826 x MAD / median in its round)",
+              Text(", ".join(f"{p.name} {100 * p.noise:.1f} %" for p in s.noisiest())))
+    shaky = s.untrusted()
+    t.add_row("too noisy to trust", Text("; ".join(f"{p.name}: {p.doubt}" for p in shaky) or "nothing",
+                                         style="yellow" if shaky else ""))
+    dis = s.disagreements()
+    t.add_row("devices disagree on", Text("; ".join(f"{p.name}: " + ", ".join(f"{d} {c}" for d, c in
+                                                                                 p.device_winners.items())
+                                                    for p in dis) or "nothing"))
+    held, checked = s.verified()
+    if checked:
+        bad = [f"{c['problem']} ({c['call']})" for c in s.checks if c["verdict"] and c["verdict"] != "holds"]
+        t.add_row("verified where replayed", Text(f"{held} of {checked} decision(s) hold (farm verify: farm.ops "
+                                                  "beside the direct call)" + (f"; not: {', '.join(bad)}" if bad else ""),
+                                                  style="yellow" if bad else ""))
+    for note in s.cpu_notes():
+        t.add_row("host CPUs", Text(note, style="yellow"))
+    return t
+
+
+def _problems_table(s: Any, verbose: bool) -> Table:
+    """One row per problem: its winner's time, speed-up, noise and how it was decided."""
+    per = Table(title="per problem", title_justify="left")
+    # every column but the last stays on one line; the names, last, fold there whole ("cpu.matmu…" never);
+    # -v writes the rest under them (a column each would squeeze the names at 100 columns)
+    cols = [("problem", "left"), ("ms", "right"), ("speed-up", "right"), ("noise", "right"), ("decision", "left")]
+    if s.pruned:  # pruned candidates: a cost model's choice a reader must see
+        cols[1:1] = [("pruned", "right")]
+    cols.append(("winner (default)", "left"))
+    head, times = round_cells([p.winner_ms for p in s.problems], [p.round for p in s.problems])
+    for col, justify in cols:
+        per.add_column(head if col == "ms" else col, justify=justify, overflow="fold",  # type: ignore[arg-type]
+                       no_wrap=not col.startswith("winner"),
+                       min_width=None)
+    for p, ms in zip(s.problems, times):
+        per.add_row(*_problem_row(s, p, ms, verbose))
+    return per
+
+
+def _problem_row(s: Any, p: Any, ms: Any, verbose: bool) -> list[Any]:
+    why = "; ".join(x for x in (p.why, f"not trusted: {p.doubt}" if p.untrusted else "") if x)
+    names = Text(p.winner)
+    if p.default and p.default != p.winner:
+        names.append(f"\n({p.default}" + (f", {fmt_ms(p.default_ms)} ms" if verbose else "") + ")", style="dim")
+    if verbose:
+        names.append(f"\n{p.candidates} candidate(s); device spread {p.spread:.3f} (main round)"
+                     + (f"; {why}" if why else ""), style="yellow" if p.untrusted else "dim")
+    cells = [Text(p.name), ms,
+             fmt_speedup(p.speedup, p.interval if verbose else None).replace(" (", "\n("),  # interval below
+             f"{100 * p.noise:.1f} %",
+             Text(_decision(p), style="yellow" if p.untrusted else "")]
+    if s.pruned:
+        cells[1:1] = [str(p.pruned)]
+    return [*cells, names]
 
 
 def _nodes_table(report: Any) -> Table:

@@ -247,12 +247,37 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     return _finish(args, report.summary, oversubscribed_cpu(request, address))
 
 
-def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool, out: str, history: Sequence[str] = ()) -> int:
-    """The candidates of every problem on this host's device, their total and an estimate of the device time (from
-    the run folder's results and ``history``; none where there is none), measuring nothing."""
+def _print_candidates(workload: Any, device: Any, registry: Any, rows: list[Any], reasons: dict[str, set[str]],
+                      applies: set[str]) -> Any:
+    """The dry run's table of candidates per problem, and the engines that apply to none here, once each."""
     from rich.table import Table
     from rich.text import Text
 
+    # an engine that applies to no problem here, for one reason (another kind of device, a library missing)
+    # is listed once below the table, not on every problem's row
+    here = {e: next(iter(r)) for e, r in reasons.items() if e not in applies and len(r) == 1}
+    table = Table(title=f"{workload.name}: candidates per problem (dry run, nothing measured)", show_lines=True)
+    for col in ("problem", "candidates", "not applicable to this problem"):
+        table.add_column(col)
+    for wp, specs, skipped in rows:
+        own = [f"{e}: {r}" for e, r in skipped if e not in here]
+        names = [s.describe(registry) for s in specs]
+        table.add_row(Text(f"{wp.name}\n{wp.problem.label()}"), Text(f"{len(specs)}: " + ", ".join(names)),
+                      Text("\n".join(own) or "-"))
+    console = make_console()
+    console.print(table)
+    by_reason: dict[str, list[str]] = {}
+    for engine, why in sorted(here.items()):
+        by_reason.setdefault(why, []).append(engine)
+    for why, engines in by_reason.items():
+        console.print(Text(f"not on {device.properties.name} ({device.runtime.name}): {', '.join(engines)}: {why}"),
+                      soft_wrap=True)
+    return console
+
+
+def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool, out: str, history: Sequence[str] = ()) -> int:
+    """The candidates of every problem on this host's device, their total and an estimate of the device time (from
+    the run folder's results and ``history``; none where there is none), measuring nothing."""
     from farm.analysis.estimate import History, already_measured, estimate
     from farm.tuner.autotuner import Autotuner
     from farm.tuner.problem_tuning import plan_specs_for
@@ -288,25 +313,7 @@ def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool, out: str,
                                   for wp, specs, skipped in rows],
                      "estimate": [cost.to_json()]})
         return 0
-    # an engine that applies to no problem here, for one reason (another kind of device, a library missing)
-    # is listed once below the table, not on every problem's row
-    here = {e: next(iter(r)) for e, r in reasons.items() if e not in applies and len(r) == 1}
-    table = Table(title=f"{workload.name}: candidates per problem (dry run, nothing measured)", show_lines=True)
-    for col in ("problem", "candidates", "not applicable to this problem"):
-        table.add_column(col)
-    for wp, specs, skipped in rows:
-        own = [f"{e}: {r}" for e, r in skipped if e not in here]
-        names = [s.describe(registry) for s in specs]
-        table.add_row(Text(f"{wp.name}\n{wp.problem.label()}"), Text(f"{len(specs)}: " + ", ".join(names)),
-                      Text("\n".join(own) or "-"))
-    console = make_console()
-    console.print(table)
-    by_reason: dict[str, list[str]] = {}
-    for engine, why in sorted(here.items()):
-        by_reason.setdefault(why, []).append(engine)
-    for why, engines in by_reason.items():
-        console.print(Text(f"not on {device.properties.name} ({device.runtime.name}): {', '.join(engines)}: {why}"),
-                      soft_wrap=True)
+    console = _print_candidates(workload, device, registry, rows, reasons, applies)
     from farm.cli.render import estimate_table
 
     console.print(estimate_table([cost]))

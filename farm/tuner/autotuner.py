@@ -22,6 +22,7 @@ The benchmark loop, per candidate (the contract strategies plug into):
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -379,10 +380,7 @@ class Autotuner:
         ranked = rank_results(results, config.ranking_fn, config.ranking)
         self.results = ranked
         ok = [r for r in ranked if r.succeeded]
-        counts: dict[str, int] = {}
-        for r in ranked:
-            counts[r.disposition.value] = counts.get(r.disposition.value, 0) + 1
-        summary = ", ".join(f"{n} {d}" for d, n in sorted(counts.items()))
+        summary = ", ".join(f"{n} {d}" for d, n in sorted(collections.Counter(r.disposition.value for r in ranked).items()))
         if not ok:
             run.release_plans(keep=None)
             log.warning("autotune: no winner for %s after %.0f ms (%s)", self.problem.key, (time.perf_counter() - t0) * 1e3, summary)

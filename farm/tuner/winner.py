@@ -138,14 +138,22 @@ def decide_groups(group: np.ndarray, median: np.ndarray, mad: np.ndarray, order:
         threshold[idx] = band[ok]
         decided[idx] = True
 
+    ranking, pos = _ranked(group, med, order, winner, n_groups, top_k)
+    return GroupDecisions(winner, fastest, defaults, rule, threshold, ranking, pos)
+
+
+def _ranked(group: np.ndarray, med: np.ndarray, order: np.ndarray, winner: np.ndarray, n_groups: int,
+            top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's top ``top_k`` rows, its winner first, then by time: (rows, their position in the group)."""
+    n = len(group)
     is_winner = np.zeros(n, dtype=bool)
     is_winner[winner[winner >= 0]] = True
-    ranking = np.lexsort((order, med, ~is_winner, group))  # the winner, then by time
+    ranking = np.lexsort((order, med, ~is_winner, group))
     rank_groups = group[ranking]
     starts = np.searchsorted(rank_groups, np.arange(n_groups))
     pos = np.arange(n) - starts[rank_groups] if n else np.zeros(0, dtype=np.int64)
     keep = pos < max(top_k, 1)
-    return GroupDecisions(winner, fastest, defaults, rule, threshold, ranking[keep], pos[keep])
+    return ranking[keep], pos[keep]
 
 
 @dataclass(frozen=True)
