@@ -151,3 +151,19 @@ def test_parse_size():
     for bad in ("-3", "many", True, 1.5, -1):
         with pytest.raises(InputError):
             parse_size(bad, field="x")
+
+
+@pytest.mark.parametrize("spelled", ["off", "'off'", "OFF", "no"])
+def test_check_off_reads_as_written_unquoted_too(tmp_path, registry, spelled):
+    from farm.model.records import ResultCheck
+
+    # YAML 1.1 reads a bare off / no as false: docs/workload.md writes `check: off` bare
+    text = GOOD.replace("  workspace_limit: 64MiB\n", f"  workspace_limit: 64MiB\n  check: {spelled}\n")
+    assert load_workload(write(tmp_path, text), registry).autotune.check is ResultCheck.OFF
+
+
+def test_check_true_is_refused_with_the_choices(tmp_path, registry):
+    text = GOOD.replace("  workspace_limit: 64MiB\n", "  workspace_limit: 64MiB\n  check: on\n")
+    with pytest.raises(InputError) as err:
+        load_workload(write(tmp_path, text), registry)
+    assert "check" in str(err.value) and "reference" in str(err.value)

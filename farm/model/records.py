@@ -212,6 +212,8 @@ _NOT_FAILURES = frozenset({Disposition.SUCCEEDED, Disposition.PRUNED})
 def _enum(cls: type[enum.Enum], value: Any, field_name: str) -> Any:
     if isinstance(value, cls):
         return value
+    if value is False and "off" in cls._value2member_map_:
+        return cls("off")  # YAML 1.1 reads an unquoted `off` (or `no`) as false: `check: off` means off
     try:
         return cls(str(value).lower())
     except ValueError:
