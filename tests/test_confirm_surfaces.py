@@ -188,6 +188,30 @@ def test_a_stage_cut_short_is_not_read_and_a_tie_is_a_confirmed_tie_in_diff(tmp_
     assert json.loads(capsys.readouterr().out)["rows"][0]["status"] == "confirmed tie"
 
 
+def test_a_winner_an_undecided_stage_could_not_separate_yet_is_a_change_in_diff_not_a_tie(tmp_path, capsys):
+    # before: the stage's budget ended undecided (the default kept, the challenger "tied"); after: the challenger
+    # confirmed 4x faster. That is a changed winner on every surface of diff, not a confirmed tie.
+    rng = np.random.default_rng(5)
+    for name, rounds, speed, noise in (("before", 4, 0.9, 0.6), ("after", 24, 0.25, 0.02)):
+        write_results(tmp_path / name, {GPU: [(P1, "p1", [fake_result(P1, "lib.default", (1.0,) * 3, candidate=0),
+                                                          fake_result(P1, "tuned.x", (0.9,) * 3, candidate=1)])]})
+        base = rng.lognormal(0.0, 0.05, rounds)
+        stage = [fake_result(P1, "lib.default", tuple(base), candidate=0),
+                 fake_result(P1, "tuned.x", tuple(base * speed * rng.lognormal(0.0, noise, rounds)), candidate=1)]
+        write_results(tmp_path / name, {GPU: [(P1, "p1", stage)]}, round="confirm")
+    before = decide_results(tmp_path / "before").winners[(GPU.signature, P1.key)]
+    after = decide_results(tmp_path / "after").winners[(GPU.signature, P1.key)]
+    assert not before.confirmed.settled and after.label in before.confirmed.ties  # what misled diff
+    assert before.label == "lib.default[default]" and after.label == "tuned.x[default]" and after.confirmed.settled
+    assert main(["diff", str(tmp_path / "before"), str(tmp_path / "after"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["status"] == "winner changed"
+    for name in ("before", "after"):
+        reduce_results(tmp_path / name, tmp_path / f"{name}-o")
+    files = [next((tmp_path / f"{name}-o").glob("*.json")) for name in ("before", "after")]
+    assert main(["diff", str(files[0]), str(files[1]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["status"] == "winner changed"
+
+
 # -- replay: the graph decision while a graph is captured ---------------------------------------------------
 def test_replay_runs_the_graph_decision_only_while_a_graph_is_being_captured(tmp_path, monkeypatch):
     import farm.ops as ops

@@ -22,7 +22,7 @@ from farm.store.location import Location
 NEAR_TIE = 0.03  # a changed winner within 3 % of the old one's time counts as a near tie
 # a same winner whose time moved by more than this (or than 3 sigma of both sides' noise, where larger)
 TIME_CHANGE = 0.05
-# "confirmed tie": a confirmation stage measured both winners in paired rounds and their interval includes 1
+# "confirmed tie": a confirmation stage that decided measured both winners in paired rounds, their interval holding 1
 STATUSES = ("added", "removed", "winner changed", "time changed", "near tie", "confirmed tie", "same winner")
 
 
@@ -52,6 +52,7 @@ class _Side:
     ms: float | None
     ties: tuple[str, ...] = ()  # candidates its confirmation stage could not tell from it (paired interval holds 1)
     mad: float | None = None  # its median absolute deviation, ms, where recorded
+    settled: bool = True  # its stage decided before its budget ended (an undecided stage's "ties" are no verdict)
 
 
 def diff_paths(a: str | Path, b: str | Path) -> list[DiffRow]:
@@ -128,12 +129,19 @@ def _from_overrides(path: Path) -> dict[Hashable, _Side]:
     f = load_overrides(path)
     check_knobs(f, str(path))  # a knob value of the wrong type is an error here as in farm publish
     sig = f.device_signature or ""
-    return {(sig, e.match_key()): _Side(sig, entry_label(e), entry_desc(e), entry_ms(e), _ties(e), _mad(e)) for e in f.entries}
+    return {(sig, e.match_key()): _Side(sig, entry_label(e), entry_desc(e), entry_ms(e), _ties(e), _mad(e), _settled(e))
+            for e in f.entries}
 
 
 def _mad(e: Any) -> float | None:
     v = (e.metadata or {}).get("mad_ms")
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _settled(e: Any) -> bool:
+    """``autotune_metadata.selection.confirmation.settled`` of an entry (True where not recorded false)."""
+    conf = ((e.metadata or {}).get("selection") or {}).get("confirmation")
+    return not (isinstance(conf, dict) and conf.get("settled") is False)
 
 
 def _ties(e: Any) -> tuple[str, ...]:
@@ -148,7 +156,7 @@ def _from_results(folder: Location) -> dict[Hashable, _Side]:
 
     d = decide_folder(folder)
     return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms, w.confirmed.ties if w.confirmed else (),
-                       w.mad_ms) for key, w in d.winners.items()}
+                       w.mad_ms, w.confirmed.settled if w.confirmed else True) for key, w in d.winners.items()}
 
 
 def _time_changed(o: _Side, n: _Side) -> bool:
@@ -175,8 +183,10 @@ def compare(old: dict[Hashable, _Side], new: dict[Hashable, _Side]) -> list[Diff
             status = "same winner" if o.winner == n.winner else "winner changed"
             if status == "same winner" and _time_changed(o, n):
                 status = "time changed"
-            elif status == "winner changed" and (o.winner in n.ties or n.winner in o.ties):
-                status = "confirmed tie"  # measured together, the two could not be told apart
+            elif status == "winner changed" and ((n.settled and o.winner in n.ties) or (o.settled and n.winner in o.ties)):
+                # measured together by a stage that decided, the two could not be told apart (a stage whose budget
+                # ended undecided ties everything it could not separate yet: that is no verdict)
+                status = "confirmed tie"
             elif status == "winner changed" and o.ms and n.ms and abs(n.ms / o.ms - 1) <= NEAR_TIE:
                 status = "near tie"  # another candidate by a hair: measurement noise, not a new best kernel
             rows.append(DiffRow(n.signature, n.problem, status, o.winner, n.winner, o.ms, n.ms))
