@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,11 @@ def test_the_readme_cluster_sequence_runs_as_written(tmp_path):
     if busy:
         pytest.skip(f"ports {busy} are taken here: `ray start --head` needs Ray's default ports")
     others = _other_ray()
+    for _ in range(20):  # an embedded instance an earlier test shut down may take a moment to go
+        if not others:
+            break
+        time.sleep(0.5)
+        others = _other_ray()
     if others:
         pytest.skip(f"another Ray instance runs here ({', '.join(others[:3])}): the sequence's `ray stop` would stop it")
     script = _readme_cluster_block()
