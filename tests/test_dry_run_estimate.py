@@ -78,3 +78,23 @@ def test_a_history_folder_that_is_not_there_is_an_error_naming_it(tmp_path, caps
                  "--history", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "nope" in err and "results folder not found" in err
+
+
+def test_a_history_row_with_a_time_that_is_not_finite_is_left_out_and_the_json_stays_json(tmp_path, capsys):
+    props = cpu_device().properties
+    mm = matmul_problem(24, 20, 16)
+    history = tmp_path / "old" / "results"
+    write_results(history, {props: [(mm, "mm", [_timed(mm, "cpu.matmul.blas", float("inf"), 0),
+                                                _timed(mm, "cpu.matmul.einsum", 30.0, 1)])]})
+    wl = tmp_path / "w.yaml"
+    wl.write_text(WORKLOAD)
+    assert main(["tune", str(wl), "--devices", "cpu", "--dry-run", "--json", "--out", str(tmp_path / "run"),
+                 "--history", str(history)]) == 0
+    text = capsys.readouterr().out
+    assert "Infinity" not in text and "NaN" not in text
+    [e] = json.loads(text)["estimate"]
+    # the infinite row tells nothing: blas has no time (none of its engine either), einsum its own 30 ms
+    assert e["estimated_from"] == {"own_history": 1, "same_engine_and_op": 0, "none": 1}
+    assert abs(e["main_round_s"] - 0.030) < 1e-9
+    assert main(["tune", str(wl), "--devices", "cpu", "--dry-run", "--out", str(tmp_path / "run"),
+                 "--history", str(history)]) == 0  # the table, no traceback

@@ -329,3 +329,12 @@ def test_farm_tunes_verify_lines_are_one_line_each_and_at_most_five_below_the_su
     assert lines[0].startswith("Verified where replayed: 1 of 8 decision(s) hold")
     assert lines[1:] == [f"  problem-number-{i} (eager): flagged: delivers 0.978x of the direct call (below 0.99)"
                          for i in range(4)] + ["  and 3 more (each one: -v, or farm report)"]
+
+
+def test_json_output_is_strict_json_a_time_that_is_not_finite_is_null(capsys):
+    from farm.cli.console import print_json
+
+    print_json({"ms": float("inf"), "rows": [{"speedup": float("nan")}, 1.5], "pair": (2, float("-inf"))})
+    text = capsys.readouterr().out
+    assert "Infinity" not in text and "NaN" not in text
+    assert json.loads(text) == {"ms": None, "rows": [{"speedup": None}, 1.5], "pair": [2, None]}

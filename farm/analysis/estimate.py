@@ -11,6 +11,7 @@ workload's ``prune``), only the candidates it keeps are counted.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -95,6 +96,8 @@ class History:
             sessions: dict[tuple[str, str, str], dict[str, list[Any]]] = {}  # -> session -> [latest at, ms]
             for row in t.to_pylist():
                 sig, key, ms = row["device_signature"], row["problem_key"], float(row["tuning_ms"])
+                if not math.isfinite(ms):  # an infinite time (a hand-edited or hostile part) estimates nothing
+                    continue
                 if row["round"] in ("main", "finalist"):
                     self.own[(sig, key, row["candidate_key"])] = ms  # rows ascend in time: the last one stays
                     self._alike.setdefault((sig, row["op"], row["engine_name"]), []).append(ms)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import math
 import logging
 import os
 import re
@@ -43,9 +44,21 @@ _JSON_OUT: contextvars.ContextVar[Any] = contextvars.ContextVar("farm_json_out",
 
 
 def print_json(data: Any) -> None:
+    """``data`` as strict JSON (a time that is not finite is null: JSON has no Infinity or NaN, and jq, DuckDB and
+    browsers refuse them)."""
     out = _JSON_OUT.get() or sys.stdout
-    out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    out.write(json.dumps(_finite(data), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
     out.flush()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 @contextlib.contextmanager
