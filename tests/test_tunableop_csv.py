@@ -97,14 +97,32 @@ def test_no_gemm_line_for_what_a_blas_gemm_is_not():
     assert gemm_signature(OverrideEntry.for_problem(tf32, "e")) is None
 
 
-@pytest.mark.parametrize("text, field", [
-    ("Validator,PT_VERSION\n", "line 1"),
-    ("Validator,PT_VERSION,2.13.0\nGemmTunableOp_float_NN,nn_1_1_1\n", "line 2"),
-])
-def test_malformed_lines_name_the_line(text, field):
+def test_a_malformed_validator_names_the_line():
     with pytest.raises(InputError) as info:
-        parse_tunableop_csv(text, source="bad.csv")
-    assert info.value.field == field and "bad.csv" in str(info.value)
+        parse_tunableop_csv("Validator,PT_VERSION\n", source="bad.csv")
+    assert info.value.field == "line 1" and "bad.csv" in str(info.value)
+
+
+GOOD_LINE = "GemmTunableOp_float_NN,nn_4_4_4_ld_4_4_4,Default,0.0100\n"
+
+
+@pytest.mark.parametrize("bad", ["GemmTunableOp_float_NN,nn_1_1_1", "oops", "GemmTunableOp_float_NN,nn_8_8_8_ld_8_8_8,Default,nan",
+                                 "GemmTunableOp_float_NN,nn_8_8_8_ld_8_8_8,Default,inf"])
+def test_one_bad_result_line_is_kept_as_it_is_and_the_others_replay(tmp_path, caplog, bad):
+    # the seed invites hand edits: one line gone wrong (too few fields, a time that is no number) costs that line
+    text = "Validator,PT_VERSION,2.13.0\n" + bad + "\n" + GOOD_LINE
+    f = parse_tunableop_csv(text, source="edited.csv")
+    assert [e.engine_name for e in f.entries] == ["Default"] and f.entries[0].problem() is not None
+    path = tmp_path / "edited.csv"
+    path.write_text(text)
+    write_tunableop_csv(path, [], device=None)  # an append keeps it, file and bad line, nothing moved aside
+    assert bad in path.read_text() and GOOD_LINE.strip() in path.read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["edited.csv"]
+
+
+def test_a_byte_order_mark_from_a_spreadsheet_save_is_read_past():
+    f = parse_tunableop_csv("\ufeffValidator,PT_VERSION,2.13.0\n" + GOOD_LINE, source="saved.csv")
+    assert len(f.entries) == 1 and f.extra["tunableop_validators"][0][1] == "PT_VERSION"
 
 
 # -- the runtime, TunableOp-style, on a .csv file --------------------------------------------------

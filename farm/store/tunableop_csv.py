@@ -34,6 +34,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import math
 import logging
 import re
 from pathlib import Path
@@ -83,6 +84,7 @@ def parse_tunableop_csv(text: str, *, source: str = "<tunableop>", ordinal: int 
     validators: list[list[str]] = []
     foreign: list[list[str]] = []
     entries: list[OverrideEntry] = []
+    text = text[1:] if text.startswith("\ufeff") else text  # a spreadsheet's save starts with a byte-order mark
     try:
         rows = list(csv.reader(io.StringIO(text)))
     except csv.Error as exc:
@@ -96,8 +98,11 @@ def parse_tunableop_csv(text: str, *, source: str = "<tunableop>", ordinal: int 
                                  source=source)
             validators.append(row[:3])
             continue
-        if len(row) < 4:
-            raise InputError("expected op,params,kernel,time", field=f"line {lineno}", value=",".join(row), source=source)
+        if len(row) < 4:  # a hand edit gone wrong: that line is not replayed, the others are (and it is kept)
+            log.warning("tunableop: %s line %d: expected op,params,kernel,time, got %r; kept as it is, not replayed",
+                        source, lineno, ",".join(row))
+            foreign.append(list(row))
+            continue
         try:
             entry = _entry(row, ordinal)
         except (InputError, ValueError) as exc:
@@ -114,6 +119,8 @@ def parse_tunableop_csv(text: str, *, source: str = "<tunableop>", ordinal: int 
 def _entry(row: Sequence[str], ordinal: int | None = None) -> OverrideEntry | None:
     op_name, params, kernel, time_text = (c.strip() for c in row[:4])
     time_ms = float(time_text) if time_text else 0.0
+    if not math.isfinite(time_ms) or time_ms < 0:
+        raise ValueError(f"time {time_text!r} is not a finite number of milliseconds")
     meta = {"min_time_ms": time_ms, "median_time_ms": time_ms, "source": "tunableop"}
     engine, knobs = _parse_kernel(kernel)
     seed = _SEED_OP.fullmatch(op_name)
