@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import time
 from pathlib import Path
+
+log = logging.getLogger("farm.fsutil")
 
 MAX_TEXT_BYTES = 256 * 2**20  # no override, results or workload file comes near this
 
@@ -27,6 +30,45 @@ def fsync_dir(path: Path) -> None:
 def temp_path(path: Path) -> Path:
     """A hidden sibling name, unique per process, that readers skip."""
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+STALE_TEMP_S = 3600.0  # a temp file this old whose process is gone here is a killed write's leftover
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Delete ``path``'s temp siblings (``temp_path``) left by a write that was killed: older than STALE_TEMP_S and
+    of a process id not running on this host. A write in progress (here, or on another host of a shared folder)
+    is never that old. Returns what was deleted."""
+    gone = []
+    now = time.time()
+    for tmp in path.parent.glob(f".{glob_escape(path.name)}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2:-4]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            if now - tmp.stat().st_mtime < STALE_TEMP_S or _running(int(pid)):
+                continue
+            tmp.unlink()
+            gone.append(tmp)
+        except OSError:  # taken by another cleaner meanwhile, or not ours to delete
+            continue
+    if gone:
+        log.info("fsutil: removed %d temp file(s) a killed write left beside %s", len(gone), path)
+    return gone
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it runs
+        return True
+    return True
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -53,6 +95,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
     fsync_dir(path.parent)
+    remove_stale_temps(path)
 
 
 def _aside(path: Path, label: str) -> Path:

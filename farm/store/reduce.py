@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from farm._version import __version__
 from farm.errors import InputError
-from farm.fsutil import fsync_dir, temp_path
+from farm.fsutil import fsync_dir, remove_stale_temps, temp_path
 from farm.store.dataset import ResultsDataset, safe_signature
 from farm.store.override_files import ISO_SECONDS_FORMAT, WriteReport, autotune_metadata, render, write_overrides
 from farm.store.overrides import OVERRIDE_VERSION, OverrideEntry, OverrideFile, knob_list
@@ -284,6 +284,7 @@ def write_winners_table(path: Path, decisions: Decisions, picked: Sequence[Winne
     pq.write_table(table, tmp)
     Path(tmp).replace(path)
     fsync_dir(path.parent)
+    remove_stale_temps(path)
     return path
 
 
