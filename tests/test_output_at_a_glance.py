@@ -52,9 +52,9 @@ def test_an_undecided_stage_says_what_to_do_marks_the_entry_and_publish_can_leav
     assert file["untrusted"] == ["shaky"] and file["left_out_untrusted"] == []
     assert main(["publish", str(out / "overrides"), "--to", str(tmp_path / "root"), "--trusted-only", "--json"]) == 0
     [file] = json.loads(capsys.readouterr().out)["files"]
-    assert file["left_out_untrusted"] == ["shaky"] and file["added"] == [] and file["written"]
-    published = next((tmp_path / "root").glob("*/*.json"))
-    assert load_overrides(published).entries == []
+    # nothing trusted: no file at all (an empty one would hide what this device falls back to now)
+    assert file["left_out_untrusted"] == ["shaky"] and not file["written"] and "no trusted entry" in file["skipped"]
+    assert list((tmp_path / "root").glob("*/*.json")) == []
 
 
 def _entry(problem, engine, ms, name, knobs=(), trusted=None, mad=None):
@@ -338,3 +338,38 @@ def test_json_output_is_strict_json_a_time_that_is_not_finite_is_null(capsys):
     text = capsys.readouterr().out
     assert "Infinity" not in text and "NaN" not in text
     assert json.loads(text) == {"ms": None, "rows": [{"speedup": None}, 1.5], "pair": [2, None]}
+
+
+def test_trusted_only_with_replace_keeps_what_was_published_for_a_problem_now_untrusted(tmp_path, capsys):
+    from farm.devices.device import cpu_device
+    from farm.store.override_files import write_overrides
+    from tests.fakes import matmul_problem
+
+    dev = cpu_device()
+    props = {"signature": dev.signature, "properties": dev.properties.to_dict()}
+    p1, p2 = matmul_problem(8, 8, 8), matmul_problem(16, 16, 16)
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, entries in ((first, [_entry(p1, "cpu.matmul.blas", 1.0, "p1", trusted=True),
+                                     _entry(p2, "cpu.matmul.blas", 2.0, "p2", trusted=True)]),
+                            (second, [_entry(p1, "cpu.matmul.einsum", 0.9, "p1", trusted=True),
+                                      _entry(p2, "cpu.matmul.einsum", 1.0, "p2", trusted=False)])):
+        folder.mkdir()
+        write_overrides(folder / f"{props['signature']}.json", entries, device=props, mode="replace")
+    root = tmp_path / "root"
+    assert main(["publish", str(first), "--to", str(root), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["publish", str(second), "--to", str(root), "--trusted-only", "--replace", "--force", "--json"]) == 0
+    [file] = json.loads(capsys.readouterr().out)["files"]
+    assert file["written"] and file["left_out_untrusted"] == ["p2"]
+    published = {e.metadata["problem_name"]: e.engine_name for e in load_overrides(next(root.glob("*/*.json"))).entries}
+    assert published == {"p1": "cpu.matmul.einsum", "p2": "cpu.matmul.blas"}  # p2's trusted entry stays
+    # a publish with nothing trusted leaves the published file as it is
+    only_shaky = tmp_path / "third"
+    only_shaky.mkdir()
+    write_overrides(only_shaky / f"{props['signature']}.json", [_entry(p1, "cpu.matmul.blas", 5.0, "p1", trusted=False)],
+                    device=props, mode="replace")
+    before = next(root.glob("*/*.json")).read_text()
+    assert main(["publish", str(only_shaky), "--to", str(root), "--trusted-only", "--replace", "--json"]) == 0
+    [file] = json.loads(capsys.readouterr().out)["files"]
+    assert not file["written"] and "left as it is" in file["skipped"] and next(root.glob("*/*.json")).read_text() == before
+

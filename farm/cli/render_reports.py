@@ -27,7 +27,8 @@ def publish_tables(reports: Sequence[Any], dry_run: bool = False) -> list[Table]
     details = Table(title="Changes", title_justify="left", show_header=False)
     details.add_column("change")
     for r in reports:
-        status = Text("refused", style="red") if r.refused else Text("written" if r.written else "not written")
+        status = Text("refused", style="red") if r.refused else Text("skipped", style="yellow") if r.skipped \
+            else Text("written" if r.written else "not written")
         summary.add_row(Text(r.signature), str(len(r.added)), str(len(r.changed)), str(len(r.removed)),
                         str(r.unchanged), status, Text(r.path))
         for c in r.added + r.changed + r.removed:
@@ -43,6 +44,8 @@ def publish_tables(reports: Sequence[Any], dry_run: bool = False) -> list[Table]
         if r.left_out:
             notes.append(f"{r.signature}: {len(r.left_out)} untrusted entr{'y' if len(r.left_out) == 1 else 'ies'} "
                          f"left out (--trusted-only): {', '.join(r.left_out)}")
+        if r.skipped:
+            notes.append(f"{r.signature}: {r.skipped}")
     if notes:
         summary.caption = Text("\n".join(notes), style="yellow", justify="left")
     return [summary] + ([details] if details.row_count else [])
@@ -57,7 +60,7 @@ def publish_dict(reports: Sequence[Any]) -> dict[str, Any]:
                        "added": [change(c) for c in r.added], "changed": [change(c) for c in r.changed],
                        "removed": [change(c) for c in r.removed], "unchanged": r.unchanged,
                        "regressions": [change(c) for c in r.regressions], "untrusted": list(r.untrusted),
-                       "left_out_untrusted": list(r.left_out)} for r in reports]}
+                       "left_out_untrusted": list(r.left_out), "skipped": r.skipped or None} for r in reports]}
 
 
 _SHORT_OF_CHECKS = {"not_delivered": "replay lost", "withdrawn_in_model": "model withdrew it"}

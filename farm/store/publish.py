@@ -22,7 +22,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from farm.devices.properties import DeviceProperties
 from farm.errors import FarmError, InputError
@@ -58,6 +58,7 @@ class PublishedFile:
     refused: str = ""
     untrusted: list[str] = field(default_factory=list)  # problems published whose decision is marked untrusted
     left_out: list[str] = field(default_factory=list)  # untrusted ones not published (--trusted-only)
+    skipped: str = ""  # why nothing of this file was written though the publish went ahead (--trusted-only)
 
 
 def entry_label(e: OverrideEntry) -> str:
@@ -232,7 +233,14 @@ def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: 
         rep.refused = f"{path}: {warning} (use --force to publish anyway)"
         return _Plan(rel, "", old_text, {}, rep)
     old_entries = old.entries if old else []
-    merged = list(new.entries) if replace else merge_entries(old_entries, new.entries)[0]
+    if trusted_only and shaky and not new.entries:
+        # nothing trusted: no file (an empty one would hide what this device falls back to now), and with
+        # --replace the entries published before stay
+        rep.skipped = "no trusted entry to publish: " + ("the published file is left as it is" if old is not None
+                                                         else "no file written")
+        return _Plan(rel, "", old_text, {}, rep)
+    merged = _replaced(old_entries, new.entries, shaky if trusted_only else []) if replace \
+        else merge_entries(old_entries, new.entries)[0]
     rep.added, rep.changed, rep.removed, rep.unchanged = diff_entries(old_entries, merged)
     rep.regressions = _regressions(old_entries, new.entries)
     if rep.regressions and not force:
@@ -256,12 +264,22 @@ def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: 
     return _Plan(rel, body, old_text, record, rep)
 
 
+def _replaced(old: Sequence[OverrideEntry], new: Sequence[OverrideEntry], left_out: Sequence[OverrideEntry]
+              ) -> list[OverrideEntry]:
+    """``--replace``: the new entries, and of the old ones those of the problems whose new decision was left out as
+    untrusted (--trusted-only: what was published for them stays until a trusted decision replaces it)."""
+    keep = {e.match_key() for e in left_out}
+    return list(new) + [e for e in old if e.match_key() in keep]
+
+
 def _write_all(store: Store, plans: list[_Plan], index: dict[str, Any]) -> None:
     """Write every planned file, then the index; on a failure put back what was there and raise."""
     old_index = store.read(INDEX)
     done: list[_Plan] = []
     try:
         for plan in plans:
+            if plan.report.skipped:
+                continue
             store.write(plan.rel, plan.body)
             done.append(plan)
             index["files"][plan.report.signature] = plan.record
@@ -277,6 +295,6 @@ def _write_all(store: Store, plans: list[_Plan], index: dict[str, Any]) -> None:
         rolled = "rolled back: nothing published" if not problems else "could not roll back " + "; ".join(problems)
         raise FarmError(f"publishing to {store.uri} failed ({type(exc).__name__}: {exc}); {rolled}") from None
     for plan in plans:
-        plan.report.written = True
+        plan.report.written = not plan.report.skipped
 
 
