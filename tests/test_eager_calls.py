@@ -201,6 +201,30 @@ def _one_gemm_workload(tmp_path, knobs):
     return wl
 
 
+def test_verify_fix_of_a_run_does_not_call_fixed_what_the_runs_rows_cannot_fix(tmp_path, capsys, replay_env):
+    # the run's override file holds an entry of a problem the run has no rows of (appended from elsewhere): the
+    # fix lands through the rows, so that decision stays as it is, and verify says so (and --strict fails)
+    from farm.cli.main import main
+    from farm.store.override_files import load_overrides
+    from tests.fakes import fake_result, write_results
+
+    cfg, device = _sim(tmp_path)
+    problem = Problem.create("matmul", {"A": [2048, 2048], "B": [2048, 2048]}, dtype="fp16")
+    knobs, gain = _fastest_gemm(problem, device)
+    run = tmp_path / "run"
+    other = matmul_problem(8, 8, 8)
+    write_results(run / "results", {device.properties: [(other, "small", [fake_result(other, "sim.vendor", (1.0,) * 3)])]})
+    path = run / "overrides" / f"{device.signature}.json"
+    path.parent.mkdir(parents=True)
+    _override_file(path, device, problem, "sim.gemm", knobs, gain)
+    assert main(["verify", str(run), "--devices", f"sim:{cfg}", "--fix", "--strict", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    (d,) = out["decisions"]
+    assert d["verdict"].startswith("flagged") and not d["fixed"]
+    assert any("not fixed" in n for n in d["notes"]) and any("not fixed" in w for w in out["written"])
+    assert any(e.engine_name == "sim.gemm" for e in load_overrides(path).entries)  # nothing claimed, nothing changed
+
+
 def test_verify_flags_a_decision_slower_where_replayed_and_fix_publishes_the_default(tmp_path, capsys, replay_env):
     from farm.cli.main import main
     from farm.store.override_files import load_overrides

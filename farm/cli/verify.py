@@ -54,7 +54,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                                     progress=progress)
     if args.fix:
         verified = mark_fixes(verified)
-    written = _record(target, f, verified, device, args.fix)
+    written, verified = _record(target, f, verified, device, args.fix)
     records = [v.as_dict() for v in verified]
     if args.json:
         print_json({"target": target.where, "file": target.path, "device": device.signature, "note": target.note,
@@ -90,33 +90,50 @@ def _keys(f: Any, names: list[str] | None, source: str) -> list[str] | None:
     return [have[n] for n in names]
 
 
-def _record(target: Target, f: Any, verified: list[Any], device: Any, fix: bool) -> list[str]:
+def _record(target: Target, f: Any, verified: list[Any], device: Any, fix: bool) -> tuple[list[str], list[Any]]:
     """Keep what was found: a run folder gets the rows (and its override file, reduced again, the figures and
-    any fix); a published root or a file gets the fixes (and the figures) only with --fix."""
+    any fix); a published root or a file gets the fixes (and the figures) only with --fix. Returns what was
+    written, and the checks as they stand now (a fix that did not land is no fix)."""
     if target.kind == "run":
         return _record_in_run(target, verified, device)
     if not fix:
-        return []
+        return [], verified
     from farm.replay.verify import fixed_entries
 
     entries = fixed_entries(f, [v for v in verified if not v.skipped])
     if not entries:
-        return []
+        return [], verified
     fixed = sum(v.fixed for v in verified)
     written = rewrite_entries(target, f, entries, device.signature)
     if target.kind == "file":
-        return [f"{target.path}: {fixed} decision(s) replaced by the default, {len(verified)} check(s) recorded"]
-    return [f"republished {path}: {fixed} decision(s) replaced by the default" for path in written]
+        return [f"{target.path}: {fixed} decision(s) replaced by the default, {len(verified)} check(s) recorded"], \
+            verified
+    return [f"republished {path}: {fixed} decision(s) replaced by the default" for path in written], verified
 
 
-def _record_in_run(target: Target, verified: list[Any], device: Any) -> list[str]:
+def _record_in_run(target: Target, verified: list[Any], device: Any) -> tuple[list[str], list[Any]]:
+    """The rows into the run, reduced again. A fix lands through the run's rows: a decision of a problem the run
+    has no rows of (an entry the override file got from elsewhere) is not fixed, and says so."""
+    import dataclasses
+
     from farm.replay.verify import result_rows
+    from farm.store.deciding import decide_folder
     from farm.store.run_records import record_in_run
 
     rows = [(r, d.problem, d.name, where) for r, d, where in result_rows(verified, device)]
     count, report = record_in_run(Path(target.where), target.path, rows, device.signature, name="verify")
     written = [s.write.path for s in report.signatures if s.write is not None]
-    return [f"{count} verify row(s) in {Path(target.where) / 'results'}; reduced again: {', '.join(written)}"]
+    lines = [f"{count} verify row(s) in {Path(target.where) / 'results'}; reduced again: {', '.join(written)}"]
+    if any(v.fixed for v in verified):
+        decided = decide_folder(Path(target.where) / "results").winners
+        stray = [v for v in verified if v.fixed and (device.signature, v.decision.problem.key) not in decided]
+        if stray:
+            note = "not fixed: this run has no rows of the problem (its entry came from elsewhere): fix that file"
+            gone = {id(v) for v in stray}
+            verified = [dataclasses.replace(v, fixed=False, notes=(*v.notes, note)) if id(v) in gone else v
+                        for v in verified]
+            lines.append(f"not fixed ({note.split(': ', 1)[1]}): {', '.join(v.decision.name for v in stray)}")
+    return lines, verified
 
 
 def add_verify_parser(sub: Any) -> None:
