@@ -42,6 +42,10 @@ def test_an_undecided_stage_says_what_to_do_marks_the_entry_and_publish_can_leav
     assert "too noisy to trust: shaky" in text and "undecided" in text
     assert "the confirmation budget ran out undecided: the default is published" in text
     assert "Next: a quiet machine" in text and "budget_ms" in text and "re-confirms only these" in text
+    # the query a person pastes is one line at 100 columns (a break inside its Python string would not run)
+    from farm.cli.render import winners_query
+
+    assert any(winners_query(str(out)) in line and line.startswith("query") for line in proc.stdout.splitlines())
     [entry] = load_overrides(next((out / "overrides").glob("*.json"))).entries
     selection = entry.metadata["selection"]
     assert selection["trusted"] is False and "budget ran out" in selection["untrusted"]

@@ -363,6 +363,12 @@ def _joined(out: str, name: str) -> str:
     return Location.of(out).join(name).uri
 
 
+def query_line(out: str) -> Text:
+    """The command that lists the winners, to print with ``soft_wrap=True``: one line a person can paste (a table
+    would fold it, and a line break inside its Python string is a SyntaxError)."""
+    return Text(f'query     {_python()} -c "import duckdb; duckdb.sql(\\"{winners_query(out)}\\").show()"')
+
+
 def where_table(out: str, summary: Any) -> Table:
     table = Table(title=f"Outputs of job {summary.job_id} (run {summary.run_id})", title_justify="left",
                   show_header=False, box=None, padding=(0, 2, 0, 0))
@@ -375,7 +381,6 @@ def where_table(out: str, summary: Any) -> Table:
                 table.add_row("overrides", Text(f"{_shown(s.write.path)}  ({s.entries} entries)"))
             if s.winners_path:
                 table.add_row("winners", Text(_shown(s.winners_path)))
-        table.add_row("query", Text(f'{_python()} -c "import duckdb; duckdb.sql(\\"{winners_query(out)}\\").show()"'))
     for sig, problems in summary.no_winner.items():
         for name, why in problems.items():
             table.add_row(Text("no winner", style="red"), Text(f"{name} on {sig}: {why}"))

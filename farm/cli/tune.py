@@ -86,7 +86,7 @@ def local_device(spec: str) -> Any:
 
 
 def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry: Any) -> int:
-    from farm.cli.render import host_load, local_dict, results_table, summary_table, where_table
+    from farm.cli.render import host_load, local_dict, query_line, results_table, summary_table, where_table
     from farm.cli.render_farm import pruning_table
     from farm.cli.render_verify import verified_table
     from farm.fleet.local_run import run_local
@@ -123,6 +123,8 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
         if report.summary.verified:
             console.print(verified_table(report.summary.verified, title="Verified where replayed"))
         console.print(where_table(out, report.summary))
+        if report.summary.reduce is not None:
+            console.print(query_line(out), soft_wrap=True)
     return _finish(args, report.summary)
 
 
@@ -195,7 +197,7 @@ def _finish(args: argparse.Namespace, summary: Any, warning: str = "") -> int:
 
 def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     from farm.cli.progress import ProgressView
-    from farm.cli.render import host_load, where_table
+    from farm.cli.render import host_load, query_line, where_table
     from farm.cli.render_farm import farm_dict, farm_tables
     from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
 
@@ -242,6 +244,8 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
         for table in farm_tables(workload, report, verbose=_verbose(args), load=load):
             console.print(table)
         console.print(where_table(out, report.summary))
+        if report.summary.reduce is not None:
+            console.print(query_line(out), soft_wrap=True)
     from farm.fleet.cluster import oversubscribed_cpu
 
     return _finish(args, report.summary, oversubscribed_cpu(request, address))
