@@ -61,6 +61,22 @@ def test_an_undecided_stage_says_what_to_do_marks_the_entry_and_publish_can_leav
     assert list((tmp_path / "root").glob("*/*.json")) == []
 
 
+def test_the_advice_for_an_undecided_problem_does_what_it_says_the_same_command_confirms_it_again(tmp_path):
+    import pyarrow.dataset as ds
+
+    def stages(out):
+        t = ds.dataset(out / "results", format="parquet", partitioning="hive").to_table(
+            filter=ds.field("round") == "confirm", columns=["session_id"])
+        return len(set(t["session_id"].to_pylist()))
+
+    proc, out = _noisy_tune(tmp_path)
+    assert proc.returncode == 0 and "re-confirms only these" in " ".join(proc.stdout.split())
+    assert stages(out) == 1
+    proc, out = _noisy_tune(tmp_path)  # followed verbatim: the undecided stage runs again (nothing else does)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert stages(out) == 2 and "nothing left to measure" not in proc.stdout + proc.stderr
+
+
 def _entry(problem, engine, ms, name, knobs=(), trusted=None, mad=None):
     from farm.store.overrides import OverrideEntry
 

@@ -384,14 +384,14 @@ def prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, list
     # min_ms is read too, so a row the reducer would drop (an infinite time) is dropped here as well
     # farm verify's and the model check's rows check published decisions: no part of the tuning a resume rebuilds
     t = dataset.table(["problem_key", "candidate_key", "round", "call", "session_id", "succeeded", "median_ms",
-                       "mad_ms", "session_size", "disposition", "measured_at", "min_ms"],
+                       "mad_ms", "session_size", "disposition", "converged", "measured_at", "min_ms"],
                       filter=(ds.field("device_signature") == signature) & ~ds.field("round").isin(list(CHECK_ROUNDS)))
     when = pc.divide(pc.cast(t["measured_at"], pa.int64()), 1000.0).to_pylist()
     out: dict[str, list[PriorRow]] = {}
     cols = [t.column(c).to_pylist() for c in t.column_names[:-2]]
-    for (pk, ck, rnd, call, sess, ok, med, mad, size, disp), at in zip(zip(*cols), when):
+    for (pk, ck, rnd, call, sess, ok, med, mad, size, disp, conv), at in zip(zip(*cols), when):
         out.setdefault(pk, []).append(PriorRow(spec_of(ck), rnd, sess, bool(ok), med, mad, call or "", at or 0.0,
-                                               size, disp == "pruned"))
+                                               size, disp == "pruned", conv is not False))
     return out
 
 

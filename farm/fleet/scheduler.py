@@ -9,8 +9,8 @@ Pure Python (no Ray), so it can be tested alone. For every (signature, problem):
   problems of a kernel family another device is running now: see ``kernel_family``);
 * when every candidate has a row, the confirmation stage (farm.tuner.confirm) re-measures the leader,
   its near rivals, the default and the incumbent together on one device, in paired rounds: one
-  ``confirm`` task per calling mode of the problem (a resumed job runs again a stage cut short, and
-  every stage again when it measured new candidates). With the stage off, a problem whose successful
+  ``confirm`` task per calling mode of the problem (a resumed job runs again a stage cut short or one that
+  ended undecided, and every stage again when it measured new candidates). With the stage off, a problem whose successful
   candidates were measured in more than one session (shards, a resumed job, retries after a crash)
   has a ``finalist`` task instead: the top ``finalist_k`` of every session, its fastest stable
   candidate and the default measured again together;

@@ -69,17 +69,25 @@ class PriorRow:
     measured_at: float = 0.0  # seconds since the epoch
     session_size: int | None = None  # a confirm row: the rows its stage wrote in all
     pruned: bool = False  # a cost model skipped it (farm tune --prune): no measurement, so still to measure
+    converged: bool = True  # a confirm row: its stage decided before its budget ended (``settled``)
 
 
 def confirmed_calls(rows: Iterable[PriorRow]) -> set[str]:
-    """The calling modes whose confirmation stage ran, whole, after the problem's last main-round measurement
-    (a stage cut short has fewer rows on disk than its ``session_size``; a stage's failed row written apart
-    from a stage, for a participant that hung or killed its worker, has none)."""
+    """The calling modes whose latest confirmation stage ran whole, and decided, after the problem's last
+    main-round measurement (a stage cut short has fewer rows on disk than its ``session_size``; a stage's failed
+    row written apart from a stage, for a participant that hung or killed its worker, has none). A stage whose
+    budget ended undecided is run again by a resume: what farm tune's advice for an undecided problem promises."""
     rows = list(rows)
     main = max((r.measured_at for r in rows if r.round != CONFIRM and not r.pruned), default=0.0)
     sessions = collections.Counter(r.session for r in rows if r.round == CONFIRM)
-    return {r.call for r in rows if r.round == CONFIRM and r.measured_at >= main and r.session_size
-            and sessions[r.session] >= r.session_size}
+    whole = [r for r in rows if r.round == CONFIRM and r.measured_at >= main and r.session_size
+             and sessions[r.session] >= r.session_size]
+    latest: dict[str, PriorRow] = {}
+    for r in whole:
+        if r.call not in latest or r.measured_at > latest[r.call].measured_at:
+            latest[r.call] = r
+    decided = {r.session for r in whole if r.succeeded and r.converged}
+    return {call for call, r in latest.items() if r.session in decided}
 
 
 def failed_in_stage(rows: Iterable[PriorRow]) -> set[PlanSpec]:
