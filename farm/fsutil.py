@@ -98,21 +98,21 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     remove_stale_temps(path)
 
 
-def _aside(path: Path, label: str) -> Path:
-    """``<path>.<label>-<epoch>``, with a counter when that name is taken."""
+def _aside(path: Path, label: str, prefix: str = "") -> Path:
+    """``<prefix><name>.<label>-<epoch>`` beside ``path``, with a counter when that name is taken."""
     stamp = int(time.time())
-    target = path.with_name(f"{path.name}.{label}-{stamp}")
+    target = path.with_name(f"{prefix}{path.name}.{label}-{stamp}")
     n = 1
     while target.exists():
-        target = path.with_name(f"{path.name}.{label}-{stamp}-{n}")
+        target = path.with_name(f"{prefix}{path.name}.{label}-{stamp}-{n}")
         n += 1
     return target
 
 
-def move_aside(path: str | Path, label: str = "corrupt") -> Path:
-    """Rename ``path`` to ``<path>.<label>-<epoch>``, never over an earlier one; returns the new path."""
+def move_aside(path: str | Path, label: str = "corrupt", prefix: str = "") -> Path:
+    """Rename ``path`` to ``<prefix><name>.<label>-<epoch>``, never over an earlier one; returns the new path."""
     path = Path(path)
-    target = _aside(path, label)
+    target = _aside(path, label, prefix)
     os.replace(path, target)
     return target
 

@@ -262,3 +262,8 @@ def test_a_part_a_lost_node_s_worker_writes_after_its_task_ran_again_is_set_asid
     [aside] = run["set_aside"]
     assert aside["session_id"] == "s-lost" and aside["rows"] == 1 and ".lost-worker-" in aside["path"]
     assert os.path.exists(aside["path"]) and summary is not None
+    # and the readers the docs show skip it too: pyarrow's dataset (pandas reads through it) as the farm's own
+    import pyarrow.dataset as pads
+
+    plain = pads.dataset(str(tmp_path / "out" / "results"), format="parquet", partitioning="hive")
+    assert sorted(plain.to_table(columns=["engine_name"]).column("engine_name").to_pylist()) == ["e0", "e1", "e3"]

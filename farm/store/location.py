@@ -147,19 +147,21 @@ class Location:
         return path
 
     def set_aside(self, path: str, label: str) -> str:
-        """Rename the file at ``path`` (as ``files`` lists it) to ``<path>.<label>-<epoch>``, never over another: no
-        reader of ``.parquet`` files lists it any more, and nothing is deleted. -> the new path."""
+        """Rename the file at ``path`` (as ``files`` lists it) to ``_<name>.<label>-<epoch>`` beside it, never over
+        another: no Parquet reader lists it any more (a ``.parquet`` glob misses the suffix; pyarrow, pandas and
+        Spark skip names starting with ``_``), and nothing is deleted. -> the new path."""
         if self.local:
             from farm.fsutil import move_aside
 
-            return str(move_aside(path, label))
+            return str(move_aside(path, label, prefix="_"))
         import time
 
+        head, _, name = path.rpartition("/")
         stamp, n = int(time.time()), 0
-        target = f"{path}.{label}-{stamp}"
+        target = f"{head}/_{name}.{label}-{stamp}"
         while self.fs.get_file_info(target).type != pafs.FileType.NotFound:
             n += 1
-            target = f"{path}.{label}-{stamp}-{n}"
+            target = f"{head}/_{name}.{label}-{stamp}-{n}"
         self.fs.move(path, target)
         return target
 
