@@ -167,3 +167,13 @@ def test_check_true_is_refused_with_the_choices(tmp_path, registry):
     with pytest.raises(InputError) as err:
         load_workload(write(tmp_path, text), registry)
     assert "check" in str(err.value) and "reference" in str(err.value)
+
+
+def test_the_simulated_fleet_example_loads_and_its_faults_name_real_knobs(repo_root, registry):
+    from farm.devices.sim import SimConfig
+
+    cfg = SimConfig.load(f"{repo_root}/examples/sim-fleet.yaml")
+    assert cfg.device_count == 4 and [g.name for g in cfg.groups] == ["Sim A100", "Sim H200"]
+    for fault in cfg.faults:  # a fault whose knobs no candidate has would never fire
+        knobs = {k.name: k for k in registry.get(fault.engine).knobs}
+        assert all(name in knobs and value in knobs[name].choices for name, value in fault.knobs), fault
