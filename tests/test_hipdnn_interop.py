@@ -238,7 +238,7 @@ UNREADABLE = [
 ]
 
 
-def test_entries_this_build_cannot_read_are_kept_verbatim_and_ours_appended(tmp_path):
+def test_entries_this_build_cannot_read_are_kept_verbatim_and_ours_appended(tmp_path, caplog):
     path = tmp_path / "hipdnn_autotune.json"
     path.write_text(hipdnn_text(UNREADABLE + [GOOD]))
     report = write_overrides(path, [ours()], device=None)
@@ -246,6 +246,11 @@ def test_entries_this_build_cannot_read_are_kept_verbatim_and_ours_appended(tmp_
     assert rules[:4] == UNREADABLE + [GOOD] and rules[4]["engine_name"] == "cpu.matmul.blas"
     assert (report.kept, report.added, report.entries) == (3, 1, 5)
     assert not [p for p in os.listdir(tmp_path) if ".corrupt-" in p]
+    # as hipDNN's reader does, production refuses the whole file while they are there: the writer says so
+    assert "refuse the whole file" in caplog.text and "hipdnn_autotune.json keeps 3 entries" in caplog.text
+    from farm.store.override_files import load_overrides
+
+    assert load_overrides(path, strict=False).invalid  # what a production reader gets: nothing used
 
 
 def test_a_version_2_file_without_a_list_gets_one(tmp_path):

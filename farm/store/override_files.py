@@ -155,7 +155,13 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
         rendered = [raw[id(e)] if id(e) in raw else e.to_json() for e in merged]
         _check_written(merged, rendered, entries, path)
         atomic_write_text(path, render(doc, rendered))
-    return WriteReport(str(path), mode, len(merged), replaced, added, moved, len(merged) - len(parsed))
+    kept = len(merged) - len(parsed)
+    if kept:
+        log.warning("overrides: %s keeps %d entr%s no reader can read, as they were (hipDNN's writer keeps them too); "
+                    "hipDNN's reader and farm.ops refuse the whole file while they are there, the entries just "
+                    "written included: fix or remove them (%s=skip reads the others)", path, kept,
+                    "y" if kept == 1 else "ies", INVALID_RULE_ENV)
+    return WriteReport(str(path), mode, len(merged), replaced, added, moved, kept)
 
 
 def _unusable_knobs(entries: Sequence[OverrideEntry]) -> bool:
