@@ -367,10 +367,23 @@ def _joined(out: str, name: str) -> str:
     return Location.of(out).join(name).uri
 
 
-def query_line(out: str) -> Text:
-    """The command that lists the winners, to print with ``soft_wrap=True``: one line a person can paste (a table
-    would fold it, and a line break inside its Python string is a SyntaxError)."""
-    return Text(f'query     {_python()} -c "import duckdb; duckdb.sql(\\"{winners_query(out)}\\").show()"')
+def query_line(out: str, width: int = 100) -> Text:
+    """The command that lists the winners, broken at spaces into lines of ``width`` with shell continuations (a
+    backslash ends each line but the last): pasted into bash, it runs as one line would. Print it with
+    ``soft_wrap=True`` (a table would fold it mid-string: a SyntaxError when pasted)."""
+    cmd = f'{_python()} -c "import duckdb; duckdb.sql(\\"{winners_query(out)}\\").show()"'
+    label, indent = "query     ", " " * 10
+    room = max(40, width - len(indent) - 2)
+    lines: list[str] = []
+    line = ""
+    for word in cmd.split(" "):
+        if line and len(line) + 1 + len(word) > room:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    return Text(label + (" \\\n" + indent).join(lines))
 
 
 def where_table(out: str, summary: Any) -> Table:

@@ -124,7 +124,7 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
             console.print(verified_table(report.summary.verified, title="Verified where replayed"))
         console.print(where_table(out, report.summary))
         if report.summary.reduce is not None:
-            console.print(query_line(out), soft_wrap=True)
+            console.print(query_line(out, console.width), soft_wrap=True)
     return _finish(args, report.summary)
 
 
@@ -245,7 +245,7 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
             console.print(table)
         console.print(where_table(out, report.summary))
         if report.summary.reduce is not None:
-            console.print(query_line(out), soft_wrap=True)
+            console.print(query_line(out, console.width), soft_wrap=True)
     from farm.fleet.cluster import oversubscribed_cpu
 
     return _finish(args, report.summary, oversubscribed_cpu(request, address))
