@@ -16,7 +16,7 @@ from tests.test_stage_failures import _plugin
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _noisy_tune(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
+def _noisy_tune(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
     """``farm tune`` of one problem whose leader is 2 % faster than the default under 50 % noise of each run's own,
     with the least confirmation budget: the stage runs its 8 rounds and cannot decide (a simulated device and one
     seeded generator: the same draws every time)."""
@@ -31,7 +31,7 @@ def _noisy_tune(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(_plugin(tmp_path / "plugin")), str(REPO))), FLAKY="{}",
                FLAKY_JITTER="0.5", COLUMNS="100")
     cmd = [sys.executable, "-m", "farm", "tune", str(wl), "--devices", f"sim:{tmp_path / 'sim.yaml'}", "--out",
-           str(out), "--in-process", "--no-verify"]
+           str(out), "--in-process", "--no-verify", *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240), out
 
 
@@ -41,7 +41,7 @@ def test_an_undecided_stage_says_what_to_do_marks_the_entry_and_publish_can_leav
     text = " ".join(proc.stdout.split())
     assert "too noisy to trust: shaky" in text and "undecided" in text
     assert "the confirmation budget ran out undecided: the default is published" in text
-    assert "Next: a quiet machine" in text and "budget_ms" in text and "re-confirms only these" in text
+    assert "Next: a quiet machine" in text and "budget_ms" in text and "with --reconfirm confirms only these" in text
     # the query a person pastes runs as printed at 100 columns (shell continuations, never a break inside a string)
     lines = proc.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("query "))
@@ -76,11 +76,13 @@ def test_the_advice_for_an_undecided_problem_does_what_it_says_the_same_command_
         return len(set(t["session_id"].to_pylist()))
 
     proc, out = _noisy_tune(tmp_path)
-    assert proc.returncode == 0 and "re-confirms only these" in " ".join(proc.stdout.split())
+    assert proc.returncode == 0 and "with --reconfirm confirms only these again" in " ".join(proc.stdout.split())
     assert stages(out) == 1
-    proc, out = _noisy_tune(tmp_path)  # followed verbatim: the undecided stage runs again (nothing else does)
+    proc, out = _noisy_tune(tmp_path)  # a plain resume: nothing is missing, nothing is measured
+    assert proc.returncode == 0 and stages(out) == 1
+    proc, out = _noisy_tune(tmp_path, "--reconfirm")  # followed verbatim: the undecided stage runs again
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert stages(out) == 2 and "nothing left to measure" not in proc.stdout + proc.stderr
+    assert stages(out) == 2
 
 
 def _entry(problem, engine, ms, name, knobs=(), trusted=None, mad=None):

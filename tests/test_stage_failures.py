@@ -243,11 +243,12 @@ def test_a_resume_never_counts_a_lone_failed_stage_row_as_a_stage_and_drops_its_
     assert failed_in_stage(main + [hung, again]) == set()
     whole = [PriorRow(s, "confirm", "c", True, 1.0, 0.0, "eager", 400.0, 2) for s in (b, c)]
     assert confirmed_calls(main + [hung] + whole) == {"eager"}
-    # a later stage whose budget ended undecided: a resume runs it again (the advice farm tune prints says so)
+    # a later stage whose budget ended undecided: a resume keeps it, one with --reconfirm runs it again
     undecided = [PriorRow(s, "confirm", "u", True, 1.0, 0.0, "eager", 500.0, 2, converged=False) for s in (b, c)]
-    assert confirmed_calls(main + [hung] + whole + undecided) == set()
+    assert confirmed_calls(main + [hung] + whole + undecided) == {"eager"}
+    assert confirmed_calls(main + [hung] + whole + undecided, redo_undecided=True) == set()
     decided = [PriorRow(s, "confirm", "d", True, 1.0, 0.0, "eager", 600.0, 2) for s in (b, c)]
-    assert confirmed_calls(main + [hung] + whole + undecided + decided) == {"eager"}
+    assert confirmed_calls(main + [hung] + whole + undecided + decided, redo_undecided=True) == {"eager"}
 
 
 @pytest.mark.slow

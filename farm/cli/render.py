@@ -114,14 +114,15 @@ def round_cells(values: Sequence[float | None], rounds: Sequence[str | None], he
 
 def next_step(load: "HostLoad | None", budget_ms: float | None = None) -> str:
     """What to try after an undecided stage: a quiet machine; one BLAS thread a call, unless the run had one
-    already; a confirmation budget four times this one (8000 ms at least). The same command re-confirms them."""
+    already; a confirmation budget four times this one (8000 ms at least). The same command with --reconfirm
+    confirms them again."""
     if load is None:  # a run elsewhere (a GPU, a cluster's nodes): what ran is not known here
         threads = "--cpu-threads 1 on a CPU, "
     else:  # a CPU run on this host
         threads = "" if load.blas_threads == 1 else "--cpu-threads 1, "
     budget = max(8000, round(4 * budget_ms)) if budget_ms else 8000
     return (f"Next: a quiet machine, {threads}or autotune: {{confirm: {{budget_ms: {budget}}}}}; the same command "
-            "re-confirms only these.")
+            "with --reconfirm confirms only these again.")
 
 
 @dataclasses.dataclass(frozen=True)

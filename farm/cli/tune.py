@@ -24,6 +24,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     registry = default_engine_registry()
     workload = load_workload(args.workload, registry)  # every input error surfaces here, before any device time
     workload = _with_pruning(args, workload)
+    if getattr(args, "reconfirm", False):  # both executors read it from the workload's confirmation settings
+        import dataclasses
+
+        auto = workload.autotune
+        workload = dataclasses.replace(workload, autotune=dataclasses.replace(
+            auto, confirm=dataclasses.replace(auto.confirm, redo_undecided=True)))
     out = args.out or f"runs/{_folder_name(workload.name)}"
     if args.dry_run:
         return _dry_run(workload, local_device(args.devices), registry, args.json, out, args.history or ())
@@ -377,6 +383,9 @@ def add_tune_parser(sub: Any) -> None:
                    help="seconds between progress lines when output is not a terminal (default 10)")
     p.add_argument("--top-k", type=positive_int, default=3, help="ranking depth kept in the override metadata (default 3)")
     p.add_argument("--no-reduce", action="store_true", help="write results only, no override files")
+    p.add_argument("--reconfirm", action="store_true",
+                   help="a resume also runs again each confirmation stage whose budget ended undecided (the advice "
+                        "printed under an undecided problem); without it a resume measures only what is missing")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the check after the reduce: each decision replayed through farm.ops beside the direct "
                         "library call where it runs (farm verify); a decision that loses to the direct call is "

@@ -165,7 +165,8 @@ class _LocalRun:
         self.current.update(wp=wp, where=where)
         outcome = tune_problem(wp, device, self.config, self.registry, seed=self.workload.seed, done=previous,
                                listener=stream, watch=watch, prior=measured_of(rows),
-                               confirmed={CallMode(c) for c in confirmed_calls(rows) if c in CALLS},
+                               confirmed={CallMode(c) for c in confirmed_calls(rows, self.config.confirm.redo_undecided)
+                                          if c in CALLS},
                                incumbent=incumbent, on_confirm=confirmed, select=self._selector(wp, rows, incumbent))
         jr.set_ranks(where.session_id, {candidate_key(r.engine_id, r.knobs): r.rank for r in outcome.results})
         if outcome.error and not outcome.results and not outcome.skipped:

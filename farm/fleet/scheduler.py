@@ -9,8 +9,8 @@ Pure Python (no Ray), so it can be tested alone. For every (signature, problem):
   problems of a kernel family another device is running now: see ``kernel_family``);
 * when every candidate has a row, the confirmation stage (farm.tuner.confirm) re-measures the leader,
   its near rivals, the default and the incumbent together on one device, in paired rounds: one
-  ``confirm`` task per calling mode of the problem (a resumed job runs again a stage cut short or one that
-  ended undecided, and every stage again when it measured new candidates). With the stage off, a problem whose successful
+  ``confirm`` task per calling mode of the problem (a resumed job runs again a stage cut short, one that
+  ended undecided with ``--reconfirm``, and every stage again when it measured new candidates). With the stage off, a problem whose successful
   candidates were measured in more than one session (shards, a resumed job, retries after a crash)
   has a ``finalist`` task instead: the top ``finalist_k`` of every session, its fastest stable
   candidate and the default measured again together;
@@ -115,7 +115,7 @@ class Scheduler:
         prior = list(prior)
         if self.confirm.enabled:
             state.calls = tuple(c.value for c in wp.calls)
-            state.confirmed = confirmed_calls([r for r in prior if r.spec in by_spec])
+            state.confirmed = confirmed_calls([r for r in prior if r.spec in by_spec], self.confirm.redo_undecided)
         final_rounds: dict[str, set[PlanSpec]] = {}  # session -> finalists it measured
         dropped = failed_in_stage(r for r in prior if r.spec in by_spec)
         for row in prior:

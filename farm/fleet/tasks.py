@@ -72,11 +72,11 @@ class PriorRow:
     converged: bool = True  # a confirm row: its stage decided before its budget ended (``settled``)
 
 
-def confirmed_calls(rows: Iterable[PriorRow]) -> set[str]:
-    """The calling modes whose latest confirmation stage ran whole, and decided, after the problem's last
-    main-round measurement (a stage cut short has fewer rows on disk than its ``session_size``; a stage's failed
-    row written apart from a stage, for a participant that hung or killed its worker, has none). A stage whose
-    budget ended undecided is run again by a resume: what farm tune's advice for an undecided problem promises."""
+def confirmed_calls(rows: Iterable[PriorRow], redo_undecided: bool = False) -> set[str]:
+    """The calling modes whose confirmation stage ran whole after the problem's last main-round measurement (a
+    stage cut short has fewer rows on disk than its ``session_size``; a stage's failed row written apart from a
+    stage, for a participant that hung or killed its worker, has none). With ``redo_undecided`` (farm tune
+    --reconfirm) the latest such stage must also have decided: one whose budget ended undecided runs again."""
     rows = list(rows)
     main = max((r.measured_at for r in rows if r.round != CONFIRM and not r.pruned), default=0.0)
     sessions = collections.Counter(r.session for r in rows if r.round == CONFIRM)
@@ -86,6 +86,8 @@ def confirmed_calls(rows: Iterable[PriorRow]) -> set[str]:
     for r in whole:
         if r.call not in latest or r.measured_at > latest[r.call].measured_at:
             latest[r.call] = r
+    if not redo_undecided:
+        return set(latest)
     decided = {r.session for r in whole if r.succeeded and r.converged}
     return {call for call, r in latest.items() if r.session in decided}
 

@@ -84,6 +84,9 @@ class ConfirmSettings:
     # scheduler periods: what a busy machine does to a call, averaged), 1 ms on a simulated device
     sample_ms: float | None = None
     precision: float = 0.05  # a win stops the rounds once its speed-up's interval is within +-5 % (or the budget ends)
+    # a resume runs again a stage whose budget ended undecided (farm tune --reconfirm); else a resume measures only
+    # what is missing
+    redo_undecided: bool = False
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
@@ -91,6 +94,7 @@ class ConfirmSettings:
                 raise InputError(rule, field=f"confirm.{name}", value=getattr(self, name))
 
         need(isinstance(self.enabled, bool), "enabled", "must be true or false")
+        need(isinstance(self.redo_undecided, bool), "redo_undecided", "must be true or false")
         for name, low in (("max_rounds", 8), ("max_candidates", 2), ("runners_up", 0)):
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, f"must be an integer >= {low}")
@@ -116,6 +120,7 @@ class ConfirmSettings:
                              value=value)
         aliases = {"rounds": "max_rounds", "candidates": "max_candidates"}
         allowed = {"enabled", "max_rounds", "budget_ms", "max_candidates", "runners_up", "sample_ms", "precision",
+                   "redo_undecided",
                    *aliases}
         kwargs = {}
         for key, v in value.items():
