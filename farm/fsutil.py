@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import stat
@@ -41,7 +42,7 @@ def remove_stale_temps(path: Path) -> list[Path]:
     is never that old. Returns what was deleted."""
     gone = []
     now = time.time()
-    for tmp in path.parent.glob(f".{glob_escape(path.name)}.*.tmp"):
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         pid = tmp.name[len(path.name) + 2:-4]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
@@ -55,10 +56,6 @@ def remove_stale_temps(path: Path) -> list[Path]:
     if gone:
         log.info("fsutil: removed %d temp file(s) a killed write left beside %s", len(gone), path)
     return gone
-
-
-def glob_escape(name: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 def _running(pid: int) -> bool:

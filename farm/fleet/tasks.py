@@ -82,12 +82,12 @@ def confirmed_calls(rows: Iterable[PriorRow], redo_undecided: bool = False) -> s
     sessions = collections.Counter(r.session for r in rows if r.round == CONFIRM)
     whole = [r for r in rows if r.round == CONFIRM and r.measured_at >= main and r.session_size
              and sessions[r.session] >= r.session_size]
+    if not redo_undecided:
+        return {r.call for r in whole}
     latest: dict[str, PriorRow] = {}
     for r in whole:
         if r.call not in latest or r.measured_at > latest[r.call].measured_at:
             latest[r.call] = r
-    if not redo_undecided:
-        return set(latest)
     decided = {r.session for r in whole if r.succeeded and r.converged}
     return {call for call, r in latest.items() if r.session in decided}
 
