@@ -50,6 +50,22 @@ def test_padded_triton_engine_reads_aligned_copies_and_writes_c_in_place():
     assert engine.layout(batched).a == (129 * 256, 256, 1) and engine.layout(batched).b == (0, 256, 1)
 
 
+def test_padded_triton_engine_only_where_a_copy_aligns_something(monkeypatch):
+    from engines.gpu import triton_gemm
+    from farm.model.engine import Support
+
+    monkeypatch.setattr(triton_gemm, "triton_dot_support", lambda problem: Support.yes())  # no Triton on CI
+    engine = TritonGemmPadded()
+    linear = Problem.create("matmul", {"A": [1, 3584], "B": {"dims": [3584, 4608], "strides": [1, 3584]}}, dtype="bf16")
+    assert not engine.supports(linear, None)  # nn.Linear's B = W.T: vector loads along K already
+    assert "nothing to align" in engine.supports(linear, None).reason
+    assert not engine.supports(Problem.create("matmul", {"A": [64, 512], "B": [512, 384]}, dtype="bf16"), None)
+    odd_k = Problem.create("matmul", {"A": [8, 300], "B": {"dims": [300, 160], "strides": [1, 300]}}, dtype="bf16")
+    assert engine.supports(odd_k, None)  # K and B's leading dimension unaligned: the copy aligns them
+    odd_ld = Problem.create("matmul", {"A": [8, 512], "B": {"dims": [512, 384], "strides": [1, 520]}}, dtype="bf16")
+    assert engine.supports(odd_ld, None)
+
+
 def test_padded_torch_engine_buffer_shapes():
     p = Problem.create("matmul", {"A": [2, 4095, 511], "B": [2, 511, 4097]}, dtype="fp16")
     assert _padded_shapes(p, 64, "direct") == ((2, 4095, 512), (2, 512, 4160), ())

@@ -88,7 +88,11 @@ def input_data(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def make_tensors(problem: Problem, backend: ArrayBackend, seed: int = 0, *, poison: float = float("nan")) -> dict[str, Any]:
-    """Device tensors for ``problem``: random inputs and poisoned outputs."""
+    """Device tensors for ``problem``: random inputs and poisoned outputs (drawn on the device where the backend
+    can: ``make``; a decode step's weights are gigabytes, seconds to draw on the host)."""
+    make = getattr(backend, "make", None)
+    if make is not None:
+        return make(problem, seed, poison=poison)
     tensors: dict[str, Any] = {}
     for tid, values in input_data(problem, seed).items():
         tensors[tid] = backend.from_numpy(values, problem.tensor(tid))

@@ -285,7 +285,8 @@ class SimArrays:
     def to_numpy(self, tensor: Any) -> np.ndarray:
         return np.zeros(tensor.shape)
 
-    def make(self, problem: Problem, seed: int = 0) -> dict[str, SimTensor]:
+    def make(self, problem: Problem, seed: int = 0, *, poison: float = float("nan")) -> dict[str, SimTensor]:
+        """Shapes only: a simulated device holds no values (nothing to draw or poison)."""
         return {t.id: SimTensor(t.dims, t.dtype) for t in problem.tensors}
 
     def clone(self, tensor: SimTensor) -> SimTensor:

@@ -105,8 +105,7 @@ def _verify_one(d: Decision, device: Device, replay: FileReplay, registry: Engin
     if default is None:
         return dataclasses.replace(base, skipped=f"no engine runs {problem.label()} here", notes=notes)
     default_engine = registry.get(default.engine_id)
-    make = getattr(stage.arrays, "make", None)
-    tensors = make(problem, settings.seed) if make is not None else make_tensors(problem, stage.arrays, settings.seed)
+    tensors = make_tensors(problem, stage.arrays, settings.seed)
     count = min(d.input_sets or input_set_count(problem, stage, cold_cache=True), 1024)
     sets = input_sets(problem, stage, tensors, count)
     stage.synchronize()

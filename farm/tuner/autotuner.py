@@ -364,8 +364,7 @@ class Autotuner:
         if not self.device.checks_numerics and config.check is not ResultCheck.OFF:
             config = replace(config, check=ResultCheck.OFF)
         if tensors is None:
-            make = getattr(self.device.arrays, "make", None)
-            tensors = make(self.problem, seed) if make is not None else make_tensors(self.problem, self.device.arrays, seed)
+            tensors = make_tensors(self.problem, self.device.arrays, seed)
         self._check_tensors(tensors)
         candidates = self._candidates(config, only)
         if prepare:

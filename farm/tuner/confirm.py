@@ -211,8 +211,7 @@ class _Stage:
         """The input sets the participants' calls rotate over (``tensors`` the first, else made)."""
         problem, device, config = self.problem, self.device, self.config
         if tensors is None:
-            make = getattr(device.arrays, "make", None)
-            tensors = make(problem, seed) if make is not None else make_tensors(problem, device.arrays, seed)
+            tensors = make_tensors(problem, device.arrays, seed)
         count = input_set_count(problem, device, rotating_buffers=config.rotating_buffers, cold_cache=config.cold_cache)
         self.sets = input_sets(problem, device, tensors, count)
 

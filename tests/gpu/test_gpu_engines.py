@@ -64,6 +64,8 @@ PADDED = EngineSweep("torch.matmul_padded", {"output": ["direct", "padded", "spl
     Problem.create("matmul", {"A": [4, 129, 255], "B": [255, 97], "bias": [97]}, dtype="fp16"),
     Problem.create("matmul", {"A": [3, 128, 64], "B": [3, 64, 200]}, dtype="fp16"),
     Problem.create("matmul", {"A": [200, 300], "B": {"dims": [300, 160], "strides": [1, 300]}}, compute_dtype="tf32"),
+    Problem.create("matmul", {"A": [8, 512], "B": {"dims": [512, 384], "strides": [1, 512]}},
+                   dtype="bf16"),  # nn.Linear's B = W.T, aligned: no padded copy
     Problem.create("matmul", {"A": [128, 256], "B": [256, 64]}),  # strict fp32: no Triton
     Problem.create("matmul", {"A": [300, 129], "B": [129, 200], "C": {"dims": [300, 200], "strides": [208, 1]}},
                    dtype="bf16"),  # C with a padded row stride, written in place
@@ -81,7 +83,10 @@ def test_matmul_engines_correct_and_ranked(dev, problem):
     odd = any(v % 8 for v in (*problem.tensor("A").dims[-2:], problem.tensor("C").dims[-1]))
     assert ("torch.matmul_padded" in by_engine) == odd  # padded copies only where some of M, K, N is unaligned
     k, n = problem.tensor("A").dims[-1], problem.tensor("C").dims[-1]
-    unaligned = k % 16 or n % 16 or not problem.tensor("B").is_contiguous
+    b = problem.tensor("B")
+    rows, cols = b.strides[-2:]
+    leading = rows if cols == 1 else cols if rows == 1 else 1
+    unaligned = k % 16 or n % 16 or leading % 16  # a transposed B with an aligned leading dim needs no copy
     assert ("triton.gemm_padded" in by_engine) == bool(triton and unaligned)
     split = [r for r in results if r.engine_name == "torch.matmul_padded" and ("output", "split") in r.knobs]
     c = problem.tensor("C")
