@@ -13,10 +13,12 @@
 #   OUT=DIR bash benchmarks/h200_session.sh eager-full     # the GPU workloads tuned eager+graph, then farm verify
 #   OUT=DIR bash benchmarks/h200_session.sh model-tune     # a model end to end: capture, meta, tune, apply, steps
 #   OUT=DIR bash benchmarks/h200_session.sh model-inductor # against Inductor (M = 1), a second process's start
+#   OUT=DIR bash benchmarks/h200_session.sh model-cold     # from nothing: capture + tune + apply against Inductor's
+#                                                          # max-autotune from an empty cache, M = 1, 8, 32
 # Each step inside has its own time limit, so a slow one cannot starve the ones after it; logs, JSON and the runs'
 # folders (tarred) go to $OUT, and the end of the log is printed.
 set -u
-part=${1:?a step: suite, replay, decisions-a..d, eager-tests, eager-full, model-tune, model-inductor}
+part=${1:?a step: suite, replay, decisions-a..d, eager-tests, eager-full, model-tune, model-inductor, model-cold}
 OUT=${OUT:-runs/h200-$part}
 WORK=${WORK:-/tmp/h200-session}
 WORKLOAD=${WORKLOAD:-examples/h200-decode.yaml}
@@ -111,6 +113,9 @@ model-tune)
 model-inductor)
     model inductor 420 --batches 1 --parts inductor,start
     rm -rf "$WORK/model/inductor-cache"; tar -C "$WORK" -czf "$OUT/model.tgz" model 2>/dev/null ;;
+model-cold)
+    model cold 570 --batches 1,8,32 --parts capture,tune,apply,cold
+    rm -rf "$WORK"/model/inductor-cold-*; tar -C "$WORK" -czf "$OUT/model.tgz" model 2>/dev/null ;;
 *)
     echo "unknown step $part"; exit 2 ;;
 esac

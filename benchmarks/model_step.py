@@ -18,6 +18,8 @@ LM head) and ResNet-50 (fp16, channels-last). ``--parts`` runs named steps, each
 * ``inductor`` per config: torch.compile(model, mode="max-autotune") (its own CUDA graphs; its compile time),
                max-autotune-no-cudagraphs captured in one CUDA graph, torch.compile(farm.apply(model)) (default
                mode, and "reduce-overhead" and "max-autotune" with the graph decisions on a GPU), graph breaks from the farm, beside the graphs of ``steps``;
+* ``cold``     Inductor max-autotune from nothing: a fresh process per decoder config, an empty cache (the
+               counterpart of capture + tune + apply);
 * ``start``    a second process: the published file applied to a fresh model, to its first tuned step (and the
                graph ready), against Inductor's max-autotune compile from its warm cache.
 
@@ -31,6 +33,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -41,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-PARTS = ("capture", "meta", "tune", "apply", "steps", "inductor", "start")
+PARTS = ("capture", "meta", "tune", "apply", "steps", "inductor", "cold", "start")
 
 
 def log(msg: str) -> None:
@@ -439,10 +442,10 @@ with torch.no_grad():
         torch.cuda.current_stream().wait_stream(s)
         with torch.cuda.graph(g): model(*inputs)
         g.replay()
-    else:
+    else:                                                # "inductor": its warm cache; "cold": an empty one
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = out
         fn = torch.compile(model, mode="max-autotune")
-        for _ in range(3): fn(*inputs)                    # compiled from the warm cache; cudagraphs recorded
+        for _ in range(3): fn(*inputs)                    # compiled (max-autotune's search); cudagraphs recorded
     torch.cuda.synchronize()
     t1 = time.time()
 print(json.dumps({"to_first_tuned_step_s": t1 - t0, "import_s": t_imported - t_process,
@@ -465,10 +468,31 @@ def part_start(args: argparse.Namespace, out: Path) -> None:
     save(out, "start", result)
 
 
+def part_cold(args: argparse.Namespace, out: Path) -> None:
+    """Inductor max-autotune from nothing: a fresh process per decoder config with an empty cache (its import,
+    model build, compile and first steps), the counterpart of the farm's capture + tune + apply processes."""
+    if not _gpu():
+        log("cold: needs a GPU (max-autotune's search); not run")
+        return
+    result: dict[str, Any] = load(out, "cold") or {}
+    env = {**os.environ, "FARM_ROOT": str(ROOT), "PYTHONPATH": _pythonpath()}
+    for cfg in configs(args):
+        if cfg["factory"] != "decoder":
+            continue
+        cache = out / f"inductor-cold-{cfg['kwargs']['batch']}"
+        shutil.rmtree(cache, ignore_errors=True)
+        t0 = time.time()
+        proc = subprocess.run([sys.executable, "-c", START, repr(t0), "cold", str(cache), json.dumps(cfg["kwargs"])],
+                              text=True, capture_output=True, env=env)
+        result[cfg["name"]] = _json_tail(proc.stdout) if proc.returncode == 0 else f"failed: {proc.stderr[-2000:]}"
+        log(f"cold {cfg['name']}: {result[cfg['name']]}")
+        save(out, "cold", result)
+
+
 # -- the table ----------------------------------------------------------------------------------------
 def table(out: Path) -> str:
-    steps, ind, apply_, tune, cap, start = (load(out, n) or {} for n in ("steps", "inductor", "apply", "tune", "capture",
-                                                                         "start"))
+    steps, ind, apply_, tune, cap, start, cold = (load(out, n) or {} for n in ("steps", "inductor", "apply", "tune",
+                                                                               "capture", "start", "cold"))
     lines = ["| config | eager torch ms | eager applied | graph torch ms | graph applied | Inductor max-autotune ms "
              "(compile s) | max-autotune-no-cudagraphs in a graph | compile(apply): default / reduce-overhead / "
              "max-autotune | graph applied vs Inductor | compile(apply) reduce-overhead vs Inductor | "
@@ -504,6 +528,13 @@ def table(out: Path) -> str:
         lines.append(f"- {run}: capture {c.get('seconds', math.nan):.1f} s + tune {t['seconds']:.1f} s + apply (the "
                      f"model checks) {applies:.1f} s = {c.get('seconds', 0) + t['seconds'] + applies:.1f} s; "
                      f"capture on meta gives the same problems: {c.get('meta_same_problems')}")
+    cold_runs = {k: v for k, v in cold.items() if isinstance(v, dict)}
+    if cold_runs:
+        total = sum(v["process_s"] for v in cold_runs.values())
+        lines.append("- Inductor max-autotune from an empty cache, a process per config (import, build, compile, "
+                     "first steps): " + ", ".join(f"{k} {v['process_s']:.1f} s (compile and first steps "
+                                                    f"{v['to_first_tuned_step_s']:.1f} s)" for k, v in cold_runs.items())
+                     + f"; {total:.1f} s in all")
     for name, i in ind.items():
         breaks = {k: v for k, v in i.get("graph_breaks", {}).items()}
         lines.append(f"- {name}: compile s {json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in i.get('compile_s', {}).items()})}; graph breaks {json.dumps(breaks)}")
