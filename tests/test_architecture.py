@@ -128,7 +128,7 @@ def test_optional_engine_capabilities_are_protocols_the_built_ins_satisfy():
              for cap in (KnobAware, CompileKeyed, Preparable, PlanListing, Prioritized)}
     assert "torch.sdpa" in names["KnobAware"] and "triton.gemm" in names["CompileKeyed"]
     assert names["PlanListing"] == {"cudnn.graph", "cublaslt", "triton.gemm", "triton.gemm_padded", "triton.conv",
-                                    "cuda.decode_gemm", "triton.decode_attention"}
+                                    "cuda.decode_gemm", "triton.decode_attention", "triton.gemv"}
     assert {"triton.gemm", "triton.conv"} <= names["Preparable"] and names["Prioritized"]
 
 

@@ -7,6 +7,7 @@ torch.matmul_padded  GEMM on zero-padded aligned copies (odd M, N or K), as Indu
 triton.gemm    a Triton GEMM with the tile knobs autotuners search
 triton.gemm_padded  the Triton GEMM on zero-padded aligned copies of A and B (odd K or N)
 triton.gemm_splitk  a split-K Triton GEMM for skinny A (M <= 256: LLM decode), the split and who sums the slices knobs
+triton.gemv    a Triton matrix-vector product for one row of A and nn.Linear's B = W.T (decode at M = 1)
 cuda.decode_gemm  a CUDA C++ tensor-core GEMM (NVRTC, cuda-python) for A of at most 16 rows (decode), K split
                   over a thread-block cluster and summed in distributed shared memory
 torch.sdpa     attention with the backend forced (flash, efficient, cudnn, math) or auto
@@ -31,11 +32,12 @@ from .sdpa import TorchSdpa
 from .triton_conv import TritonConv
 from .triton_decode_attention import TritonDecodeAttention
 from .triton_gemm import TritonGemm, TritonGemmPadded
+from .triton_gemv import TritonGemv
 from .triton_splitk import TritonSplitK
 
 _TRITON = TritonGemm()
 ENGINES = (TorchMatmul(), TorchBlas(), TorchMatmulPadded(), _TRITON, TritonGemmPadded(_TRITON.compile_pool),
-           TritonSplitK(_TRITON.compile_pool), CudaDecodeGemm(), TorchSdpa(),
+           TritonSplitK(_TRITON.compile_pool), TritonGemv(_TRITON.compile_pool), CudaDecodeGemm(), TorchSdpa(),
            TritonDecodeAttention(_TRITON.compile_pool), TorchConv(), TritonConv(_TRITON.compile_pool),
            CudnnGraph(), CublasLt())
 

@@ -8,6 +8,10 @@ other way round), so each decision ``farm.apply`` routes is judged on the step i
    routed decision, and with each decision alone;
 2. a decision the step is not faster with, beyond noise (the 99 % interval of its paired speed-up wholly above
    1), is withdrawn: applying the farm never costs the model what it did not gain;
+2b. except where small gains add up: the decisions within noise alone but leaning faster (a speed-up above 1,
+   its interval not wholly below) are timed together, with the ones that hold, against the ones that hold; if
+   the step is faster with them beyond noise, they are kept together (28 layers of a microsecond each are
+   0.6 % of a decode step: below one decision's noise, above the group's);
 3. the step with the decisions kept is measured against the untouched step again; if it is slower beyond noise
    (its 99 % interval below 1), every decision is withdrawn.
 
@@ -119,15 +123,19 @@ def check_step(step: Callable[[], Any], applied: Applied, *, call: str = "eager"
     base = samples["untouched"]
     judged = [_judge(r, samples[r.problem.key if len(keys) > 1 else "all"], base, call,
                      applied.decisions.default_engine(r.problem)) for r in routed]
-    kept = frozenset(j.problem.key for j in judged if j.kept)
+    judged, kept, measured = _with_small_gains(timer, settings, judged, say, call)
     result: PairedRatio | None = None
     final = base
-    if kept == frozenset(keys):
-        result, final = paired_ratio(samples["all"], base), samples["all"]
-    elif kept:
-        say(f"model check ({call}): the {len(kept)} decision(s) kept, against the untouched step")
-        again, n = timer.rounds({"untouched": frozenset(), "kept": kept}, settings)
-        base, result, final = again["untouched"], paired_ratio(again["kept"], again["untouched"]), again["kept"]
+    if kept:
+        if measured is not None:
+            again, n, name = measured
+        elif kept == frozenset(keys):
+            again, name = samples, "all"
+        else:
+            say(f"model check ({call}): the {len(kept)} decision(s) kept, against the untouched step")
+            (again, n), name = timer.rounds({"untouched": frozenset(), "kept": kept}, settings), "kept"
+        base, final = again["untouched"], again[name]
+        result = paired_ratio(final, base)
     if result is not None and result.speedup_high < 1.0:
         why = f"withdrawn: together with the other decisions kept, the step ran {result.describe()}"
         judged = [_withdraw(j, why) if j.kept else j for j in judged]
@@ -149,6 +157,38 @@ def _judge(r: Routed, mine: Sequence[float], base: Sequence[float], call: str, d
         verdict = f"withdrawn: the step ran {alone.describe()} with it alone: no faster beyond noise"
     return Judged(r.problem, binding.bound.engine_name, tuple(binding.bound.knobs), default, tuple(r.sites), alone,
                   tuple(mine), tuple(base), verdict.startswith("holds"), verdict)
+
+
+def _leaning(j: Judged) -> bool:
+    """Withdrawn for want of evidence only: faster alone by its point estimate, not slower beyond noise."""
+    a = j.alone
+    return not j.kept and a is not None and bool(a.rounds) and a.speedup > 1.0 and a.speedup_high >= 1.0
+
+
+def _with_small_gains(timer: "_StepTimer", settings: CheckSettings, judged: list[Judged],
+                      say: Callable[[str], None], call: str
+                      ) -> tuple[list[Judged], frozenset[str], tuple[dict[str, list[float]], int, str] | None]:
+    """Step 2b: the decisions leaning faster, timed together with those that hold against those that hold; kept
+    where that group is faster beyond noise. Returns the verdicts, the keys kept, and where this timed the kept
+    set against the untouched step, (samples, steps a sample, the kept set's variant name)."""
+    holding = frozenset(j.problem.key for j in judged if j.kept)
+    leaning = [j for j in judged if _leaning(j)]
+    if len(judged) < 2 or not leaning:
+        return judged, holding, None
+    group = holding | {j.problem.key for j in leaning}
+    say(f"model check ({call}): {len(leaning)} decision(s) within noise alone but leaning faster, together")
+    variants = {"untouched": frozenset(), "group": group, **({"holding": holding} if holding else {})}
+    again, n = timer.rounds(variants, settings)
+    gain = paired_ratio(again["group"], again["holding" if holding else "untouched"])
+    if not (gain.rounds and gain.speedup_low > 1.0):
+        return judged, holding, ((again, n, "holding") if holding else None)
+    beside = f" (beside the {len(holding)} that hold alone)" if holding else ""
+    keep = {j.problem.key for j in leaning}
+    judged = [dataclasses.replace(j, kept=True, verdict=(
+        f"holds: with it alone the step ran {j.alone.describe()}, within noise; with all {len(leaning)} such "
+        f"decision(s){beside} it ran {gain.describe()} against without them")) if j.problem.key in keep else j
+              for j in judged]
+    return judged, group, (again, n, "group")
 
 
 def _withdraw(j: Judged, why: str) -> Judged:

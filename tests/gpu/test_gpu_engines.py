@@ -164,6 +164,40 @@ def test_sdpa_backends(dev, problem):
     assert_winner_correct(dev, t, problem)
 
 
+GEMV = EngineSweep("triton.gemv", {"BLOCK_N": [1, 4, 16], "BLOCK_K": [256, 512]}, {"num_warps": 4})
+
+
+@pytest.mark.parametrize("problem", [
+    Problem.create("matmul", {"A": [1, 3584], "B": {"dims": [3584, 4608], "strides": [1, 3584]}, "bias": [4608]},
+                   dtype="bf16"),  # Qwen2.5-7B's qkv projection at M = 1
+    Problem.create("matmul", {"A": [1, 1000], "B": {"dims": [1000, 333], "strides": [1, 1008]}},
+                   dtype="fp16"),  # K not a multiple of any step, N of no tile, W's rows padded
+], ids=lambda p: p.label())
+def test_gemv_is_right_for_every_tile_and_in_graph_replays(dev, problem):
+    t, results = tune(dev, problem, [GEMV])
+    mine = [r for r in results if r.engine_name == "triton.gemv"]
+    assert len(mine) >= 6
+    bad = [(r.label, r.disposition.value, r.error) for r in mine if not r.succeeded]
+    assert not bad, bad
+    assert all(r.max_rel_error is not None for r in mine)
+    from farm.model.engine import default_engine_registry
+
+    plan = default_engine_registry().get("triton.gemv").compile(problem, {"BLOCK_N": 2, "BLOCK_K": 1024,
+                                                                          "num_warps": 4}, dev)
+    tensors = make_tensors(problem, dev.arrays, seed=5)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.fn(tensors)
+    a, b = tensors["A"], tensors["B"]
+    for _ in range(2):
+        a.copy_(torch.randn_like(a))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = a.float() @ b.float() + (tensors["bias"].float() if "bias" in tensors else 0)
+        torch.testing.assert_close(tensors["C"].float(), want, rtol=2e-2, atol=2e-2)
+    assert_winner_correct(dev, t, problem)
+
+
 DECODE_ATTENTION = EngineSweep("triton.decode_attention", {"SPLITS": [1, 4, 32], "BLOCK_N": [32, 128]},
                                {"num_warps": 4})
 
