@@ -260,6 +260,34 @@ def test_verify_flags_a_decision_slower_where_replayed_and_fix_publishes_the_def
     assert replay.binding_of(problem).bound.engine_name == "sim.vendor"
 
 
+def test_a_spelled_out_default_knob_is_the_same_candidate_to_verify(tmp_path, capsys, replay_env):
+    """A file (a hand edit, another writer) that spells out a knob at its default (split_k=1) names the candidate
+    replay runs: verify judges it as published, never 'runs another candidate', and --fix keeps it."""
+    from engines.sim import SimPlan
+    from farm.cli.main import main
+    from farm.replay.verified import canonical_knobs
+    from farm.store.override_files import load_overrides
+
+    cfg, device = _sim(tmp_path, "devices: [{name: Sim V, count: 1}]\nnoise: 0.01\n")  # replays as measured
+    problem = Problem.create("matmul", {"A": [2048, 2048], "B": [2048, 2048]}, dtype="fp16")
+    vendor = SimPlan("sim.vendor", problem, {"algo": 0}, device, 0).base_ms
+    # the fastest setting with its stages at the default (3), every knob spelled out as a hand edit would
+    written = min(({"block": b, "stages": 3, "split_k": k} for b in (16, 32, 64, 128, 256) for k in (1, 2, 4, 8)),
+                  key=lambda kn: SimPlan("sim.gemm", problem, kn, device, 0).base_ms)
+    gain = vendor / SimPlan("sim.gemm", problem, written, device, 0).base_ms
+    assert gain > 1.05
+    assert canonical_knobs("sim.gemm", written.items()) == \
+        canonical_knobs("sim.gemm", [(k, v) for k, v in written.items() if k != "stages"])  # one candidate
+    assert canonical_knobs("no.such.engine", [("x", 1)]) == (("x", 1),)  # as written where unknown here
+    path = tmp_path / f"{device.signature}.json"
+    _override_file(path, device, problem, "sim.gemm", written, gain)
+    assert main(["verify", str(path), "--devices", f"sim:{cfg}", "--json", "--fix", "--strict"]) == 0
+    (d,) = json.loads(capsys.readouterr().out)["decisions"]
+    assert d["replayed"] == d["published_winner"] and "stages" not in d["published_winner"], d
+    assert d["verdict"].startswith("holds") and not d["fixed"], d
+    assert load_overrides(path).entries[0].engine_name == "sim.gemm"
+
+
 def test_verify_holds_for_a_decision_that_delivers_and_says_so_in_a_run_folder(tmp_path, capsys, replay_env):
     """A whole tune on a simulated device: farm tune verifies after its reduce, a decision that loses to the
     direct call where replayed is not published, and every surface names the same winner."""

@@ -35,10 +35,13 @@ class FakeTimer:
 
     def rounds(self, variants, settings):
         self.calls.append(dict(variants))
-        base = np.random.default_rng(7).standard_normal(ROUNDS)
-        return {name: list(10.0 * (1 - self.gain * len(keys)) * (1 + self.noise * base
-                                                                     + self.noise * np.random.default_rng(len(keys)).standard_normal(ROUNDS)))
-                for name, keys in variants.items()}, 3
+        shared = np.random.default_rng(7).standard_normal(ROUNDS)  # the round's own drift, paired away
+
+        def samples(keys):
+            own = np.random.default_rng(len(keys)).standard_normal(ROUNDS)
+            return list(10.0 * (1 - self.gain * len(keys)) * (1 + self.noise * shared + self.noise * own))
+
+        return {name: samples(keys) for name, keys in variants.items()}, 3
 
 
 def test_small_gains_within_noise_alone_are_kept_where_together_they_are_faster():

@@ -178,9 +178,25 @@ def decisions_in(f: OverrideFile, *, keys: Sequence[str] | None = None,
             published, interval, cpus, sets, per_sample = _published(selection)
             conf = selection.get("confirmation") if isinstance(selection, Mapping) else None
             failed = conf.get("default_failed") if isinstance(conf, Mapping) else None
-            out.append(Decision(problem, name, call, engine, tuple(sorted(knobs)), published, interval, cpus, sets, i,
-                                per_sample, str(failed) if isinstance(failed, str) and failed else ""))
+            out.append(Decision(problem, name, call, engine, canonical_knobs(engine, knobs), published, interval, cpus,
+                                sets, i, per_sample, str(failed) if isinstance(failed, str) and failed else ""))
     return out, skipped
+
+
+def canonical_knobs(engine_name: str, knobs: Any) -> KnobSettings:
+    """A file's knobs as the engine's candidate names them, the one replay runs: a spelled-out default
+    (``split_k=1``) and knobs the engine does not have (hipDNN's ``SPLIT_K``) dropped. As written where the engine
+    is not known here or a value is bad (the replay says why)."""
+    from farm.model.engine import default_engine_registry, known_file_knobs
+
+    registry = default_engine_registry()
+    written = tuple(sorted(knobs))
+    if engine_name not in registry:
+        return written
+    try:
+        return known_file_knobs(registry.get(engine_name), written, source="")[0]
+    except FarmError:
+        return written
 
 
 def _published(selection: Any) -> tuple[float | None, tuple[float, float] | None, tuple[str, ...], int | None,
