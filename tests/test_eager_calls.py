@@ -175,14 +175,14 @@ def _fastest_gemm(problem, device):
     return best, vendor / SimPlan("sim.gemm", problem, best, device, 0).base_ms
 
 
-def _override_file(path, device, problem, engine, knobs, published):
+def _override_file(path, device, problem, engine, knobs, published, input_sets=1):
     from farm.store.override_files import write_overrides
     from farm.store.overrides import OverrideEntry
 
     meta = {"rank": 0, "problem_name": "mm", "problem_key": problem.key, "call": "eager",
             "selection": {"rule": "confirmed", "speedup_over_default": published,
                           "confirmation": {"call": "eager", "interval": [published * 0.98, published * 1.02],
-                                           "host_cpus": ["Some Other CPU 9000"], "input_sets": 1}}}
+                                           "host_cpus": ["Some Other CPU 9000"], "input_sets": input_sets}}}
     write_overrides(path, [OverrideEntry.for_problem(problem, engine, tuple(sorted(knobs.items())), meta)],
                     device={"signature": device.signature, "properties": device.properties.to_dict()}, mode="replace")
 
@@ -286,6 +286,20 @@ def test_a_spelled_out_default_knob_is_the_same_candidate_to_verify(tmp_path, ca
     assert d["replayed"] == d["published_winner"] and "stages" not in d["published_winner"], d
     assert d["verdict"].startswith("holds") and not d["fixed"], d
     assert load_overrides(path).entries[0].engine_name == "sim.gemm"
+
+
+def test_verify_holds_a_files_count_of_input_sets_to_the_tuners_memory_cap(tmp_path, capsys, replay_env):
+    from farm.cli.main import main
+    from farm.tuner.callers import MEMORY_SHARE
+
+    cfg, device = _sim(tmp_path, "devices: [{name: Sim V, count: 1}]\nnoise: 0.01\n")
+    problem = Problem.create("matmul", {"A": [16384, 16384], "B": [16384, 16384]}, dtype="fp16")  # 1 GiB a set
+    path = tmp_path / f"{device.signature}.json"
+    _override_file(path, device, problem, "sim.gemm", {"block": 128}, 1.0, input_sets=1024)
+    main(["verify", str(path), "--devices", f"sim:{cfg}", "--json"])
+    (d,) = json.loads(capsys.readouterr().out)["decisions"]
+    room = int(MEMORY_SHARE * device.properties.total_memory) // 2**30
+    assert 1 <= d["input_sets"] == room < 1024, d  # the tuner's cap, not the file's 1,024 GiB
 
 
 def test_verify_holds_for_a_decision_that_delivers_and_says_so_in_a_run_folder(tmp_path, capsys, replay_env):

@@ -38,8 +38,8 @@ from farm.model.knobs import candidate_label
 from farm.model.problem import Problem
 from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
 from farm.store.overrides import OverrideEntry, OverrideFile
-from farm.tuner.callers import (direct_caller, graph_sampler, estimate_ms, eager_sampler, input_set_count,
-                                input_sets, plan_caller, replay_caller)
+from farm.tuner.callers import (direct_caller, graph_sampler, estimate_ms, eager_sampler, input_set_cap,
+                                input_set_count, input_sets, plan_caller, replay_caller)
 from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.paired import PairedRatio, paired_ratio
 from farm.tuner.session import ENGINE_ERRORS
@@ -106,7 +106,9 @@ def _verify_one(d: Decision, device: Device, replay: FileReplay, registry: Engin
         return dataclasses.replace(base, skipped=f"no engine runs {problem.label()} here", notes=notes)
     default_engine = registry.get(default.engine_id)
     tensors = make_tensors(problem, stage.arrays, settings.seed)
-    count = min(d.input_sets or input_set_count(problem, stage, cold_cache=True), 1024)
+    # the file's count of input sets, held to the memory the tuner allows them here
+    count = min(d.input_sets, input_set_cap(problem, stage)) if d.input_sets else \
+        input_set_count(problem, stage, cold_cache=True)
     sets = input_sets(problem, stage, tensors, count)
     stage.synchronize()
     replayed = replay_caller(problem, replay.calls, sets)

@@ -70,8 +70,14 @@ def input_set_count(problem: Problem, device: Device, *, rotating_buffers: int =
         return base
     per_set = max(1, sum(problem.tensor(t).nbytes for t in problem.input_ids))
     need = 1 + math.ceil(COLD_CACHE_FACTOR * cache_bytes(device) / per_set)
-    room = max(1, int(MEMORY_SHARE * device.properties.total_memory) // per_set)
-    return max(base, min(need, MAX_INPUT_SETS, room))
+    return max(base, min(need, input_set_cap(problem, device)))
+
+
+def input_set_cap(problem: Problem, device: Device) -> int:
+    """The most input sets a caller rotates over with cold caches: MAX_INPUT_SETS, within a quarter of the
+    device's memory (a count recorded elsewhere, a file's, is held to it too)."""
+    per_set = max(1, sum(problem.tensor(t).nbytes for t in problem.input_ids))
+    return max(1, min(MAX_INPUT_SETS, int(MEMORY_SHARE * device.properties.total_memory) // per_set))
 
 
 def input_sets(problem: Problem, device: Device, tensors: Mapping[str, Any], count: int) -> list[Mapping[str, Any]]:
