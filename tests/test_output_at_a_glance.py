@@ -338,6 +338,13 @@ def test_diff_of_two_folders_of_override_files_compares_their_files_and_an_empty
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "error:" in bad.stderr and "empty" in bad.stderr and "no override files" in \
         bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    # two files of one signature in a folder (a copy kept beside the file): an error naming both, not a merge
+    write_overrides(tmp_path / "old" / "backup" / f"{dev.signature}.json",
+                    [_entry(matmul_problem(8, 20, 12), "cpu.matmul.blocked", 0.7, "p1", ())], device=obj, mode="replace")
+    two = subprocess.run([sys.executable, "-m", "farm", "diff", str(tmp_path / "old"), str(tmp_path / "new")],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert two.returncode == 2 and "two override files of device signature" in two.stderr, two.stderr
+    assert "backup" in two.stderr and "x86" in two.stderr and "Traceback" not in two.stderr
 
 
 def test_farm_tunes_verify_lines_are_one_line_each_and_at_most_five_below_the_summary():

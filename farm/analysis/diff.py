@@ -97,9 +97,18 @@ def _folder_kind(loc: Location) -> str:
 
 
 def _from_override_folder(folder: Path) -> dict[Hashable, _Side]:
+    """Every file's winners; two files of one device signature are an error naming both (which one a diff
+    should take is the user's to say: merged silently, one file's winners would hide the other's)."""
     sides: dict[Hashable, _Side] = {}
+    seen: dict[str, Path] = {}
     for path in _override_files(folder):
-        sides.update(_from_overrides(path))
+        got = _from_overrides(path)
+        sig = next((side.signature for side in got.values()), "")
+        if sig and sig in seen:
+            raise InputError(f"two override files of device signature {sig}: {seen[sig]} and {path}; diff one of "
+                             "them (give its path) or move the other out of the folder", source=str(folder))
+        seen.setdefault(sig, path)
+        sides.update(got)
     return sides
 
 
