@@ -146,3 +146,25 @@ def test_a_file_written_with_our_validators_round_trips(tmp_path):
     write_tunableop_csv(path, [OverrideEntry.for_problem(p, "cublaslt", (("algo", 3),))], device=nvidia())
     f = load_tunableop_csv(path)
     assert validator_mismatch(f, nvidia()) == "" and f.match(p).knobs == (("algo", 3),)
+
+
+def test_a_results_file_of_another_gpu_is_never_written_into_and_this_devices_results_live_beside_it(tmp_path):
+    """The seed's own file of an RTX 4090 where this process's results file is named: refused, then a tuned shape
+    is recorded beside it (never with this device's validators over the 4090's lines), and the next process on
+    this device replays it from there while the 4090's file stays byte for byte."""
+    path = tmp_path / "tunableop_results0.csv"
+    path.write_text(SEED_FILE)
+    dev = cpu_device()
+    tune = settings(tmp_path, tuning=True, max_tuning_duration_ms=2, max_tuning_samples=3)
+    rt = TunableRuntime(dev, settings=tune)
+    p = Problem.create("matmul", {"A": [16, 8], "B": [8, 12]})
+    assert rt.bind(p.key, p).source == "tuned"
+    assert path.read_text() == SEED_FILE  # the other GPU's file as it was
+    own = tmp_path / f"tunableop_results0.{dev.signature}.csv"
+    assert rt.own_file(str(path)) == str(own) and own.exists()
+    assert validator_mismatch(load_tunableop_csv(own), {"signature": dev.signature,
+                                                         "properties": dev.properties.to_dict()}) == ""
+    again = TunableRuntime(dev, settings=settings(tmp_path))
+    assert again.bind(p.key, p).source == "recorded" and again.measurements == 0
+    rt.write_file()  # an explicit write goes to this device's file too
+    assert path.read_text() == SEED_FILE

@@ -75,6 +75,7 @@ class TunableRuntime:
         self._results_loaded = False
         self._selector: Selector | None = None
         self._untuned: set[str] = set()
+        self._foreign: dict[str, str] = {}  # results files found to be another device's (path: why)
         self._warned: set[Any] = set()
         self.measurements = 0  # autotune() calls made (0 when everything replays)
         self._insert_ordinal = True  # the device ordinal goes into the results file name
@@ -183,8 +184,10 @@ class TunableRuntime:
         (log.warning if self.settings.verbose else log.info)("autotune: " + message, *args)
 
     # -- the results file -------------------------------------------------------------------
-    def read_file(self, filename: str | None = None) -> bool:
-        """Load recorded winners; a file for another device or other library versions is set aside."""
+    def read_file(self, filename: str | None = None, *, _own: bool = False) -> bool:
+        """Load recorded winners. A file for another device or other library versions is left as it is (a mixed
+        fleet may share its name); this device's results are then read from, and written to, ``own_file(path)``
+        beside it."""
         path = filename or self._results_path()
         with self._lock:
             self._results_loaded = True
@@ -204,9 +207,12 @@ class TunableRuntime:
                 return False
             mismatch = self._mismatch(f)
             if mismatch:
-                # a results file shared by a mixed fleet must survive every process that reads it: skipped, never moved
-                self._say("results file %s is for %s; not used here", path, mismatch)
-                return False
+                # a results file shared by a mixed fleet must survive every process that reads it: skipped, never
+                # moved, never written into
+                self._foreign[os.path.abspath(path)] = mismatch
+                own = self.own_file(path)
+                self._say("results file %s is for %s; not used here (this device's results: %s)", path, mismatch, own)
+                return False if _own or not os.path.exists(own) else self.read_file(own, _own=True)
             if self._results is not None:  # merged into what this process has recorded
                 f = dataclasses.replace(self._results, entries=merge_entries(self._results.entries, f.entries)[0])
             self._results = f
@@ -231,8 +237,33 @@ class TunableRuntime:
             self._filename_used = True
             self._write(filename or self._results_path(), entries, "replace")
 
+    def own_file(self, path: str) -> str:
+        """Where this device's results go when ``path`` holds another device's: ``<stem>.<signature><suffix>``
+        beside it (read in its place by read_file)."""
+        p = Path(path)
+        return str(p.with_name(f"{p.stem}.{self.device.signature}{p.suffix}"))
+
+    def _writable(self, path: str) -> str:
+        """``path``, or this device's own file beside it where ``path`` is another device's (read now if it was
+        not): an append must never put this device's validators over another device's lines."""
+        key = os.path.abspath(path)
+        if key not in self._foreign and os.path.isfile(path):
+            try:
+                f = load_tunableop_csv(path, ordinal=self.device.properties.index) if is_tunableop_csv(path) \
+                    else load_overrides(path, strict=False)
+            except FarmError:
+                return path  # unreadable: the writer moves it aside
+            if mismatch := self._mismatch(f):
+                self._foreign[key] = mismatch
+        if key in self._foreign:
+            own = self.own_file(path)
+            self._say("results file %s is for %s: this device's results go to %s", path, self._foreign[key], own)
+            return own
+        return path
+
     def _write(self, path: str, entries: list[OverrideEntry], mode: str) -> None:
         """Write in the file's format: TunableOp's CSV for a ``.csv`` name (what it held otherwise kept), else JSON."""
+        path = self._writable(path)
         if is_tunableop_csv(path):
             write_tunableop_csv(path, entries, device=self._device_obj(), mode=mode,
                                 extra=self._results.extra if self._results is not None else None)
