@@ -168,3 +168,15 @@ def test_a_results_file_of_another_gpu_is_never_written_into_and_this_devices_re
     assert again.bind(p.key, p).source == "recorded" and again.measurements == 0
     rt.write_file()  # an explicit write goes to this device's file too
     assert path.read_text() == SEED_FILE
+
+
+def test_cublaslt_validator_is_the_loaded_librarys_number_where_known():
+    """The runtime tuner gives the loaded cuBLASLt's cublasLtGetVersion() (farm.devices.runtimes.cuda): it wins over
+    the pip wheel's release, and without the wheel a file claiming another cuBLASLt is still refused."""
+    f = parse_tunableop_csv(SEED_FILE.replace("120300", "110000"))
+    loaded = {**nvidia(cublas="12.3.0.1"), "cublaslt_version": "120300"}
+    assert ["Validator", "CUBLASLT_VERSION", "120300"] in device_validators(loaded)
+    no_wheel = nvidia()
+    no_wheel["properties"]["libraries"] = {}
+    assert "CUBLASLT_VERSION 110000 vs 120300" in validator_mismatch(f, {**no_wheel, "cublaslt_version": "120300"})
+    assert validator_mismatch(f, no_wheel) == ""  # nothing known here to compare with: judged on the rest

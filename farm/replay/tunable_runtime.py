@@ -221,7 +221,7 @@ class TunableRuntime:
 
     def _mismatch(self, f: OverrideFile) -> str:
         if VALIDATORS in f.extra:  # read from CSV: its validators decide, as the runtime tuner's document has it
-            return validator_mismatch(f, self._device_obj())
+            return validator_mismatch(f, self._csv_device())
         sig = f.device_signature
         if sig and sig != self.device.signature:
             props = (f.device or {}).get("properties") or {}
@@ -265,7 +265,7 @@ class TunableRuntime:
         """Write in the file's format: TunableOp's CSV for a ``.csv`` name (what it held otherwise kept), else JSON."""
         path = self._writable(path)
         if is_tunableop_csv(path):
-            write_tunableop_csv(path, entries, device=self._device_obj(), mode=mode,
+            write_tunableop_csv(path, entries, device=self._csv_device(), mode=mode,
                                 extra=self._results.extra if self._results is not None else None)
         else:
             write_overrides(path, entries, device=self._device_obj(), mode=mode)
@@ -289,6 +289,14 @@ class TunableRuntime:
 
     def _device_obj(self) -> dict[str, Any]:
         return {"signature": self.device.signature, "properties": self.device.properties.to_dict()}
+
+    def _csv_device(self) -> dict[str, Any]:
+        """The device as its CSV validators name it: on NVIDIA, with the loaded cuBLASLt's own version number."""
+        if self.device.vendor != "nvidia":
+            return self._device_obj()
+        from farm.devices.runtimes.cuda import loaded_cublaslt_version
+
+        return {**self._device_obj(), "cublaslt_version": loaded_cublaslt_version()}
 
     def _ensure_results(self) -> None:
         if not self._results_loaded:

@@ -292,7 +292,9 @@ def device_validators(device: Mapping[str, Any] | None) -> list[list[str]]:
     cuda = _cuda_device(props)
     if cuda:  # the runtime tuner's device and cuBLASLt lines
         out.append(["Validator", "CUDA_DEVICE", cuda])
-        lt = _cublaslt_version((props.get("libraries") or {}).get("cublas", ""))
+        # the loaded library's number where the caller knows it (the runtime tuner), else the cuBLAS release's
+        lt = str((device or {}).get("cublaslt_version") or "") or \
+            _cublaslt_version((props.get("libraries") or {}).get("cublas", ""))
         if lt:
             out.append(["Validator", "CUBLASLT_VERSION", lt])
     if props.get("vendor") == "amd" and props.get("arch"):

@@ -34,6 +34,13 @@ def test_a_cublaslt_winner_is_written_as_the_document_writes_it_and_replayed(tmp
     assert validators["TP_TUNABLEOP_FORMAT"] == "1"
     assert validators["CUDA_DEVICE"] == f"{int(major)}.{minor}:{dev.properties.name}"
     assert validators["CUBLASLT_VERSION"].isdigit()
+    import torch
+
+    from farm.devices.runtimes.cuda import loaded_cublaslt_version
+
+    torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")  # torch's cuBLASLt loaded
+    assert validators["CUBLASLT_VERSION"] == loaded_cublaslt_version()  # the loaded library's, not a wheel's
+    assert int(loaded_cublaslt_version()) // 10000 == int(torch.version.cuda.split(".")[0])
     [line] = [r for r in rows if r[0] != "Validator"]
     assert line[:2] == ["GemmTunableOp_Float32", f"taN_m512_n1024_k256_bias0_dev{dev.properties.index}"]
     if len(tuned.knobs) == 9:  # one of the algorithms cuBLASLt listed: the document's lt_ name

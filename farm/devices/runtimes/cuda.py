@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -79,6 +80,31 @@ class CudaBindings:
         if code == INSUFFICIENT_DRIVER:
             return RuntimeUnavailable(f"no usable NVIDIA driver ({name}): no GPU here, or a driver older than the CUDA runtime")
         return RuntimeUnavailable(f"CUDA cannot list devices: {name} ({code})")
+
+
+@functools.lru_cache(maxsize=1)
+def loaded_cublaslt_version() -> str:
+    """``cublasLtGetVersion()`` of the cuBLASLt this process has loaded (torch's, once it ran a GEMM), else of the
+    one the loader finds; "" without one. The number the runtime tuner's CUBLASLT_VERSION validator holds: the
+    library that runs, not the version of a pip wheel that may not be the one loaded (or may be absent)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            paths = sorted({line.split()[-1] for line in fh if "libcublasLt" in line and "/" in line})
+    except OSError:
+        paths = []
+    if not paths and (found := ctypes.util.find_library("cublasLt")):
+        paths = [found]
+    for path in paths:
+        try:
+            get = ctypes.CDLL(path).cublasLtGetVersion
+        except (OSError, AttributeError):
+            continue
+        get.restype = ctypes.c_size_t
+        return str(int(get()))
+    return ""
 
 
 def cuda_runtime() -> GpuRuntime:
