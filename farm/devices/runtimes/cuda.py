@@ -82,29 +82,33 @@ class CudaBindings:
         return RuntimeUnavailable(f"CUDA cannot list devices: {name} ({code})")
 
 
-@functools.lru_cache(maxsize=1)
 def loaded_cublaslt_version() -> str:
     """``cublasLtGetVersion()`` of the cuBLASLt this process has loaded (torch's, once it ran a GEMM), else of the
     one the loader finds; "" without one. The number the runtime tuner's CUBLASLT_VERSION validator holds: the
     library that runs, not the version of a pip wheel that may not be the one loaded (or may be absent)."""
-    import ctypes
     import ctypes.util
 
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
-            paths = sorted({line.split()[-1] for line in fh if "libcublasLt" in line and "/" in line})
+            loaded = sorted({line.split()[-1] for line in fh if "libcublasLt" in line and "/" in line})
     except OSError:
-        paths = []
-    if not paths and (found := ctypes.util.find_library("cublasLt")):
-        paths = [found]
-    for path in paths:
-        try:
-            get = ctypes.CDLL(path).cublasLtGetVersion
-        except (OSError, AttributeError):
-            continue
-        get.restype = ctypes.c_size_t
-        return str(int(get()))
-    return ""
+        loaded = []
+    if loaded:
+        return _cublaslt_version_of(loaded[0])  # the process's own: asked once
+    found = ctypes.util.find_library("cublasLt")
+    return _cublaslt_version_of.__wrapped__(found) if found else ""  # not cached: torch may load another later
+
+
+@functools.lru_cache(maxsize=4)
+def _cublaslt_version_of(path: str) -> str:
+    import ctypes
+
+    try:
+        get = ctypes.CDLL(path).cublasLtGetVersion
+    except (OSError, AttributeError):
+        return ""
+    get.restype = ctypes.c_size_t
+    return str(int(get()))
 
 
 def cuda_runtime() -> GpuRuntime:
