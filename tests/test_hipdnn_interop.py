@@ -238,19 +238,28 @@ UNREADABLE = [
 ]
 
 
-def test_entries_this_build_cannot_read_are_kept_verbatim_and_ours_appended(tmp_path, caplog):
-    path = tmp_path / "hipdnn_autotune.json"
-    path.write_text(hipdnn_text(UNREADABLE + [GOOD]))
-    report = write_overrides(path, [ours()], device=None)
-    rules = json.loads(path.read_text())["engine_overrides"]
-    assert rules[:4] == UNREADABLE + [GOOD] and rules[4]["engine_name"] == "cpu.matmul.blas"
-    assert (report.kept, report.added, report.entries) == (3, 1, 5)
-    assert not [p for p in os.listdir(tmp_path) if ".corrupt-" in p]
-    # as hipDNN's reader does, production refuses the whole file while they are there: the writer says so
-    assert "refuse the whole file" in caplog.text and "hipdnn_autotune.json keeps 3 entries" in caplog.text
+def test_a_file_with_entries_no_reader_can_read_is_refused_or_they_are_set_aside(tmp_path, caplog):
+    """hipDNN's writer keeps such entries and its reader then refuses the whole file, the winners just written
+    included: our writer refuses (nothing written, the entry named, what to do said), or with set_aside leaves them
+    out, the file as it was copied beside byte for byte."""
     from farm.store.override_files import load_overrides
 
-    assert load_overrides(path, strict=False).invalid  # what a production reader gets: nothing used
+    path = tmp_path / "hipdnn_autotune.json"
+    text = hipdnn_text(UNREADABLE + [GOOD])
+    path.write_text(text)
+    with pytest.raises(InputError) as err:
+        write_overrides(path, [ours()], device=None)
+    assert path.read_text() == text and [p for p in os.listdir(tmp_path) if not p.startswith(".")] == [path.name]
+    msg = str(err.value)
+    assert "engine_overrides[0] (and 2 more) cannot be read" in msg and "--set-aside-unreadable" in msg
+    assert "Nothing written" in msg
+    report = write_overrides(path, [ours()], device=None, unreadable="set_aside")
+    rules = json.loads(path.read_text())["engine_overrides"]
+    assert rules[0] == GOOD and rules[1]["engine_name"] == "cpu.matmul.blas" and len(rules) == 2
+    assert (report.set_aside, report.added, report.entries) == (3, 1, 2)
+    [copy] = [p for p in tmp_path.iterdir() if ".unreadable-" in p.name]
+    assert copy.read_text() == text and report.moved_aside == str(copy)  # byte for byte
+    assert not load_overrides(path, strict=False).invalid  # production reads every entry now
 
 
 def test_a_version_2_file_without_a_list_gets_one(tmp_path):

@@ -149,11 +149,16 @@ def test_reduce_moves_a_hostile_override_file_aside(tmp_path, capsys, kind):
     target.write_bytes(BAD_JSON[kind])
     capsys.readouterr()
     rc = farm_main(["reduce", str(tmp_path / "job" / "results"), "--out", str(target.parent)])
-    if kind == "4000-digit integer":  # valid JSON, a rule no dim matches: kept as it was, ours appended
+    if kind == "4000-digit integer":  # valid JSON, a rule no reader can read: refused, then set aside on request
+        assert rc == 2 and target.read_bytes() == BAD_JSON[kind]
+        assert "engine_overrides[0]" in capsys.readouterr().err
+        rc = farm_main(["reduce", str(tmp_path / "job" / "results"), "--out", str(target.parent),
+                        "--set-aside-unreadable"])
         assert rc == 0 and not [p for p in target.parent.iterdir() if ".corrupt-" in p.name]
+        [copy] = [p for p in target.parent.iterdir() if ".unreadable-" in p.name]
+        assert copy.read_bytes() == BAD_JSON[kind]
         rules = json.loads(target.read_text())["engine_overrides"]
-        assert rules[0] == json.loads(BAD_JSON[kind])["engine_overrides"][0]
-        assert rules[-1]["engine_name"] == "cpu.matmul.blas"
+        assert [r["engine_name"] for r in rules] == ["cpu.matmul.blas"]
         return
     assert rc == 0
     [aside] = [p for p in target.parent.iterdir() if ".corrupt-" in p.name]

@@ -77,7 +77,8 @@ def cmd_reduce(args: argparse.Namespace) -> int:
         report = _reduce_on_ray(args)
     else:
         report = reduce_results(args.results, args.out, top_k=args.top_k, mode=args.mode,
-                                tunableop_csv=args.tunableop_csv, incumbents=args.incumbents)
+                                tunableop_csv=args.tunableop_csv, incumbents=args.incumbents,
+                                unreadable="set_aside" if args.set_aside_unreadable else "refuse")
     if args.json:
         print_json(reduce_dict(report))
     else:
@@ -103,7 +104,8 @@ def _reduce_on_ray(args: argparse.Namespace) -> Any:
                  logging_level="ERROR")
     try:
         return reduce_on_ray(args.results, args.out, top_k=args.top_k, mode=args.mode,
-                             tunableop_csv=args.tunableop_csv, incumbents=args.incumbents)
+                             tunableop_csv=args.tunableop_csv, incumbents=args.incumbents,
+                             unreadable="set_aside" if args.set_aside_unreadable else "refuse")
     finally:
         if started:
             ray.shutdown()
@@ -257,6 +259,9 @@ def _add_result_commands(sub: Any) -> None:
     p.add_argument("--incumbents", metavar="PATH",
                    help="override file, folder or published root: its winners are kept when a new candidate "
                         "is faster only within noise (default: none)")
+    p.add_argument("--set-aside-unreadable", action="store_true",
+                   help="an existing file's entries no reader can read (production refuses the whole file while "
+                        "they are there) are left out, the file as it was kept beside; default: refuse, write nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_reduce)
 

@@ -297,9 +297,8 @@ def reduce_table(report: Any) -> Table:
         file = "-" if w is None else f"{w.path} ({w.added} added, {w.replaced} replaced)"
         if w is not None and w.moved_aside:
             file += f"; the file as it was is kept at {w.moved_aside}"
-        if w is not None and w.kept:
-            file += (f"; {w.kept} unreadable entr{'y' if w.kept == 1 else 'ies'} kept as they were: production "
-                     "refuses the whole file until they are fixed or removed")
+        if w is not None and w.set_aside:
+            file += f"; {w.set_aside} unreadable entr{'y' if w.set_aside == 1 else 'ies'} left out (in the copy)"
         if s.winners_path:
             file += f"\n{s.winners_path}"
         if s.csv_path:
@@ -321,7 +320,7 @@ def reduce_dict(report: Any) -> dict[str, Any]:
              "file": s.write.path if s.write else None, "winners_table": s.winners_path or None,
              "added": s.write.added if s.write else 0,
              "replaced": s.write.replaced if s.write else 0, "moved_aside": s.write.moved_aside if s.write else "",
-             "kept_unreadable": s.write.kept if s.write else 0,
+             "set_aside_unreadable": s.write.set_aside if s.write else 0,
              "tunableop_csv": s.csv_path or None}
             for s in report.signatures
         ],

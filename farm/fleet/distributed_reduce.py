@@ -16,7 +16,8 @@ import logging
 import tempfile
 from pathlib import Path
 
-from farm.fsutil import atomic_write_bytes, move_aside
+from farm.errors import FarmError
+from farm.fsutil import atomic_write_bytes, copy_aside, move_aside
 from farm.store.dataset import partition_signatures
 from farm.store.location import Location
 from farm.store.reduce import ReduceReport, SignatureReport, reduce_results, relocated
@@ -25,14 +26,14 @@ log = logging.getLogger("farm.fleet.reduce")
 
 
 def reduce_signature(results: str, signature: str, current: bytes | None, top_k: int, mode: str,
-                     tunableop_csv: bool, incumbents: str | None) -> tuple[SignatureReport | None, dict[str, bytes],
-                                                                            int, list[tuple[str, str]]]:
+                     tunableop_csv: bool, incumbents: str | None, unreadable: str = "refuse"
+                     ) -> tuple[SignatureReport | None, dict[str, bytes], int, list[tuple[str, str]]]:
     """One signature's reduce (a Ray task's body): its report, the files it wrote by name, rows read, files skipped."""
     with tempfile.TemporaryDirectory(prefix="tunefarm-reduce-") as scratch:
         if current is not None:
             (Path(scratch) / f"{signature}.json").write_bytes(current)
         report = reduce_results(results, scratch, top_k=top_k, mode=mode, tunableop_csv=tunableop_csv,
-                                incumbents=incumbents, signatures=[signature])
+                                incumbents=incumbents, signatures=[signature], unreadable=unreadable)
         [rep] = report.signatures or [None]
         # a corrupt current file the reducer set aside stays here: the driver sets the original aside itself
         aside = Path(rep.write.moved_aside).name if rep and rep.write and rep.write.moved_aside else None
@@ -44,7 +45,7 @@ def reduce_signature(results: str, signature: str, current: bytes | None, top_k:
 
 def reduce_on_ray(results: str | Path, out_dir: str | Path, *, top_k: int = 3, mode: str = "append",
                   tunableop_csv: bool = False, incumbents: str | Path | None = None,
-                  num_cpus: float = 1.0) -> ReduceReport:
+                  num_cpus: float = 1.0, unreadable: str = "refuse") -> ReduceReport:
     """``reduce_results`` as one Ray task per signature (Ray must be initialised: a cluster or a local instance)."""
     import ray
 
@@ -57,19 +58,27 @@ def reduce_on_ray(results: str | Path, out_dir: str | Path, *, top_k: int = 3, m
         current = out / f"{sig}.json"
         existing = current.read_bytes() if mode == "append" and current.is_file() else None
         refs.append(task.remote(location, sig, existing, top_k, mode, tunableop_csv,
-                                str(incumbents) if incumbents else None))
+                                str(incumbents) if incumbents else None, unreadable))
     log.info("reduce: %d signature(s) of %s on the cluster", len(refs), results)
     reports: list[SignatureReport] = []
     skipped: list[tuple[str, str]] = []
     rows = 0
-    for sig, (rep, files, n, skips) in zip(signatures, ray.get(refs)):
+    try:
+        done = ray.get(refs)
+    except ray.exceptions.RayTaskError as exc:  # a user's file refused in a task: its own message, no traceback
+        if isinstance(exc.cause, FarmError):
+            raise exc.cause from None
+        raise
+    for sig, (rep, files, n, skips) in zip(signatures, done):
         rows += n
         skipped.extend(skips)
         if rep is None:
             continue
         out.mkdir(parents=True, exist_ok=True)
         if rep.write is not None and rep.write.moved_aside:  # the task set aside its copy: the original goes too
-            rep = dataclasses.replace(rep, write=dataclasses.replace(rep.write, moved_aside=str(move_aside(out / f"{sig}.json"))))
+            original = out / f"{sig}.json"
+            aside = copy_aside(original, "unreadable") if rep.write.set_aside else move_aside(original)
+            rep = dataclasses.replace(rep, write=dataclasses.replace(rep.write, moved_aside=str(aside)))
         for name, data in sorted(files.items()):
             atomic_write_bytes(out / name, data)
         reports.append(relocated(rep, lambda name: str(out / name)))

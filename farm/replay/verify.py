@@ -90,6 +90,13 @@ def _now() -> str:
     return now_iso()
 
 
+def _set_count(d: Decision, stage: Device) -> int:
+    """The file's count of input sets, held to the memory the tuner allows them here; else the tuner's own."""
+    if d.input_sets:
+        return min(d.input_sets, input_set_cap(d.problem, stage))
+    return input_set_count(d.problem, stage, cold_cache=True)
+
+
 def _verify_one(d: Decision, device: Device, replay: FileReplay, registry: EngineRegistry, settings: VerifySettings,
                 rng: np.random.Generator) -> Verified:
     problem = d.problem
@@ -105,11 +112,7 @@ def _verify_one(d: Decision, device: Device, replay: FileReplay, registry: Engin
     if default is None:
         return dataclasses.replace(base, skipped=f"no engine runs {problem.label()} here", notes=notes)
     default_engine = registry.get(default.engine_id)
-    tensors = make_tensors(problem, stage.arrays, settings.seed)
-    # the file's count of input sets, held to the memory the tuner allows them here
-    count = min(d.input_sets, input_set_cap(problem, stage)) if d.input_sets else \
-        input_set_count(problem, stage, cold_cache=True)
-    sets = input_sets(problem, stage, tensors, count)
+    sets = input_sets(problem, stage, make_tensors(problem, stage.arrays, settings.seed), _set_count(d, stage))
     stage.synchronize()
     replayed = replay_caller(problem, replay.calls, sets)
     if replayed is None:

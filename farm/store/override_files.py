@@ -99,13 +99,21 @@ class WriteReport:
     replaced: int
     added: int
     moved_aside: str = ""
-    kept: int = 0  # entries this build cannot read, kept as they were (hipDNN's writer keeps them too)
+    set_aside: int = 0  # unreadable entries left out (unreadable="set_aside"), the file as it was in moved_aside
+
+
+UNREADABLE_CHOICES = ("refuse", "set_aside")
 
 
 def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, device: Mapping[str, Any] | None,
                     mode: str = "append", extra: Mapping[str, Any] | None = None,
-                    lock_timeout: float = 120.0) -> WriteReport:
+                    lock_timeout: float = 120.0, unreadable: str = "refuse") -> WriteReport:
     """Write ``entries`` to ``path``.
+
+    An existing file appended to that holds entries no reader can read (production's reader, hipDNN's and
+    farm.ops', refuses the whole file while one is there, the entries just written included) is refused:
+    nothing written, an InputError naming the entry and what to do. ``unreadable="set_aside"`` copies the file
+    as it was, byte for byte, to ``<file>.unreadable-<epoch>`` and writes without those entries.
 
     Modes: ``new`` (the file must not exist), ``append`` (replace entries with the
     same match key, keep the rest; creates the file if missing), ``replace``
@@ -118,22 +126,12 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
     """
     if mode not in WRITE_MODES:
         raise InputError(f"write mode must be one of {', '.join(WRITE_MODES)}", field="mode", value=mode)
+    if unreadable not in UNREADABLE_CHOICES:
+        raise InputError(f"expected one of {', '.join(UNREADABLE_CHOICES)}", field="unreadable", value=unreadable)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with PathLock(lock_path(path), timeout=lock_timeout):
-        moved = ""
-        current: list[Any] = []
-        raws: list[Any] = []
-        old_extra: dict[str, Any] = {}
-        if path.exists():
-            if mode == "new":
-                raise InputError("refusing to overwrite an existing file in mode 'new'", source=str(path))
-            if mode == "append":
-                data = _existing_json(path)
-                if data is _CORRUPT:
-                    moved = _set_aside(path)
-                else:
-                    current, raws, old_extra, moved = _existing_document(data, path, (device or {}).get("signature"))
+        current, raws, old_extra, moved, set_aside = _existing(path, mode, device, unreadable)
         positions = [i for i, e in enumerate(current) if isinstance(e, OverrideEntry)]
         parsed, replaced, added = merge_entries([current[i] for i in positions], entries)
         lost = [current[i] for i, e in zip(positions, parsed) if e is not current[i]]
@@ -155,13 +153,46 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
         rendered = [raw[id(e)] if id(e) in raw else e.to_json() for e in merged]
         _check_written(merged, rendered, entries, path)
         atomic_write_text(path, render(doc, rendered))
-    kept = len(merged) - len(parsed)
-    if kept:
-        log.warning("overrides: %s keeps %d entr%s no reader can read, as they were (hipDNN's writer keeps them too); "
-                    "hipDNN's reader and farm.ops refuse the whole file while they are there, the entries just "
-                    "written included: fix or remove them (%s=skip reads the others)", path, kept,
-                    "y" if kept == 1 else "ies", INVALID_RULE_ENV)
-    return WriteReport(str(path), mode, len(merged), replaced, added, moved, kept)
+    return WriteReport(str(path), mode, len(merged), replaced, added, moved, set_aside)
+
+
+def _existing(path: Path, mode: str, device: Mapping[str, Any] | None, unreadable: str
+              ) -> tuple[list[Any], list[Any], dict[str, Any], str, int]:
+    """What an append keeps of the file there: its entries, their JSON, its other fields, where the file as it
+    was went (or ""), and how many unreadable entries were set aside."""
+    if not path.exists() or mode == "replace":
+        return [], [], {}, "", 0
+    if mode == "new":
+        raise InputError("refusing to overwrite an existing file in mode 'new'", source=str(path))
+    data = _existing_json(path)
+    if data is _CORRUPT:
+        return [], [], {}, _set_aside(path), 0
+    current, raws, extra, moved = _existing_document(data, path, (device or {}).get("signature"))
+    current, raws, moved, set_aside = _unreadable_out(current, raws, moved, path, unreadable)
+    return current, raws, extra, moved, set_aside
+
+
+def _unreadable_out(current: list[Any], raws: list[Any], moved: str, path: Path, unreadable: str
+                    ) -> tuple[list[Any], list[Any], str, int]:
+    """The existing entries without the unreadable ones, where ``unreadable`` says to set them aside (the file as
+    it was copied first); else an InputError naming the first of them: a file production refuses is never
+    written (hipDNN's writer would keep them, and its reader then refuse the winners just written too)."""
+    bad = [(i, e) for i, e in enumerate(current) if isinstance(e, _Kept)]
+    if not bad:
+        return current, raws, moved, 0
+    if unreadable == "refuse":
+        i, first = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InputError(f"engine_overrides[{i}]{more} cannot be read ({first.why}); hipDNN's reader and farm.ops "
+                         "refuse the whole file while it is there, so the winners written now would never be used: "
+                         "fix or remove it, or write with --set-aside-unreadable (the file as it is kept beside, "
+                         f"those entries left out); {INVALID_RULE_ENV}=skip makes farm.ops read the rest meanwhile. "
+                         "Nothing written", source=str(path))
+    copy = moved or str(copy_aside(path, "unreadable"))
+    log.warning("overrides: %s: %d entr%s no reader can read (engine_overrides[%s]) left out; the file as it was is "
+                "kept at %s", path, len(bad), "y" if len(bad) == 1 else "ies", ", ".join(str(i) for i, _ in bad), copy)
+    keep = [i for i, e in enumerate(current) if not isinstance(e, _Kept)]
+    return [current[i] for i in keep], [raws[i] for i in keep], copy, len(bad)
 
 
 def _unusable_knobs(entries: Sequence[OverrideEntry]) -> bool:
@@ -180,10 +211,10 @@ def _unusable_knobs(entries: Sequence[OverrideEntry]) -> bool:
 
 @dataclass(frozen=True)
 class _Kept:
-    """An entry of an existing file this build cannot read (no op, no tensors, a tensor without tensor_id...),
-    written back as it was."""
+    """An entry of an existing file this build cannot read (no op, no tensors, a tensor without tensor_id...)."""
 
     raw: Any
+    why: str = ""
 
 
 def _existing_document(data: Any, path: Path,
@@ -230,8 +261,7 @@ def _existing_document(data: Any, path: Path,
         try:
             items.append(parse_entry(raw, f"engine_overrides[{i}]", version))
         except InputError as exc:
-            log.info("overrides: %s: engine_overrides[%d] kept as it is (%s: %s)", path, i, exc.field, exc.reason)
-            items.append(_Kept(raw))
+            items.append(_Kept(raw, f"{exc.field}: {exc.reason}" + (f" (got {exc.value!r:.80})" if exc.has_value else "")))
     extra = {k: v for k, v in data.items() if k not in ("version", "device", "engine_overrides")}
     return items, list(raw_entries), extra, moved
 

@@ -75,13 +75,15 @@ class ReduceReport:
 def reduce_results(results_dir: Any, out_dir: str | Path, *, top_k: int = 3, mode: str = "append",
                    tunableop_csv: bool = False, incumbents: str | Path | None = None,
                    decisions: Decisions | None = None, signatures: Sequence[str] | None = None,
-                   measurement_warning: str = "") -> ReduceReport:
+                   measurement_warning: str = "", unreadable: str = "refuse") -> ReduceReport:
     """Write ``<out_dir>/<device_signature>.json`` and ``.winners.parquet`` for every signature in the results
     (a local folder or a ``pyarrow.fs`` URI; ``signatures``: only these partitions are read and written).
 
     ``incumbents`` (an override file, folder or published root): winners there are kept when a new
     candidate is faster only within noise (see :func:`load_incumbents`). ``measurement_warning`` (e.g. more CPU
     workers than cores) goes into each file's ``generated_by``; ``farm publish`` refuses such a file unless forced.
+    ``unreadable``: what an existing file's entries no reader can read do to an append (farm.store.override_files:
+    ``refuse``, or ``set_aside``).
     """
     out = Path(out_dir)
     if decisions is None:
@@ -102,7 +104,8 @@ def reduce_results(results_dir: Any, out_dir: str | Path, *, top_k: int = 3, mod
             extra = {"generated_by": {"tool": "tunefarm", "version": __version__, "job_ids": job_ids,
                                       **({"measurement_warning": measurement_warning} if measurement_warning else {})}}
             rep.write = write_overrides(out / f"{signature}.json", entries,
-                                        device={"signature": signature, "properties": device}, mode=mode, extra=extra)
+                                        device={"signature": signature, "properties": device}, mode=mode, extra=extra,
+                                        unreadable=unreadable)
             rep.winners_path = str(write_winners_table(out / f"{signature}{WINNERS_SUFFIX}", decisions, picked))
             if tunableop_csv:
                 rep.csv_path = str(out / f"tunableop_results_{signature}.csv")
