@@ -285,7 +285,8 @@ def test_a_spelled_out_default_knob_is_the_same_candidate_to_verify(tmp_path, ca
     (d,) = json.loads(capsys.readouterr().out)["decisions"]
     assert d["replayed"] == d["published_winner"] and "stages" not in d["published_winner"], d
     assert d["verdict"].startswith("holds") and not d["fixed"], d
-    assert load_overrides(path).entries[0].engine_name == "sim.gemm"
+    (entry,) = load_overrides(path).entries
+    assert entry.engine_name == "sim.gemm" and entry.metadata["selection"]["verified"]["verdict"].startswith("holds")
 
 
 def test_verify_holds_a_files_count_of_input_sets_to_the_tuners_memory_cap(tmp_path, capsys, replay_env):
@@ -498,3 +499,45 @@ def test_verify_fix_republishes_a_published_root(tmp_path, capsys, replay_env):
     replay = FileReplay(str(root), device)
     replay.calls.matmul(SimTensor((2048, 2048), "fp16"), SimTensor((2048, 2048), "fp16"))
     assert replay.binding_of(problem).bound.engine_name == "sim.vendor"
+
+
+def _hipdnn_shared_file(path, problem):
+    """A hipDNN-written file (no device field) holding a decision of hipDNN's own engine and one of ours."""
+    from farm.store.override_files import write_overrides
+    from farm.store.overrides import OverrideEntry
+
+    theirs = OverrideEntry.for_problem(problem, "HIPBLASLT_ENGINE", (("algo", 17),), {"problem_name": "theirs"})
+    other = Problem.create("matmul", {"A": [40, 24], "B": [24, 16]})
+    ours = OverrideEntry.for_problem(other, "cpu.matmul.einsum", (), {"problem_name": "ours"})
+    write_overrides(path, [theirs, ours], device=None, mode="replace")
+
+
+def test_verify_fix_leaves_an_entry_of_an_engine_the_farm_does_not_run(tmp_path, capsys, replay_env):
+    from farm.cli.main import main
+    from farm.store.override_files import load_overrides
+
+    path = tmp_path / "hipdnn_autotune.json"
+    _hipdnn_shared_file(path, Problem.create("matmul", {"A": [32, 24], "B": [24, 16]}))
+    before = path.read_text()
+    main(["verify", str(path), "--devices", "cpu", "--fix", "--json", "--rounds", "8", "--calls", "4"])
+    out = json.loads(capsys.readouterr().out)
+    theirs = next(d for d in out["decisions"] if d["problem"] == "theirs")
+    assert "does not run" in theirs["verdict"] and not theirs["fixed"], theirs
+    entries = load_overrides(path).entries
+    assert [e.engine_name for e in entries][0] == "HIPBLASLT_ENGINE"  # hipDNN's own decision stays hipDNN's
+    assert json.loads(path.read_text())["engine_overrides"][0] == json.loads(before)["engine_overrides"][0]
+
+
+def test_verify_strict_fails_on_a_file_production_refuses(tmp_path, capsys, replay_env):
+    from farm.cli.main import main
+
+    path = tmp_path / "o.json"
+    _hipdnn_shared_file(path, Problem.create("matmul", {"A": [32, 24], "B": [24, 16]}))
+    doc = json.loads(path.read_text())
+    doc["engine_overrides"].append({"op": "matmul", "engine_name": "cpu.matmul.blas"})  # no tensors: unreadable
+    path.write_text(json.dumps(doc))
+    assert main(["verify", str(path), "--devices", "cpu", "--json", "--strict", "--rounds", "8", "--calls", "4"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["refused_by_production"] and "engine_overrides[2]" in out["refused_by_production"]
+    assert main(["verify", str(path), "--devices", "cpu", "--rounds", "8", "--calls", "4"]) == 0  # says so, exit 0
+    assert "production refuses this file" in capsys.readouterr().err

@@ -59,7 +59,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"target": target.where, "file": target.path, "device": device.signature, "note": target.note,
                      "decisions": records, "not_verifiable": [{"problem": n, "why": w} for n, w in skipped],
-                     "written": written})
+                     "written": written, "refused_by_production": f.invalid or None})
     else:
         out = make_console()
         out.print(verified_table(records))
@@ -67,8 +67,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
             out.print(f"[dim]not verifiable:[/] {escape(name)}: {escape(why)}", soft_wrap=True)
         for line in written:
             out.print(escape(line), soft_wrap=True)
+        if f.invalid:  # what production does with the file whatever the decisions above deliver
+            make_console(stderr=True).print(f"[red]production refuses this file:[/] {escape(f.invalid)}; hipDNN's "
+                                            "reader and farm.ops use none of its entries until it is fixed or removed",
+                                            soft_wrap=True)
     left = [v for v in verified if v.flagged and v.fixable and not v.fixed]
-    return 1 if args.strict and left else 0
+    return 1 if args.strict and (left or f.invalid) else 0
 
 
 def _keys(f: Any, names: list[str] | None, source: str) -> list[str] | None:

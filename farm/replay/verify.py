@@ -45,7 +45,7 @@ from farm.tuner.paired import PairedRatio, paired_ratio
 from farm.tuner.session import ENGINE_ERRORS
 from farm.tuner.winner import ConfirmedRule
 from farm.replay.file_replay import FileReplay
-from farm.replay.verified import CALLS, Decision, Verified, VerifySettings, decisions_in, median_of
+from farm.replay.verified import CALLS, Decision, Verified, VerifySettings, canonical_knobs, decisions_in, median_of
 
 log = logging.getLogger("farm.replay.verify")
 
@@ -183,6 +183,9 @@ def judge(v: Verified, settings: VerifySettings, *, is_default: bool) -> Verifie
     d = v.decision
     if v.replayed != d.label:
         why = f"farm.ops runs {v.replayed} here, not the published {d.label}"
+        if d.engine_name not in default_engine_registry():  # hipDNN's HIPBLASLT_ENGINE in a shared file: not ours
+            return dataclasses.replace(v, flagged=why + " (an engine the farm does not run: left as it is)",
+                                       fixable=False, loses=True)
         return dataclasses.replace(v, flagged=why, fixable=not is_default, loses=True)
     got = v.delivered_speedup
     if got is None or not math.isfinite(got):
@@ -209,8 +212,11 @@ def fixed_entries(f: OverrideFile, verified: Sequence[Verified]) -> list[Overrid
     for v in verified:
         by_entry.setdefault(v.decision.entry_index, []).append(v)
     out: list[OverrideEntry] = []
+    registry = default_engine_registry()
     for index, vs in sorted(by_entry.items()):
         entry = f.entries[index]
+        if entry.engine_name not in registry:  # another tool's decision in a shared file: never rewritten
+            continue
         meta = dict(entry.metadata or {})
         engine, knobs = entry.engine_name, tuple(entry.knobs)
         calls = {k: dict(v) for k, v in (meta.get("calls") or {}).items()} if isinstance(meta.get("calls"), Mapping) \
@@ -219,8 +225,8 @@ def fixed_entries(f: OverrideFile, verified: Sequence[Verified]) -> list[Overrid
             if v.skipped:
                 continue
             fix = v.fixed
-            own = v.decision.call == (meta.get("call") or "eager") and (engine, knobs) == (v.decision.engine_name,
-                                                                                     v.decision.knobs)
+            own = v.decision.call == (meta.get("call") or "eager") and \
+                (engine, canonical_knobs(engine, knobs)) == (v.decision.engine_name, v.decision.knobs)
             if own:
                 meta["selection"] = _with_check(meta.get("selection"), v, fix)
                 if fix:
