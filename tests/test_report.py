@@ -59,6 +59,24 @@ def test_report_summarises_failures_speedups_noise_and_disagreement(tmp_path, ca
     assert "failed_compile 1" in text and "devices disagree on" in text and "p1" in text
 
 
+def test_candidates_split_across_devices_are_no_disagreement(tmp_path, capsys):
+    """After a node loss (or shards on several devices) each device measured other candidates of a problem: each
+    one's fastest differs, yet they never ranked the same candidates, so the report says nothing disagrees."""
+    a, b, c = ((("tile", t),) for t in (16, 32, 64))
+    write_results(tmp_path / "r", {
+        GPU0: [(P1, "p1", [fake_result(P1, "lib.default", (2.0,) * 3, candidate=0),
+                           fake_result(P1, "tuned.fast", (1.0,) * 3, knobs=a, candidate=1)])],
+        GPU1: [(P1, "p1", [fake_result(P1, "tuned.fast", (1.5,) * 3, knobs=b, candidate=2),
+                           fake_result(P1, "tuned.fast", (1.8,) * 3, knobs=c, candidate=3)])],
+    })
+    assert main(["report", str(tmp_path / "r"), "--json"]) == 0
+    [sig] = json.loads(capsys.readouterr().out)["signatures"]
+    assert sig["disagreements"] == []
+    assert main(["report", str(tmp_path / "r")]) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if "devices disagree on" in line]
+    assert "nothing" in row, row
+
+
 def test_report_html_has_the_plots(tmp_path):
     pytest.importorskip("matplotlib", reason="--html needs matplotlib (the report extra)")
     root = results(tmp_path / "r")

@@ -48,7 +48,7 @@ class ProblemSummary:
     # the stage's samples where one decided, else the main round's (the median over devices)
     noise: float
     near: int  # other candidates within the winner's noise band (a stage: its ties)
-    device_winners: dict[str, str]  # device -> its own fastest candidate (main round: a stage runs on one device)
+    device_winners: dict[str, str]  # device -> its fastest candidate of those every device measured (main round)
     spread: float  # the winner's slowest device / fastest device (main round)
     samples: dict[str, list[float]] = field(default_factory=dict)  # candidate -> samples of the decision's round
     speedup: float | None = None  # the winner's (paired, when confirmed) speed-up over the default
@@ -86,9 +86,12 @@ class ProblemSummary:
             return f"winner within noise of {self.near} other(s), no confirmation stage"
         return "the default is noisy: the speed-up over it is doubtful, no confirmation stage"
 
+    devices_compared: bool = False  # two devices or more measured at least two candidates in common
+
     @property
     def disagree(self) -> bool:
-        return len(set(self.device_winners.values())) > 1
+        """Devices that measured the same candidates rank a different one fastest."""
+        return self.devices_compared and len(set(self.device_winners.values())) > 1
 
 
 @dataclass
@@ -299,6 +302,21 @@ def _signature(sig: str, rows: list[dict[str, Any]], decisions: Decisions) -> Si
                             sum(r["tuning_ms"] or 0.0 for r in rows if r["round"] == CONFIRM) / 1e3)
 
 
+def _device_winners(rows: list[dict[str, Any]]) -> tuple[dict[str, tuple[float, str]], bool]:
+    """Each device's fastest candidate (ms, label) among the candidates every device of the problem measured, and
+    whether that compares them (two devices or more with at least two candidates in common). Candidates split
+    across devices (a node lost mid-run, shards on several) are no disagreement: each device ranks its own."""
+    by_device: dict[str, dict[str, float]] = {}
+    for r in rows:
+        mine = by_device.setdefault(r["_device"], {})
+        label = _candidate(r)
+        mine[label] = min(mine.get(label, math.inf), r["median_ms"])
+    common = set.intersection(*(set(m) for m in by_device.values())) if by_device else set()
+    compared = len(by_device) > 1 and len(common) > 1
+    pool = {d: ({k: v for k, v in m.items() if k in common} if compared else m) for d, m in by_device.items()}
+    return {d: min((ms, label) for label, ms in m.items()) for d, m in pool.items() if m}, compared
+
+
 def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0,
              stage: list[dict[str, Any]] | None = None) -> ProblemSummary:
     """One problem's summary; ``stage``: the rows of the paired session that decided it (its figures are theirs)."""
@@ -307,10 +325,7 @@ def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0,
         cands.setdefault(r["candidate_key"], []).append(r)
     by_label = {_candidate(rs[0]): rs for rs in cands.values()}
     win_rows = by_label.get(winner.label, [])
-    device_best: dict[str, tuple[float, str]] = {}
-    for r in rows:
-        if r["_device"] not in device_best or r["median_ms"] < device_best[r["_device"]][0]:
-            device_best[r["_device"]] = (r["median_ms"], _candidate(r))
+    device_best, compared = _device_winners(rows)
     win_times = [r["median_ms"] for r in win_rows] or [winner.median_ms]
     noise = statistics.median(_noise(r) for r in win_rows) if win_rows else 0.0
     sigma_w = noise * winner.median_ms
@@ -335,7 +350,7 @@ def _problem(rows: list[dict[str, Any]], winner: Winner, pruned: int = 0,
         winner=winner.label, winner_ms=winner.median_ms, default=winner.default or "-", default_ms=winner.default_ms,
         why=winner.why,
         noise=noise, near=near,
-        device_winners={d: c for d, (_, c) in device_best.items()},
+        device_winners={d: c for d, (_, c) in device_best.items()}, devices_compared=compared,
         spread=max(win_times) / min(win_times) if min(win_times) > 0 else 1.0,
         samples=samples, speedup=winner.speedup_over_default, interval=winner.speedup_interval, confirmation=winner.confirmed,
         call=winner.call, pruned=pruned, default_noisy=winner.default_noisy, checks=_checks(winner),
