@@ -80,6 +80,9 @@ def test_progress_says_when_nodes_join_or_go_and_what_waits_for_a_device():
     assert lines == ["node bbbbbbbb (h2: sim:1) lost at 0:07: its tasks run again on devices of its kind",
                      "node cccccccc (h3: sim:2) joined at 0:09: its devices take work now"]
     assert node_events(status, seen) == []  # each once
+    c.workers.append("sim:3")  # the joined node's second device started after its join line
+    assert node_events(status, seen) == ["node cccccccc (h3): sim:3 take(s) work now too"]
+    assert node_events(status, seen) == []
     assert "3 nodes (1 lost, 1 joined); waiting for a device of T (25 s left)" in progress_line(status)
     assert "1/1 workers busy" in progress_line(status)  # a lost worker is not counted
     status = FarmStatus(100, 20, 0, 0, 40.0, workers, ["S"], nodes=[a, b, c], given_up={"T": ["p1", "p2"]})

@@ -54,20 +54,23 @@ def nodes_part(status: Any) -> str:
     return text
 
 
-def node_events(status: Any, seen: dict[str, tuple[str, Any]]) -> list[str]:
+def node_events(status: Any, seen: dict[Any, tuple[str, Any, int]]) -> list[str]:
     """Lines for nodes that joined or were lost since the last status (``seen``: node id -> (state, joined))."""
     lines = []
     for n in getattr(status, "nodes", []):
         before = seen.get(n.node_id)
-        seen[n.node_id] = (n.state, n.joined_s)
+        seen[n.node_id] = (n.state, n.joined_s, len(n.workers))
         where = f"node {n.short_id} ({n.host or '?'}: {', '.join(n.workers)})"
         if n.state == "lost" and (before is None or before[0] != "lost"):
             lines.append(f"{where} lost at {clock(n.lost_s or 0)}: its tasks run again on devices of its kind")
         elif before is None and n.joined_s is not None:
             lines.append(f"{where} joined at {clock(n.joined_s)}: its devices take work now")
+        elif before is not None and n.state != "lost" and len(n.workers) > before[2]:
+            # a joined node's devices start one by one: the ones that started since its join line are named too
+            lines.append(f"node {n.short_id} ({n.host or '?'}): {', '.join(n.workers[before[2]:])} take(s) work now too")
     for sig, names in getattr(status, "given_up", {}).items():
         if ("given up", sig) not in seen:
-            seen[("given up", sig)] = ("", None)  # type: ignore[index]
+            seen[("given up", sig)] = ("", None, 0)  # type: ignore[index]
             lines.append(f"no device of {sig} came back: {len(names)} problem(s) wait for one (a resume measures them)")
     return lines
 

@@ -70,7 +70,7 @@ def workers_table(report: Any) -> Table:
     workers = Table(title=f"Workers ({report.tuning_s:.1f} s of tuning, {report.wall_s:.1f} s in all)",
                     title_justify="left")
     for col, justify in (("worker", "left"), ("host", "left"), ("device", "left"), ("signature", "left"),
-                         ("candidates", "right"), ("failed", "right"), ("restarts", "right"), ("busy", "right")):
+                         ("rows", "right"), ("failed", "right"), ("restarts", "right"), ("busy", "right")):
         workers.add_column(col, justify=justify)  # type: ignore[arg-type]
     for st in report.statuses:
         frac = st.busy_s / report.tuning_s if report.tuning_s else 0.0
@@ -100,14 +100,14 @@ def nodes_table(nodes: Sequence[dict[str, Any]], waiting: dict[str, list[str]] |
 
     table = Table(title="Nodes", title_justify="left")
     for col, justify in (("node", "left"), ("host", "left"), ("devices", "left"), ("signature", "left"),
-                         ("state", "left"), ("joined", "right"), ("lost", "right"), ("candidates", "right")):
+                         ("state", "left"), ("joined", "right"), ("lost", "right"), ("rows", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for n in nodes:
         style = {"lost": "red"}.get(n["state"], "")
         table.add_row(Text(n["node_id"][:8]), Text(n["host"]), Text(", ".join(n["workers"])),
                       Text(", ".join(n["signatures"])), Text(n["state"], style=style),
                       "at start" if n["joined_s"] is None else clock(n["joined_s"]),
-                      "-" if n["lost_s"] is None else clock(n["lost_s"]), str(n["candidates"]))
+                      "-" if n["lost_s"] is None else clock(n["lost_s"]), str(n.get("rows", n.get("candidates", 0))))  # "candidates": older job.json
     if waiting:
         table.caption = Text("waiting for a device: " + "; ".join(f"{sig}: {len(names)} problem(s)"
                                                                   for sig, names in waiting.items()), style="yellow")

@@ -418,7 +418,7 @@ class Driver:
         w.status.failures += sum(not x.succeeded for x in rows)
         node = self.nodes.records.get(w.info.node_id)
         if node is not None:
-            node.candidates += len(rows)
+            node.rows += len(rows)
             node.failures += sum(not x.succeeded for x in rows)
 
     def _release(self, w: WorkerHandle) -> None:

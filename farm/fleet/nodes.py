@@ -88,7 +88,7 @@ class NodeRecord:
     lost_s: float | None = None
     workers: list[str] = field(default_factory=list)  # the device workers started on it
     signatures: list[str] = field(default_factory=list)
-    candidates: int = 0  # rows its workers measured (every round)
+    rows: int = 0  # measurements its workers made (rows, every round: a candidate of a stage counts again)
     failures: int = 0
 
     @property
@@ -98,7 +98,7 @@ class NodeRecord:
     def to_json(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "host": self.host, "address": self.address, "state": self.state,
                 "joined_s": self.joined_s, "lost_s": self.lost_s, "workers": list(self.workers),
-                "signatures": sorted(self.signatures), "candidates": self.candidates, "failures": self.failures}
+                "signatures": sorted(self.signatures), "rows": self.rows, "failures": self.failures}
 
 
 class NodeTable:
