@@ -98,3 +98,21 @@ def test_a_history_row_with_a_time_that_is_not_finite_is_left_out_and_the_json_s
     assert abs(e["main_round_s"] - 0.030) < 1e-9
     assert main(["tune", str(wl), "--devices", "cpu", "--dry-run", "--out", str(tmp_path / "run"),
                  "--history", str(history)]) == 0  # the table, no traceback
+
+
+def test_a_dry_run_without_out_reads_earlier_runs_of_the_workload_in_other_folders(tmp_path, capsys, monkeypatch):
+    """The Quick start tunes into runs/quick; `farm tune examples/cpu-quick.yaml --dry-run` (no --out: the default
+    folder is runs/cpu-quick) estimates from it: every run folder beside the default whose job.json names the
+    workload. A folder of another workload is not read."""
+    monkeypatch.chdir(tmp_path)
+    props = cpu_device().properties
+    mm = matmul_problem(24, 20, 16)
+    for folder, name in (("quick", "est"), ("other", "not-est")):
+        write_results(tmp_path / "runs" / folder / "results",
+                      {props: [(mm, "mm", [_timed(mm, "cpu.matmul.blas", 120.0, 0)])]})
+        (tmp_path / "runs" / folder / "job.json").write_text(json.dumps({"workload": {"name": name}}))
+    (tmp_path / "w.yaml").write_text(WORKLOAD)
+    assert main(["tune", "w.yaml", "--devices", "cpu", "--dry-run", "--json"]) == 0
+    [e] = json.loads(capsys.readouterr().out)["estimate"]
+    assert [h.split("runs")[-1] for h in e["history"]] == ["/quick/results"], e["history"]
+    assert e["estimated_from"]["own_history"] == 1 and e["main_round_s"] is not None

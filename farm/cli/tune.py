@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from rich.markup import escape
@@ -32,7 +33,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             auto, confirm=dataclasses.replace(auto.confirm, redo_undecided=True)))
     out = args.out or f"runs/{_folder_name(workload.name)}"
     if args.dry_run:
-        return _dry_run(workload, local_device(args.devices), registry, args.json, out, args.history or ())
+        history = args.history or (_earlier_runs(workload.name, out) if not args.out else [])
+        return _dry_run(workload, local_device(args.devices), registry, args.json, out, history)
     if args.in_process:
         return _tune_in_process(args, workload, out, registry)
     return _tune_on_ray(args, workload, out)
@@ -283,6 +285,25 @@ def _print_candidates(workload: Any, device: Any, registry: Any, rows: list[Any]
         console.print(Text(f"not on {device.properties.name} ({device.runtime.name}): {', '.join(engines)}: {why}"),
                       soft_wrap=True)
     return console
+
+
+def _earlier_runs(name: str, out: str) -> list[str]:
+    """Run folders under ``out``'s parent (runs/) whose job.json names the workload ``name``, newest first: the
+    history of a dry run given no --out, where the Quick start's ``--out runs/quick`` is not the default folder
+    (runs/cpu-quick). The default folder itself is read anyway."""
+    import json
+
+    found = []
+    for job in Path(out).parent.glob("*/job.json"):
+        if job.parent == Path(out):
+            continue
+        try:
+            doc = json.loads(job.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # not ours to judge here: farm report names a broken job.json
+        if isinstance(doc, dict) and isinstance(doc.get("workload"), dict) and doc["workload"].get("name") == name:
+            found.append((job.stat().st_mtime, str(job.parent)))
+    return [folder for _, folder in sorted(found, reverse=True)]
 
 
 def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool, out: str, history: Sequence[str] = ()) -> int:
