@@ -121,15 +121,11 @@ def _withdrawn(decision: Any, check: ModelCheck, table: pa.Table, hit: dict[str,
     """The default in place of a decision the model check withdrew, with its figures from the decision's round."""
     engine, knobs = hit["default"]
     row = decision.default_row
-    mins = table["min_ms"][row].as_py()
-    mad = table["mad_ms"][row].as_py()
-    conf = decision.confirmed
-    return dataclasses.replace(
-        decision, engine_name=engine, knobs=knobs, median_ms=decision.default_ms, min_ms=mins, mad_ms=mad,
-        noisy=False, rule=ConfirmedRule.WITHDRAWN_IN_MODEL, row=row, model_check=check,
+    return decision.default_in_place(
+        engine, knobs, median_ms=decision.default_ms, min_ms=table["min_ms"][row].as_py(),
+        mad_ms=table["mad_ms"][row].as_py(), row=row, rule=ConfirmedRule.WITHDRAWN_IN_MODEL, model_check=check,
         why=f"default published by the model check of {check.model} ({check.call}): {decision.label} "
-            f"{check.verdict.split(': ', 1)[-1]}",
-        confirmed=dataclasses.replace(conf, speedup=None, low=None, high=None) if conf is not None else None)
+            f"{check.verdict.split(': ', 1)[-1]}")
 
 
 def _candidate_key(engine: str, knobs: Any) -> str:

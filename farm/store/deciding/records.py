@@ -175,6 +175,17 @@ class Winner:
             return dataclasses.replace(decision, others=self.others)
         return dataclasses.replace(self, others=tuple(decision if w.call == call else w for w in self.others))
 
+    def default_in_place(self, engine: str, knobs: KnobSettings, *, median_ms: float, min_ms: float | None,
+                         mad_ms: float | None, row: int, rule: ConfirmedRule, why: str, **checked: Any) -> "Winner":
+        """The default published in this decision's place (a check withdrew or fixed it), timed as given; the
+        stage's published comparison is dropped (its speed-up was the decision's), ``checked`` records the check."""
+        conf = self.confirmed
+        return dataclasses.replace(
+            self, engine_name=engine, knobs=knobs, median_ms=median_ms, min_ms=min_ms, mad_ms=mad_ms, noisy=False,
+            rule=rule, row=row, why=why,
+            confirmed=dataclasses.replace(conf, speedup=None, low=None, high=None) if conf is not None else None,
+            **checked)
+
     def as_dict(self) -> dict[str, Any]:
         out = {"engine_name": self.engine_name, "knobs": dict(self.knobs), "label": self.label,
                "median_ms": self.median_ms, "min_ms": self.min_ms, "mad_ms": self.mad_ms, "noisy": self.noisy,

@@ -123,11 +123,8 @@ def _fixed(decision: Winner, check: Verification, engine: str, knobs: KnobSettin
            row: int) -> Winner:
     """The default in place of a decision farm verify fixed, timed by that check's direct calls."""
     med = float(np.median(samples)) if len(samples) else math.nan
-    conf = decision.confirmed
-    return dataclasses.replace(
-        decision, engine_name=engine, knobs=knobs, median_ms=med, min_ms=float(np.min(samples)) if len(samples) else None,
-        mad_ms=float(np.median(np.abs(samples - med))) if len(samples) else None, noisy=False,
-        rule=ConfirmedRule.NOT_DELIVERED,
-        why=f"default published by farm verify: {decision.label} {check.verdict.split(': ', 1)[-1]}",
-        row=row, verified=check, round=VERIFY,
-        confirmed=dataclasses.replace(conf, speedup=None, low=None, high=None) if conf is not None else None)
+    return decision.default_in_place(
+        engine, knobs, median_ms=med, min_ms=float(np.min(samples)) if len(samples) else None,
+        mad_ms=float(np.median(np.abs(samples - med))) if len(samples) else None, row=row,
+        rule=ConfirmedRule.NOT_DELIVERED, verified=check, round=VERIFY,
+        why=f"default published by farm verify: {decision.label} {check.verdict.split(': ', 1)[-1]}")
