@@ -62,6 +62,22 @@ def test_a_hipdnn_file_selects_its_own_engines_by_id_through_the_selector(tmp_pa
     assert sel.select(mm(m=100), [BLAS, HIPBLASLT]).order == (HIPBLASLT, BLAS)
 
 
+@pytest.mark.parametrize("spell", [lambda i: hex(i & (2**64 - 1)), lambda i: hex(i & (2**64 - 1)).upper().replace("X", "x"),
+                                   str], ids=["hex", "HEX", "decimal"])
+def test_an_engine_named_by_its_id_selects_that_engine(tmp_path, monkeypatch, spell):
+    """hipDNN's writer spells an engine it has no name for as its id (hex): read as that id, not hashed as a
+    name (which would match nothing)."""
+    doc = {"version": 2, "engine_overrides": [
+        {"op": "matmul", "engine_name": spell(HIPBLASLT), "tensors": [t("a_tensor_uid", [64, 32]),
+                                                                        t("b_tensor_uid", [32, 16])]}]}
+    path = tmp_path / "hipdnn.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setenv("HIPDNN_HEUR_CONFIG_PATH", str(path))
+    sel = Selector(cpu_device().properties, order=["SelectionHeuristic::Config"])
+    assert sel.select(mm(), [BLAS, HIPBLASLT]).order == (HIPBLASLT, BLAS)
+    assert engine_name_to_id(spell(BLAS)) == BLAS and engine_name_to_id("cpu.matmul.blas") == BLAS
+
+
 def test_an_unknown_engines_knobs_pass_through_to_its_owner(tmp_path, monkeypatch, caplog):
     doc = {"version": 2, "engine_overrides": [
         {"op": "matmul", "engine_name": "HIPBLASLT_ENGINE", "tensors": [t("A", [64, 32]), t("B", [32, 16])],

@@ -6,6 +6,8 @@ as a signed 64-bit integer, so they fit an int64 column and a C ``int64_t``.
 
 from __future__ import annotations
 
+import re
+
 FNV64_OFFSET_BASIS = 0xCBF29CE484222325
 FNV64_PRIME = 0x100000001B3
 _MASK64 = (1 << 64) - 1
@@ -33,8 +35,17 @@ def name_to_id(name: str) -> int:
     return to_int64(fnv1a_64(name.encode("utf-8")))
 
 
+# an engine named by its id: hipDNN's writer spells an engine it has no name for as its id in hex (or decimal)
+_ID_SPELLING = re.compile(r"0[xX][0-9a-fA-F]{1,16}|-?[0-9]{1,20}")
+
+
 def engine_name_to_id(name: str) -> int:
-    """Engine id: signed FNV-1a-64 of the engine name."""
+    """Engine id: signed FNV-1a-64 of the engine name; a name that is an id already (``0x8f1d...``, hipDNN's
+    fallback, or decimal) is that id, as a signed 64-bit integer."""
+    if isinstance(name, str) and _ID_SPELLING.fullmatch(name):
+        value = int(name, 16) if name[:2] in ("0x", "0X") else int(name)
+        if -(1 << 63) <= value < (1 << 64):
+            return to_int64(value)
     return name_to_id(name)
 
 
