@@ -292,7 +292,7 @@ def test_the_html_report_has_alt_text_readable_labels_and_shows_untrusted_winner
     pytest.importorskip("matplotlib", reason="farm report --html needs matplotlib (tunefarm[report])")
     import re
 
-    from farm.analysis import report as report_mod
+    from farm.analysis import report as report_mod, report_html
     from farm.devices.device import cpu_device
     from farm.fleet.local_run import run_local
     from farm.model.engine import default_engine_registry
@@ -308,13 +308,13 @@ def test_the_html_report_has_alt_text_readable_labels_and_shows_untrusted_winner
     monkeypatch.setattr(report_mod.ProblemSummary, "untrusted", property(lambda self: True))
     monkeypatch.setattr(report_mod.ProblemSummary, "doubt", property(lambda self: "within noise of 1 other(s)"))
     report = report_mod.build_report(tmp_path / "run")
-    report_mod.write_html(report, tmp_path / "r.html")
+    report_html.write_html(report, tmp_path / "r.html")
     html = (tmp_path / "r.html").read_text()
     imgs = re.findall(r"<img [^>]*>", html)
     assert imgs and all(re.search(r"alt='[^']{10,}'", i) for i in imgs)
     assert "class=untrusted" in html and "not trusted: within noise of 1 other(s)" in html
-    assert report_mod._short("cudnn.graph[" + "X=1," * 40 + "engine=7]").endswith("engine=7]")
-    assert len(report_mod._short("x" * 200)) <= 48
+    assert report_html._short("cudnn.graph[" + "X=1," * 40 + "engine=7]").endswith("engine=7]")
+    assert len(report_html._short("x" * 200)) <= 48
 
 
 @pytest.mark.slow

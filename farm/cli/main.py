@@ -186,7 +186,8 @@ def _not_an_overrides_folder(path: str) -> None:
         raise InputError(f"an overrides folder, not results: give the results folder ({p.parent / 'results'}) or the "
                          f"run folder ({p.parent}); farm diff compares override files", source=path)
 def cmd_report(args: argparse.Namespace) -> int:
-    from farm.analysis.report import build_report, report_dict, write_html
+    from farm.analysis.report import build_report, report_dict
+    from farm.analysis.report_html import write_html
     from farm.cli.render_reports import report_tables
 
     _not_an_overrides_folder(args.results)
