@@ -401,6 +401,24 @@ def test_knobs_beside_the_metadata_are_read_and_moved_into_it_on_rewrite(tmp_pat
     assert "knobs" not in rewritten and rewritten["autotune_metadata"]["knobs"] == old_style["knobs"]
 
 
+@pytest.mark.parametrize("beside, why", [
+    ([{"knob_id": "tile", "type": "int", "value": "lots"}], "engine_overrides[0].knobs[0]"),  # a wrong type
+    ([{"knob_id": "tile", "type": "int", "value": 32}], "disagree"),  # another value than the metadata's
+])
+def test_every_knob_list_of_an_entry_is_read_and_two_that_disagree_are_refused(tmp_path, beside, why):
+    entry = {**OverrideEntry.for_problem(mm(), "e", (("tile", 64),), meta()).to_json(), "knobs": beside}
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps({"version": 2, "device": DEVICE, "engine_overrides": [entry]}))
+    with pytest.raises(InputError) as info:
+        load_overrides(path)  # strict: what publish and diff read
+    assert why in str(info.value)
+    lenient = load_overrides(path, strict=False)  # production: that rule skipped (its knobs cannot be trusted)
+    assert lenient.entries == [] and not lenient.invalid
+    agree = {**entry, "knobs": [{"knob_id": "tile", "type": "int", "value": 64}]}
+    path.write_text(json.dumps({"version": 2, "device": DEVICE, "engine_overrides": [agree]}))
+    assert load_overrides(path).entries[0].knobs == (("tile", 64),)
+
+
 @pytest.mark.parametrize("tensors, field", [
     ((TensorRule("A", (64, 16), (16, 1)), TensorRule("A", (16, 32), (32, 1))), "engine_overrides[0].tensors"),
     ((TensorRule(None, (64, 16)), TensorRule("B", (16, 32))), "engine_overrides[0].tensors[0].tensor_id"),

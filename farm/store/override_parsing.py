@@ -230,10 +230,18 @@ def _parse_tensors(raw: Any, op: str, path: str, version: int) -> list[TensorRul
 
 
 def _entry_knobs(obj: dict[str, Any], meta: dict[str, Any] | None, path: str) -> KnobSettings:
+    """The entry's knobs: the RFC's place (``autotune_metadata.knobs``, the list staying there as written), else the
+    list earlier tunefarm files carry beside it. Where both are there, both are read and must agree: a list no
+    reader checks could hold anything, and a rewrite keeps only one."""
     try:
-        if meta is not None and "knobs" in meta:  # the RFC's place (the list stays in the metadata, as written)
-            return parse_knobs(meta["knobs"], f"{path}.autotune_metadata.knobs")
-        return parse_knobs(obj.get("knobs"), f"{path}.knobs")  # earlier tunefarm files carry them beside it
+        beside = parse_knobs(obj.get("knobs"), f"{path}.knobs")
+        if meta is None or "knobs" not in meta:
+            return beside
+        knobs = parse_knobs(meta["knobs"], f"{path}.autotune_metadata.knobs")
+        if "knobs" in obj and sorted(beside) != sorted(knobs):
+            raise InputError("two knob lists that disagree (knobs beside the metadata, and autotune_metadata.knobs): "
+                             "keep one", field=f"{path}.knobs", value=dict(beside))
+        return knobs
     except InputError as exc:  # hipDNN does not read the knobs it records: the rule loads there
         raise UnusableRule(exc.reason, field=exc.field, value=exc.value) if exc.has_value else \
             UnusableRule(exc.reason, field=exc.field) from None
