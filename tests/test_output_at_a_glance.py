@@ -408,3 +408,16 @@ def test_trusted_only_with_replace_keeps_what_was_published_for_a_problem_now_un
     [file] = json.loads(capsys.readouterr().out)["files"]
     assert not file["written"] and "left as it is" in file["skipped"] and next(root.glob("*/*.json")).read_text() == before
 
+
+
+def test_verify_table_says_what_published_and_delivered_mean():
+    from farm.cli.render_verify import verified_table
+
+    rec = {"problem": "mm", "call": "eager", "published_winner": "cpu.matmul.blas[order=transposed]",
+           "direct": "np.matmul(A, B)", "published": 1.2, "delivered": 1.1, "delivered_interval": (1.05, 1.15),
+           "replay_ms": 0.9, "direct_ms": 1.0, "verdict": "holds", "notes": []}
+    console = Console(width=100, record=True, file=open(os.devnull, "w"))
+    console.print(verified_table([rec]))
+    text = " ".join(console.export_text().split())
+    assert "published: the winner's speed-up over the default as the file records it" in text
+    assert "delivered: farm.ops' speed-up over the direct library call here" in text

@@ -66,6 +66,14 @@ def verified_table(records: Sequence[dict[str, Any]], *, title: str = "farm veri
         t.add_row(what, _x(r.get("published")), delivered, _ms(r.get("replay_ms")), _ms(r.get("direct_ms")),
                   Text(word, style=style))
         notes += [f"{r['problem']} ({r['call']}): {n}" for n in r.get("notes") or ()]
-    if notes:
-        t.caption = Text("\n".join(dict.fromkeys(notes)))
+    notes.append(DEFINITIONS)
+    t.caption = Text("\n".join(dict.fromkeys(notes)))
     return t
+
+
+# what the two figures are, in words (the table's medians are each side's own: their ratio is close to, not the same
+# as, the paired figure)
+DEFINITIONS = ("published: the winner's speed-up over the default as the file records it (measured where it was "
+               "tuned). delivered: farm.ops' speed-up over the direct library call here, the median over the paired "
+               "rounds of direct / farm.ops in each round (so it is close to, not exactly, the ratio of the two "
+               "medians beside it), its 99 % interval under it.")
