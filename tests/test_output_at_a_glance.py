@@ -411,6 +411,8 @@ def test_trusted_only_with_replace_keeps_what_was_published_for_a_problem_now_un
 
 
 def test_verify_table_says_what_published_and_delivered_mean():
+    from rich.console import Console
+
     from farm.cli.render_verify import verified_table
 
     rec = {"problem": "mm", "call": "eager", "published_winner": "cpu.matmul.blas[order=transposed]",
