@@ -541,3 +541,27 @@ def test_verify_strict_fails_on_a_file_production_refuses(tmp_path, capsys, repl
     assert out["refused_by_production"] and "engine_overrides[2]" in out["refused_by_production"]
     assert main(["verify", str(path), "--devices", "cpu", "--rounds", "8", "--calls", "4"]) == 0  # says so, exit 0
     assert "production refuses this file" in capsys.readouterr().err
+
+
+def test_verify_fix_keeps_a_winner_that_still_beats_the_direct_call_and_corrects_its_figure(tmp_path, capsys,
+                                                                                           replay_env):
+    """A winner delivering less than it published (a loaded host, a slower replay) but still faster than the direct
+    call beyond noise is never undone by --fix: the file publishes the delivered figure instead."""
+    from farm.cli.main import main
+    from farm.store.override_files import load_overrides
+
+    cfg, device = _sim(tmp_path, "devices: [{name: Sim V, count: 1}]\nnoise: 0.01\nfaults:\n"
+                                 "  - {kind: slow_replay, engine: sim.gemm, factor: 1.25}\n")
+    problem = Problem.create("matmul", {"A": [2048, 2048], "B": [2048, 2048]}, dtype="fp16")
+    knobs, gain = _fastest_gemm(problem, device)
+    assert gain / 1.25 > 1.1  # still a real gain where replayed 25 % slower
+    path = tmp_path / f"{device.signature}.json"
+    _override_file(path, device, problem, "sim.gemm", knobs, gain)
+    assert main(["verify", str(path), "--devices", f"sim:{cfg}", "--json", "--fix", "--strict"]) == 0
+    (d,) = json.loads(capsys.readouterr().out)["decisions"]
+    assert d["corrected"] and not d["fixed"] and d["verdict"].startswith("corrected"), d
+    assert d["delivered_interval"][0] > 1.0
+    (entry,) = load_overrides(path).entries
+    sel = entry.metadata["selection"]
+    assert entry.engine_name == "sim.gemm"  # kept
+    assert sel["speedup_over_default"] == pytest.approx(d["delivered"]) and sel["figure_corrected"]["was"] == gain

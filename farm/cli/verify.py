@@ -71,7 +71,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             make_console(stderr=True).print(f"[red]production refuses this file:[/] {escape(f.invalid)}; hipDNN's "
                                             "reader and farm.ops use none of its entries until it is fixed or removed",
                                             soft_wrap=True)
-    left = [v for v in verified if v.flagged and v.fixable and not v.fixed]
+    left = [v for v in verified if v.flagged and v.fixable and not (v.fixed or v.corrected)]
     return 1 if args.strict and (left or f.invalid) else 0
 
 
@@ -108,11 +108,13 @@ def _record(target: Target, f: Any, verified: list[Any], device: Any, fix: bool)
     if not entries:
         return [], verified
     fixed = sum(v.fixed for v in verified)
+    corrected = sum(v.corrected for v in verified)
+    figures = f", {corrected} figure(s) corrected (the decision beats the direct call: kept)" if corrected else ""
     written = rewrite_entries(target, f, entries, device.signature)
     if target.kind == "file":
-        return [f"{target.path}: {fixed} decision(s) replaced by the default, {len(verified)} check(s) recorded"], \
-            verified
-    return [f"republished {path}: {fixed} decision(s) replaced by the default" for path in written], verified
+        return [f"{target.path}: {fixed} decision(s) replaced by the default{figures}, {len(verified)} check(s) "
+                "recorded"], verified
+    return [f"republished {path}: {fixed} decision(s) replaced by the default{figures}" for path in written], verified
 
 
 def _record_in_run(target: Target, verified: list[Any], device: Any) -> tuple[list[str], list[Any]]:

@@ -94,6 +94,8 @@ class Verified:
     fixable: bool = False  # flagged, and not the default already: publishing the default changes something
     loses: bool = False  # flagged for losing to the direct call (or running another candidate), not only its figure
     fixed: bool = False
+    corrected: bool = False  # flagged for its figure alone while it beats the direct call beyond noise: --fix
+    # records the delivered figure instead of undoing the decision
     measured_at: str = ""
 
     @property
@@ -111,6 +113,9 @@ class Verified:
             return f"not verified: {self.skipped}"
         if not self.flagged:
             return "holds"
+        if self.corrected:
+            return (f"corrected: {self.flagged}; it still beats the direct call beyond noise, so it stays and its "
+                    f"published figure is now the delivered {self.delivered_speedup:.3f}x")
         return f"{'fixed' if self.fixed else 'flagged'}: {self.flagged}"
 
     def as_dict(self) -> dict[str, Any]:
@@ -124,7 +129,8 @@ class Verified:
                 "rounds": d.rounds if d is not None else 0, "calls_per_sample": self.calls_per_sample,
                 "input_sets": self.input_sets, "replay_ms": median_of(self.replay_samples),
                 "direct_ms": median_of(self.direct_samples), "verdict": self.verdict, "flagged": self.flagged,
-                "fixed": self.fixed, "host_cpu": self.host_cpu, "measured_cpus": list(self.decision.measured_cpus),
+                "fixed": self.fixed, "corrected": self.corrected, "host_cpu": self.host_cpu,
+                "measured_cpus": list(self.decision.measured_cpus),
                 "notes": list(self.notes), "signature": self.signature}
 
     def metadata(self) -> dict[str, Any]:

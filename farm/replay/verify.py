@@ -229,6 +229,8 @@ def fixed_entries(f: OverrideFile, verified: Sequence[Verified]) -> list[Overrid
                 (engine, canonical_knobs(engine, knobs)) == (v.decision.engine_name, v.decision.knobs)
             if own:
                 meta["selection"] = _with_check(meta.get("selection"), v, fix)
+                if v.corrected:
+                    meta["selection"] = _corrected(meta["selection"], v)
                 if fix:
                     engine, knobs = v.direct_engine, ()
                     meta.pop("knobs", None)
@@ -236,6 +238,8 @@ def fixed_entries(f: OverrideFile, verified: Sequence[Verified]) -> list[Overrid
             elif calls is not None and v.decision.call in calls:
                 rec = calls[v.decision.call]
                 rec["selection"] = _with_check(rec.get("selection"), v, fix)
+                if v.corrected:
+                    rec["selection"] = _corrected(rec["selection"], v)
                 if fix:
                     rec["engine_name"], rec["knobs"] = v.direct_engine, []
                     rec["median_time_ms"] = median_of(v.direct_samples)
@@ -243,6 +247,15 @@ def fixed_entries(f: OverrideFile, verified: Sequence[Verified]) -> list[Overrid
             meta["calls"] = calls
         out.append(dataclasses.replace(entry, engine_name=engine, knobs=knobs, metadata=meta))
     return out
+
+
+def _corrected(selection: dict[str, Any], v: Verified) -> dict[str, Any]:
+    """The selection with the delivered figure published in place of the recorded one (the decision stays)."""
+    d = v.delivered
+    assert d is not None
+    return {**selection, "speedup_over_default": d.speedup,
+            "figure_corrected": {"was": v.decision.published, "delivered": d.speedup,
+                                 "interval": [d.speedup_low, d.speedup_high], "by": "farm verify --fix"}}
 
 
 def _with_check(selection: Any, v: Verified, fixed: bool) -> dict[str, Any]:
@@ -263,9 +276,13 @@ def mark_fixes(verified: Sequence[Verified], *, only_losers: bool = False) -> li
     out = []
     for v in verified:
         fix = v.fixable and bool(v.flagged)
+        d = v.delivered
+        beats = v.replayed == v.decision.label and d is not None and d.rounds > 0 and d.speedup_low > 1.0
         if fix and only_losers:
-            d = v.delivered
             fix = v.replayed != v.decision.label or (d is not None and d.rounds > 0 and d.speedup_high < 1.0)
+        elif fix and beats:  # a gain beyond noise is never undone: its figure is corrected instead
+            out.append(dataclasses.replace(v, fixed=False, corrected=True))
+            continue
         out.append(dataclasses.replace(v, fixed=fix))
     return out
 
