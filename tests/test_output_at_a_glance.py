@@ -423,3 +423,24 @@ def test_verify_table_says_what_published_and_delivered_mean():
     text = " ".join(console.export_text().split())
     assert "published: the winner's speed-up over the default as the file records it" in text
     assert "delivered: farm.ops' speed-up over the direct library call here" in text
+
+
+def test_a_name_in_a_narrow_column_breaks_at_its_joints_never_mid_word():
+    from rich.console import Console
+    from rich.table import Table
+
+    from farm.cli.names import Name
+
+    label = "cpu.layernorm.twopass[row_block=1024]"
+    name = Name(label)
+    assert name.lines(24) == ["cpu.layernorm.twopass[", "row_block=1024]"]
+    assert name.lines(100) == [label] and name.lines(5)[0] == "cpu."  # a piece wider than the column: alone
+    t = Table()
+    t.add_column("figure", no_wrap=True)
+    t.add_column("winner")
+    t.add_row("1.234 ms", name)
+    console = Console(width=40, record=True, file=open(os.devnull, "w"))
+    console.print(t)
+    cells = [line.split("│")[2].strip() for line in console.export_text().splitlines() if line.count("│") == 3]
+    cells = [c for c in cells if c]
+    assert "".join(cells) == label and all(c.endswith((".", "[", ",", "/", "-", "]")) for c in cells), cells

@@ -7,8 +7,11 @@ import enum
 import math
 from typing import Any, Sequence
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+
+from farm.cli.names import Name
 
 from farm.model.records import AutotuneResult
 from farm.tuner.problem_tuning import ProblemOutcome
@@ -239,10 +242,12 @@ def _summary_row(o: ProblemOutcome, w: Any, ms: Any, verbose: bool) -> list[Any]
              if w is not None else "-",
              Text(decision, style="yellow" if w is not None and w.confirmed is not None and not w.confirmed.settled
                   else "")]
-    names = Text(w.label) if w is not None else Text(o.error or "no winner", style="red")
-    if verbose:
-        names.append(f"\n{len(o.results) + o.skipped} candidate(s)" + (f"; {note}" if note else ""), style="dim")
-    return [*cells, names]
+    if w is None:
+        return [*cells, Text(o.error or "no winner", style="red")]
+    if not verbose:
+        return [*cells, Name(w.label)]  # breaks at its joints, never mid-word
+    more = Text(f"{len(o.results) + o.skipped} candidate(s)" + (f"; {note}" if note else ""), style="dim")
+    return [*cells, Group(Name(w.label), more)]
 
 
 def to_jsonable(value: Any) -> Any:

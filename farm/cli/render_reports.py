@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from farm.cli.names import Name
 from farm.cli.render import fmt_ms, fmt_speedup, round_cells
 from farm.cli.render_farm import phases_table
 
@@ -152,12 +154,13 @@ def _problems_table(s: Any, verbose: bool) -> Table:
 
 def _problem_row(s: Any, p: Any, ms: Any, verbose: bool) -> list[Any]:
     why = "; ".join(x for x in (p.why, f"not trusted: {p.doubt}" if p.untrusted else "") if x)
-    names = Text(p.winner)
+    parts: list[Any] = [Name(p.winner)]  # each breaks at its joints, never mid-word
     if p.default and p.default != p.winner:
-        names.append(f"\n({p.default}" + (f", {fmt_ms(p.default_ms)} ms" if verbose else "") + ")", style="dim")
+        parts.append(Name(f"({p.default}" + (f", {fmt_ms(p.default_ms)} ms" if verbose else "") + ")", style="dim"))
     if verbose:
-        names.append(f"\n{p.candidates} candidate(s); device spread {p.spread:.3f} (main round)"
-                     + (f"; {why}" if why else ""), style="yellow" if p.untrusted else "dim")
+        parts.append(Text(f"{p.candidates} candidate(s); device spread {p.spread:.3f} (main round)"
+                          + (f"; {why}" if why else ""), style="yellow" if p.untrusted else "dim"))
+    names = parts[0] if len(parts) == 1 else Group(*parts)
     cells = [Text(p.name), ms,
              fmt_speedup(p.speedup, p.interval if verbose else None).replace(" (", "\n("),  # interval below
              f"{100 * p.noise:.1f} %",
