@@ -180,3 +180,23 @@ def write_results(root, rows_by_device, *, job_id="job1", round="main", flush_ro
                                            session_size=size)
                 w.append(result_row(r, problem, name, run, where) for r in results)
     return run
+
+
+def gpu_like_device(units: int = 132) -> Device:
+    """A CPU device with a GPU's properties: what a GPU engine's discovery and plan listing read, without a GPU."""
+    cpu = fake_device()
+    return Device(cpu.runtime, 0, fake_props(units=units), cpu.arrays, cpu.timer)
+
+
+def gpu_engine_without_a_gpu(monkeypatch: Any, name: str) -> Any:
+    """The registered GPU engine ``name``, with torch and triton looked for as present (their absence is each
+    engine's first reason otherwise): its rules checked on the CPU."""
+    import sys
+    import types
+
+    import engines.gpu._common as common
+    from farm.model.engine import default_engine_registry
+
+    monkeypatch.setattr(common, "torch_or_reason", lambda: (object(), ""))
+    monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton") or types.ModuleType("triton"))
+    return default_engine_registry().get(name)

@@ -2,29 +2,16 @@
 needs of scratch memory. Its results on a GPU are checked in tests/gpu/test_gpu_engines.py."""
 
 import sys
-import types
 
 import pytest
 
-from fakes import fake_device, fake_props
-from farm.devices.device import Device
+from fakes import gpu_engine_without_a_gpu, gpu_like_device
 from farm.model.problem import Problem
-
-
-def gpu_like_device(units=132):
-    cpu = fake_device()
-    return Device(cpu.runtime, 0, fake_props(units=units), cpu.arrays, cpu.timer)
 
 
 @pytest.fixture
 def engine(monkeypatch):
-    import engines.gpu._common as common
-
-    monkeypatch.setattr(common, "torch_or_reason", lambda: (object(), ""))
-    monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton") or types.ModuleType("triton"))
-    from farm.model.engine import default_engine_registry
-
-    return default_engine_registry().get("triton.decode_attention")
+    return gpu_engine_without_a_gpu(monkeypatch, "triton.decode_attention")
 
 
 def attention(batch=1, heads=28, kv_heads=4, queries=1, context=4096, dim=128, dtype="bf16", **kw):

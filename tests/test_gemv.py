@@ -1,30 +1,15 @@
 """triton.gemv (one row of A times nn.Linear's B = W.T) without a GPU: what it takes, what it lists, what its
 kernel is told. Its results on a GPU are checked in tests/gpu/test_gpu_engines.py."""
 
-import sys
-import types
-
 import pytest
 
-from fakes import fake_device, fake_props
-from farm.devices.device import Device
+from fakes import gpu_engine_without_a_gpu, gpu_like_device
 from farm.model.problem import Problem
-
-
-def gpu_like_device(units=132):
-    cpu = fake_device()
-    return Device(cpu.runtime, 0, fake_props(units=units), cpu.arrays, cpu.timer)
 
 
 @pytest.fixture
 def engine(monkeypatch):
-    import engines.gpu._common as common
-
-    monkeypatch.setattr(common, "torch_or_reason", lambda: (object(), ""))
-    monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton") or types.ModuleType("triton"))
-    from farm.model.engine import default_engine_registry
-
-    return default_engine_registry().get("triton.gemv")
+    return gpu_engine_without_a_gpu(monkeypatch, "triton.gemv")
 
 
 def linear(m=1, k=3584, n=4608, bias=False, dtype="bf16", ldw=None, **kw):

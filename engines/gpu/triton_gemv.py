@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from farm.plugin import Device, Knob, KnobValue, Problem, Support
 
 from ._common import TORCH_DTYPES, GpuEngine, TorchPlan, triton_compile_key
-from .triton_gemm import CompilePool, direct_launcher
+from .triton_gemm import CompilePool, direct_launcher, triton_dot_support
 
 MAX_TILE = 8192  # BLOCK_N x BLOCK_K fp32 partial sums a program holds: 64 registers a thread at 4 warps
 # (BLOCK_N, BLOCK_K, num_warps): rows a program, K a step, warps; listed for every shape (the grid is N / BLOCK_N)
@@ -79,10 +79,9 @@ class TritonGemv(GpuEngine):
         self._procs = compile_pool or CompilePool()
 
     def supports(self, problem: Problem, device: Device) -> Support:
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return Support.no("triton is not installed (pip install 'tunefarm[triton]')")
+        base = triton_dot_support(problem)  # Triton installed, fp32 sums
+        if not base:
+            return base
         a, b = problem.tensor("A"), problem.tensor("B")
         if len(a.dims) != 2 or len(b.dims) != 2:
             return Support.no("2-D A and B only")
