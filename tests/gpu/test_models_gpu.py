@@ -120,6 +120,10 @@ def test_the_model_check_judges_each_routed_decision_on_the_step(tmp_path, call)
                            settings=CheckSettings(rounds=8, sample_ms=10))
     assert len(check.judged) == 1 and check.judged[0].alone is not None and check.judged[0].alone.rounds == 8
     j = check.judged[0]
-    assert j.kept == (j.alone.speedup >= 1.0) or j.verdict.startswith("withdrawn: together")
+    # one routed decision: no group of small gains; kept only where the step is faster with it beyond noise
+    # (and the kept set's own check against the untouched step, run again, agrees)
+    assert j.kept == j.verdict.startswith("holds")
+    assert j.kept <= (j.alone.speedup_low > 1.0)
+    assert j.kept or j.alone.speedup_low <= 1.0 or j.verdict.startswith("withdrawn: together")
     assert check.untouched_ms > 0
     farm.unapply(model)
