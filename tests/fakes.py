@@ -200,3 +200,16 @@ def gpu_engine_without_a_gpu(monkeypatch: Any, name: str) -> Any:
     monkeypatch.setattr(common, "torch_or_reason", lambda: (object(), ""))
     monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton") or types.ModuleType("triton"))
     return default_engine_registry().get(name)
+
+
+def tune_in_process(out: Any, problems: Iterable[Any], device: Device, config: Any, registry: EngineRegistry,
+                    **kwargs: Any) -> Any:
+    """``problems`` (WorkloadProblems, indexed in order) tuned by farm tune --in-process's executor
+    (farm.fleet.local_run.run_local) into the folder ``out``: its report (``outcomes``, ``summary``)."""
+    import dataclasses as dc
+
+    from farm.fleet.local_run import run_local
+    from farm.model.workload import Workload
+
+    wps = tuple(dc.replace(wp, index=i) for i, wp in enumerate(problems))
+    return run_local(Workload("test", "tests", wps, config), out, device, registry, **kwargs)

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from tests.fakes import tune_in_process
+
 from farm.tuner.winner import decide
 
 from farm import AutotuneConfig, Autotuner, EngineSweep, Problem, TuneMode
@@ -53,12 +55,12 @@ def test_discover_add_autotune_execute(problem, mode, cpu):
 
 
 @pytest.mark.slow
-def test_tuning_workload_problems_in_process(repo_root, cpu, registry):
-    from farm.tuner.problem_tuning import tune_workload
+def test_tuning_workload_problems_in_process(repo_root, cpu, registry, tmp_path):
+    from farm.fleet.local_run import run_local
     from farm.model.workload import load_workload
 
     wl = load_workload(f"{repo_root}/examples/cpu-quick.yaml", registry)
-    outcomes = tune_workload(wl, cpu, registry)
+    outcomes = run_local(wl, tmp_path, cpu, registry).outcomes
     assert len(outcomes) == wl.problem_count
     for o in outcomes:
         assert o.winner is not None, o.error
@@ -67,30 +69,27 @@ def test_tuning_workload_problems_in_process(repo_root, cpu, registry):
     assert any(r.knobs for o in outcomes for r in o.results)
 
 
-def test_problem_with_no_applicable_engine_is_reported_not_raised(cpu, registry):
-    from farm.tuner.problem_tuning import tune_problem
+def test_problem_with_no_applicable_engine_is_reported_not_raised(cpu, registry, tmp_path):
     from farm.model.workload import EngineSelection, WorkloadProblem
 
     p = Problem.create("batchnorm_inference", {"X": [2, 3, 4, 4], "scale": [3], "bias": [3], "mean": [3], "var": [3]})
-    outcome = tune_problem(WorkloadProblem(0, "bn", p, EngineSelection()), cpu, AutotuneConfig(), registry)
-    assert outcome.results == () and "no applicable engine" in outcome.error
     bf16 = Problem.create("matmul", {"A": [4, 4], "B": [4, 4]}, dtype="bf16")
-    outcome = tune_problem(WorkloadProblem(1, "mm", bf16, EngineSelection()), cpu, AutotuneConfig(), registry)
-    assert "bf16" in outcome.error
+    bn, mm = tune_in_process(tmp_path, [WorkloadProblem(0, "bn", p, EngineSelection()),
+                                        WorkloadProblem(1, "mm", bf16, EngineSelection())],
+                             cpu, AutotuneConfig(), registry).outcomes
+    assert bn.results == () and "no applicable engine" in bn.error
+    assert mm.results == () and "bf16" in mm.error
 
 
-def test_resume_skips_done_specs(cpu, registry):
-    from farm.tuner.problem_tuning import tune_problem
+def test_resume_skips_done_specs(cpu, registry, tmp_path):
     from farm.model.workload import EngineSelection, WorkloadProblem
 
     wp = WorkloadProblem(0, "mm", PROBLEMS[0], EngineSelection())
-    cfg = AutotuneConfig(strategy="single_shot")
-    first = tune_problem(wp, cpu, cfg, registry)
-    done = [r.spec for r in first.results[:2]]
-    second = tune_problem(wp, cpu, cfg, registry, done=done)
-    assert second.skipped == 2 and len(second.results) == len(first.results) - 2
-    assert not {r.spec for r in second.results} & set(done)
-    # candidate indices stay those of the full list, so "discovery order first" survives a resume
-    assert {(r.spec, r.candidate) for r in second.results} <= {(r.spec, r.candidate) for r in first.results}
-    third = tune_problem(wp, cpu, cfg, registry, done=[r.spec for r in first.results])
-    assert third.results == () and third.skipped == len(first.results) and third.error == ""
+    cfg = AutotuneConfig(strategy="single_shot", confirm=False)
+    (first,) = tune_in_process(tmp_path / "a", [wp], cpu, cfg, registry).outcomes
+    assert first.skipped == 0 and first.results
+    # candidate indices are those of discovery's full list: "discovery order first" holds in every run
+    (fresh,) = tune_in_process(tmp_path / "b", [wp], cpu, cfg, registry).outcomes
+    assert {(r.spec, r.candidate) for r in fresh.results} == {(r.spec, r.candidate) for r in first.results}
+    (again,) = tune_in_process(tmp_path / "a", [wp], cpu, cfg, registry).outcomes
+    assert again.results == () and again.skipped == len(first.results) and again.error == ""

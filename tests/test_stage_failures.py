@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -141,26 +140,10 @@ def test_on_ray_a_stage_that_kills_or_hangs_its_worker_runs_again_without_the_cu
     assert summary["counts"].get("crashed") == 1 and summary["counts"].get("timed_out") == 1
 
 
-def test_the_users_ctrl_c_in_the_stage_still_stops_the_run(tmp_path):
-    """An engine's KeyboardInterrupt fails its candidate; a SIGINT from the user stops the run (exit 130)."""
-    proc, out = _tune(tmp_path, {64: "mark@11:default"}, "--in-process", wait_for=True)
-    mark = tmp_path / "mark"
-    deadline = time.monotonic() + 60
-    while not mark.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert mark.exists(), proc.communicate()[1][-2000:]
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "interrupted" in err
-    assert json.loads((out / "job.json").read_text())["runs"][-1]["state"] == "failed"
-    assert not list((out / "overrides").glob("*.json")) if (out / "overrides").exists() else True
-
-
 # -- the decision, from the rows (old parts included) --------------------------------------------------------
 
 def _stage_rows(tmp_path, default_samples):
     """A main round (default 1.0 ms, the winner 0.982, two slower) and a stage whose default's samples are given."""
-    from farm.store.results import MeasurementContext
     from tests.fakes import fake_props, fake_result, matmul_problem, write_results
 
     p, props = matmul_problem(), fake_props()
@@ -229,15 +212,22 @@ def test_an_override_file_holds_no_non_finite_number_and_publish_refuses_one(tmp
 
 
 def test_a_resume_never_counts_a_lone_failed_stage_row_as_a_stage_and_drops_its_candidate():
-    from farm.fleet.job import measured_of
-    from farm.fleet.scheduler import PriorRow, confirmed_calls, failed_in_stage
+    from farm.fleet.scheduler import Candidate, PriorRow, Scheduler, confirmed_calls, failed_in_stage
     from farm.model.plans import PlanSpec
+    from farm.model.records import ConfirmSettings
+    from farm.model.workload import EngineSelection, WorkloadProblem
+    from tests.fakes import matmul_problem
 
     a, b, c = PlanSpec(1, ()), PlanSpec(1, (("variant", 3),)), PlanSpec(1, (("variant", 2),))
     main = [PriorRow(s, "main", "m", True, med, 0.0, "", 100.0) for s, med in ((a, 1.0), (b, 0.98), (c, 1.2))]
     hung = PriorRow(a, "confirm", "h", False, None, None, "eager", 200.0, None)  # written by the hang watch
     assert confirmed_calls(main + [hung]) == set() and failed_in_stage(main + [hung]) == {a}
-    assert {m.spec for m in measured_of(main + [hung])} == {b, c}
+    # the stage a resume queues (both executors': farm.fleet.scheduler) is of the others
+    sched = Scheduler(confirm=ConfirmSettings())
+    sched.add_problem("sig", 0, WorkloadProblem(0, "mm", matmul_problem(), EngineSelection()),
+                      [Candidate(s, "flaky.gemm", i) for i, s in enumerate((a, b, c))], main + [hung])
+    stage = sched.next_task("sig")
+    assert stage is not None and stage.round == "confirm" and set(stage.specs) == {b, c}
     # measured again in a later main round: back in
     again = PriorRow(a, "main", "m2", True, 1.0, 0.0, "", 300.0)
     assert failed_in_stage(main + [hung, again]) == set()

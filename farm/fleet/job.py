@@ -19,7 +19,6 @@ from typing import Any, Callable, Iterable, Sequence
 import pyarrow as pa
 
 from farm.errors import FarmError, InputError
-from farm.model.measurement import usable_time
 from farm.model.records import AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset, partition_signatures
@@ -27,8 +26,7 @@ from farm.store.deciding import Decisions, Winner, decide_results, load_incumben
 from farm.store.reduce import ReduceReport, reduce_results, relocated, rendered
 from farm.store.results import CHECK_ROUNDS, MeasurementContext, ResultWriter, result_row, spec_of
 from farm.fleet.job_folder import JobDir, lock_job_folder
-from farm.fleet.scheduler import CONFIRM, PriorRow, failed_in_stage
-from farm.tuner.confirm import Measured
+from farm.fleet.scheduler import PriorRow
 
 log = logging.getLogger("farm.fleet.job")
 
@@ -112,12 +110,6 @@ class JobRun:
         self._fenced: list[tuple[str, str, str]] = []  # (signature, op, session) of lost nodes' tasks run again
         self._counted_parts: dict[str, set[str]] = {}  # session -> the parts of it counted as reported
         self._skipped_files: list[tuple[str, str]] = []  # results files the last decision could not read
-
-    def done_candidates(self, signature: str) -> dict[str, set[str]]:
-        """problem key -> candidate keys this folder has rows for on ``signature`` (the resume set)."""
-        if not self.job.results.exists():
-            return {}
-        return ResultsDataset(self.job.results).check_pages().done_candidates(signature)
 
     def tuning(self, signature: str) -> None:
         """The workload's problems are tuned on ``signature`` (each one should end with a winner)."""
@@ -394,15 +386,3 @@ def prior_rows(dataset: ResultsDataset | None, signature: str) -> dict[str, list
                                                size, disp == "pruned", conv is not False))
     return out
 
-
-def measured_of(rows: Iterable[PriorRow]) -> list[Measured]:
-    """The successful main-round rows among ``rows`` (the latest of each candidate), for the confirmation stage;
-    none of a candidate that failed in a stage since."""
-    rows = list(rows)
-    dropped = failed_in_stage(rows)
-    latest: dict[Any, PriorRow] = {}
-    for r in rows:
-        if r.round != CONFIRM and r.succeeded and usable_time(r.median_ms) and r.spec not in dropped:
-            if r.spec not in latest or r.measured_at >= latest[r.spec].measured_at:
-                latest[r.spec] = r
-    return [Measured(r.spec, -1, r.session, r.median_ms, r.mad_ms or 0.0) for r in latest.values()]

@@ -1,6 +1,8 @@
 """The in-process executor: ``farm tune --in-process`` tunes every problem on one device of this process into a job
-folder (farm.fleet.job.JobRun), with the same bound on a candidate as a Ray worker (``bounded_by``), a hang watch
-that records a stuck candidate, and a journal that quarantines a candidate that ended the process twice."""
+folder (farm.fleet.job.JobRun) through the Ray farm's own planner, scheduler and driver with one worker in this
+process (farm.fleet.local_loop): the same rounds, confirmation stages and rows as on Ray. What only a process of
+one's own needs is here: a hang watch that records a stuck candidate (the process is then restarted: a thread
+cannot be taken back), and a journal that quarantines a candidate that ended the process twice."""
 
 from __future__ import annotations
 
@@ -13,25 +15,27 @@ from typing import Any, Callable
 from farm.devices.device import Device
 from farm.errors import FarmError
 from farm.model.engine import EngineRegistry
-from farm.model.plans import PlanSpec
-from farm.model.records import AutotuneConfig, AutotuneResult, CallMode
-from farm.model.workload import Workload, WorkloadProblem
-from farm.store.dataset import ResultsDataset
-from farm.store.deciding import incumbent_file, incumbent_spec
+from farm.model.records import AutotuneConfig, AutotuneResult
+from farm.model.workload import Workload
 from farm.store.reduce import ReduceReport
-from farm.store.results import MeasurementContext, candidate_key, now_iso, spec_of
-from farm.fleet.job import JobRun, JobSummary, measured_of, prior_rows
+from farm.store.results import MeasurementContext, now_iso, spec_of
+from farm.fleet.driver import Driver
+from farm.fleet.event_loop import worker_handle
+from farm.fleet.job import JobRun, JobSummary
+from farm.fleet.local_loop import LocalLoop
+from farm.fleet.options import FarmOptions
+from farm.fleet.planner import InProcessPlanner
 from farm.fleet.pruning import PlanPruning
-from farm.fleet.scheduler import CONFIRM, Candidate, confirmed_calls
-from farm.tuner.confirm import ConfirmRun
+from farm.fleet.scheduler import CONFIRM, Scheduler
+from farm.fleet.worker import DeviceWorkerImpl
 from farm.tuner.journal import InFlightJournal
-from farm.tuner.problem_tuning import ProblemOutcome, tune_problem
+from farm.tuner.problem_tuning import ProblemOutcome
 from farm.tuner.watchdog import HangWatch
 
 log = logging.getLogger("farm.fleet.local_run")
 
-CALLS = {c.value for c in CallMode}
 JOURNAL = ".in-flight"  # farm.tuner.journal's file in an in-process run's output folder
+ONE_SHARD = 1 << 30  # one device: a problem is not split into shards (they spread a problem over devices)
 
 
 @dataclass
@@ -89,7 +93,7 @@ def run_local(
     resume goes on after the candidate. ``verifier(device, override file text, problem keys)``: after the
     reduce, the decisions are replayed beside the direct call on ``device`` (farm.replay.verify.verify_for_job).
     """
-    # a candidate measured past its budget ends there (a hang past the timeout is the watch's)
+    # a candidate measured past its budget ends there (a hang past the timeout is the watch's): as on Ray
     config = (config or workload.autotune).bounded_by(candidate_timeout_s)
     pruning = PlanPruning(config.prune, config, lambda rows: None) if config.prune is not None else None
     jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents,
@@ -97,14 +101,15 @@ def run_local(
                                 "prune": pruning.pruner.record() if pruning else None})
     if pruning is not None:
         pruning.write = jr.write
-    run = _LocalRun(jr, workload, device, registry, config, pruning)
     journal = InFlightJournal(jr.job.root / JOURNAL) if not jr.job.remote else None
     if journal is not None:
         _after_an_unfinished_run(jr, journal, workload, device, registry, config)
-    watch = _hang_watch(jr, run.current, config, candidate_timeout_s, on_hang, journal) \
+    current: dict[str, Any] = {}  # the task running, for the hang watch
+    watch = _hang_watch(jr, current, config, candidate_timeout_s, on_hang, journal) \
         if candidate_timeout_s or journal is not None else None
     try:
-        outcomes = run.tune_all(incumbents, watch, on_problem)
+        outcomes = _tune(jr, workload, DeviceWorkerImpl.in_process_on(device, registry, watch), config, incumbents,
+                         pruning, current, on_problem)
     except BaseException as exc:
         jr.fail(exc)
         raise
@@ -120,71 +125,20 @@ def run_local(
     return LocalRunReport(outcomes, summary, pruning.record() if pruning else None)
 
 
-class _LocalRun:
-    """The problems of one in-process run, tuned one after another on its device into its job run."""
-
-    def __init__(self, jr: JobRun, workload: Workload, device: Device, registry: EngineRegistry,
-                 config: AutotuneConfig, pruning: PlanPruning | None) -> None:
-        self.jr, self.workload, self.device, self.registry = jr, workload, device, registry
-        self.config, self.pruning = config, pruning
-        self.current: dict[str, Any] = {}  # the problem being tuned, for the hang watch
-
-    def tune_all(self, incumbents: str | None, watch: HangWatch | None,
-                 on_problem: Callable[[ProblemOutcome], None] | None) -> list[ProblemOutcome]:
-        jr, device, registry, workload = self.jr, self.device, self.registry, self.workload
-        # a tuning run compiles for a while: engines may start what helps (Triton's compile pool on a GPU)
-        registry.prepare((e.name for e in registry if any(wp.engines.selects(e.name) for wp in workload.problems)),
-                         "gpu" if device.vendor in ("nvidia", "amd") else device.vendor)
-        jr.tuning(device.signature)
-        done = jr.done_candidates(device.signature)
-        prior = prior_rows(ResultsDataset(jr.job.results).check_pages(), device.signature) if done else {}
-        standing = incumbent_file(incumbents, device.properties)
-        outcomes: list[ProblemOutcome] = []
-        for wp in workload.problems:
-            outcome = self.tune(wp, [spec_of(k) for k in done.get(wp.problem.key, ())], prior.get(wp.problem.key, ()),
-                                incumbent_spec(standing, wp.problem), watch)
-            outcomes.append(outcome)
-            if on_problem is not None:
-                on_problem(outcome)
-        return outcomes
-
-    def tune(self, wp: WorkloadProblem, previous: list[PlanSpec], rows: Any, incumbent: PlanSpec | None,
-             watch: HangWatch | None) -> ProblemOutcome:
-        """One problem: its rows streamed into the job run as they come, the main round's and each stage's."""
-        jr, device = self.jr, self.device
-        where = MeasurementContext(device.properties)
-
-        def stream(result: AutotuneResult) -> None:
-            jr.write([(result, wp, where)])
-
-        def confirmed(run: ConfirmRun) -> None:
-            stage = MeasurementContext(device.properties, round=CONFIRM, call=run.call.value,
-                                       session_size=len(run.results))
-            jr.write([(r, wp, stage) for r in run.results])
-
-        self.current.update(wp=wp, where=where)
-        outcome = tune_problem(wp, device, self.config, self.registry, seed=self.workload.seed, done=previous,
-                               listener=stream, watch=watch, prior=measured_of(rows),
-                               confirmed={CallMode(c) for c in confirmed_calls(rows, self.config.confirm.redo_undecided)
-                                          if c in CALLS},
-                               incumbent=incumbent, on_confirm=confirmed, select=self._selector(wp, rows, incumbent))
-        jr.set_ranks(where.session_id, {candidate_key(r.engine_id, r.knobs): r.rank for r in outcome.results})
-        if outcome.error and not outcome.results and not outcome.skipped:
-            jr.skip(device.signature, wp.name, outcome.error)
-        return outcome
-
-    def _selector(self, wp: WorkloadProblem, rows: Any, incumbent: PlanSpec | None
-                  ) -> Callable[[list[PlanSpec]], list[PlanSpec]] | None:
-        """farm tune --prune: the plan specs the cost model keeps (None: every one is measured)."""
-        pruning, registry, props = self.pruning, self.registry, self.device.properties
-        if pruning is None:
-            return None
-
-        def select(specs: list[PlanSpec]) -> list[PlanSpec]:
-            cands = [Candidate(s, registry.get(s.engine_id).name, i) for i, s in enumerate(specs)]
-            return [c.spec for c in pruning.apply(props, wp, cands, rows, incumbent)]
-
-        return select
+def _tune(jr: JobRun, workload: Workload, worker: DeviceWorkerImpl, config: AutotuneConfig, incumbents: str | None,
+          pruning: PlanPruning | None, current: dict[str, Any],
+          on_problem: Callable[[ProblemOutcome], None] | None) -> list[ProblemOutcome]:
+    """The Ray farm's planning, scheduling and driving, with ``worker`` the only device."""
+    handle = worker_handle(0, worker.info(), worker)
+    options = FarmOptions(shard_size=ONE_SHARD, keep_results=True, incumbents=incumbents)
+    sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes,
+                      confirm=config.confirm)
+    planner = InProcessPlanner(workload, jr, sched, [handle], incumbents, pruning)
+    driver = Driver(sched, [handle], jr, config, options, planner=planner)
+    try:
+        return LocalLoop(driver, planner, worker, workload, config, current, jr.writer.flush, on_problem).run()
+    finally:
+        jr.writer.flush()
 
 
 def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, timeout_s: float | None,
@@ -193,7 +147,7 @@ def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, tim
     with ``journal``, it keeps the candidates in flight there."""
 
     def hung(tuner: Any, spec: Any, seconds: float) -> None:
-        row = _timed_out_row(tuner, spec, seconds, config)
+        row = _timed_out_row(tuner, spec, seconds, config, current.get("index", {}).get(spec, -1))
         where = current["where"]
         stage = getattr(tuner.in_flight, "stage", "")
         if stage:  # in a confirmation stage: a failed row of the stage (no session size: no stage ran)
@@ -259,14 +213,13 @@ def _after_an_unfinished_run(jr: JobRun, journal: InFlightJournal, workload: Wor
     journal.settle(None)
 
 
-def _timed_out_row(tuner: Any, spec: Any, seconds: float, config: AutotuneConfig) -> AutotuneResult:
+def _timed_out_row(tuner: Any, spec: Any, seconds: float, config: AutotuneConfig, candidate: int) -> AutotuneResult:
     from farm.model.records import Disposition
 
     engine = tuner.registry.get(spec.engine_id)
-    specs = list(tuner.specs)
     return AutotuneResult(
         problem_key=tuner.problem.key, engine_id=spec.engine_id, engine_name=engine.name if engine else "?",
         knobs=spec.knobs, disposition=Disposition.TIMED_OUT, mode=config.mode, strategy=config.strategy,
-        candidate=specs.index(spec) if spec in specs else -1,
+        candidate=candidate,
         error=f"no result within the candidate timeout ({seconds:.0f} s in-process); the run was restarted",
         started_at=now_iso())

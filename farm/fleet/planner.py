@@ -148,3 +148,26 @@ def worker_gone() -> tuple[type[BaseException], ...]:
 
     return (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
             ray.exceptions.ActorUnschedulableError)
+
+
+class InProcessPlanner(Planner):
+    """Discovery for ``farm tune --in-process``: on its one worker, in this process, a window at a time as the queue
+    runs short (the worker is idle then: nothing waits on it). ``found``: (signature, workload index) -> the
+    candidates discovery found, before a cost model's pruning."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.found: dict[tuple[str, int], int] = {}
+        self.discovered: list[tuple[str, int]] = []  # in the order discovered: what the executor reports on
+
+    def top_up(self) -> None:
+        for sig, members in self.by_sig.items():
+            if self.next[sig] >= len(self.problems) or self.sched.pending_tasks(sig) >= 4 * len(members):
+                continue
+            start = self.next[sig]
+            chunk = self.problems[start:start + 8 * len(members)]
+            self.next[sig] = start + len(chunk)
+            expanded = members[0].actor.expand(chunk)
+            self.found.update({(sig, i): len(c) for i, c in expanded.items() if not isinstance(c, str)})
+            self._take(sig, chunk, expanded)
+            self.discovered += [(sig, i) for i, _ in chunk]

@@ -81,6 +81,8 @@ class _Problem:
     incumbent: PlanSpec | None = None
     measured_now: bool = False  # main-round rows arrived in this run (an earlier stage is stale then)
     probes: dict[str, _StageProbe] = field(default_factory=dict)  # calling mode -> its stage's probes in flight
+    planned: int = 0  # candidates given for it (after a cost model's pruning)
+    measured_before: int = 0  # of those, with a main-round row of an earlier run (not measured again)
 
 
 class Scheduler:
@@ -137,6 +139,7 @@ class Scheduler:
         self._problems[(signature, index)] = state
         todo = [c.spec for c in sorted(candidates, key=lambda c: c.index) if c.spec in state.pending]
         self.total += len(todo)
+        state.planned, state.measured_before = len(by_spec), len(by_spec) - len(todo)
         for i in range(0, len(todo), self.shard_size):
             self._push(signature, index, tuple(todo[i:i + self.shard_size]))
         if not todo:
@@ -215,6 +218,16 @@ class Scheduler:
                 state.probes.clear()
                 left.append(index)
         return left
+
+    def settled(self, signature: str, index: int) -> bool:
+        """Every round of the problem ran (its main round, finalists or confirmation stages): nothing more comes."""
+        state = self._problems.get((signature, index))
+        return state is not None and not state.outstanding and not state.pending
+
+    def planned(self, signature: str, index: int) -> tuple[int, int]:
+        """The problem's candidates given, and of those the ones an earlier run measured (not measured again)."""
+        state = self._problems.get((signature, index))
+        return (state.planned, state.measured_before) if state is not None else (0, 0)
 
     def problem_of(self, task: Task) -> WorkloadProblem:
         return self._problems[(task.signature, task.problem)].wp

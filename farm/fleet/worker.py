@@ -35,6 +35,7 @@ from farm.tuner.session import ENGINE_ERRORS
 from farm.tuner.phases import COMPILE, DISCOVER, MEASURE, SETUP, PhaseClock, PhaseSplit
 from farm.tuner.phases import CONFIRM as PHASE_CONFIRM
 from farm.tuner.problem_tuning import plan_specs_for
+from farm.tuner.watchdog import HangWatch
 
 log = logging.getLogger("farm.fleet.worker")
 
@@ -171,12 +172,33 @@ class DeviceWorkerImpl:
         # before the device opens (torch's import, CUDA's start: seconds), so a compile pool's
         # processes start alongside it rather than during this worker's first task
         self.prepare(problems)
-        self.device = _open(kind, slot, sim, sim_group)
-        self.name = f"{kind}:{self.device.properties.index}"
+        self._attach(_open(kind, slot, sim, sim_group))
+
+    def _attach(self, device: Device) -> None:
+        self.device = device
+        self.name = f"{self.kind}:{device.properties.index}"
         self._part_writer: ResultWriter | None = None  # with shared storage: this worker's writer for the run
         self._writer_key: tuple[str, str] | None = None
+        self.watch: HangWatch | None = None  # in-process: the hang watch and crash journal see each task's tuner
+        self.in_process = False
+
+    @classmethod
+    def in_process_on(cls, device: Device, registry: EngineRegistry, watch: HangWatch | None = None
+                      ) -> "DeviceWorkerImpl":
+        """The worker of ``farm tune --in-process``: this process's device, logging and signal handling as they
+        are (a Ray worker's process is its own; this one is the caller's)."""
+        self = cls.__new__(cls)
+        self._log_names = _ProblemName()
+        self.kind = "gpu" if device.vendor in ("nvidia", "amd") else device.vendor
+        self.registry, self.phases = registry, PhaseClock()
+        self._attach(device)
+        self.name = f"in-process:{device.properties.index}"
+        self.watch, self.in_process = watch, True
+        return self
 
     def info(self) -> WorkerInfo:
+        if self.in_process:
+            return WorkerInfo(self.name, "", "", socket.gethostname(), os.getpid(), self.device.properties)
         import ray
 
         ctx = ray.get_runtime_context()
@@ -241,6 +263,9 @@ class DeviceWorkerImpl:
                 # the timed rounds) every stream interval
                 item = items.get(timeout=1.0 if task.round == CONFIRM else stream_interval_s)
             except queue.Empty:
+                if not thread.is_alive() and items.empty():  # it ended past every handler: say so, not hang
+                    items.put(TaskEnd("", {}, "the task's thread ended without finishing it", 0.0))
+                    continue
                 if task.round == CONFIRM:
                     continue  # a stage's rows go together (a part of one is no stage)
                 # nothing new: send what is measured now, so a candidate that hangs next costs only itself
@@ -299,10 +324,13 @@ class DeviceWorkerImpl:
         return self._part_writer
 
     def _check_health(self) -> None:
-        """A device left in an error state (a lost CUDA context) poisons every later task: restart."""
+        """A device left in an error state (a lost CUDA context) poisons every later task: restart (in-process:
+        the run fails; the same command resumes it)."""
         try:
             self.device.synchronize()
         except Exception as exc:
+            if self.in_process:
+                raise WorkerFailed(f"{self.name} is unusable after a task: {exc}") from None
             log.error("farm: %s is unusable after a task (%s); restarting the worker", self.name, exc)
             os._exit(3)
 
@@ -370,6 +398,8 @@ class _TaskWork:
             return
         w, items = self.worker, self.items
         tuner = Autotuner(self.wp.problem, w.device, registry=w.registry)
+        if w.watch is not None:
+            w.watch.watch(tuner)
         error = ""
         ranked: list[AutotuneResult] = []
         try:
@@ -394,7 +424,7 @@ class _TaskWork:
             run = run_confirmation(self.wp.problem, w.device, w.registry, [(s, self.index[s]) for s in task.specs],
                                    reference=task.reference, incumbent=task.incumbent, call=CallMode(task.call),
                                    config=self.config, seed=self.seed, phases=w.phases, probe=task.probe,
-                                   by_host=self.wp.host_bound)
+                                   by_host=self.wp.host_bound, watch=w.watch)
             for r in run.results:
                 if not (task.probe and r.succeeded):  # a probe's measurement is no stage's: only a failure counts
                     self.items.put(r)

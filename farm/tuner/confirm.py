@@ -44,7 +44,7 @@ from farm.tuner.session import ENGINE_ERRORS
 from farm.tuner.paired import CONFIDENCE, min_rounds
 from farm.tuner.phases import COMPILE, CONFIRM, PhaseClock, timed
 from farm.tuner.watchdog import HangWatch
-from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide_confirmed, decide_stage, noise_sigma
+from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide_confirmed, noise_sigma
 
 log = logging.getLogger("farm.tuner.autotuner")  # the tuner's lines
 
@@ -386,46 +386,3 @@ def _failed(problem: Problem, cand: CandidateRun, disposition: Disposition, erro
         disposition=disposition, mode=config.mode, strategy=config.strategy, candidate=cand.index,
         error=f"confirmation ({call.value}): {error}", compile_ms=cand.compile_ms, started_at=cand.started_at,
         estimated_workspace=cand.estimated_workspace)
-
-
-
-def stage_winner(run: ConfirmRun, *, default: PlanSpec | None, incumbent: PlanSpec | None) -> PlanSpec | None:
-    """The candidate a stage publishes, by the reducer's reading of its rows (farm.tuner.winner.decide_stage);
-    None when fewer than two of its candidates finished it."""
-    ok = [r for r in run.results if r.succeeded]
-    if len(ok) < 2:
-        return None
-    dec, order = decide_stage([r.spec.key for r in ok], [r.samples for r in ok],
-                              default_key=default.key if default else None,
-                              incumbent_key=incumbent.key if incumbent else None,
-                              default_flags=[not r.knobs for r in ok],
-                              default_failed=any(r.spec == default and not r.succeeded for r in run.results))
-    return ok[order[dec.winner]].spec
-
-
-def confirm_problem(problem: Problem, device: Device, registry: EngineRegistry, config: AutotuneConfig,
-                    calls: Sequence[CallMode], measured: Sequence[Measured], *, incumbent: PlanSpec | None = None,
-                    seed: int = 0, watch: HangWatch | None = None, by_host: bool = False) -> list[ConfirmRun]:
-    """The stage for one problem, once per calling mode in ``calls``, from its main-round results
-    (``measured``: every successful candidate, this run's and earlier runs'). A participant that fails one
-    mode's stage is in no later one. Nothing when it is off or there is nothing to compare. ``by_host``: see
-    run_confirmation."""
-    if not config.confirm.enabled or not calls:
-        return []
-    defaults = [m for m in measured if not m.spec.knobs]
-    default = min(defaults, key=lambda m: m.index).spec if defaults else None
-    index = {m.spec: m.index for m in measured}
-    leader = min(measured, key=lambda m: (m.median_ms, m.index)).spec if measured else None
-    runs = []
-    for call in calls:
-        chosen = participants(measured, default=default, incumbent=incumbent,
-                              max_candidates=config.confirm.max_candidates, runners_up=config.confirm.runners_up,
-                              engine_leaders=call is CallMode.EAGER)
-        if chosen:
-            run = run_confirmation(problem, device, registry, [(s, index[s]) for s in chosen],
-                                   reference=default or leader, incumbent=incumbent, call=call, config=config,
-                                   seed=seed, watch=watch, by_host=by_host)
-            runs.append(run)
-            failed = {r.spec for r in run.results if not r.succeeded}
-            measured = [m for m in measured if m.spec not in failed]
-    return runs
