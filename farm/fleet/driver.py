@@ -16,7 +16,7 @@ goes to a :class:`Driver` method, which updates the scheduler, writes rows and s
     driver.check_waits()                 # a signature with work and no device left waits, then is given up
 
 So the fault paths (a lost worker, a silent one, a task that ended short) are tested without Ray
-(tests/test_driver.py), like the Scheduler.
+(tests/fleet/test_driver.py), like the Scheduler.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ its own signature as a GPU node does. Each device worker is pinned to its node (
 when the node goes, its workers go with it instead of being restarted elsewhere under another node's
 devices. The driver polls the nodes (``NodeTable.observe``) and starts workers on nodes that join.
 
-Ray-free except :func:`cluster_nodes`, so the bookkeeping is tested alone (tests/test_nodes.py).
+Ray-free except :func:`cluster_nodes`, so the bookkeeping is tested alone (tests/fleet/test_nodes.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A plugin engine for simulated devices that behaves for its first runs and then fails (tests/test_stage_failures.py).
+"""A plugin engine for simulated devices that behaves for its first runs and then fails (tests/end_to_end/test_stage_failures.py).
 
 Installed by the tests as the package ``flaky_engines`` with an entry point in ``farm.engines``, so a farm worker
 finds it as it would a user's plugin. ``FLAKY`` (environment, JSON) maps a problem's first dimension of A to
@@ -7,7 +7,7 @@ fastest variant, 2 % faster than the default) fail with MODE:
 
 ``FLAKY_JITTER`` (environment, a number): each run's time is also scaled by exp(JITTER x N(0, 1)) drawn from one
 generator of the process, whatever the plan: noise a confirmation stage's paired rounds cannot cancel (a
-stage that cannot decide, tests/test_output_at_a_glance.py).
+stage that cannot decide, tests/cli/test_output_at_a_glance.py).
 
   abort (a native crash), exit (SystemExit(3)), exit0 (SystemExit(0)), kbint (KeyboardInterrupt raised by the
   engine), hang (forever), nan / neg (the sample's time is NaN / negative), mark (touches FLAKY_MARK, then sleeps:

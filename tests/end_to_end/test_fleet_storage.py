@@ -211,7 +211,7 @@ def test_a_few_thousand_candidates_into_s3_with_the_benchmarks_own_run(s3_bucket
     import pathlib
 
     fs, query = s3_bucket
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "fleet_scale.py"
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "fleet_scale.py"
     spec = importlib.util.spec_from_file_location("fleet_scale", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

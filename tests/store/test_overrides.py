@@ -338,7 +338,7 @@ def test_invalid_json_and_missing_file(tmp_path):
 
 
 # -- interop with hipDNN's files (RFC §6.5) -------------------------------------------------------
-RFC_EXAMPLE = os.path.join(os.path.dirname(__file__), "data", "rfc_6_5_example.json")
+RFC_EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "rfc_6_5_example.json")
 
 
 def _foreign_fields(doc):

@@ -1,6 +1,6 @@
 """The model check's step 2b (farm.nn.step_check): decisions within noise alone but leaning faster are timed
 together, and kept together where the group makes the step faster beyond noise. Timed here by a fake step timer
-(the step's samples given), so the rule is checked exactly; tests/test_models.py times real steps."""
+(the step's samples given), so the rule is checked exactly; tests/nn/test_models.py times real steps."""
 
 import numpy as np
 

@@ -2,7 +2,7 @@
 and the Ray farm run one orchestration (farm.fleet.driver and its scheduler), so a crash, a hang, an engine's
 SystemExit or KeyboardInterrupt, in the main round or in the confirmation stage, ends the same way on both.
 
-Each problem of one workload has its own fault (tests/data/flaky_plugin.py, as tests/test_stage_failures.py runs
+Each problem of one workload has its own fault (tests/data/flaky_plugin.py, as tests/end_to_end/test_stage_failures.py runs
 it); ``farm tune`` runs as a user runs it. In-process, a native crash ends the process: the user runs the same
 command again, and the candidate that ended it twice is quarantined (the Ray farm restarts its worker itself).
 """
@@ -18,7 +18,7 @@ import pytest
 
 from farm.store.dataset import ResultsDataset
 from farm.store.override_files import load_overrides
-from tests.test_stage_failures import _tune
+from tests.end_to_end.test_stage_failures import _tune
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="the Ray farm needs ray[default]")
 EXECUTORS = [pytest.param(("--in-process",), id="in-process"), pytest.param((), id="ray", marks=needs_ray)]

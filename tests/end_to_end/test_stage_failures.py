@@ -26,7 +26,7 @@ from farm.errors import InputError
 from farm.store.dataset import ResultsDataset
 from farm.store.override_files import load_json, load_overrides
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT, FAST = {}, {"variant": 3}  # the default's knobs, the real winner's
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from farm.cli import main
 from farm.errors import UnknownNameError
 from tests.fakes import fake_props, matmul_problem
-from tests.test_publish import entry, overrides
+from tests.store.test_publish import entry, overrides
 
 
 def test_farm_engines_here_lists_what_runs_on_this_machine_first_and_folds_long_knob_lists(capsys):

@@ -23,7 +23,7 @@ PROBLEMS = [
     Problem.create("sdpa_fwd", {"Q": [1, 32, 1, 128], "K": [1, 8, 4096, 128], "V": [1, 8, 4096, 128]}, criteria={"causal": 0}),
     Problem.create("rmsnorm", {"X": [2, 3, 4096], "scale": [4096]}, dtype="fp16"),
 ]
-FB_DIR = Path(__file__).resolve().parents[1] / "farm" / "devices" / "fb"
+FB_DIR = Path(__file__).resolve().parents[2] / "farm" / "devices" / "fb"
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.op)

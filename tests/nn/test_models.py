@@ -29,7 +29,7 @@ from farm.store.override_files import load_overrides, write_overrides  # noqa: E
 from farm.store.overrides import OverrideEntry  # noqa: E402
 from farm.store.targets import resolve  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import models  # noqa: E402
 
 F = torch.nn.functional

@@ -3,7 +3,7 @@
 The bash and python blocks of the Markdown are extracted and run, in order, in a checkout-like folder
 where the Quick start has run (`.venv`, `runs/quick`). A block that cannot run here says why on the line
 before its fence (``<!-- not run by tests: ... -->``); the README's cluster sequence is run by
-tests/test_ray_job.py, against a real ``ray start`` head (``<!-- run by tests/test_ray_job.py -->``).
+tests/end_to_end/test_ray_job.py, against a real ``ray start`` head (``<!-- run by tests/end_to_end/test_ray_job.py -->``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import pytest
 
 pytestmark = pytest.mark.slow  # an end-to-end test of the farm: Ray, a cluster, the docs run whole
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "deploy" / "README.md"]
 NOT_RUN = "<!-- not run by tests:"
-RAY_JOB = "<!-- run by tests/test_ray_job.py -->"
+RAY_JOB = "<!-- run by tests/end_to_end/test_ray_job.py -->"
 OUTPUT = "<!-- output of the block above -->"  # a text block quoting what the command block before it prints
 QUICK_OUTPUT = "<!-- output of the Quick start -->"  # ... what the Quick start's farm tune prints
 VENV = Path(sys.executable).parents[1]

@@ -1,6 +1,6 @@
 """The cluster sequence of docs/usage.md, verbatim, on a real Ray head with token authentication on.
 
-The bash block after ``<!-- run by tests/test_ray_job.py -->`` in docs/usage.md (activate the venv,
+The bash block after ``<!-- run by tests/end_to_end/test_ray_job.py -->`` in docs/usage.md (activate the venv,
 ``RAY_AUTH_MODE=token``, ``ray start --head``, ``ray job submit -- python -m jobs.tune``, follow the
 logs, the status, ``farm report``, ``ray stop``) runs as one script from the checkout, in a fresh home
 folder (no Ray token yet, as on a new machine), with no other environment of ours.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from farm.store.override_files import load_overrides
-from tests.test_docs_commands import RAY_JOB, REPO, blocks
+from tests.cli.test_docs_commands import RAY_JOB, REPO, blocks
 
 pytestmark = pytest.mark.slow  # an end-to-end test of the farm: Ray, a cluster, the docs run whole
 

@@ -11,9 +11,9 @@ import pytest
 
 from farm.cli import main
 from farm.store.override_files import load_overrides
-from tests.test_stage_failures import _plugin
+from tests.end_to_end.test_stage_failures import _plugin
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _noisy_tune(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:

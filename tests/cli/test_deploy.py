@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MANIFESTS = sorted(DEPLOY.glob("kuberay/*.yaml"))
 ALL_YAML = sorted(DEPLOY.rglob("*.yaml"))
 

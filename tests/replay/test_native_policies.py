@@ -18,7 +18,7 @@ from farm.replay.selection import PolicyRegistry, Selector
 
 CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc, gcc or clang) to build the test plugin")
-SOURCE = Path(__file__).parent / "data" / "heuristic_plugin.c"
+SOURCE = Path(__file__).resolve().parents[1] / "data" / "heuristic_plugin.c"
 REVERSE = policy_name_to_id("Test::Reverse")
 A, B, C = (engine_name_to_id(n) for n in ("cpu.matmul.blas", "cpu.matmul.einsum", "cpu.matmul.blocked"))
 
@@ -141,7 +141,7 @@ def test_farm_ops_replays_through_a_plugin_found_by_the_environment(tmp_path):
         "print(json.dumps(ops.choices()))\n"
     )
     env = {**os.environ, "HIPDNN_HEURISTIC_PLUGIN_DIR": str(folder), "HIPDNN_HEUR_POLICY_ORDER": "Test::Reverse",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     [choice] = json.loads(proc.stdout.strip().splitlines()[-1])
