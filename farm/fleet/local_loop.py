@@ -14,7 +14,7 @@ from typing import Any, Callable
 from farm.fleet.driver import Driver, WorkerHandle
 from farm.fleet.launcher import FarmFailed
 from farm.fleet.planner import InProcessPlanner
-from farm.fleet.scheduler import Task
+from farm.fleet.scheduler import CONFIRM, Task
 from farm.fleet.worker import DeviceWorkerImpl, TaskEnd, TaskStarted
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload
@@ -26,7 +26,7 @@ from farm.tuner.problem_tuning import ProblemOutcome
 class LocalLoop:
     """One in-process run's tasks, one after another on its worker, until the driver is done. ``current`` names
     the task running (its problem, where its rows go, its candidates' indices) for the hang watch;
-    ``flush`` puts the rows written so far on disk; ``on_problem`` gets each problem's outcome once it is settled."""
+    ``flush`` puts the rows written so far on disk (before a stage); ``on_problem`` gets each problem's outcome once it is settled."""
 
     def __init__(self, driver: Driver, planner: InProcessPlanner, worker: DeviceWorkerImpl, workload: Workload,
                  config: AutotuneConfig, current: dict[str, Any], flush: Callable[[], None],
@@ -56,9 +56,11 @@ class LocalLoop:
         wp = driver.sched.problem_of(task)
         cands = sorted(driver.sched.candidates_of(task).values(), key=lambda c: c.index)
         self.current.update(wp=wp, where=w.task.where, index={c.spec: c.index for c in cands})
-        # a native crash in the task ends this process: every row before it is on disk, so the next run goes on
-        # from there (and its crash journal can name the candidate) instead of measuring them again
-        self.flush()
+        if task.round == CONFIRM:
+            # a native crash in a stage ends this process: its participants' main-round rows are on disk first, so
+            # the next run quarantines the culprit (the journal) instead of measuring them again and losing the
+            # stage's failure to newer main-round rows
+            self.flush()
         t0 = time.perf_counter()
         for item in self.worker.run(task, wp, cands, self.config, self.workload.seed,
                                     driver.options.stream_interval_s):
