@@ -72,3 +72,20 @@ def test_a_first_run_on_simulated_devices_expands_its_problems_on_the_workers_on
     assert first.workers_started and calls == []
     again = run_farm(wl, tmp_path / "run", devices=DeviceRequest("sim", 1, sim), options=FarmOptions())
     assert not again.workers_started and calls == [1]
+
+
+def test_in_process_each_problem_is_expanded_once(tmp_path, monkeypatch):
+    """The in-process executor discovers through the farm's planner on its one worker: each problem once."""
+    import farm.fleet.worker as worker_module
+
+    expanded: list[int] = []
+    real = worker_module.expand_problems
+
+    def counted(problems, *args, **kw):
+        expanded.extend(i for i, _ in problems)
+        return real(problems, *args, **kw)
+
+    monkeypatch.setattr(worker_module, "expand_problems", counted)
+    registry = default_engine_registry()
+    report = run_local(parse_workload(WORKLOAD, registry=registry), tmp_path / "run", cpu_device(), registry)
+    assert sorted(expanded) == [0, 1] and all(o.winner is not None for o in report.outcomes)
