@@ -24,6 +24,7 @@ from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm  # noqa: E40
 from farm.model.engine import default_engine_registry  # noqa: E402
 from farm.store.dataset import ResultsDataset  # noqa: E402
 from farm.devices.sim import SimConfig  # noqa: E402
+from tests.fakes import SIM_GEMM_SWEEP  # noqa: E402
 from farm.model.workload import parse_workload  # noqa: E402
 
 
@@ -31,8 +32,7 @@ def workload(problems: int, confirm: bool = True):
     return parse_workload({
         "name": "overhead",
         "autotune": {"strategy": "single_shot", "warmup_iterations": 0, "check": "off", "confirm": confirm},
-        "engines": {"include": ["sim.gemm"], "sweep": {"sim.gemm": {
-            "block": [16, 32, 64, 128, 256], "stages": [1, 2, 3, 4, 5], "split_k": [1, 2, 4, 8]}}},
+        "engines": {"include": ["sim.gemm"], "sweep": {"sim.gemm": SIM_GEMM_SWEEP}},
         "problems": [{"name": f"p{i}", "op": "matmul", "tensors": {"A": [8, 8 + i], "B": [8 + i, 8]}}
                      for i in range(problems)],
     }, registry=default_engine_registry())

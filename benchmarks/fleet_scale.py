@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SWEEP = {"block": [16, 32, 64, 128, 256], "stages": [1, 2, 3, 4, 5], "split_k": [1, 2, 4, 8]}  # 100 configs
+from tests.fakes import SIM_GEMM_SWEEP as SWEEP  # noqa: E402  (100 configs, the tests' own)
 
 
 def rss_mb() -> float:

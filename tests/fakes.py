@@ -29,6 +29,10 @@ class ScriptedTimer:
         return float(self._next())
 
 
+# sim.gemm's 100 settings: the simulated workloads of the farm's tests and benchmarks (a problem of 100 candidates)
+SIM_GEMM_SWEEP = {"block": [16, 32, 64, 128, 256], "stages": [1, 2, 3, 4, 5], "split_k": [1, 2, 4, 8]}
+
+
 def fake_device(timer: Any = None) -> Device:
     runtime = CpuRuntime()
     from farm.devices.timing import HostTimer

@@ -15,12 +15,13 @@ from farm.store.override_files import load_overrides
 from farm.store.dataset import ResultsDataset
 from farm.devices.sim import SimConfig
 from farm.model.workload import parse_workload
+from tests.fakes import SIM_GEMM_SWEEP
 
 pytestmark = pytest.mark.slow  # an end-to-end test of the farm: Ray, a cluster, the docs run whole
 
 ray = pytest.importorskip("ray", reason="the farm needs ray[default]")
 
-SWEEP = {"sim.gemm": {"block": [16, 32, 64, 128, 256], "stages": [1, 2, 3, 4, 5], "split_k": [1, 2, 4, 8]},
+SWEEP = {"sim.gemm": SIM_GEMM_SWEEP,
          "sim.conv": {"tile": [32, 64, 128], "layout": ["nchw", "nhwc"]}}
 
 

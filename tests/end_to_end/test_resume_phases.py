@@ -20,6 +20,7 @@ import yaml
 
 from farm.store.override_files import load_overrides
 from farm.store.dataset import ResultsDataset
+from tests.fakes import SIM_GEMM_SWEEP
 
 pytestmark = pytest.mark.slow  # an end-to-end test of the farm: Ray, a cluster, the docs run whole
 
@@ -28,8 +29,7 @@ pytest.importorskip("ray", reason="the farm needs ray[default]")
 WORKLOAD = {
     "name": "resume",
     "autotune": {"strategy": "fixed_average", "timed_iterations": 3},
-    "engines": {"sweep": {"sim.gemm": {"block": [16, 32, 64, 128, 256], "stages": [1, 2, 3, 4, 5],
-                                       "split_k": [1, 2, 4, 8]}}},
+    "engines": {"sweep": {"sim.gemm": SIM_GEMM_SWEEP}},
     "problems": [{"name": f"mm{i}", "op": "matmul", "tensors": {"A": [128 * (i + 1), 512], "B": [512, 256]}}
                  for i in range(2)]
                 + [{"name": "norm", "op": "rmsnorm", "tensors": {"X": [64, 4096], "scale": [4096]}}],
