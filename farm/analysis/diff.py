@@ -52,7 +52,8 @@ class _Side:
     ms: float | None
     ties: tuple[str, ...] = ()  # candidates its confirmation stage could not tell from it (paired interval holds 1)
     mad: float | None = None  # its median absolute deviation, ms, where recorded
-    settled: bool = True  # its stage decided before its budget ended (an undecided stage's "ties" are no verdict)
+    settled: bool = True  # its stage decided (before its budget ended, or a tie within noise when it did): an
+    # undecided stage's "ties" are no verdict
 
 
 def diff_paths(a: str | Path, b: str | Path) -> list[DiffRow]:
@@ -148,9 +149,10 @@ def _mad(e: Any) -> float | None:
 
 
 def _settled(e: Any) -> bool:
-    """``autotune_metadata.selection.confirmation.settled`` of an entry (True where not recorded false)."""
+    """Whether an entry's confirmation stage decided: ``settled``, or a ``tie`` within noise when its budget ended
+    (True where not recorded false)."""
     conf = ((e.metadata or {}).get("selection") or {}).get("confirmation")
-    return not (isinstance(conf, dict) and conf.get("settled") is False)
+    return not (isinstance(conf, dict) and conf.get("settled") is False and conf.get("tie") is not True)
 
 
 def _ties(e: Any) -> tuple[str, ...]:
@@ -165,7 +167,7 @@ def _from_results(folder: Location) -> dict[Hashable, _Side]:
 
     d = decide_folder(folder)
     return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms, w.confirmed.ties if w.confirmed else (),
-                       w.mad_ms, w.confirmed.settled if w.confirmed else True) for key, w in d.winners.items()}
+                       w.mad_ms, w.confirmed.decided if w.confirmed else True) for key, w in d.winners.items()}
 
 
 def _time_changed(o: _Side, n: _Side) -> bool:

@@ -68,7 +68,7 @@ class ProblemSummary:
         the leader from the default, farm verify found it short of its figure where replayed, or (no stage) the
         winner is noisy and others are within its noise."""
         if self.confirmation is not None:
-            return not self.confirmation.settled or bool(self.short_where_replayed)
+            return not self.confirmation.decided or bool(self.short_where_replayed)
         return (self.noise > NOISY_RELATIVE and self.near > 0) or (self.default_noisy and self.winner != self.default)
 
     @property
@@ -76,7 +76,7 @@ class ProblemSummary:
         """Why it is not trusted ('' when it is)."""
         if not self.untrusted:
             return ""
-        if self.confirmation is not None and not self.confirmation.settled:
+        if self.confirmation is not None and not self.confirmation.decided:
             return f"undecided after {self.confirmation.rounds} paired rounds (budget ended)"
         if self.short_where_replayed:
             return f"farm verify: {self.short_where_replayed}"

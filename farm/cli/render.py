@@ -97,8 +97,9 @@ def short_decision(w: Any) -> str:
     """How a decision was made, in a few words (``default kept, undecided``)."""
     rule = getattr(w.rule, "value", str(w.rule))
     text = _SHORT.get(rule, rule.replace("_", " "))
-    if w.confirmed is not None and not w.confirmed.settled and rule == "default_not_beaten":
-        text = "undecided"  # the stage's budget ran out: the default is published (the caption says so)
+    if w.confirmed is not None and rule == "default_not_beaten" and not w.confirmed.settled:
+        # the stage's budget ran out: a tie within the measured noise, or undecided (the caption says what next)
+        text = "default kept, a tie within noise" if w.confirmed.tie else "undecided"
     return text
 
 
@@ -209,7 +210,7 @@ def _doubt(w: Any) -> str:
     """Why a decision is not to be trusted, in a few words ('undecided': its stage's budget ran out); '' if it is."""
     if w is None:
         return ""
-    if w.confirmed is not None and not w.confirmed.settled:
+    if w.confirmed is not None and not w.confirmed.decided:
         return "undecided"
     if w.short_where_replayed:  # its check is listed under the table: the reason is there
         return "short of its figure where replayed"
@@ -240,7 +241,7 @@ def _summary_row(o: ProblemOutcome, w: Any, ms: Any, verbose: bool) -> list[Any]
     cells = [Text(o.problem.name), ms,
              fmt_speedup(w.speedup_over_default, w.speedup_interval if verbose else None).replace(" (", "\n(")
              if w is not None else "-",
-             Text(decision, style="yellow" if w is not None and w.confirmed is not None and not w.confirmed.settled
+             Text(decision, style="yellow" if w is not None and w.confirmed is not None and not w.confirmed.decided
                   else "")]
     if w is None:
         return [*cells, Text(o.error or "no winner", style="red")]

@@ -75,7 +75,9 @@ def _decision(p: Any) -> str:
         return _SHORT_OF_CHECKS[p.rule]
     if c is not None:
         if p.winner == p.default:
-            return "default kept" if getattr(c, "settled", True) else "undecided"
+            if getattr(c, "settled", True):
+                return "default kept"
+            return "default kept, a tie within noise" if getattr(c, "tie", False) else "undecided"
         return "confirmed"
     if not p.why:
         return "fastest"

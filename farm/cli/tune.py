@@ -405,8 +405,9 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--top-k", type=positive_int, default=3, help="ranking depth kept in the override metadata (default 3)")
     p.add_argument("--no-reduce", action="store_true", help="write results only, no override files")
     p.add_argument("--reconfirm", action="store_true",
-                   help="a resume also runs again each confirmation stage whose budget ended undecided (the advice "
-                        "printed under an undecided problem); without it a resume measures only what is missing")
+                   help="a resume also runs again each confirmation stage whose budget ended (undecided, or a tie "
+                        "within noise; the advice printed under an undecided problem); without it a resume measures "
+                        "only what is missing")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the check after the reduce: each decision replayed through farm.ops beside the direct "
                         "library call where it runs (farm verify); a decision that loses to the direct call is "

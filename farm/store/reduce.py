@@ -182,7 +182,7 @@ def _selection(w: Winner) -> dict[str, Any]:
     if not w.trusted:  # marked, so farm publish can count it, refuse it (--trusted-only), and never compare with it
         selection["untrusted"] = ("no confirmation stage measured it against the default" if w.confirmed is None
                                   else "the confirmation stage's budget ran out before it decided"
-                                  if not w.confirmed.settled else f"farm verify: {w.verified.verdict}")
+                                  if not w.confirmed.decided else f"farm verify: {w.verified.verdict}")
     if w.default is not None:
         selection["default"] = {"label": w.default, "median_time_ms": w.default_ms}
     if w.confirmed is not None:

@@ -227,6 +227,15 @@ class ConfirmedDecision:
     challengers: dict[int, PairedRatio]
     settled: bool  # the comparison that decides is separated at the confidence (not cut by the budget)
 
+    @property
+    def tie(self) -> bool:
+        """The budget ended with the default kept and no challenger faster than it at the confidence (each one's
+        interval reaches 1 or lies above it): a tie within the measured noise, a decision. Not settled, and not
+        a tie: some challenger is faster at the confidence, but not shown to be by the margin (undecided)."""
+        # a bounded interval each (too few rounds bound nothing: that is no measured noise, and no tie)
+        return (self.rule is ConfirmedRule.DEFAULT_NOT_BEATEN and not self.settled and bool(self.challengers)
+                and all(1.0 <= r.high < math.inf and r.low > 0 for r in self.challengers.values()))
+
 
 def decide_confirmed(samples: Sequence[Sequence[float]], reference: int, *, incumbent: int = -1,
                      confidence: float | None = None, margin: float = CONFIRM_MARGIN) -> ConfirmedDecision:
@@ -267,6 +276,9 @@ def confirmed_why(d: ConfirmedDecision, label_of: Callable[[int], str]) -> str:
                 "not faster than it beyond the margin")
     gain = 100.0 * (1.0 - d.versus.ratio)
     how = f"{gain:.1f} % faster" if gain >= 0 else f"{-gain:.1f} % slower"
+    if d.tie:
+        return (f"default kept: a tie within the measured noise, no challenger faster at the confidence ("
+                f"{label_of(d.best)} {how}: {d.versus.describe()})")
     if not d.settled:
         return f"default kept: {label_of(d.best)} {how}, not confirmed when the budget ended ({d.versus.describe()})"
     if gain < 0:

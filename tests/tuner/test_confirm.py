@@ -86,15 +86,23 @@ def test_the_default_is_kept_within_the_margin_and_the_incumbent_unless_beaten_b
     assert (d.winner, d.rule) == (1, ConfirmedRule.CONFIRMED)
 
 
-def test_too_few_or_too_noisy_rounds_keep_the_default_and_say_it_is_undecided():
+def test_too_few_rounds_or_a_gain_under_the_margin_is_undecided_and_noise_alone_a_tie():
+    # noise wider than any difference: no challenger faster at the confidence, a tie within the measured noise
     rng = np.random.default_rng(9)
     default = rng.lognormal(0.0, 0.3, 10)
     fast = 0.9 * rng.lognormal(0.0, 0.3, 10)
     d = decide_confirmed([default, fast], 0)
-    assert d.winner == 0 and not d.settled
+    assert d.winner == 0 and not d.settled and d.tie
+    assert "a tie within the measured noise" in confirmed_why(d, lambda i: f"c{i}")
+    # 5 rounds cannot bound anything at 99 %: no measured noise to tie within, undecided
+    d = decide_confirmed([np.ones(5), np.ones(5) * 0.5], 0)
+    assert d.winner == 0 and not d.settled and not d.tie
+    # faster at the confidence (0.4-0.8 %), not shown faster than the 0.5 % margin when the budget ended: undecided
+    rng = np.random.default_rng(1)
+    base = 1 + 0.002 * rng.standard_normal(12)
+    d = decide_confirmed([base, base * 0.994 * (1 + 0.002 * rng.standard_normal(12))], 0)
+    assert d.winner == 0 and not d.settled and not d.tie and d.versus.high < 1.0
     assert "not confirmed when the budget ended" in confirmed_why(d, lambda i: f"c{i}")
-    d = decide_confirmed([np.ones(5), np.ones(5) * 0.5], 0)  # 5 rounds cannot bound anything at 99 %
-    assert d.winner == 0 and not d.settled
 
 
 # -- who is in the stage --------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from farm.analysis.phases import run_phases
 from farm.fleet.worker import TaskEnd
 from farm.tuner.phases import COMPILE, CONFIRM, DISCOVER, IDLE, LOST, MEASURE, PHASES, SETUP, PhaseClock, PhaseSplit
-from test_driver import setup, result
+from tests.fleet.test_driver import result, setup
 
 
 def test_a_split_adds_up_and_idle_is_what_the_phases_leave_of_the_window():

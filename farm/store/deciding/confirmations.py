@@ -171,7 +171,7 @@ def _confirmation(stage: StageRows, found: StageDecision, call: str, label: Call
         host_cpus=tuple(sorted({stage.cpus[i] for i in rows if stage.cpus[i]})),
         calls_per_sample=stage.per_sample[rows[ref]], input_sets=stage.set_counts[rows[ref]],
         default_call=stage.paths[rows[ref]] or "", default_failed=gone.reason if gone is not None else "",
-        failed=failed)
+        failed=failed, tie=dec.tie)
 
 
 def _merge(winners: dict[Key, Winner], decided: dict[Key, list[Winner]], stage_top: dict[tuple[str, str, str], list[int]],

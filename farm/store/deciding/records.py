@@ -42,9 +42,16 @@ class Confirmation:
     default_call: str = ""  # what the default's samples called: 'direct' (the library call), 'plan', 'replay'
     default_failed: str = ""  # the default failed in the stage (why): the rest were compared, none over it
     failed: tuple[str, ...] = ()  # 'label (call): why' of each participant that failed in a stage: never published
+    tie: bool = False  # the budget ended with the default kept and no challenger faster at the confidence
+
+    @property
+    def decided(self) -> bool:
+        """Settled before the budget ended, or a tie within the measured noise when it did (not undecided)."""
+        return self.settled or self.tie
 
     def as_dict(self) -> dict[str, Any]:
-        return {"call": self.call, "rounds": self.rounds, "settled": self.settled, "cost_ms": self.cost_ms,
+        return {"call": self.call, "rounds": self.rounds, "settled": self.settled, "tie": self.tie,
+                "cost_ms": self.cost_ms,
                 "default_failed": self.default_failed or None, "failed": list(self.failed),
                 "confidence": self.confidence, "speedup": self.speedup,
                 "interval": [self.low, self.high] if self.speedup is not None else None,
@@ -162,8 +169,9 @@ class Winner:
     @property
     def trusted(self) -> bool:
         """False when the speed-up shown is doubtful: measured without a confirmation stage, by one whose budget
-        ended before it could separate the leader from the default, or short of it where replayed (farm verify)."""
-        return self.confirmed is not None and self.confirmed.settled and not self.short_where_replayed
+        ended undecided (a challenger faster at the confidence, not separated by the margin), or short of it where
+        replayed (farm verify). A default kept as a tie within the measured noise is trusted: no one beat it."""
+        return self.confirmed is not None and self.confirmed.decided and not self.short_where_replayed
 
     @property
     def short_where_replayed(self) -> bool:
