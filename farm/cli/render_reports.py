@@ -136,19 +136,20 @@ def _signature_table(s: Any) -> Table:
 
 
 def _problems_table(s: Any, verbose: bool) -> Table:
-    """One row per problem: its winner's time, speed-up, noise and how it was decided."""
+    """One row per problem: its winner (under its name), the winner's time, speed-up, noise and how it was decided."""
     per = Table(title="per problem", title_justify="left")
-    # every column but the last stays on one line; the names, last, fold there whole ("cpu.matmu…" never);
-    # -v writes the rest under them (a column each would squeeze the names at 100 columns)
-    cols = [("problem", "left"), ("ms", "right"), ("speed-up", "right"), ("noise", "right"), ("decision", "left")]
+    # the figures stay on one line; the names (the problem, its winner and default under it) break at their
+    # joints and the decision at its spaces, never mid-word, so the table holds at 80 columns (-v adds the rest
+    # under the names)
+    cols = [("problem / winner (default)", "left"), ("ms", "right"), ("speed-up", "right"), ("noise", "right"),
+            ("decision", "left")]
     if s.pruned:  # pruned candidates: a cost model's choice a reader must see
         cols[1:1] = [("pruned", "right")]
-    cols.append(("winner (default)", "left"))
     head, times = round_cells([p.winner_ms for p in s.problems], [p.round for p in s.problems])
     for col, justify in cols:
         per.add_column(head if col == "ms" else col, justify=justify, overflow="fold",  # type: ignore[arg-type]
-                       no_wrap=not col.startswith("winner"),
-                       min_width=None)
+                       no_wrap=col not in ("decision",) and not col.startswith("problem"), min_width=None,
+                       max_width=20 if col == "decision" else None)
     for p, ms in zip(s.problems, times):
         per.add_row(*_problem_row(s, p, ms, verbose))
     return per
@@ -156,20 +157,19 @@ def _problems_table(s: Any, verbose: bool) -> Table:
 
 def _problem_row(s: Any, p: Any, ms: Any, verbose: bool) -> list[Any]:
     why = "; ".join(x for x in (p.why, f"not trusted: {p.doubt}" if p.untrusted else "") if x)
-    parts: list[Any] = [Name(p.winner)]  # each breaks at its joints, never mid-word
+    parts: list[Any] = [Name(p.name, style="bold"), Name(p.winner)]  # each breaks at its joints, never mid-word
     if p.default and p.default != p.winner:
         parts.append(Name(f"({p.default}" + (f", {fmt_ms(p.default_ms)} ms" if verbose else "") + ")", style="dim"))
     if verbose:
         parts.append(Text(f"{p.candidates} candidate(s); device spread {p.spread:.3f} (main round)"
                           + (f"; {why}" if why else ""), style="yellow" if p.untrusted else "dim"))
-    names = parts[0] if len(parts) == 1 else Group(*parts)
-    cells = [Text(p.name), ms,
+    cells = [Group(*parts), ms,
              fmt_speedup(p.speedup, p.interval if verbose else None).replace(" (", "\n("),  # interval below
              f"{100 * p.noise:.1f} %",
              Text(_decision(p), style="yellow" if p.untrusted else "")]
     if s.pruned:
         cells[1:1] = [str(p.pruned)]
-    return [*cells, names]
+    return cells
 
 
 def _nodes_table(report: Any) -> Table:
@@ -217,7 +217,7 @@ def _decisions_table(checks: Sequence[dict[str, Any]]) -> Table:
         style = "green" if verdict == "holds" else "dim" if word == "not verified" else "yellow"
         if why:
             reasons.append(f"{c['problem']} ({c['call']}): {verdict}")
-        t.add_row(Text(c["problem"]).append("\n" + c["winner"], style="dim"), c["call"],
+        t.add_row(Group(Name(c["problem"]), Name(c["winner"], style="dim")), c["call"],
                   f"{c['published']:.3f}x" if c["published"] else "-", delivered, Text(word, style=style))
     if reasons:
         t.caption = "\n".join(reasons)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+
+from farm.cli.names import Name
 
 
 def _x(value: Any) -> str:
@@ -57,13 +60,13 @@ def verified_table(records: Sequence[dict[str, Any]], *, title: str = "farm veri
         verdict = r["verdict"]
         word, _, why = verdict.partition(": ")
         style = "green" if verdict == "holds" else "yellow" if verdict.startswith(("fixed", "not verified")) else "red"
-        what = Text(f"{r['problem']} ({r['call']})")
-        what.append(f"\n{r['published_winner']}", style="bold")
+        # names break at their joints, never mid-word (farm.cli.names)
+        what = [Name(f"{r['problem']} ({r['call']})"), Name(str(r["published_winner"]), style="bold")]
         if r.get("direct"):
-            what.append(f"\nvs {r['direct']}", style="dim")
+            what.append(Name(f"vs {r['direct']}", style="dim"))
         if why:
             notes.append(f"{r['problem']} ({r['call']}): {verdict}")
-        t.add_row(what, _x(r.get("published")), delivered, _ms(r.get("replay_ms")), _ms(r.get("direct_ms")),
+        t.add_row(Group(*what), _x(r.get("published")), delivered, _ms(r.get("replay_ms")), _ms(r.get("direct_ms")),
                   Text(word, style=style))
         notes += [f"{r['problem']} ({r['call']}): {n}" for n in r.get("notes") or ()]
     notes.append(DEFINITIONS)

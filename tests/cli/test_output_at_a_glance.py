@@ -459,3 +459,37 @@ def test_a_name_in_a_narrow_column_breaks_at_its_joints_never_mid_word():
     cells = [line.split("│")[2].strip() for line in console.export_text().splitlines() if line.count("│") == 3]
     cells = [c for c in cells if c]
     assert "".join(cells) == label and all(c.endswith((".", "[", ",", "/", "-", "]")) for c in cells), cells
+
+
+def test_at_80_columns_the_report_and_verify_tables_break_names_only_at_their_joints(tmp_path):
+    """farm report's per-problem and decisions tables and farm verify's table at 80 columns: every problem name and
+    winner label is there in whole pieces (cut only after . [ , / -), nothing cut off or wider than 80."""
+    from rich.console import Console
+
+    from farm.cli.names import Name
+    from farm.cli.render_reports import _decisions_table, _problems_table
+    from farm.cli.render_verify import verified_table
+
+    class Problem:  # what farm.analysis.report gives the per-problem table
+        def __init__(self, name, winner, default):
+            self.name, self.winner, self.default, self.default_ms, self.winner_ms = name, winner, default, 0.7, 0.6
+            self.round, self.speedup, self.interval, self.noise = "confirm", 1.1, (1.05, 1.2), 0.043
+            self.candidates, self.spread, self.why, self.untrusted, self.doubt, self.pruned = 9, 1.0, "", False, "", 0
+            self.rule, self.confirmation = "confirmed", None
+
+    names = {"attn-prefill-gqa-long-name": "cpu.sdpa.materialized[default]",
+             "rmsnorm-4096": "cpu.rmsnorm.einsum[row_block=1024]",
+             "layernorm-768": "cpu.layernorm.twopass[row_block=1024,variant=onepass]"}
+    problems = [Problem(n, w, "cpu.rmsnorm.numpy[default]") for n, w in names.items()]
+    summary = type("S", (), {"problems": problems, "pruned": 0})()
+    checks = [{"problem": n, "call": "eager", "published_winner": w, "winner": w, "direct": "np.matmul(A, B)",
+               "published": 1.1, "delivered": 1.05, "delivered_interval": (0.9, 1.2), "replay_ms": 0.6,
+               "direct_ms": 0.63, "verdict": "holds"} for n, w in names.items()]
+    for table in (_problems_table(summary, verbose=False), _decisions_table(checks), verified_table(checks)):
+        console = Console(width=80, record=True, file=open(os.devnull, "w"))
+        console.print(table)
+        text = console.export_text()
+        assert max(len(line.rstrip()) for line in text.splitlines()) <= 80, text
+        cells = " ".join(c.strip() for line in text.splitlines() for c in line.split("│")[1:-1])
+        for label in [*names, *names.values()]:
+            assert all(piece in cells for piece in Name(label).pieces), (label, text)
