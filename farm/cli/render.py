@@ -294,23 +294,27 @@ def _result_dict(r: AutotuneResult) -> dict[str, Any]:
 
 
 def reduce_table(report: Any) -> Table:
+    """One row per device signature: the signature with its files under it (names break at their joints, never
+    cut: the paths are what a person copies), then the counts."""
     table = Table(title="Override files", title_justify="left")
-    for col, justify in (("device signature", "left"), ("problems", "right"), ("entries", "right"),
-                         ("not the fastest", "right"), ("no winner", "right"), ("file", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for col, justify in (("device signature / files", "left"), ("problems", "right"), ("entries", "right"),
+                         ("not the fastest", "right"), ("no winner", "right")):
+        table.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
+                         no_wrap=not col.startswith("device"))
     for s in report.signatures:
         w = s.write
-        file = "-" if w is None else f"{w.path} ({w.added} added, {w.replaced} replaced)"
-        if w is not None and w.moved_aside:
-            file += f"; the file as it was is kept at {w.moved_aside}"
-        if w is not None and w.set_aside:
-            file += f"; {w.set_aside} unreadable entr{'y' if w.set_aside == 1 else 'ies'} left out (in the copy)"
-        if s.winners_path:
-            file += f"\n{s.winners_path}"
-        if s.csv_path:
-            file += f"\n{s.csv_path}"
-        table.add_row(Text(s.signature), str(s.problems), str(s.entries), str(s.kept_over_fastest),
-                      str(len(s.no_winner)), Text(file))
+        lines: list[Any] = [Name(s.signature, style="bold")]
+        if w is None:
+            lines.append(Text("no file written"))
+        else:
+            lines += [Name(str(w.path)), Text(f"({w.added} added, {w.replaced} replaced)", style="dim")]
+            if w.moved_aside:
+                lines += [Text("the file as it was is kept at", style="dim"), Name(str(w.moved_aside))]
+            if w.set_aside:
+                lines.append(Text(f"{w.set_aside} unreadable entr{'y' if w.set_aside == 1 else 'ies'} left out "
+                                  "(in the copy)", style="yellow"))
+        lines += [Name(str(x)) for x in (s.winners_path, s.csv_path) if x]
+        table.add_row(Group(*lines), str(s.problems), str(s.entries), str(s.kept_over_fastest), str(len(s.no_winner)))
     if report.skipped_files:
         table.caption = Text(f"{len(report.skipped_files)} unreadable results file(s) skipped", style="yellow")
     return table

@@ -493,3 +493,29 @@ def test_at_80_columns_the_report_and_verify_tables_break_names_only_at_their_jo
         cells = " ".join(c.strip() for line in text.splitlines() for c in line.split("│")[1:-1])
         for label in [*names, *names.values()]:
             assert all(piece in cells for piece in Name(label).pieces), (label, text)
+
+
+def test_at_80_columns_farm_reduces_table_keeps_the_signature_and_every_path_whole(tmp_path):
+    """farm reduce's table at 80 columns: the signature and each file's path break at their joints, never cut
+    with an ellipsis (a path is what a person copies)."""
+    from rich.console import Console
+
+    from farm.cli.names import Name
+    from farm.cli.render import reduce_table
+    from farm.devices.device import cpu_device
+    from farm.store.reduce import reduce_results
+    from tests.fakes import fake_result, matmul_problem, write_results
+
+    props, p = cpu_device().properties, matmul_problem(16, 12, 8)
+    write_results(tmp_path / "results", {props: [(p, "mm", [fake_result(p, "cpu.matmul.blas", (1.0,) * 3)])]})
+    report = reduce_results(tmp_path / "results", tmp_path / "a-rather-long-folder-name" / "overrides")
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    console.print(reduce_table(report))
+    text = console.export_text()
+    assert "…" not in text and max(len(line.rstrip()) for line in text.splitlines()) <= 80, text
+    cells = "".join(line.split("│")[1].strip() for line in text.splitlines() if line.count("│") > 2)
+    [s] = report.signatures
+    for whole in (s.signature, str(s.write.path), str(s.winners_path)):
+        assert whole in cells, (whole, text)  # its pieces, read down the column, make it whole
+        # (a piece wider than the column, as this test's temporary folder's name, folds alone on its lines)
+        assert all(piece in text for piece in Name(whole).pieces if len(piece) <= 20)
