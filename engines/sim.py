@@ -39,6 +39,8 @@ class SimPlan:
         self.rng = np.random.default_rng(int(unit_hash(*key, group.name, "noise") * 2**32))
         fault = next((f for f in cfg.faults if f.matches(engine, clean, problem.key)), None)
         self.fault = fault.kind if fault is not None else ""
+        if self.fault == "hang_replay" and device.extras.get("replay"):
+            self.fault = "hang"  # compiled by a replaying process: it hangs there, and only there
         if self.fault == "slow_replay" and device.extras.get("replay"):
             # compiled by a replaying process (farm.ops, farm verify): slower than what was measured
             self.base_ms *= fault.factor

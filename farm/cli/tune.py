@@ -162,9 +162,12 @@ def _verifier(args: argparse.Namespace) -> Any:
         return None
     import functools
 
+    from farm.replay.verify import VerifySettings
     from farm.replay.verify_process import verify_in_new_process
 
-    return functools.partial(verify_in_new_process, only_losers=True)
+    # a replay that hangs is bounded as a candidate is: flagged, fixed, and the job ends
+    return functools.partial(verify_in_new_process, only_losers=True,
+                             settings=VerifySettings(timeout_s=args.candidate_timeout))
 
 
 def _warn_oversubscribed(workers: int) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from farm.cli.args import positive_int
+from farm.cli.args import positive_int, positive_seconds
 from farm.cli.console import make_console, print_json
 from farm.errors import InputError
 from farm.store.targets import Target, resolve, rewrite_entries
@@ -26,7 +26,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from farm.store.override_files import load_overrides
 
     calls = (args.call,) if args.call else ("eager", "graph")
-    settings = VerifySettings(calls=args.calls or 400, rounds=args.rounds, calls_given=args.calls is not None)
+    settings = VerifySettings(calls=args.calls or 400, rounds=args.rounds, calls_given=args.calls is not None,
+                              timeout_s=args.candidate_timeout)
     device = local_device(args.devices)
     target = resolve(args.target, device)
     f = load_overrides(target.path, strict=False)
@@ -155,6 +156,10 @@ def add_verify_parser(sub: Any) -> None:
                    help="calls a sample: back-to-back (eager) or in a captured graph (graph) (default: as many as the "
                         "decision's confirmation stage timed, which the file records; else 400)")
     p.add_argument("--rounds", type=positive_int, default=9, help="paired rounds, interleaved (default 9)")
+    p.add_argument("--candidate-timeout", type=positive_seconds, default=120.0, metavar="SECONDS",
+                   help="a decision whose replay beside the direct call has not ended within this hangs where it is "
+                        "replayed: flagged (fixed with --fix), and the decisions after it are not replayed (default "
+                        "120)")
     p.add_argument("--fix", action="store_true",
                    help="publish the default in place of each flagged decision, saying why in the override file")
     p.add_argument("--strict", action="store_true",

@@ -8,7 +8,9 @@ scheduling can be studied with real wall time or none. Faults can be injected
 per candidate: ``crash`` ends the worker process (as kill -9 or a segfault
 would), ``hang`` blocks forever, ``slow_replay`` makes a plan that a replaying
 process compiles (farm.ops, farm verify) ``factor`` times slower than the one
-the farm measured (a decision that does not hold where it is replayed).
+the farm measured (a decision that does not hold where it is replayed), and
+``hang_replay`` one that blocks forever only there (a winner that hangs where
+it is replayed).
 
     devices:
       - {name: Sim A100, count: 4, speed: 1.0}
@@ -48,7 +50,7 @@ from farm.errors import InputError
 from farm.model.problem import Problem, TensorDesc
 
 
-FAULT_KINDS = ("crash", "hang", "slow_replay")
+FAULT_KINDS = ("crash", "hang", "slow_replay", "hang_replay")
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class SimGroup:
 
 @dataclass(frozen=True)
 class SimFault:
-    kind: str  # "crash" | "hang" | "slow_replay"
+    kind: str  # "crash" | "hang" | "slow_replay" | "hang_replay"
     engine: str
     knobs: tuple[tuple[str, Any], ...] = ()
     problem: str = ""  # problem key (see farm tune --dry-run); "" = any problem
@@ -134,7 +136,8 @@ class SimConfig:
         for i, f in enumerate(data.get("faults") or []):
             if not isinstance(f, Mapping) or f.get("kind") not in FAULT_KINDS or not isinstance(f.get("engine"), str) \
                     or not isinstance(f.get("knobs") or {}, Mapping) or not isinstance(f.get("problem", ""), str):
-                raise bad("expected {kind: crash|hang|slow_replay, engine, knobs: {...}, problem: KEY, factor: X}",
+                raise bad("expected {kind: crash|hang|slow_replay|hang_replay, engine, knobs: {...}, problem: KEY, "
+                          "factor: X}",
                           f"faults[{i}]", f)
             factor = f.get("factor", 1.0)
             if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < float("inf"):

@@ -34,6 +34,9 @@ class VerifySettings:
     max_gap: float = 0.05
     seed: int = 0
     calls_given: bool = False  # ``calls`` over the calls a sample the file records for a decision
+    # a decision's replay beside the direct call ends within this (None: unbounded); one that does not hangs where
+    # it is replayed: fixed (the default published), and the decisions after it are not replayed
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         from farm.errors import InputError
@@ -48,6 +51,9 @@ class VerifySettings:
             raise InputError("must be a ratio > 0, e.g. 0.99", field="min_delivered", value=self.min_delivered)
         if not 0 < self.max_gap < 1:
             raise InputError("must be a fraction in (0, 1), e.g. 0.05", field="max_gap", value=self.max_gap)
+        t = self.timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")):
+            raise InputError("must be a positive, finite number of seconds", field="candidate_timeout", value=t)
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,8 @@ class Verified:
     loses: bool = False  # flagged for losing to the direct call (or running another candidate), not only its figure
     fixed: bool = False
     corrected: bool = False  # flagged for its figure alone while it beats the direct call beyond noise: --fix
+    hung: bool = False  # its replay did not end within the candidate timeout (VerifySettings.timeout_s)
+    after_hang: bool = False  # not replayed: an earlier replay in the same process hung (a new process replays it)
     # records the delivered figure instead of undoing the decision
     measured_at: str = ""
 

@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -66,22 +67,68 @@ def verify_file(path: str, f: OverrideFile, device: Device, *, keys: Sequence[st
     rng = np.random.default_rng(settings.seed)
     out: list[Verified] = []
     for i, d in enumerate(decisions):
-        try:
-            if d.default_failed:
-                v = Verified(d, device.signature, host_cpu(), measured_at=_now(),
-                             skipped=f"the default failed in the confirmation stage ({d.default_failed}): "
-                                     "no direct call to replay it beside")
-            else:
-                v = _verify_one(d, device, replay, registry, settings, rng)
-        except ENGINE_ERRORS as exc:  # one decision's failure is its own verdict (an engine's SystemExit too)
-            reraise_user_interrupt(exc)
-            log.warning("verify: %s (%s): %s: %s", d.name, d.call, type(exc).__name__, exc)
-            v = Verified(d, device.signature, host_cpu(), flagged=f"replaying it failed: {type(exc).__name__}: {exc}",
-                         measured_at=_now())
+        v = _bounded(lambda d=d: _checked(d, device, replay, registry, settings, rng), settings.timeout_s)
+        if v is None:  # its replay hangs: the thread holding it cannot be taken back, so nothing more runs here
+            out.append(_hung(d, device, replay, registry, settings))
+            out += [Verified(x, device.signature, host_cpu(), measured_at=_now(), after_hang=True,
+                             skipped=f"the replay of {d.name} ({d.call}) before it hung") for x in decisions[i + 1:]]
+            log.error("verify: %s (%s): its replay did not end within %g s; the rest are not replayed", d.name,
+                      d.call, settings.timeout_s)
+            break
         out.append(v)
         if progress is not None:
             progress(i + 1, len(decisions), v)
     return out, skipped
+
+
+def _checked(d: Decision, device: Device, replay: FileReplay, registry: EngineRegistry, settings: VerifySettings,
+             rng: np.random.Generator) -> Verified:
+    try:
+        if d.default_failed:
+            return Verified(d, device.signature, host_cpu(), measured_at=_now(),
+                            skipped=f"the default failed in the confirmation stage ({d.default_failed}): "
+                                    "no direct call to replay it beside")
+        return _verify_one(d, device, replay, registry, settings, rng)
+    except ENGINE_ERRORS as exc:  # one decision's failure is its own verdict (an engine's SystemExit too)
+        reraise_user_interrupt(exc)
+        log.warning("verify: %s (%s): %s: %s", d.name, d.call, type(exc).__name__, exc)
+        return Verified(d, device.signature, host_cpu(), flagged=f"replaying it failed: {type(exc).__name__}: {exc}",
+                        measured_at=_now())
+
+
+def _bounded(check: Callable[[], Verified], timeout_s: float | None) -> Verified | None:
+    """``check()``, or None when it has not ended within ``timeout_s`` (it goes on in a daemon thread: a hung
+    native call cannot be interrupted; the process that owns it ends it)."""
+    if timeout_s is None:
+        return check()
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append(check())
+        except BaseException as exc:  # handed to the caller as raised (a user's Ctrl-C included)
+            box.append(exc)
+
+    thread = threading.Thread(target=run, name="farm-verify-replay", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return None
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
+def _hung(d: Decision, device: Device, replay: FileReplay, registry: EngineRegistry,
+          settings: VerifySettings) -> Verified:
+    """A decision whose replay did not end within the timeout: flagged, and fixable unless it is the default."""
+    default = next(iter(registry.discover(d.problem, replay.exec_device)), None)
+    name = registry.get(default.engine_id).name if default is not None else ""
+    is_default = d.engine_name == name and not d.knobs
+    return Verified(d, device.signature, host_cpu(), replayed=d.label, direct_engine=name,
+                    flagged=f"its replay did not end within the candidate timeout ({settings.timeout_s:g} s): it "
+                            "hangs where it is replayed", fixable=not is_default, loses=True, hung=True,
+                    measured_at=_now())
 
 
 def _now() -> str:
@@ -278,8 +325,8 @@ def mark_fixes(verified: Sequence[Verified], *, only_losers: bool = False) -> li
         fix = v.fixable and bool(v.flagged)
         d = v.delivered
         beats = v.replayed == v.decision.label and d is not None and d.rounds > 0 and d.speedup_low > 1.0
-        if fix and only_losers:
-            fix = v.replayed != v.decision.label or (d is not None and d.rounds > 0 and d.speedup_high < 1.0)
+        if fix and only_losers:  # a replay that hangs loses whatever it would have delivered
+            fix = v.hung or v.replayed != v.decision.label or (d is not None and d.rounds > 0 and d.speedup_high < 1.0)
         elif fix and beats:  # a gain beyond noise is never undone: its figure is corrected instead
             out.append(dataclasses.replace(v, fixed=False, corrected=True))
             continue
@@ -298,6 +345,9 @@ def result_rows(verified: Sequence[Verified], device: Device, registry: EngineRe
 
     out = []
     for v in verified:
+        if v.hung:
+            out.append(_hung_row(v, device))
+            continue
         if v.skipped or v.delivered is None:
             continue
         where = MeasurementContext(device.properties, session_id=new_id(), round="verify", call=v.decision.call,
@@ -318,6 +368,22 @@ def result_rows(verified: Sequence[Verified], device: Device, registry: EngineRe
     return out
 
 
+def _hung_row(v: Verified, device: Device) -> tuple[AutotuneResult, Decision, Any]:
+    """A decision whose replay hung: one ``timed_out`` row of round verify (no samples: nothing ended), its verdict
+    what the reducer reads (fixed: the default is published in its place)."""
+    from farm.model.ids import engine_name_to_id
+    from farm.store.results import MeasurementContext, new_id
+
+    d = v.decision
+    where = MeasurementContext(device.properties, session_id=new_id(), round="verify", call=d.call, session_size=1,
+                               host_cpu=v.host_cpu, verdict=v.verdict)
+    return (AutotuneResult(
+        problem_key=d.problem.key, engine_id=engine_name_to_id(d.engine_name), engine_name=d.engine_name,
+        knobs=d.knobs, disposition=Disposition.TIMED_OUT, mode=TuneMode.STANDARD, strategy=Strategy.FIXED_AVERAGE,
+        candidate=-1, error=f"verify ({d.call}): farm.ops replaying {v.replayed}; {v.verdict}",
+        device_name=device.properties.name, started_at=v.measured_at, call_path="replay"), d, where)
+
+
 def write_temp_file(text: str) -> str:
     """``text`` in a private temporary file (a worker given a file's text replays it from there)."""
     fd, path = tempfile.mkstemp(prefix="farm-verify-", suffix=".json")
@@ -334,6 +400,12 @@ class VerifyOutcome:
     rows: tuple[tuple[AutotuneResult, Problem, str, Any], ...]
     records: tuple[dict[str, Any], ...]
     skipped: tuple[tuple[str, str], ...] = ()
+    unreplayed: tuple[str, ...] = ()  # problem keys an earlier replay's hang left unchecked (records not included)
+
+    def then(self, later: "VerifyOutcome") -> "VerifyOutcome":
+        """This outcome with ``later`` (a new process's check of what this one left unreplayed) after it."""
+        return VerifyOutcome(self.rows + later.rows, self.records + later.records, self.skipped + later.skipped,
+                             later.unreplayed)
 
 
 def verify_for_job(device: Device, text: str, keys: Sequence[str] | None = None, *,
@@ -351,4 +423,8 @@ def verify_for_job(device: Device, text: str, keys: Sequence[str] | None = None,
         os.unlink(path)
     verified = mark_fixes(verified, only_losers=only_losers)
     rows = tuple((r, d.problem, d.name, where) for r, d, where in result_rows(verified, device))
-    return VerifyOutcome(rows, tuple(v.as_dict() for v in verified), tuple(skipped))
+    # a new process replays what a hang left, by problem: not a problem one of whose decisions it checked here
+    done = {v.decision.problem.key for v in verified if not v.after_hang}
+    left = tuple(k for k in dict.fromkeys(v.decision.problem.key for v in verified if v.after_hang) if k not in done)
+    kept = [v for v in verified if not (v.after_hang and v.decision.problem.key in left)]
+    return VerifyOutcome(rows, tuple(v.as_dict() for v in kept), tuple(skipped), left)

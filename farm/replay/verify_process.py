@@ -25,7 +25,17 @@ from farm.replay.verify import VerifyOutcome, VerifySettings, verify_for_job
 def verify_in_new_process(device: Device, text: str, keys: Sequence[str] | None = None, *,
                           settings: VerifySettings | None = None, only_losers: bool = True) -> VerifyOutcome:
     """:func:`farm.replay.verify.verify_for_job` in a new process on ``device`` (the CPU or a GPU this process
-    sees); on a simulated device, here."""
+    sees); on a simulated device, here. A replay that hangs ends its process's checks (it is fixed); what it left
+    unreplayed is checked by the next new process, until nothing is left."""
+    outcome = _verify_once(device, text, keys, settings=settings, only_losers=only_losers)
+    while outcome.unreplayed:  # each round settles at least the decision that hung: it ends
+        outcome = outcome.then(_verify_once(device, text, outcome.unreplayed, settings=settings,
+                                            only_losers=only_losers))
+    return outcome
+
+
+def _verify_once(device: Device, text: str, keys: Sequence[str] | None, *, settings: VerifySettings | None,
+                 only_losers: bool) -> VerifyOutcome:
     if device.vendor == "sim":
         return verify_for_job(device, text, keys, settings=settings, only_losers=only_losers)
     kind = "cpu" if device.vendor == "cpu" else "gpu"
@@ -72,4 +82,8 @@ def _child(request_path: str, result_path: str) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover - run as a child by verify_in_new_process
-    sys.exit(_child(sys.argv[1], sys.argv[2]))
+    code = _child(sys.argv[1], sys.argv[2])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the result is written: a replay that hung (farm.replay.verify._bounded) must not keep this process alive
+    os._exit(code)

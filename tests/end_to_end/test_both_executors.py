@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from farm.store.dataset import ResultsDataset
 from farm.store.override_files import load_overrides
-from tests.end_to_end.test_stage_failures import _tune
+from tests.end_to_end.test_stage_failures import REPO, _tune
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="the Ray farm needs ray[default]")
 EXECUTORS = [pytest.param(("--in-process",), id="in-process"), pytest.param((), id="ray", marks=needs_ray)]
@@ -82,3 +85,32 @@ def test_the_users_ctrl_c_stops_the_run_on_both_executors(tmp_path, executor):
     assert proc.returncode == 130 and "interrupted" in err, err[-2000:]
     assert json.loads((out / "job.json").read_text())["runs"][-1]["state"] == "failed"
     assert not list((out / "overrides").glob("*.json")) if (out / "overrides").exists() else True
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_winner_that_hangs_only_where_it_is_replayed_is_fixed_and_the_job_ends(tmp_path, executor):
+    """farm tune's check replays each decision beside the direct call within --candidate-timeout: a winner whose
+    replay hangs (simulated: ``hang_replay``) gets a timed-out verify row, the default is published in its place,
+    and the next decision is checked in a new process (both here hang too)."""
+    (tmp_path / "sim.yaml").write_text("devices: [{name: Sim H200, count: 1}]\nnoise: 0.0\n"
+                                       "faults: [{kind: hang_replay, engine: sim.gemm}]\n")
+    (tmp_path / "wl.yaml").write_text(
+        "name: hangs-replayed\nautotune: {strategy: fixed_average, timed_iterations: 3, check: 'off'}\n"
+        "engines: {include: [sim.vendor, sim.gemm], sweep: {sim.gemm: {block: [16, 32, 64, 128], stages: [2, 3]}}}\n"
+        "problems:\n  - {name: mm, op: matmul, dtype: fp16, tensors: {A: [2048, 2048], B: [2048, 2048]}}\n"
+        "  - {name: mm2, op: matmul, dtype: fp16, tensors: {A: [1024, 4096], B: [4096, 1024]}}\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "farm", "tune", str(tmp_path / "wl.yaml"), "--devices",
+                           f"sim:{tmp_path / 'sim.yaml'}", "--out", str(out), "--candidate-timeout", "3", "--json",
+                           *executor], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert sorted(r["verdict"].split(":")[0] for r in summary["verified"]) == ["fixed", "fixed"], summary["verified"]
+    [entries] = [load_overrides(p).entries for p in (out / "overrides").glob("*.json")]
+    assert sorted((e.metadata["problem_name"], e.engine_name, e.knobs) for e in entries) == \
+        [("mm", "sim.vendor", ()), ("mm2", "sim.vendor", ())]
+    rows = ResultsDataset(out / "results").table(["problem_name", "round", "disposition", "error"]).to_pylist()
+    hung = sorted(r["problem_name"] for r in rows if r["round"] == "verify" and r["disposition"] == "timed_out")
+    assert hung == ["mm", "mm2"] and all("hangs where it is replayed" in r["error"] for r in rows
+                                         if r["round"] == "verify" and r["disposition"] == "timed_out")

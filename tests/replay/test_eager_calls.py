@@ -18,6 +18,7 @@ from farm.model.plans import PlanSpec
 from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig
 from farm.tuner.callers import COLD_CACHE_FACTOR, cache_bytes, input_set_count
+from farm.store.dataset import ResultsDataset
 from farm.tuner.confirm import run_confirmation
 from tests.fakes import FakeEngine, fake_device, matmul_problem
 
@@ -565,3 +566,38 @@ def test_verify_fix_keeps_a_winner_that_still_beats_the_direct_call_and_corrects
     sel = entry.metadata["selection"]
     assert entry.engine_name == "sim.gemm"  # kept
     assert sel["speedup_over_default"] == pytest.approx(d["delivered"]) and sel["figure_corrected"]["was"] == gain
+
+
+def test_farm_verify_bounds_each_replay_a_hang_is_fixed_and_the_rest_said_not_replayed(tmp_path, repo_root):
+    """farm verify --candidate-timeout: a decision whose replay hangs (simulated ``hang_replay``) is flagged, fixed
+    with --fix, its timed-out row recorded, and the command ends; the decisions after it are named as not replayed."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "sim.yaml").write_text("devices: [{name: Sim H200, count: 1}]\nnoise: 0.0\n"
+                                       "faults: [{kind: hang_replay, engine: sim.gemm}]\n")
+    (tmp_path / "wl.yaml").write_text(
+        "name: hangs\nautotune: {strategy: fixed_average, timed_iterations: 3, check: 'off'}\n"
+        "engines: {include: [sim.vendor, sim.gemm], sweep: {sim.gemm: {block: [16, 32], stages: [2]}}}\n"
+        "problems:\n  - {name: mm, op: matmul, dtype: fp16, tensors: {A: [2048, 2048], B: [2048, 2048]}}\n"
+        "  - {name: mm2, op: matmul, dtype: fp16, tensors: {A: [1024, 4096], B: [4096, 1024]}}\n")
+    env = dict(os.environ, PYTHONPATH=repo_root)
+    sim = f"sim:{tmp_path / 'sim.yaml'}"
+
+    def farm(*args):
+        return subprocess.run([sys.executable, "-m", "farm", *args], capture_output=True, text=True, env=env,
+                              timeout=120)
+
+    assert farm("tune", str(tmp_path / "wl.yaml"), "--devices", sim, "--in-process", "--out", str(tmp_path / "run"),
+                "--no-verify").returncode == 0
+    proc = farm("verify", str(tmp_path / "run"), "--devices", sim, "--candidate-timeout", "1.5", "--fix", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = json.loads(proc.stdout)["decisions"]  # in the file's order, as replayed
+    [hung] = [i for i, r in enumerate(records) if r["verdict"].startswith("fixed")]
+    assert records[hung]["verdict"].startswith("fixed: its replay did not end within the candidate timeout (1.5 s)")
+    name = records[hung]["problem"]
+    assert all(r["verdict"] == f"not verified: the replay of {name} (eager) before it hung" for r in records[hung + 1:])
+    assert all(r["verdict"] == "holds" for r in records[:hung])  # the default's own replay, say
+    rows = ResultsDataset(tmp_path / "run" / "results").table(["problem_name", "round", "disposition"]).to_pylist()
+    assert [r["problem_name"] for r in rows if r["round"] == "verify" and r["disposition"] == "timed_out"] == [name]

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from farm.model.ids import engine_name_to_id
 from farm.model.knobs import KnobSettings
@@ -78,6 +79,7 @@ def apply_verifications(data: ResultsDataset, table: pa.Table, winners: dict[Key
     decision the stage made, not older than the stage, decides: where it fixed the decision, the default is
     published in its place (rule ``not_delivered``), and the newest check of that default (a later farm verify)
     is attached to it. A check of a candidate that is not the decision (a later tune changed it) is left aside."""
+    winners = _apply_hangs(data, table, winners, top)
     ver = load_confirmations(data, VERIFY)
     if ver.num_rows == 0:
         return table, winners
@@ -128,3 +130,42 @@ def _fixed(decision: Winner, check: Verification, engine: str, knobs: KnobSettin
         mad_ms=float(np.median(np.abs(samples - med))) if len(samples) else None, row=row,
         rule=ConfirmedRule.NOT_DELIVERED, verified=check, round=VERIFY,
         why=f"default published by farm verify: {decision.label} {check.verdict.split(': ', 1)[-1]}")
+
+
+HUNG_COLUMNS = ("device_signature", "problem_key", "call", "candidate_key", "verdict", "host_cpu", "measured_at")
+
+
+def _apply_hangs(data: ResultsDataset, table: pa.Table, winners: dict[Key, Winner],
+                 top: dict[Key, list[int]] | None) -> dict[Key, Winner]:
+    """Decisions whose replay hung in a check that fixed them (a ``timed_out`` verify row, no samples): the
+    default in their place, timed by the stage that measured it (nothing of the check ended to time it)."""
+    hung = data.table(list(HUNG_COLUMNS), filter=(ds.field("round") == VERIFY)
+                      & (ds.field("disposition") == "timed_out"))
+    if hung.num_rows == 0:
+        return winners
+    made_at = pc.cast(table["measured_at"], pa.int64()).to_numpy(zero_copy_only=False)
+    stamps = pc.cast(hung["measured_at"], pa.int64()).to_numpy(zero_copy_only=False)
+    out = dict(winners)
+    for i in np.argsort(-stamps, kind="stable"):  # the newest check of a decision decides
+        r = {c: hung[c][int(i)].as_py() for c in HUNG_COLUMNS}
+        main = out.get((r["device_signature"], r["problem_key"]))
+        decision = main.for_call(r["call"] or "") if main is not None else None
+        if decision is None or decision.default_row < 0 or not str(r["verdict"] or "").startswith("fixed"):
+            continue
+        if r["candidate_key"] != candidate_key(engine_name_to_id(decision.engine_name), decision.knobs) \
+                or stamps[i] < (made_at[decision.row] if 0 <= decision.row < len(made_at) else 0):
+            continue
+        row = decision.default_row
+        engine = str(table["engine_name"][row].as_py())
+        check = Verification(call=r["call"] or "", delivered=None, low=None, high=None, rounds=0,
+                             verdict=str(r["verdict"]), host_cpu=str(r["host_cpu"] or ""), direct=decision.default or "",
+                             calls_per_sample=None, input_sets=None, verified_at=str(r["measured_at"]))
+        fixed = decision.default_in_place(
+            engine, knobs_of(key_at(table, row)), median_ms=decision.default_ms or math.nan, min_ms=None, mad_ms=None,
+            row=row, rule=ConfirmedRule.NOT_DELIVERED, verified=check,
+            why=f"default published by farm verify: {decision.label} hangs where it is replayed")
+        if top is not None and main.for_call(r["call"] or "") is main:  # type: ignore[union-attr]
+            key = (r["device_signature"], r["problem_key"])
+            top[key] = [row] + [j for j in top.get(key, []) if j != row]
+        out[(r["device_signature"], r["problem_key"])] = main.with_call(r["call"] or "", fixed)  # type: ignore
+    return out
