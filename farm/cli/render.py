@@ -99,7 +99,7 @@ def short_decision(w: Any) -> str:
     text = _SHORT.get(rule, rule.replace("_", " "))
     if w.confirmed is not None and rule == "default_not_beaten" and not w.confirmed.settled:
         # the stage's budget ran out: a tie within the measured noise, or undecided (the caption says what next)
-        text = "default kept, a tie within noise" if w.confirmed.tie else "undecided"
+        text = "tied in noise" if w.confirmed.tie else "undecided"  # the default kept
     return text
 
 

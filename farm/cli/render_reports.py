@@ -77,7 +77,7 @@ def _decision(p: Any) -> str:
         if p.winner == p.default:
             if getattr(c, "settled", True):
                 return "default kept"
-            return "default kept, a tie within noise" if getattr(c, "tie", False) else "undecided"
+            return "tied in noise" if getattr(c, "tie", False) else "undecided"  # the default kept
         return "confirmed"
     if not p.why:
         return "fastest"

@@ -42,7 +42,7 @@ def test_noise_wider_than_any_difference_is_a_tie_said_plainly_and_no_advice(tmp
     proc, out = _noisy_tune(tmp_path, fast="0.98", jitter="0.5", noise="0.01")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     text = " ".join(proc.stdout.split())
-    assert "a tie within noise" in text and "undecided" not in text and "too noisy to trust: nothing" in text
+    assert "tied in noise" in text and "undecided" not in text and "too noisy to trust: nothing" in text
     assert "--reconfirm" not in text  # nothing to advise: the default is kept, and decided
     [entry] = load_overrides(next((out / "overrides").glob("*.json"))).entries
     selection = entry.metadata["selection"]
