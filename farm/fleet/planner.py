@@ -92,13 +92,19 @@ class Planner:
             worker = next((w for w in members if w.free), next((w for w in members if w.up), None))
             if worker is None:
                 continue  # every worker of the signature is restarting: discovery waits for one
-            chunk = self.again.pop(sig, None)
-            if chunk is None and self.next[sig] < len(self.problems) and self.sched.pending_tasks(sig) < 4 * len(members):
-                start = self.next[sig]
-                chunk = self.problems[start:start + 8 * len(members)]
-                self.next[sig] = start + len(chunk)
+            chunk = self.again.pop(sig, None) or self._next_window(sig, len(members))
             if chunk is not None:
                 self.inflight[sig] = (worker.actor.expand.remote(chunk), chunk)
+
+    def _next_window(self, sig: str, devices: int) -> list[tuple[int, WorkloadProblem]] | None:
+        """The signature's next problems to discover, when its queue holds fewer than four tasks a device (the queue
+        keeps a choice of kernel families); eight a device at a time. None: not now, or none left."""
+        start = self.next[sig]
+        if start >= len(self.problems) or self.sched.pending_tasks(sig) >= 4 * devices:
+            return None
+        chunk = self.problems[start:start + 8 * devices]
+        self.next[sig] = start + len(chunk)
+        return chunk
 
     def _take(self, sig: str, chunk: Sequence[tuple[int, WorkloadProblem]], expanded: dict[int, Any]) -> None:
         if sig not in self._prior:
@@ -162,11 +168,9 @@ class InProcessPlanner(Planner):
 
     def top_up(self) -> None:
         for sig, members in self.by_sig.items():
-            if self.next[sig] >= len(self.problems) or self.sched.pending_tasks(sig) >= 4 * len(members):
+            chunk = self._next_window(sig, len(members))
+            if chunk is None:
                 continue
-            start = self.next[sig]
-            chunk = self.problems[start:start + 8 * len(members)]
-            self.next[sig] = start + len(chunk)
             expanded = members[0].actor.expand(chunk)
             self.found.update({(sig, i): len(c) for i, c in expanded.items() if not isinstance(c, str)})
             self._take(sig, chunk, expanded)
