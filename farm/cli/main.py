@@ -161,7 +161,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.to.strip():
         raise InputError("the publishing root must not be empty", field="--to", value=args.to)
     reports = publish(args.overrides, args.to, force=args.force, replace=args.replace, dry_run=args.dry_run,
-                      trusted_only=args.trusted_only)
+                      trusted_only=args.trusted_only, dialect=args.dialect)
     if args.json:
         print_json(publish_dict(reports))
     else:
@@ -279,6 +279,10 @@ def _add_result_commands(sub: Any) -> None:
     p.add_argument("--trusted-only", action="store_true",
                    help="leave out entries marked untrusted (undecided by their confirmation stage, or short of "
                         "their figure where farm verify replayed them)")
+    p.add_argument("--dialect", choices=("farm", "hipdnn"), default="farm",
+                   help="spelling of the files written: farm (the RFC's tensor names X, W, A, B...; the default) or "
+                        "hipdnn (hipDNN's own: x_tensor_uid..., its mode enums, exactly its match key), which "
+                        "hipDNN's reader selects from unchanged; farm.ops reads both (docs/overrides.md)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_publish)
 

@@ -48,6 +48,9 @@ def publish_tables(reports: Sequence[Any], dry_run: bool = False) -> list[Table]
                          f"left out (--trusted-only): {', '.join(r.left_out)}")
         if r.skipped:
             notes.append(f"{r.signature}: {r.skipped}")
+        for n in r.dialect_notes:
+            what = {"left_out": "left out", "shadowed": "written", "kept_as_is": "not respelled"}[n.kind]
+            notes.append(f"{r.signature}: {n.label} {what}: {n.why}")
     if notes:
         summary.caption = Text("\n".join(notes), style="yellow", justify="left")
     return [summary] + ([details] if details.row_count else [])
@@ -62,7 +65,9 @@ def publish_dict(reports: Sequence[Any]) -> dict[str, Any]:
                        "added": [change(c) for c in r.added], "changed": [change(c) for c in r.changed],
                        "removed": [change(c) for c in r.removed], "unchanged": r.unchanged,
                        "regressions": [change(c) for c in r.regressions], "untrusted": list(r.untrusted),
-                       "left_out_untrusted": list(r.left_out), "skipped": r.skipped or None} for r in reports]}
+                       "left_out_untrusted": list(r.left_out), "skipped": r.skipped or None, "dialect": r.dialect,
+                       "dialect_notes": [{"entry": n.label, "kind": n.kind, "why": n.why} for n in r.dialect_notes]}
+                      for r in reports]}
 
 
 _SHORT_OF_CHECKS = {"not_delivered": "replay lost", "withdrawn_in_model": "model withdrew it"}

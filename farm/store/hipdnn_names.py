@@ -6,6 +6,13 @@ values of the mode criteria, which are hipDNN's enum integers, not ours. The enu
 ``ReductionMode`` (data_sdk/schemas/reduction_attributes.fbs) and ``ResampleMode`` (hipdnn_frontend/Types.hpp),
 in ROCm/rocm-libraries projects/hipdnn. A hipDNN mode no op of ours runs translates to ``None``: the rule
 matches none of our problems, and is written back with hipDNN's integer.
+
+hipDNN's match key per op (``HIPDNN_KEY``: hipdnn_frontend/detail/GraphMatchKey.hpp and the names of
+hipdnn_data_sdk/detail/AutotuneConfigNames.hpp) names exactly an op's input tensors, in hipDNN's words, and some
+criteria. Parts of it our problems imply without carrying them: the epsilon of a normalization (a value tensor of
+one element), the softmax statistics an sdpa_bwd reads, the forward phase of a norm (ours are inference) and the
+padding mode of a resample (ours pad with nothing). A rule naming them with those values matches our problem; with
+another value (a training-phase norm) it matches none of ours.
 """
 
 from __future__ import annotations
@@ -18,6 +25,38 @@ HIPDNN_CRITERIA = {"pointwise": {"pointwise_mode": "mode"}, "resample": {"resamp
 # hipDNN tensor ids (``<name>_tensor_uid``) whose name is not ours in another case (x -> X, dy -> dY, scale -> scale)
 _TENSOR_NAMES = {"reduction": {"in": "X", "out": "Y"}, "pointwise": {"in_0": "A", "in_1": "B", "out_0": "C"},
                  "batchnorm_inference": {"variance": "var", "inv_variance": "var"}, "sdpa_bwd": {"do": "dO"}}
+
+# op -> hipDNN's key tensors in its order: (hipDNN's tensor id, ours; None where our problem implies it)
+HIPDNN_KEY: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "conv_fprop": (("x_tensor_uid", "X"), ("w_tensor_uid", "W")),
+    "conv_dgrad": (("dy_tensor_uid", "dY"), ("w_tensor_uid", "W")),
+    "conv_wgrad": (("x_tensor_uid", "X"), ("dy_tensor_uid", "dY")),
+    "sdpa_fwd": (("q_tensor_uid", "Q"), ("k_tensor_uid", "K"), ("v_tensor_uid", "V")),
+    "sdpa_bwd": (("q_tensor_uid", "Q"), ("k_tensor_uid", "K"), ("v_tensor_uid", "V"), ("o_tensor_uid", "O"),
+                 ("do_tensor_uid", "dO"), ("stats_tensor_uid", None)),
+    "matmul": (("a_tensor_uid", "A"), ("b_tensor_uid", "B")),
+    "batchnorm_inference": (("x_tensor_uid", "X"), ("mean_tensor_uid", "mean"), ("inv_variance_tensor_uid", "var"),
+                            ("scale_tensor_uid", "scale"), ("bias_tensor_uid", "bias")),
+    "batchnorm_training": (("x_tensor_uid", "X"), ("scale_tensor_uid", "scale"), ("bias_tensor_uid", "bias"),
+                           ("epsilon_tensor_uid", None)),
+    "batchnorm_backward": (("dy_tensor_uid", "dY"), ("x_tensor_uid", "X"), ("scale_tensor_uid", "scale"),
+                           ("mean_tensor_uid", "mean"), ("inv_variance_tensor_uid", "inv_variance")),
+    "layernorm": (("x_tensor_uid", "X"), ("scale_tensor_uid", "scale"), ("bias_tensor_uid", "bias"),
+                  ("epsilon_tensor_uid", None)),
+    "rmsnorm": (("x_tensor_uid", "X"), ("scale_tensor_uid", "scale"), ("epsilon_tensor_uid", None)),
+    "rmsnorm_backward": (("dy_tensor_uid", "dY"), ("x_tensor_uid", "X"), ("scale_tensor_uid", "scale"),
+                         ("inv_rms_tensor_uid", "inv_rms")),
+    "reduction": (("in_tensor_uid", "X"),),
+    "resample": (("x_tensor_uid", "X"),),
+    "pointwise": (("in_0_tensor_uid", "A"), ("in_1_tensor_uid", "B")),  # in_1 when the problem has B
+}
+HIPDNN_OP_NAMES = {"resample": "resample_fwd"}  # our op -> hipDNN's, where they differ
+# criteria hipDNN's key states for an op whose value our problems imply (norms: HIPDNN_NORM_FWD_INFERENCE = 1;
+# resample: padding mode NOT_SET = 0), and tensors it names our problems imply
+IMPLIED_CRITERIA: dict[str, dict[str, int]] = {"layernorm": {"norm_fwd_phase": 1}, "rmsnorm": {"norm_fwd_phase": 1},
+                                                "resample": {"padding_mode": 0}}
+IMPLIED_TENSORS: dict[str, frozenset[str]] = {op: frozenset(theirs for theirs, ours in key if ours is None)
+                                               for op, key in HIPDNN_KEY.items()}
 
 POINTWISE_MODES = {
     0: "NOT_SET", 1: "ABS", 2: "ADD", 3: "ADD_SQUARE", 4: "BINARY_SELECT", 5: "CEIL", 6: "CMP_EQ", 7: "CMP_GE",

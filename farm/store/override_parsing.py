@@ -16,7 +16,8 @@ from farm.fsutil import read_text_file
 from farm.model.dtypes import canonical_dtype
 from farm.model.knobs import KnobSettings, KnobType
 from farm.model.problem import INT64_MAX
-from farm.store.hipdnn_names import HIPDNN_CRITERIA, HIPDNN_OPS, mode_from_hipdnn, tensor_id_of
+from farm.store.hipdnn_names import (HIPDNN_CRITERIA, HIPDNN_OPS, IMPLIED_CRITERIA, IMPLIED_TENSORS, mode_from_hipdnn,
+                                     tensor_id_of)
 from farm.store.overrides import OverrideEntry, OverrideFile, TensorRule
 
 log = logging.getLogger("farm.store.overrides")
@@ -158,8 +159,8 @@ def parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
     if not (isinstance(engine, str) and engine):
         need(isinstance(engine, str), "expected an engine name", f"{path}.engine_name", engine)
         need(False, "expected an engine name", f"{path}.engine_name", engine, unusable=True)
-    criteria, criteria_spelled = _parse_criteria(obj.get("criteria", {}), op, path)
-    tensors = _parse_tensors(obj.get("tensors"), op, path, version)
+    criteria, criteria_spelled, implied_criteria = _parse_criteria(obj.get("criteria", {}), op, path)
+    tensors, implied_tensors = _parse_tensors(obj.get("tensors"), op, path, version)
     meta = obj.get("autotune_metadata")
     need(meta is None or isinstance(meta, dict), "expected an object", f"{path}.autotune_metadata", meta, unusable=True)
     knobs = _entry_knobs(obj, meta, path)
@@ -169,19 +170,25 @@ def parse_entry(obj: Any, path: str, version: int) -> OverrideEntry:
     canonical_cdt = _dtype_name(cdt, compute=True)
     return OverrideEntry(op, engine, tuple(tensors), tuple(sorted(criteria.items())), knobs, canonical_cdt, meta, extra,
                          cdt if canonical_cdt != cdt else None, op_spelled if op_spelled != op else None,
-                         tuple(criteria_spelled))
+                         tuple(criteria_spelled), implied_criteria, implied_tensors)
 
 
-def _parse_criteria(raw: Any, op: str, path: str) -> tuple[dict[str, int | None], list[tuple[str, str, int]]]:
-    """The criteria under our names, and those the file spelled hipDNN's way: (ours, theirs, their value)."""
+def _parse_criteria(raw: Any, op: str, path: str
+                    ) -> tuple[dict[str, int | None], list[tuple[str, str, int]], tuple[tuple[str, int], ...]]:
+    """The criteria under our names, those the file spelled hipDNN's way: (ours, theirs, their value), and those
+    of hipDNN's key with the value our problems imply (a norm's inference phase): kept, not matched."""
     if type(raw) is not dict:
         need(False, "criteria must be an object", f"{path}.criteria", raw)
     criteria: dict[str, int | None] = {}
     spelled = []
+    implied = []
     aliases = HIPDNN_CRITERIA.get(op, {})
     for k, v in raw.items():
         if not (type(v) is int and -INT64_MAX - 1 <= v <= INT64_MAX):
             need(False, "criteria values are 64-bit integers", f"{path}.criteria.{k}", v)
+        if IMPLIED_CRITERIA.get(op, {}).get(k, object()) == v:
+            implied.append((k, v))
+            continue
         ours = aliases.get(k, k)
         if ours in criteria:
             need(False, "criterion given twice (under our name and hipDNN's)", f"{path}.criteria.{k}", v,
@@ -191,14 +198,17 @@ def _parse_criteria(raw: Any, op: str, path: str) -> tuple[dict[str, int | None]
             value = mode_from_hipdnn(op, v) if ours == "mode" else v
             spelled.append((ours, k, v))
         criteria[ours] = value
-    return criteria, spelled
+    return criteria, spelled, tuple(implied)
 
 
-def _parse_tensors(raw: Any, op: str, path: str, version: int) -> list[TensorRule]:
+def _parse_tensors(raw: Any, op: str, path: str, version: int) -> tuple[list[TensorRule], tuple[dict[str, Any], ...]]:
+    """The tensor rules, and (v2) the tensors of hipDNN's key our problems imply (an epsilon), as the file wrote
+    them: kept, not matched."""
     if not (type(raw) is list and raw):
         need(isinstance(raw, list), "expected a list of tensors", f"{path}.tensors", raw)
         need(False, "expected a non-empty list of tensors", f"{path}.tensors", raw, unusable=True)
     tensors = []
+    implied = []
     for j, t in enumerate(raw):
         tp = f"{path}.tensors[{j}]"
         need(isinstance(t, dict), "expected an object with dim and stride", tp, t)
@@ -215,6 +225,9 @@ def _parse_tensors(raw: Any, op: str, path: str, version: int) -> list[TensorRul
         strides = _int_list(t["stride"], tp + ".stride", allow_wildcard=True) if t.get("stride") is not None else ()
         if strides and len(strides) != len(dims):
             need(False, "stride needs one entry per dim (or [] for any)", f"{tp}.stride", list(strides), unusable=True)
+        if tid is not None and tid in IMPLIED_TENSORS.get(op, ()):
+            implied.append(t)
+            continue
         dtype = t.get("data_type")
         if dtype is not None and not isinstance(dtype, str):
             need(False, "expected a dtype name", f"{tp}.data_type", dtype, unusable=True)
@@ -224,9 +237,9 @@ def _parse_tensors(raw: Any, op: str, path: str, version: int) -> list[TensorRul
         tensors.append(TensorRule(tid, dims, strides, canonical, extra, dtype if canonical != dtype else None,
                                   spelled_id if tid is not None and spelled_id != tid else None))
     if version >= 2:
-        ids = [t.tensor_id for t in tensors]
+        ids = [t.tensor_id for t in tensors] + [t["tensor_id"] for t in implied]
         need(len(set(ids)) == len(ids), "tensor_id values must be unique", f"{path}.tensors", ids)
-    return tensors
+    return tensors, tuple(implied)
 
 
 def _entry_knobs(obj: dict[str, Any], meta: dict[str, Any] | None, path: str) -> KnobSettings:

@@ -118,6 +118,9 @@ class OverrideEntry:
     op_spelled: str | None = field(default=None, compare=False)
     # (ours, the file's name, the file's value: hipDNN's enum integer for a mode)
     criteria_spelled: tuple[tuple[str, str, int], ...] = field(default=(), compare=False)
+    # parts of hipDNN's key our problems imply (a norm's norm_fwd_phase 1, its epsilon_tensor_uid): written, not matched
+    implied_criteria: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    implied_tensors: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, hash=False)
     # made from a validated Problem (from_canonical, for_problem): its op, tensors and criteria need no re-check
     from_problem: bool = field(default=False, compare=False, repr=False)
 
@@ -242,7 +245,8 @@ class OverrideEntry:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op_spelled or self.op, "engine_name": self.engine_name}
         out["criteria"] = self._criteria_json() if self.criteria_spelled else dict(self.criteria)
-        out["tensors"] = [t.to_json() for t in self.tensors]
+        out["criteria"].update(self.implied_criteria)
+        out["tensors"] = [t.to_json() for t in self.tensors] + [dict(t) for t in self.implied_tensors]
         if self.compute_data_type is not None:
             out["compute_data_type"] = self.compute_spelled or self.compute_data_type
         if self.metadata is not None or self.knobs:
@@ -272,14 +276,17 @@ class OverrideEntry:
     def spelled_like(self, other: "OverrideEntry") -> "OverrideEntry":
         """This entry written with ``other``'s spellings (hipDNN's op, criterion and tensor names), so a rule
         replaced in a file hipDNN wrote stays in hipDNN's words (same match key assumed)."""
-        if other.op_spelled is None and not other.criteria_spelled and all(t.id_spelled is None for t in other.tensors):
+        if other.op_spelled is None and not other.criteria_spelled and all(t.id_spelled is None for t in other.tensors) \
+                and not other.implied_criteria and not other.implied_tensors:
             return self
         ids = {t.tensor_id: t.id_spelled for t in other.tensors if t.id_spelled is not None}
         tensors = tuple(replace(t, id_spelled=ids.get(t.tensor_id, t.id_spelled)) for t in self.tensors)
         mine = dict(self.criteria)
         crit = tuple((ours, name, mode_to_hipdnn(self.op, mine[ours]) if ours == "mode" and mine.get(ours) is not None
                       else mine.get(ours, raw)) for ours, name, raw in other.criteria_spelled if ours in mine)
-        return replace(self, op_spelled=other.op_spelled, criteria_spelled=crit, tensors=tensors)
+        return replace(self, op_spelled=other.op_spelled, criteria_spelled=crit, tensors=tensors,
+                       implied_criteria=self.implied_criteria or other.implied_criteria,
+                       implied_tensors=self.implied_tensors or other.implied_tensors)
 
     @staticmethod
     def from_canonical(problem: Mapping[str, Any], engine_name: str, knobs: KnobSettings = (),

@@ -59,6 +59,8 @@ class PublishedFile:
     untrusted: list[str] = field(default_factory=list)  # problems published whose decision is marked untrusted
     left_out: list[str] = field(default_factory=list)  # untrusted ones not published (--trusted-only)
     skipped: str = ""  # why nothing of this file was written though the publish went ahead (--trusted-only)
+    dialect: str = "farm"  # the spelling written: ours, or hipDNN's (--dialect hipdnn)
+    dialect_notes: list[Any] = field(default_factory=list)  # hipdnn_dialect.Note: entries its key cannot tell apart
 
 
 def entry_label(e: OverrideEntry) -> str:
@@ -162,13 +164,18 @@ def check_knobs(f: OverrideFile, name: str) -> None:
 
 
 def publish(overrides_dir: str | Path, root: str, *, force: bool = False, replace: bool = False,
-            dry_run: bool = False, trusted_only: bool = False) -> list[PublishedFile]:
+            dry_run: bool = False, trusted_only: bool = False, dialect: str = "farm") -> list[PublishedFile]:
     """Publish every ``<signature>.json`` of ``overrides_dir`` under ``root``: all of them, or none.
 
     Every file is read, validated and merged before anything is written; one that is invalid (an
     error) or refused (a regression, a foreign file in its place) means nothing is published. A write
     that fails half-way is rolled back (the files written are restored) before the error is raised.
+    ``dialect="hipdnn"`` writes the published files in hipDNN's spelling (farm.store.hipdnn_dialect).
     """
+    from farm.store.hipdnn_dialect import DIALECTS
+
+    if dialect not in DIALECTS:
+        raise InputError(f"expected one of {', '.join(DIALECTS)}", field="--dialect", value=dialect)
     src = Path(overrides_dir)
     if not src.is_dir():
         raise InputError("overrides folder not found", source=str(src))
@@ -180,12 +187,12 @@ def publish(overrides_dir: str | Path, root: str, *, force: bool = False, replac
     store = Store(root)
     if dry_run and not store.exists():
         return [_plan(store, root, path, {"files": {}}, force=force, replace=replace,
-                      trusted_only=trusted_only).report for path in files]
+                      trusted_only=trusted_only, dialect=dialect).report for path in files]
     store.ensure()
     with store.lock():
         index = read_index(store)
-        plans = [_plan(store, root, path, index, force=force, replace=replace, trusted_only=trusted_only)
-                 for path in files]
+        plans = [_plan(store, root, path, index, force=force, replace=replace, trusted_only=trusted_only,
+                       dialect=dialect) for path in files]
         reports = [p.report for p in plans]
         refused = [r for r in reports if r.refused]
         if refused:
@@ -212,7 +219,7 @@ class _Plan:
 
 
 def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: bool, replace: bool,
-          trusted_only: bool = False) -> _Plan:
+          trusted_only: bool = False, dialect: str = "farm") -> _Plan:
     new = parse_overrides(read_text_file(path, "override file"), source=str(path))
     props = validate_for_publish(new, str(path))
     shaky = [e for e in new.entries if untrusted(e)]
@@ -233,6 +240,14 @@ def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: 
         rep.refused = f"{path}: {warning} (use --force to publish anyway)"
         return _Plan(rel, "", old_text, {}, rep)
     old_entries = old.entries if old else []
+    if dialect == "hipdnn":  # both sides in hipDNN's spelling, so a rule and its respelled twin share a match key
+        from farm.store.hipdnn_dialect import to_hipdnn
+
+        entries, rep.dialect_notes = to_hipdnn(new.entries, [entry_label(e) for e in new.entries])
+        new = OverrideFile(new.version, entries, new.device, new.extra, new.source)
+        old_entries = to_hipdnn(old_entries)[0]
+        shaky = to_hipdnn(shaky)[0]
+        rep.dialect = dialect
     if trusted_only and shaky and not new.entries:
         # nothing trusted: no file (an empty one would hide what this device falls back to now), and with
         # --replace the entries published before stay
@@ -241,6 +256,8 @@ def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: 
         return _Plan(rel, "", old_text, {}, rep)
     merged = _replaced(old_entries, new.entries, shaky if trusted_only else []) if replace \
         else merge_entries(old_entries, new.entries)[0]
+    if dialect == "hipdnn":
+        merged.sort(key=lambda e: not e.exact)  # hipDNN takes the first rule that matches: exact ones first
     rep.added, rep.changed, rep.removed, rep.unchanged = diff_entries(old_entries, merged)
     rep.regressions = _regressions(old_entries, new.entries)
     if rep.regressions and not force:
@@ -259,7 +276,7 @@ def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: 
         "runtime_version": props.runtime_version, "libraries": dict(props.libraries),
         "entries": len(merged), "sha256": hashlib.sha256(body.encode()).hexdigest(),
         "created": (prev.get("created") if isinstance(prev, dict) else None) or now_stamp(), "updated": now_stamp(),
-        "job_ids": jobs,
+        "job_ids": jobs, "dialect": dialect,
     }
     return _Plan(rel, body, old_text, record, rep)
 
