@@ -89,6 +89,7 @@ class _Session:
         self._from_root = False  # the file came from a published root (same-arch fallbacks allowed)
         self._said: set[tuple[str, Any]] = set()
         self.why = ""  # the last reason the file could not be used here ("" when it could)
+        self.note = ""  # what the file found for this device differs in (another thread count, another signature)
         # id(entry) -> (entry, its knobs checked, or None: declined): an entry is checked once, not every call
         self._knobs: dict[int, tuple[Any, Any]] = {}
 
@@ -151,6 +152,7 @@ class _Session:
             self._unusable((root, self.props.signature), "%s holds no file for %s", root, self.props.signature)
         else:
             target, note = found
+            self.note = note
             if note:
                 self._once((root, target), "uses %s: %s", target, note)
         self._root = (stamp, target)
@@ -207,7 +209,8 @@ class _Session:
                 return out
             else:
                 out.update(file=f.source, loaded=True, rules=len(f.entries))
-                out["detail"] = f"{len(f.entries)} rule(s), for {sig or 'any device'}"
+                out["detail"] = f"{len(f.entries)} rule(s), for {sig or 'any device'}" + \
+                    (f" ({self.note})" if self._from_root and self.note else "")
                 return out
         out["detail"] = self.why or "not used"
         return out

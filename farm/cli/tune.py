@@ -99,6 +99,10 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
     from farm.cli.render_verify import verified_table
     from farm.fleet.local_run import run_local
 
+    if args.cpu_threads is not None:
+        from farm.devices.runtimes.cpu import set_blas_threads
+
+        set_blas_threads(args.cpu_threads)  # before the device opens: the count is part of its signature
     device = local_device(args.devices)
     _check_fits(workload, device.properties)
     console = make_console()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -181,6 +182,9 @@ def find_published(root: str, props: DeviceProperties) -> tuple[str, str] | None
     flat = f"{props.signature}.json"  # a folder of override files as farm tune / farm reduce write them
     if store.read(flat) is not None:
         return _local(store, flat), ""
+    other_threads = _same_cpu_other_threads(store, root, props, index)
+    if other_threads is not None:
+        return other_threads
     same_arch = [e for e in index.values() if isinstance(e, dict) and e.get("arch") == props.arch
                  and _indexed_path_ok(store, e)]
     if not same_arch:
@@ -197,6 +201,37 @@ def find_published(root: str, props: DeviceProperties) -> tuple[str, str] | None
             f"(differs in: {', '.join(differs) or 'the hash only'})")
     log.warning("publish: %s", note)
     return _local(store, best["path"]), note
+
+
+def _same_cpu_other_threads(store: Store, root: str, props: DeviceProperties, index: dict[str, Any]
+                            ) -> tuple[str, str] | None:
+    """(path, note) of a file of this very CPU tuned with another BLAS thread count (``farm tune --cpu-threads``),
+    the nearest count first; None on a GPU or where there is none. A CPU's signature holds its thread count (the
+    threads change which kernel wins), but a file of this machine is worth more than none: it is used, and the
+    note says how to replay it as measured."""
+    if props.vendor != "cpu":
+        return None
+    flat = set()
+    if store.local:
+        try:
+            flat = {name for name in os.listdir(root) if name.endswith(".json")}
+        except OSError:
+            flat = set()
+    most = max(os.cpu_count() or 1, props.compute_units, 256)
+    for threads in sorted(range(1, most + 1), key=lambda k: (abs(k - props.compute_units), k)):
+        if threads == props.compute_units:
+            continue
+        sig = dataclasses.replace(props, compute_units=threads).signature
+        rel = f"{arch_dir(props.arch)}/{sig}.json" if sig in index else f"{sig}.json" if f"{sig}.json" in flat \
+            else None
+        if rel is None or store.read(rel) is None:
+            continue
+        note = (f"no file for {props.signature} ({props.compute_units} BLAS thread(s) in this process); using {sig}, "
+                f"tuned on this CPU with {threads} BLAS thread(s): run with OMP_NUM_THREADS={threads} to replay its "
+                "winners as they were measured")
+        log.warning("publish: %s", note)
+        return _local(store, rel), note
+    return None
 
 
 def _indexed_path_ok(store: Store, entry: dict[str, Any]) -> bool:

@@ -38,12 +38,14 @@ def resolve(given: str, device: Any) -> Target:
         raise InputError("no such file or folder", source=given)
     if "://" not in given and os.path.isdir(os.path.join(given, "results")) \
             and os.path.isdir(os.path.join(given, "overrides")):
-        path = os.path.join(given, "overrides", f"{sig}.json")
-        if not os.path.isfile(path):
+        found = find_published(os.path.join(given, "overrides"), device.properties)  # this CPU, other threads too
+        if found is None:
             have = sorted(p.name for p in Path(given, "overrides").glob("*.json") if not p.name.startswith("."))
             raise InputError(f"holds no override file for this device ({sig}); it holds: {', '.join(have) or 'none'}",
                              source=given)
-        return Target("run", path, given)
+        if found[1]:  # another thread count's file: replayed as production here would, its run left as it is
+            return Target("file", found[0], found[0], found[1])
+        return Target("run", found[0], given)
     found = find_published(given, device.properties)
     if found is None:
         raise InputError(f"holds no override file for this device ({sig}) nor one of its arch", source=given)
