@@ -153,7 +153,7 @@ def ray_child(work: Path) -> None:
     from farm.fleet.distributed_reduce import reduce_on_ray, reduce_signature
     from farm.store.dataset import partition_signatures
 
-    ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     start_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     reduce_on_ray(work / "results", work / "ray-overrides")

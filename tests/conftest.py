@@ -69,3 +69,62 @@ def s3_bucket(s3_server, monkeypatch):
     fs = pafs.S3FileSystem(endpoint_override=s3_server, scheme="http", region="us-east-1", allow_bucket_creation=True)
     fs.create_dir("tunefarm")
     return fs, s3_query(s3_server)
+
+
+_RAY_DEFAULT_PORTS = {6379, 8265, 10001, 52365, 8076, 8077, 44217, 44227}
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    ports: list[int] = []
+    while len(ports) < n:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _RAY_DEFAULT_PORTS and port not in ports:
+            ports.append(port)
+    return ports
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bystander_ray(request):
+    """Someone else's Ray on this machine (a developer's cluster, another job's head), started before a suite that
+    starts and stops Ray instances (one holding the end-to-end tests), with a temp dir and ports of its own. After
+    the suite it must still be up: no test stops a Ray instance it did not start (issue 56)."""
+    import subprocess
+    from pathlib import Path
+
+    ray = Path(sys.executable).with_name("ray")
+    if not any(item.get_closest_marker("slow") for item in request.session.items) or not ray.exists() \
+            or not Path("/proc").is_dir():
+        yield None
+        return
+    from farm.fleet.ray_instance import instance_processes, stop_instance
+
+    temp = f"/tmp/rayb{os.getpid()}"  # Ray's socket paths must stay short
+    p = _free_ports(9)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    start = subprocess.run(
+        [str(ray), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={p[0]}", "--num-cpus=0",
+         f"--temp-dir={temp}", "--include-dashboard=false", f"--dashboard-port={p[1]}",
+         f"--ray-client-server-port={p[2]}", f"--dashboard-agent-listen-port={p[3]}",
+         f"--dashboard-agent-grpc-port={p[4]}", f"--metrics-export-port={p[5]}", f"--runtime-env-agent-port={p[6]}",
+         f"--node-manager-port={p[7]}", f"--object-manager-port={p[8]}", "--disable-usage-stats"],
+        env=env, capture_output=True, text=True, timeout=180)
+    assert start.returncode == 0, "the bystander Ray did not start:\n" + start.stdout + start.stderr
+    before = [pid for pid in instance_processes(temp)  # its GCS and raylet: the instance is up while they are
+              if Path(f"/proc/{pid}/comm").read_text().strip() in ("gcs_server", "raylet")]
+    assert len(before) == 2, f"the bystander Ray's GCS and raylet are not found by its temp dir {temp}: {before}"
+    try:
+        yield temp
+        gone = [pid for pid in before if not Path(f"/proc/{pid}").exists()]
+        import socket
+
+        with socket.socket() as s:
+            answers = s.connect_ex(("127.0.0.1", p[0])) == 0
+        assert not gone and answers, (f"a test stopped a Ray instance it did not start: of the bystander's "
+                                      f"GCS server and raylet {gone} are gone; its GCS port {p[0]} "
+                                      f"{'answers' if answers else 'does not answer'}")
+    finally:
+        stop_instance(temp)

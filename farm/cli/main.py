@@ -100,8 +100,11 @@ def _reduce_on_ray(args: argparse.Namespace) -> Any:
 
     started = not ray.is_initialized()
     if started:
-        ray.init(address=args.address, include_dashboard=False, log_to_driver=False,
-                 logging_level="ERROR")
+        import os
+
+        # a new local instance unless told which (ray.init() alone joins a cluster `ray start` left on this machine)
+        address = args.address or (None if os.environ.get("RAY_ADDRESS") else "local")
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         return reduce_on_ray(args.results, args.out, top_k=args.top_k, mode=args.mode,
                              tunableop_csv=args.tunableop_csv, incumbents=args.incumbents,
@@ -251,7 +254,7 @@ def _add_result_commands(sub: Any) -> None:
     p.add_argument("--out", required=True, help="folder for <device_signature>.json files")
     p.add_argument("--ray", action="store_true",
                    help="reduce on a Ray cluster, one task per device signature (--address, else a local instance)")
-    p.add_argument("--address", help="Ray cluster address for --ray (default: a local instance)")
+    p.add_argument("--address", help="Ray cluster address for --ray (default: $RAY_ADDRESS, else a new local instance)")
     p.add_argument("--top-k", type=positive_int, default=3, help="ranking depth kept in the metadata (default 3)")
     p.add_argument("--mode", choices=("append", "replace", "new"), default="append",
                    help="append: replace matching entries, keep the rest (default); replace: start over; "

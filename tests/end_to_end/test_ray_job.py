@@ -2,21 +2,21 @@
 
 The bash block after ``<!-- run by tests/end_to_end/test_ray_job.py -->`` in docs/usage.md (activate the venv,
 ``RAY_AUTH_MODE=token``, ``ray start --head``, ``ray job submit -- python -m jobs.tune``, follow the
-logs, the status, ``farm report``, ``ray stop``) runs as one script from the checkout, in a fresh home
-folder (no Ray token yet, as on a new machine), with no other environment of ours.
+logs, the status, ``farm report``, stopping that head alone) runs as one script from the checkout, in a fresh
+home folder (no Ray token yet, as on a new machine), with no other environment of ours, beside another Ray
+instance (tests/conftest.py's bystander, which must outlive it).
 """
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
+from farm.fleet.ray_instance import instance_processes, stop_instance
 from farm.store.override_files import load_overrides
 from tests.cli.test_docs_commands import RAY_JOB, REPO, blocks
 
@@ -35,20 +35,6 @@ def _busy(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _other_ray() -> list[str]:
-    """Ray processes already running on this machine (another user's instance, a developer's cluster, a test's
-    embedded one): the sequence's `ray stop` stops every Ray process it may, so it must not run beside them."""
-    found = []
-    for comm in Path("/proc").glob("[0-9]*/comm"):  # Linux; elsewhere nothing is found (the test is Linux CI's)
-        try:
-            name = comm.read_text().strip()
-        except OSError:  # the process ended meanwhile
-            continue
-        if name in ("raylet", "gcs_server"):
-            found.append(f"{name} (pid {comm.parent.name})")
-    return found
-
-
 def test_the_readme_cluster_sequence_runs_as_written(tmp_path):
     duckdb = pytest.importorskip("duckdb")
     if not (REPO / ".venv" / "bin" / "activate").exists():
@@ -56,15 +42,9 @@ def test_the_readme_cluster_sequence_runs_as_written(tmp_path):
     busy = [p for p in (6379, 8265) if _busy(p)]
     if busy:
         pytest.skip(f"ports {busy} are taken here: `ray start --head` needs Ray's default ports")
-    others = _other_ray()
-    for _ in range(20):  # an embedded instance an earlier test shut down may take a moment to go
-        if not others:
-            break
-        time.sleep(0.5)
-        others = _other_ray()
-    if others:
-        pytest.skip(f"another Ray instance runs here ({', '.join(others[:3])}): the sequence's `ray stop` would stop it")
     script = _readme_cluster_block()
+    temp = re.search(r"--temp-dir=(\S+)", script).group(1)  # the head's own: the sequence stops it by this
+    assert f"python -m jobs.stop_head {temp}" in script and "ray stop" not in script
     out = REPO / "runs" / "cluster"
     shutil.rmtree(out, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "FARM_", "VIRTUAL_ENV"))}
@@ -87,8 +67,7 @@ def test_the_readme_cluster_sequence_runs_as_written(tmp_path):
                        ).fetchall()[0][0]
         assert n == run["rows_written"] > 0
         assert "winner vs default" in proc.stdout  # farm report of the job's results
+        assert not instance_processes(temp)  # the sequence stopped its head
     finally:
-        if _other_ray():  # the script ended before its own `ray stop`: stop the head it started (no other was up)
-            ray = Path(sys.executable).with_name("ray")
-            subprocess.run([str(ray), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        stop_instance(temp)  # the script ended early: its head, no other
         shutil.rmtree(out, ignore_errors=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from farm.fleet.ray_instance import stop_instance
 from farm.store.override_files import load_overrides
 from farm.store.dataset import ResultsDataset
 from tests.fakes import SIM_GEMM_SWEEP
@@ -58,7 +59,7 @@ def cluster(repo_root):
     try:
         yield env, f"127.0.0.1:{port}"
     finally:
-        subprocess.run([str(RAY), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        stop_instance(temp)  # this head alone (`ray stop` would stop every Ray here)
 
 
 @pytest.fixture(scope="module")
