@@ -100,8 +100,6 @@ def _reduce_on_ray(args: argparse.Namespace) -> Any:
 
     started = not ray.is_initialized()
     if started:
-        import os
-
         # a new local instance unless told which (ray.init() alone joins a cluster `ray start` left on this machine)
         address = args.address or (None if os.environ.get("RAY_ADDRESS") else "local")
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
@@ -273,21 +271,7 @@ def _add_result_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_policies)
 
-    p = sub.add_parser("publish", help="publish override files per architecture under a root (folder, s3://, gs://)")
-    p.add_argument("overrides", help="folder of <device_signature>.json override files (e.g. runs/x/overrides)")
-    p.add_argument("--to", required=True, help="publishing root: ROOT/<arch>/<signature>.json and ROOT/index.json")
-    p.add_argument("--force", action="store_true", help="publish even winners measured slower than the ones they replace")
-    p.add_argument("--replace", action="store_true", help="replace each published file instead of merging into it")
-    p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
-    p.add_argument("--trusted-only", action="store_true",
-                   help="leave out entries marked untrusted (undecided by their confirmation stage, or short of "
-                        "their figure where farm verify replayed them)")
-    p.add_argument("--dialect", choices=("farm", "hipdnn"), default="farm",
-                   help="spelling of the files written: farm (the RFC's tensor names X, W, A, B...; the default) or "
-                        "hipdnn (hipDNN's own: x_tensor_uid..., its mode enums, exactly its match key), which "
-                        "hipDNN's reader selects from unchanged; farm.ops reads both (docs/overrides.md)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_publish)
+    _add_publish(sub)
 
     p = sub.add_parser("report", help="summarise a results folder: failures, speed-ups, noise, device disagreement")
     p.add_argument("results", help="results folder (e.g. runs/x/results)")
@@ -310,6 +294,25 @@ def _add_result_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_diff)
 
+
+
+def _add_publish(sub: Any) -> None:
+    """farm publish."""
+    p = sub.add_parser("publish", help="publish override files per architecture under a root (folder, s3://, gs://)")
+    p.add_argument("overrides", help="folder of <device_signature>.json override files (e.g. runs/x/overrides)")
+    p.add_argument("--to", required=True, help="publishing root: ROOT/<arch>/<signature>.json and ROOT/index.json")
+    p.add_argument("--force", action="store_true", help="publish even winners measured slower than the ones they replace")
+    p.add_argument("--replace", action="store_true", help="replace each published file instead of merging into it")
+    p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+    p.add_argument("--trusted-only", action="store_true",
+                   help="leave out entries marked untrusted (undecided by their confirmation stage, or short of "
+                        "their figure where farm verify replayed them)")
+    p.add_argument("--dialect", choices=("farm", "hipdnn"), default="farm",
+                   help="spelling of the files written: farm (the RFC's tensor names X, W, A, B...; the default) or "
+                        "hipdnn (hipDNN's own: x_tensor_uid..., its mode enums, exactly its match key), which "
+                        "hipDNN's reader selects from unchanged; farm.ops reads both (docs/overrides.md)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_publish)
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()

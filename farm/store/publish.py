@@ -240,14 +240,8 @@ def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: 
         rep.refused = f"{path}: {warning} (use --force to publish anyway)"
         return _Plan(rel, "", old_text, {}, rep)
     old_entries = old.entries if old else []
-    if dialect == "hipdnn":  # both sides in hipDNN's spelling, so a rule and its respelled twin share a match key
-        from farm.store.hipdnn_dialect import to_hipdnn
-
-        entries, rep.dialect_notes = to_hipdnn(new.entries, [entry_label(e) for e in new.entries])
-        new = OverrideFile(new.version, entries, new.device, new.extra, new.source)
-        old_entries = to_hipdnn(old_entries)[0]
-        shaky = to_hipdnn(shaky)[0]
-        rep.dialect = dialect
+    if dialect == "hipdnn":
+        new, old_entries, shaky = _in_hipdnns_spelling(new, old_entries, shaky, rep)
     if trusted_only and shaky and not new.entries:
         # nothing trusted: no file (an empty one would hide what this device falls back to now), and with
         # --replace the entries published before stay
@@ -279,6 +273,18 @@ def _plan(store: Store, root: str, path: Path, index: dict[str, Any], *, force: 
         "job_ids": jobs, "dialect": dialect,
     }
     return _Plan(rel, body, old_text, record, rep)
+
+
+def _in_hipdnns_spelling(new: OverrideFile, old: list[OverrideEntry], shaky: list[OverrideEntry],
+                         rep: PublishedFile) -> tuple[OverrideFile, list[OverrideEntry], list[OverrideEntry]]:
+    """Both sides of a publish in hipDNN's spelling, so a rule and its respelled twin share a match key; what the
+    respelling did goes in the report."""
+    from farm.store.hipdnn_dialect import to_hipdnn
+
+    entries, rep.dialect_notes = to_hipdnn(new.entries, [entry_label(e) for e in new.entries])
+    rep.dialect = "hipdnn"
+    return (OverrideFile(new.version, entries, new.device, new.extra, new.source), to_hipdnn(old)[0],
+            to_hipdnn(shaky)[0])
 
 
 def _replaced(old: Sequence[OverrideEntry], new: Sequence[OverrideEntry], left_out: Sequence[OverrideEntry]
