@@ -102,6 +102,9 @@ def bystander_ray(request):
         return
     from farm.fleet.ray_instance import instance_processes, stop_instance
 
+    for stale in Path("/tmp").glob("rayb[0-9]*"):  # a bystander of a suite that was killed: its pytest is gone
+        if stale.name[5:].isdigit() and not Path(f"/proc/{stale.name[5:]}").exists():
+            stop_instance(stale, grace_s=2.0)
     temp = f"/tmp/rayb{os.getpid()}"  # Ray's socket paths must stay short
     p = _free_ports(9)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}

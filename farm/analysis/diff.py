@@ -54,6 +54,7 @@ class _Side:
     mad: float | None = None  # its median absolute deviation, ms, where recorded
     settled: bool = True  # its stage decided (before its budget ended, or a tie within noise when it did): an
     # undecided stage's "ties" are no verdict
+    shared: Hashable = None  # an override rule's key in both spellings (hipdnn_dialect.shared_key), with its signature
 
 
 def diff_paths(a: str | Path, b: str | Path) -> list[DiffRow]:
@@ -133,14 +134,32 @@ def _both_overrides(a: Path, b: Path) -> tuple[dict[Hashable, _Side], dict[Hasha
 
 
 def _from_overrides(path: Path) -> dict[Hashable, _Side]:
+    from farm.store.hipdnn_dialect import shared_key
     from farm.store.override_files import load_overrides
     from farm.store.publish import entry_desc, entry_label, entry_ms, check_knobs
 
     f = load_overrides(path)
     check_knobs(f, str(path))  # a knob value of the wrong type is an error here as in farm publish
     sig = f.device_signature or ""
-    return {(sig, e.match_key()): _Side(sig, entry_label(e), entry_desc(e), entry_ms(e), _ties(e), _mad(e), _settled(e))
+    return {(sig, e.match_key()): _Side(sig, entry_label(e), entry_desc(e), entry_ms(e), _ties(e), _mad(e), _settled(e),
+                                        (sig, shared_key(e)))
             for e in f.entries}
+
+
+def _paired_across_spellings(old: dict[Hashable, _Side], new: dict[Hashable, _Side]) -> dict[Hashable, _Side]:
+    """``new`` with each rule no rule of ``old`` shares a match key with, but one alone shares its key in both
+    spellings with, filed under that rule's key: a file and the one ``farm publish --dialect hipdnn`` made of it
+    (no outputs or bias, hipDNN's names) hold the same rules."""
+    def alone(side: dict[Hashable, _Side], others: dict[Hashable, _Side]) -> dict[Hashable, Hashable]:
+        keys: dict[Hashable, list[Hashable]] = {}
+        for k, v in side.items():
+            if k not in others and v.shared is not None:
+                keys.setdefault(v.shared, []).append(k)
+        return {shared: ks[0] for shared, ks in keys.items() if len(ks) == 1}
+
+    old_alone, new_alone = alone(old, new), alone(new, old)
+    moved = {new_alone[s]: old_alone[s] for s in new_alone.keys() & old_alone.keys()}
+    return {moved.get(k, k): v for k, v in new.items()} if moved else new
 
 
 def _mad(e: Any) -> float | None:
@@ -181,6 +200,7 @@ def _time_changed(o: _Side, n: _Side) -> bool:
 
 def compare(old: dict[Hashable, _Side], new: dict[Hashable, _Side]) -> list[DiffRow]:
     """One row per problem on either side (the same rules for results folders and override files)."""
+    new = _paired_across_spellings(old, new)
     rows = []
     for key in sorted(set(old) | set(new), key=lambda k: ((old.get(k) or new.get(k)).signature,  # type: ignore[union-attr]
                                                           (new.get(k) or old.get(k)).problem)):  # type: ignore[union-attr]

@@ -137,3 +137,12 @@ def _lost(e: OverrideEntry) -> str:
     parts = [f"{k}={v}" for k, v in e.criteria if k not in kept_criteria]
     parts += [t.tensor_id for t in e.tensors if t.tensor_id not in key_ids]
     return ", ".join(parts) or "nothing"
+
+
+def shared_key(e: OverrideEntry) -> tuple[Any, ...]:
+    """What a rule's match key keeps in both spellings (hipDNN's key tensors, a mode, dtypes), so a rule and its
+    respelled twin are found as one (farm diff of a file and the one publish --dialect hipdnn made of it)."""
+    key_ids = {ours for _, ours in HIPDNN_KEY.get(e.op, ()) if ours is not None}
+    modes = set(HIPDNN_CRITERIA.get(e.op, {}).values())
+    tensors = frozenset((t.tensor_id, t.dims, t.strides, t.data_type) for t in e.tensors if t.tensor_id in key_ids)
+    return e.op, tuple((k, v) for k, v in e.criteria if k in modes), tensors, e.compute_data_type

@@ -180,3 +180,21 @@ def test_the_rfcs_example_conv_rule_matches_nothing_in_either_reader():
     del hip["engine_overrides"][0]["criteria"]  # without it, hipDNN's own conv rule selects
     assert hipdnn.select(hipdnn.load(json.dumps(hip)), *hipdnn.query(conv)) == engine_name_to_id(rule["engine_name"])
     assert parse_overrides(json.dumps(hip)).match(conv).engine_name == rule["engine_name"]
+
+
+def test_farm_diff_of_a_file_and_its_hipdnn_spelling_pairs_every_rule(tmp_path, capsys):
+    names = ("ln", "conv", "gemm-bias", "add")
+    src = farm_file(tmp_path / "run", [entry(PROBLEMS[n], ENGINES[n], n) for n in names])
+    root = tmp_path / "root"
+    publish(src.parent, root)
+    capsys.readouterr()
+    assert main(["diff", str(src.parent), str(root), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert sorted((r["problem"], r["status"]) for r in rows) == sorted((n, "same winner") for n in names)
+    newer = farm_file(tmp_path / "run2", [entry(PROBLEMS["ln"], "engine.new", "ln", ms=0.5)])
+    publish(newer.parent, root)
+    capsys.readouterr()
+    assert main(["diff", str(src.parent), str(root), "--json"]) == 0
+    rows = {r["problem"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["ln"]["status"] == "winner changed" and rows["ln"]["new_winner"] == "engine.new[default]"
+    assert {r["status"] for n, r in rows.items() if n != "ln"} == {"same winner"}
