@@ -146,3 +146,17 @@ def shared_key(e: OverrideEntry) -> tuple[Any, ...]:
     modes = set(HIPDNN_CRITERIA.get(e.op, {}).values())
     tensors = frozenset((t.tensor_id, t.dims, t.strides, t.data_type) for t in e.tensors if t.tensor_id in key_ids)
     return e.op, tuple((k, v) for k, v in e.criteria if k in modes), tensors, e.compute_data_type
+
+
+def hipdnn_spelled(e: OverrideEntry) -> bool:
+    """A rule in hipDNN's words: its tensors named ``*_tensor_uid`` (all of them or none: the first says)."""
+    return bool(e.tensors) and (e.tensors[0].id_spelled or "").endswith("_tensor_uid")
+
+
+def spelled_like_twin(e: OverrideEntry, twins: Sequence[OverrideEntry]) -> OverrideEntry:
+    """``e`` in hipDNN's spelling where ``twins`` (the rules of a file sharing its key in both spellings, none
+    sharing its match key) is one rule in hipDNN's spelling that the respelled ``e`` replaces; else ``e``."""
+    if len(twins) != 1 or not hipdnn_spelled(twins[0]):
+        return e
+    respelled, _ = _respelled(e)
+    return respelled if respelled is not None and respelled.match_key() == twins[0].match_key() else e

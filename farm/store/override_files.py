@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from farm.errors import InputError
 from farm.fsutil import MAX_TEXT_BYTES, PathLock, atomic_write_text, copy_aside, move_aside, read_text_file
+from farm.store.hipdnn_dialect import hipdnn_spelled, shared_key, spelled_like_twin
 from farm.store.override_parsing import (INVALID_RULE_ENV, UnusableRule, call_choice, load_json, load_overrides, need,
                                          parse_entry, parse_knobs, parse_overrides)
 from farm.store.overrides import (
@@ -78,9 +79,13 @@ def merge_entries(existing: Sequence[OverrideEntry], new: Iterable[OverrideEntry
     """Existing entries with same-key ones replaced in place, the others appended. -> (entries, replaced, added)."""
     out = list(existing)
     where = {e.match_key(): i for i, e in enumerate(out)}
+    twins = _hipdnn_twins(out)
     replaced = added = 0
     for e in new:
         k = e.match_key()
+        if k not in where and twins:  # a rule the file holds in hipDNN's spelling (publish --dialect hipdnn)
+            e = spelled_like_twin(e, twins.get(shared_key(e), ()))
+            k = e.match_key()
         if k in where:
             out[where[k]] = e.spelled_like(out[where[k]])  # a rule hipDNN wrote stays in its words
             replaced += 1
@@ -89,6 +94,16 @@ def merge_entries(existing: Sequence[OverrideEntry], new: Iterable[OverrideEntry
             out.append(e)
             added += 1
     return out, replaced, added
+
+
+def _hipdnn_twins(entries: Sequence[OverrideEntry]) -> dict[Any, list[OverrideEntry]]:
+    """The rules of a file by their key in both spellings, where it holds any in hipDNN's ({} otherwise)."""
+    if not any(hipdnn_spelled(e) for e in entries):
+        return {}
+    out: dict[Any, list[OverrideEntry]] = {}
+    for e in entries:
+        out.setdefault(shared_key(e), []).append(e)
+    return out
 
 
 @dataclass(frozen=True)

@@ -198,3 +198,21 @@ def test_farm_diff_of_a_file_and_its_hipdnn_spelling_pairs_every_rule(tmp_path, 
     rows = {r["problem"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert rows["ln"]["status"] == "winner changed" and rows["ln"]["new_winner"] == "engine.new[default]"
     assert {r["status"] for n, r in rows.items() if n != "ln"} == {"same winner"}
+
+
+def test_a_farm_spelled_publish_onto_a_hipdnn_spelled_file_replaces_its_rules_in_hipdnns_words(tmp_path, capsys):
+    names = ("ln", "gemm-bias")
+    src = farm_file(tmp_path / "run", [entry(PROBLEMS[n], ENGINES[n], n) for n in names])
+    root = tmp_path / "root"
+    publish(src.parent, root)
+    newer = farm_file(tmp_path / "run2", [entry(PROBLEMS["gemm-bias"], "engine.new", "gemm-bias", ms=0.5)])
+    capsys.readouterr()
+    assert main(["publish", str(newer.parent), "--to", str(root), "--json"]) == 0  # the default spelling
+    report = json.loads(capsys.readouterr().out)["files"][0]
+    assert [c["problem"] for c in report["changed"]] == ["gemm-bias"] and report["added"] == []
+    text = next(root.glob("*/*.json")).read_text()
+    rules = hipdnn.load(text)
+    assert len(rules) == 2  # replaced, not a second rule beside the first
+    assert hipdnn.select(rules, *hipdnn.query(PROBLEMS["gemm-bias"])) == engine_name_to_id("engine.new")
+    assert load_overrides(next(root.glob("*/*.json")), strict=False).match(PROBLEMS["gemm-bias"]).engine_name \
+        == "engine.new"
