@@ -96,11 +96,12 @@ def _criteria(e: OverrideEntry) -> tuple[tuple[tuple[str, int | None], ...], tup
     """The entry's criteria hipDNN's key has (a mode, under hipDNN's name and in its enum), and their spelling."""
     names = HIPDNN_CRITERIA.get(e.op, {})
     spelled_before = {ours: raw for ours, _, raw in e.criteria_spelled}
+    given = dict(e.criteria)
     kept, spelled = [], []
     for theirs, ours in names.items():
-        value = dict(e.criteria).get(ours)
-        if ours not in dict(e.criteria):
+        if ours not in given:
             continue
+        value = given[ours]
         raw = mode_to_hipdnn(e.op, value) if value is not None else spelled_before.get(ours)
         kept.append((ours, value))
         spelled.append((ours, theirs, raw))
