@@ -1,9 +1,11 @@
-"""Built-in CPU engines (numpy): matmul, conv_fprop, sdpa_fwd, layernorm, rmsnorm."""
+"""Built-in CPU engines: numpy's matmul, conv_fprop, sdpa_fwd, layernorm, rmsnorm, and torch's own CPU kernels
+for the calls of a torch model (their default; engines.cpu.torch_ops)."""
 
 from .conv import DirectConv, FftConv, Im2colConv
 from .matmul import BlasMatmul, BlockedMatmul, EinsumMatmul
 from .norms import EinsumRmsNorm, NumpyRmsNorm, OnePassLayerNorm, TwoPassLayerNorm
 from .sdpa import MaterializedSdpa, OnlineSoftmaxSdpa
+from .torch_ops import TorchCpuConv, TorchCpuMatmul, TorchCpuNorm, TorchCpuSdpa
 
 ENGINES = (
     BlasMatmul(),
@@ -18,6 +20,11 @@ ENGINES = (
     OnePassLayerNorm(),
     NumpyRmsNorm(),
     EinsumRmsNorm(),
+    TorchCpuMatmul(),
+    TorchCpuConv(),
+    TorchCpuSdpa(),
+    TorchCpuNorm("layernorm"),
+    TorchCpuNorm("rmsnorm"),
 )
 
 __all__ = ["ENGINES"]

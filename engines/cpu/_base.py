@@ -29,7 +29,7 @@ class CpuEngine:
         if device.vendor not in HOST_VENDORS:
             return Support.no(f"runs on the host CPU, not on a {device.vendor} device")
         for t in problem.tensors:
-            if t.dtype not in self.storage_dtypes:
+            if t.dtype not in self.storage_dtypes and not (t.id == "mask" and t.dtype == "bool"):
                 return Support.no(f"tensor {t.id} is {t.dtype}; supports {', '.join(sorted(self.storage_dtypes))}")
         if problem.compute_dtype not in ("fp32", "fp64"):
             return Support.no(f"computes in fp32 or fp64, not {problem.compute_dtype}")

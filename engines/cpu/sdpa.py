@@ -1,8 +1,10 @@
 """CPU sdpa_fwd engines: materialised scores, and blocked online softmax (FlashAttention-style).
 
 Causal masking is top-left aligned (query i sees keys 0..i), as in PyTorch's
-``scaled_dot_product_attention(is_causal=True)``. Grouped-query attention
-shares each K/V head among Hq/Hkv query heads by broadcasting, not copying.
+``scaled_dot_product_attention(is_causal=True)``. An attention mask (the optional
+``mask`` tensor, broadcast to [batch, heads, queries, keys]) is boolean (True
+attends) or added to the scores. Grouped-query attention shares each K/V head
+among Hq/Hkv query heads by broadcasting, not copying.
 """
 
 from __future__ import annotations
@@ -25,7 +27,18 @@ class _Shape:
         self.rep = self.hq // self.hkv
         self.causal = bool(problem.criteria_dict.get("causal", 0))
         self.scale = 1.0 / math.sqrt(self.d)
+        self.mask = problem.tensor("mask") if problem.has_tensor("mask") else None
 
+
+def _additive_mask(tensors: Mapping[str, Any], s: _Shape, ct: Any) -> np.ndarray | None:
+    """The mask as scores to add (0 or -inf for a boolean one), shaped to broadcast over
+    [b, hkv, rep, sq, skv]."""
+    if s.mask is None:
+        return None
+    m = tensors["mask"]
+    add = np.where(m, ct(0), ct(-np.inf)) if m.dtype == np.bool_ else m.astype(ct, copy=False)
+    b, h, q, k = add.shape
+    return add.reshape(b, s.hkv, s.rep, q, k) if h == s.hq and s.hq > 1 else add.reshape(b, 1, 1, q, k)
 
 def _grouped(q: np.ndarray, k: np.ndarray, v: np.ndarray, s: _Shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q as [b, hkv, rep, sq, d]; K and V as [b, hkv, 1, s, d] so heads broadcast."""
@@ -62,6 +75,9 @@ class MaterializedSdpa(CpuEngine):
             out = workspace_view(workspace, (s.b, s.hkv, s.rep, s.sq, s.dv), ct, scores.nbytes)
             np.matmul(qg, np.swapaxes(kg, -1, -2), out=scores)
             scores *= s.scale
+            added = _additive_mask(tensors, s, ct)
+            if added is not None:
+                scores += added
             if mask is not None:
                 scores[..., mask] = -np.inf
             scores -= scores.max(axis=-1, keepdims=True)
@@ -99,6 +115,7 @@ class OnlineSoftmaxSdpa(CpuEngine):
         def run(tensors: Mapping[str, Any], workspace: Any) -> None:
             q, k, v = (_as_compute(tensors[t], ct) for t in ("Q", "K", "V"))
             qg, kg, vg = _grouped(q, k, v, s)
+            added = _additive_mask(tensors, s, ct)
             off = 0
             views = []
             for shape in (rows + (blk,), rows + (s.dv,), rows + (s.dv,), rows + (1,), rows + (1,), rows + (1,)):
@@ -113,15 +130,19 @@ class OnlineSoftmaxSdpa(CpuEngine):
                 sc = sc_full[..., : j1 - j0]
                 np.matmul(qg, np.swapaxes(kg[..., j0:j1, :], -1, -2), out=sc)
                 sc *= s.scale
+                if added is not None:
+                    sc += added[..., j0:j1]
                 if s.causal:
                     masked = (np.arange(j0, j1)[None, :] > qi)
                     if masked.all():
                         continue
                     sc[..., masked] = -np.inf
                 np.maximum(m, sc.max(axis=-1, keepdims=True), out=m_new)
+                # a row wholly masked so far has no max yet: shift it by 0 (exp(-inf - 0) = 0, not NaN)
+                shift = np.where(np.isneginf(m_new), 0, m_new) if added is not None else m_new
                 # rescale what was accumulated under the old max (exp(-inf) = 0 on the first block)
-                alpha = np.exp(m - m_new)
-                sc -= m_new
+                alpha = np.exp(m - shift)
+                sc -= shift
                 np.exp(sc, out=sc)
                 l *= alpha
                 l += sc.sum(axis=-1, keepdims=True)

@@ -22,7 +22,7 @@ log = logging.getLogger("farm.engines.gpu")
 
 GPU_VENDORS = frozenset({"nvidia", "amd"})
 TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8",
-                "int32": "int32"}
+                "int32": "int32", "bool": "bool"}
 # One Triton compile at a time in this process: the compiler holds the GIL and its in-process
 # caches are not meant for concurrent writers.
 TRITON_COMPILE_LOCK = threading.Lock()
@@ -63,8 +63,10 @@ class GpuEngine:
         if torch is None:
             return Support.no(reason)
         for t in problem.tensors:
-            if t.dtype not in self.storage_dtypes:
+            if t.dtype not in self.storage_dtypes and not (t.id == "mask" and t.dtype == "bool"):
                 return Support.no(f"tensor {t.id} is {t.dtype}; supports {', '.join(sorted(self.storage_dtypes))}")
+        if problem.has_tensor("mask") and not getattr(self, "takes_mask", False):
+            return Support.no("an attention mask: this engine attends without one")
         return self.supports(problem, device)
 
     def supports(self, problem: Problem, device: Device) -> Support:

@@ -1,7 +1,8 @@
 """PyTorch scaled_dot_product_attention with the backend forced: flash, memory-efficient, cuDNN, math.
 
-``backend=auto`` is PyTorch's own dispatch (the default path). Whether a backend
-applies (dtype, head dim, GQA, layout, architecture) is asked of PyTorch itself
+``backend=auto`` is PyTorch's own dispatch (the default path). An attention mask
+(the problem's ``mask``) is passed as ``attn_mask``. Whether a backend applies
+(dtype, head dim, GQA, a mask, layout, architecture) is asked of PyTorch itself
 (``torch.backends.cuda.can_use_*``) during discovery, so an engine that does
 not apply says so there instead of failing to compile. Causal masking is
 top-left aligned (``is_causal``); Hq != Hkv runs as grouped-query attention.
@@ -25,6 +26,7 @@ class TorchSdpa(GpuEngine):
     name = "torch.sdpa"
     ops = frozenset({"sdpa_fwd"})
     priority = 10
+    takes_mask = True
     knobs = (Knob.str("backend", "auto", choices=BACKENDS, doc="attention kernel; auto = PyTorch's own choice"),)
 
     def supports(self, problem: Problem, device: Device) -> Support:
@@ -50,12 +52,13 @@ class TorchSdpa(GpuEngine):
         if fn is None or params_cls is None:
             return Support.no(f"this torch cannot tell whether the {backend} backend applies")
         q, k, v = (empty_like_desc(problem, t, device) for t in ("Q", "K", "V"))
+        mask = empty_like_desc(problem, "mask", device) if problem.has_tensor("mask") else None
         causal = bool(problem.criteria_dict.get("causal"))
         gqa = q.shape[1] != k.shape[1]
         try:
-            params = params_cls(q, k, v, None, 0.0, causal, gqa)
+            params = params_cls(q, k, v, mask, 0.0, causal, gqa)
         except TypeError:  # torch < 2.5: no enable_gqa argument
-            params = params_cls(q, k, v, None, 0.0, causal)
+            params = params_cls(q, k, v, mask, 0.0, causal)
         ok = bool(fn(params, False))
         return Support.yes() if ok else Support.no(f"PyTorch's {backend} backend does not take this problem")
 
@@ -77,8 +80,12 @@ class TorchSdpa(GpuEngine):
         gqa = problem.tensor("Q").dims[1] != problem.tensor("K").dims[1]
         extra = {"enable_gqa": True} if gqa else {}
 
-        def produce(t: Mapping[str, Any]) -> Any:
-            return sdpa(t["Q"], t["K"], t["V"], is_causal=causal, **extra)
+        if problem.has_tensor("mask"):
+            def produce(t: Mapping[str, Any]) -> Any:
+                return sdpa(t["Q"], t["K"], t["V"], attn_mask=t["mask"], **extra)
+        else:
+            def produce(t: Mapping[str, Any]) -> Any:
+                return sdpa(t["Q"], t["K"], t["V"], is_causal=causal, **extra)
 
         def fn(t: Mapping[str, Any]) -> None:
             t["O"].copy_(produce(t))
@@ -101,5 +108,8 @@ class TorchSdpa(GpuEngine):
         if problem.tensor("Q").dims[1] != problem.tensor("K").dims[1]:
             kwargs["enable_gqa"] = True
         flags = ", ".join(f"{k}={v}" for k, v in kwargs.items())
-        return DirectCall(torch_module().nn.functional.scaled_dot_product_attention, ("Q", "K", "V"), kwargs=kwargs,
-                          label=f"F.scaled_dot_product_attention(Q, K, V, {flags})")
+        names: tuple[str, ...] = ("Q", "K", "V")
+        if problem.has_tensor("mask"):
+            names, flags = ("Q", "K", "V", "mask"), "mask, " + flags  # attn_mask is the 4th positional argument
+        return DirectCall(torch_module().nn.functional.scaled_dot_product_attention, names, kwargs=kwargs,
+                          label=f"F.scaled_dot_product_attention({', '.join(names)}, {flags})")

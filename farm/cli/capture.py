@@ -45,7 +45,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
                                    "uses": {u.step: u.to_dict() for u in p.uses}}
                                   for n, p in zip(problem_names(workload.problems), workload.problems)],
                      "skipped": [{"kind": s.kind, "reason": s.reason, "count": s.count, "sites": list(s.sites)}
-                                 for s in workload.skipped]})
+                                 for s in workload.skipped],
+                     "coverage": [c.to_dict() for c in workload.coverage]})
         return 0
     console = make_console()
     console.print(_problems_table(workload))
@@ -57,6 +58,11 @@ def cmd_capture(args: argparse.Namespace) -> int:
     for s in workload.skipped:
         console.print(f"[yellow]not captured[/] {s.count} {escape(s.kind)} call(s) at {escape(', '.join(s.sites[:3]))}: "
                       f"{escape(s.reason)}")
+    if workload.coverage:
+        console.print(_coverage_table(workload.coverage))
+        for c in workload.coverage:
+            console.print(f"step {escape(c.step)}: the farm's problems take {100 * c.covered:.1f} % of its {c.time} "
+                          "time: what tuning can reach")
     console.print(f"wrote {escape(str(out))}: {len(workload.problems)} problem(s) from {len(workload.steps)} step(s)")
     console.print(f"next: farm tune {escape(str(out))} --out {escape(str(out.parent))}", soft_wrap=True)
     return 0
@@ -116,6 +122,24 @@ def _problems_table(workload: Any) -> Table:
             cells += [str(u.calls) if u else "", f"{u.ms:.4f}" if u and u.ms is not None else "",
                       f"{100 * u.share:.1f} %" if u and u.share is not None else ""]
         cells.append(escape(", ".join(p.sites)))
+        table.add_row(*cells)
+    return table
+
+
+def _coverage_table(coverage: Any) -> Table:
+    """Each step's time by kind of call: the farm's problems first, then what tuning does not reach."""
+    kinds = list(dict.fromkeys(k.kind for c in coverage for k in c.kinds))
+    table = Table(title="the step by kind of call", title_justify="left")
+    table.add_column("kind", overflow="fold")
+    for c in coverage:
+        table.add_column(f"{c.step}\n{c.time} ms", justify="right")
+        table.add_column("share", justify="right")
+        table.add_column("calls", justify="right")
+    for kind in kinds:
+        cells = [escape(kind)]
+        for c in coverage:
+            k = next((k for k in c.kinds if k.kind == kind), None)
+            cells += [f"{k.ms:.3f}", f"{100 * k.share:.1f} %", str(k.calls)] if k else ["", "", ""]
         table.add_row(*cells)
     return table
 

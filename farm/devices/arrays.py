@@ -21,6 +21,7 @@ NUMPY_DTYPES: dict[str, Any] = {
     "fp16": np.float16,
     "int32": np.int32,
     "int8": np.int8,
+    "bool": np.bool_,
 }
 
 
@@ -71,13 +72,15 @@ def input_data(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
     """Random float64 host data for every input of ``problem`` (never zeros).
 
     Values are standard normal, except where an op needs otherwise
-    (positive variances for batch normalization).
+    (positive variances for batch normalization, an attention mask: ``attention_mask``).
     """
     rng = np.random.default_rng(seed)
     data: dict[str, np.ndarray] = {}
     for tid in problem.input_ids:
         desc = problem.tensor(tid)
-        if problem.op == "batchnorm_inference" and tid == "var":
+        if tid == "mask" and problem.op.startswith("sdpa"):
+            values = attention_mask(desc.dims, desc.dtype)
+        elif problem.op == "batchnorm_inference" and tid == "var":
             values = rng.uniform(0.5, 1.5, size=desc.dims)
         elif desc.dtype in ("int8", "int32"):
             values = rng.integers(-8, 8, size=desc.dims).astype(np.float64)
@@ -85,6 +88,17 @@ def input_data(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
             values = rng.standard_normal(size=desc.dims)
         data[tid] = values
     return data
+
+
+def attention_mask(dims: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A decode step's padding mask over a static KV cache: the last quarter of the keys not attended (False, or
+    -inf added to a float mask), the first key always attended, so no row is wholly masked."""
+    keys = dims[-1]
+    attend = np.ones(dims, dtype=bool)
+    attend[..., max(1, keys - keys // 4):] = False
+    if dtype == "bool":
+        return attend
+    return np.where(attend, 0.0, -np.inf)
 
 
 def make_tensors(problem: Problem, backend: ArrayBackend, seed: int = 0, *, poison: float = float("nan")) -> dict[str, Any]:
@@ -119,7 +133,7 @@ def host_inputs(tensors: Mapping[str, Any], problem: Problem, backend: ArrayBack
 
 
 TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
-                "int32": "int32", "int8": "int8"}
+                "int32": "int32", "int8": "int8", "bool": "bool"}
 
 
 class TorchArrays:
@@ -169,7 +183,9 @@ class TorchArrays:
             desc = problem.tensor(tid)
             out = self.empty(desc)
             kw = {"generator": gen, "device": out.device}
-            if problem.op == "batchnorm_inference" and tid == "var":
+            if tid == "mask" and problem.op.startswith("sdpa"):
+                values = torch.from_numpy(attention_mask(desc.dims, desc.dtype)).to(out.device)
+            elif problem.op == "batchnorm_inference" and tid == "var":
                 values = torch.rand(desc.dims, dtype=torch.float32, **kw) + 0.5
             elif desc.dtype in ("int8", "int32"):
                 values = torch.randint(-8, 8, desc.dims, dtype=torch.int32, **kw)

@@ -56,18 +56,19 @@ def problem_of(op: str, tensors: Mapping[str, Any], criteria: Criteria, compute_
 
 
 def problem_for(op: str, described: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], str]], criteria: Criteria,
-                compute_dtype: str | None, *, torch_layouts: bool) -> Problem:
+                compute_dtype: str | None, *, torch_layouts: bool, library: str = "") -> Problem:
     """The Problem a call makes of tensors of these layouts (``described``: id -> (dims, strides, dtype)), as
-    farm.ops binds it; ``torch_layouts``: the tensors are a GPU framework's (a channels-last convolution input
-    gives a channels-last output there, as torch's conv2d does; the CPU engines write NCHW)."""
+    farm.ops binds it; ``torch_layouts``: the tensors are torch's (a convolution with a channels-last input or
+    filter gives a channels-last output, as torch's conv2d does; farm.ops' CPU engines write NCHW)."""
     spec: dict[str, Any] = {k: {"dims": d, "strides": s, "dtype": t} for k, (d, s, t) in described.items()}
-    problem = Problem.create(op, spec, criteria=dict(criteria), compute_dtype=compute_dtype)
-    if op == "conv_fprop" and torch_layouts and _channels_last(*described["X"][:2]):
-        # a channels-last input gives a channels-last output, as torch's conv2d does (and the engines are
-        # tuned for: an NCHW output from NHWC inputs is another, slower problem)
+    problem = Problem.create(op, spec, criteria=dict(criteria), compute_dtype=compute_dtype, library=library)
+    if op == "conv_fprop" and torch_layouts and (_channels_last(*described["X"][:2]) or
+                                                 _channels_last(*described["W"][:2])):
+        # a channels-last input (or filter) gives a channels-last output, as torch's conv2d does (and the engines
+        # are tuned for: an NCHW output from NHWC inputs is another, slower problem)
         dims = problem.tensor("Y").dims
         spec["Y"] = {"dims": dims, "strides": nhwc_strides(dims), "dtype": described["X"][2]}
-        problem = Problem.create(op, spec, criteria=dict(criteria), compute_dtype=compute_dtype)
+        problem = Problem.create(op, spec, criteria=dict(criteria), compute_dtype=compute_dtype, library=library)
     return problem
 
 

@@ -12,6 +12,7 @@ STORAGE_DTYPES: dict[str, int] = {
     "bf16": 2,
     "int32": 4,
     "int8": 1,
+    "bool": 1,  # attention masks (True attends)
 }
 # tf32 is a way of computing fp32 products, never a storage type.
 COMPUTE_DTYPES: frozenset[str] = frozenset({"fp64", "fp32", "tf32", "fp16", "bf16", "int32"})
@@ -24,6 +25,7 @@ _ALIASES = {
     "bfloat16": "bf16",
     "tensorfloat32": "tf32",
     "i32": "int32", "i8": "int8",
+    "boolean": "bool",
 }
 
 # Relative-norm tolerance ||out - ref|| / ||ref|| per compute dtype (see METHOD.md's ranges).

@@ -297,8 +297,12 @@ class EngineRegistry:
         )
 
     def explain(self, problem: "Problem", device: "Device") -> list[EngineConfig]:
-        """Every engine serving the op, applicable or not."""
-        return [self.config_for(e, problem, device) for e in self.for_op(problem.op)]
+        """Every engine serving the op, applicable or not; for a problem that stands for one library's call
+        (``Problem.library``), that library's engines first (its default is what the caller runs already)."""
+        engines = self.for_op(problem.op)
+        if problem.library:
+            engines.sort(key=lambda e: getattr(e, "library", "") != problem.library)  # stable: priority kept
+        return [self.config_for(e, problem, device) for e in engines]
 
     def prepare(self, engine_names: Iterable[str], device_kind: str) -> None:
         """Call ``prepare(device_kind)`` of the named engines that have one ("gpu", "cpu" or "sim"): a tuning

@@ -164,7 +164,14 @@ def _sdpa_shapes(dims: Mapping[str, Dims]) -> tuple[Dims, Dims, Dims]:
 def _infer_sdpa_fwd(dims: Mapping[str, Dims], c: Mapping[str, int]) -> dict[str, Dims]:
     if c["causal"] not in (0, 1):
         raise InputError("must be 0 or 1", field="criteria.causal", value=c["causal"])
-    q, _k, v = _sdpa_shapes(dims)
+    q, k, v = _sdpa_shapes(dims)
+    if "mask" in dims:
+        mask = _rank(dims, "mask", 4)
+        want = (q[0], q[1], q[2], k[2])
+        if any(m not in (1, w) for m, w in zip(mask, want)):
+            raise _fail(f"must broadcast to [batch, heads, queries, keys] = {list(want)}", "mask", mask)
+        if c["causal"]:
+            raise InputError("a mask and causal=1 together (torch refuses them)", field="criteria.causal", value=1)
     return {"O": (q[0], q[1], q[2], v[3])}
 
 
@@ -246,8 +253,10 @@ OPS: dict[str, OpSpec] = {
                infer=_conv_gradient("dX", "W"), given_outputs=("dX",), doc="gradient of conv_fprop w.r.t. its input"),
         OpSpec("conv_wgrad", OpCategory.CONVOLUTION, ("X", "dY"), ("dW",), criteria=_CONV_CRITERIA,
                infer=_conv_gradient("X", "dW"), given_outputs=("dW",), doc="gradient of conv_fprop w.r.t. its filter"),
-        OpSpec("sdpa_fwd", OpCategory.SDPA, ("Q", "K", "V"), ("O",), criteria={"causal": 0},
-               infer=_infer_sdpa_fwd, doc="softmax(Q K^T / sqrt(d)) V, [batch, heads, seq, dim]; GQA allowed"),
+        OpSpec("sdpa_fwd", OpCategory.SDPA, ("Q", "K", "V"), ("O",), optional_inputs=("mask",), criteria={"causal": 0},
+               infer=_infer_sdpa_fwd, doc="softmax(Q K^T / sqrt(d) + mask) V, [batch, heads, seq, dim]; GQA allowed; "
+                                          "mask: 4-D, broadcast to [batch, heads, queries, keys], bool (True "
+                                          "attends) or added to the scores"),
         OpSpec("sdpa_bwd", OpCategory.SDPA, ("Q", "K", "V", "O", "dO"), ("dQ", "dK", "dV"),
                criteria={"causal": 0}, infer=_infer_sdpa_bwd, doc="backward of sdpa_fwd"),
         OpSpec("matmul", OpCategory.MATMUL, ("A", "B"), ("C",), optional_inputs=("bias",),

@@ -17,6 +17,7 @@ from farm.model import dtypes
 from farm.model.op_catalog import OpSpec, infer_outputs, op_spec
 
 CANONICAL_VERSION = 1
+LIBRARIES = ("", "torch")  # Problem.library: "" is the framework-neutral call (numpy's on a CPU)
 
 
 def contiguous_strides(dims: Sequence[int]) -> tuple[int, ...]:
@@ -121,6 +122,9 @@ class Problem:
     criteria: tuple[tuple[str, int], ...]  # every criterion of the op, sorted by name
     compute_dtype: str
     key: str = field(init=False, compare=False)
+    # the library whose call the problem stands for, where that decides its default ("torch": a torch model's call
+    # on a CPU, whose default is torch's own kernel, not numpy's); not part of the key: the operation is the same
+    library: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", _problem_key(self.canonical_json()))
@@ -134,6 +138,7 @@ class Problem:
         criteria: Mapping[str, int] | None = None,
         compute_dtype: str | None = None,
         dtype: str | None = None,
+        library: str = "",
     ) -> "Problem":
         """Validate a problem and derive its output tensors.
 
@@ -167,14 +172,17 @@ class Problem:
         cdt = dtypes.canonical_dtype(compute_dtype, field="compute_dtype", compute=True) if compute_dtype else dtypes.default_compute_dtype(storage)
         if cdt == "tf32" and storage != "fp32":
             raise InputError("tf32 compute needs fp32 tensors", field="compute_dtype", value=compute_dtype)
-        return Problem(op, tuple(descs[k] for k in sorted(descs)), tuple(sorted(crit.items())), cdt)
+        if library not in LIBRARIES:
+            raise InputError(f"expected one of {', '.join(repr(x) for x in LIBRARIES)}", field="library", value=library)
+        return Problem(op, tuple(descs[k] for k in sorted(descs)), tuple(sorted(crit.items())), cdt, library=library)
 
     @staticmethod
     def from_canonical(data: Mapping[str, Any]) -> "Problem":
         """Inverse of :meth:`canonical` (validates again)."""
         try:
             tensors = {t["id"]: {"dims": t["dims"], "strides": t["strides"], "dtype": t["dtype"]} for t in data["tensors"]}
-            return Problem.create(data["op"], tensors, criteria=data.get("criteria") or {}, compute_dtype=data.get("compute_dtype"))
+            return Problem.create(data["op"], tensors, criteria=data.get("criteria") or {},
+                                  compute_dtype=data.get("compute_dtype"), library=data.get("library") or "")
         except (KeyError, TypeError) as exc:
             raise InputError(f"not a canonical problem: missing or malformed {exc}", field="problem") from None
 
@@ -221,6 +229,13 @@ class Problem:
 
     def canonical_json(self) -> str:
         return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+
+    def stored_json(self) -> str:
+        """The canonical JSON plus the problem's ``library`` where it has one: what a results row keeps, and
+        ``from_canonical`` reads back (the key is the canonical form's alone)."""
+        if not self.library:
+            return self.canonical_json()
+        return json.dumps({**self.canonical(), "library": self.library}, sort_keys=True, separators=(",", ":"))
 
     def label(self) -> str:
         """Short human description, e.g. ``matmul A[512,256] B[256,128] fp32``."""

@@ -36,12 +36,12 @@ from farm.model.engine import EngineRegistry, user_knobs
 from farm.model.knobs import BENCHMARKING_KNOB, KnobValue
 from farm.model.model_steps import StepInfo, Use, host_bound, parse_sites, parse_steps, parse_uses
 from farm.model.plans import EngineSweep, cartesian_product
-from farm.model.problem import Problem
+from farm.model.problem import LIBRARIES, Problem
 from farm.model.records import AutotuneConfig, CallMode, parse_calls
 from farm.model.tunableop_gemms import is_untuned_file, untuned_workload
 
 WORKLOAD_VERSION = 1
-_TOP_KEYS = {"version", "name", "description", "seed", "call", "autotune", "engines", "problems", "steps"}
+_TOP_KEYS = {"version", "name", "description", "seed", "call", "autotune", "engines", "problems", "steps", "library"}
 _PROBLEM_KEYS = {"name", "op", "dtype", "compute_dtype", "tensors", "criteria", "engines", "call", "steps", "sites"}
 _ENGINE_KEYS = {"include", "exclude", "defaults", "sweep"}
 _CONFIG_KEYS = {f.name for f in fields(AutotuneConfig)} - {"ranking_fn", "engine_id_filter", "ranking", "storage"}
@@ -216,13 +216,17 @@ def parse_workload(data: Any, *, source: str = "<workload>", registry: EngineReg
     calls = parse_calls(data["call"], "call") if "call" in data else (CallMode.EAGER,)
     steps = parse_steps(data["steps"]) if data.get("steps") is not None else ()
     base = _engine_selection(data.get("engines") or {}, "engines", registry, None)
+    library = data.get("library", "")
+    if library not in LIBRARIES:
+        raise InputError("the library whose calls the problems are: 'torch' (a captured torch model), or leave "
+                         "it out", field="library", value=library)
     problems_raw = data.get("problems")
     if not isinstance(problems_raw, list) or not problems_raw:
         raise InputError("expected a non-empty list of problems", field="problems", value=problems_raw)
     problems = []
     names: set[str] = set()
     for i, raw in enumerate(problems_raw):
-        wp = _problem(raw, i, registry, base, calls, steps)
+        wp = _problem(raw, i, registry, base, calls, steps, library)
         if wp.name in names:
             raise InputError("problem names must be unique", field=f"problems[{i}].name", value=wp.name)
         names.add(wp.name)
@@ -338,7 +342,8 @@ def _sweeps(raw: Any, prefix: str, registry: EngineRegistry) -> tuple[EngineSwee
 
 
 def _problem(raw: Any, i: int, registry: EngineRegistry, base: EngineSelection,
-             calls: tuple[CallMode, ...] = (CallMode.EAGER,), steps: tuple[StepInfo, ...] = ()) -> WorkloadProblem:
+             calls: tuple[CallMode, ...] = (CallMode.EAGER,), steps: tuple[StepInfo, ...] = (),
+             library: str = "") -> WorkloadProblem:
     prefix = f"problems[{i}]"
     if not isinstance(raw, Mapping):
         raise InputError("expected a mapping with op and tensors", field=prefix, value=raw)
@@ -354,6 +359,7 @@ def _problem(raw: Any, i: int, registry: EngineRegistry, base: EngineSelection,
             criteria=raw.get("criteria") or {},
             compute_dtype=raw.get("compute_dtype"),
             dtype=raw.get("dtype"),
+            library=library,
         )
     except InputError as exc:
         raise exc.within(prefix=prefix) from None

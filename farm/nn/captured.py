@@ -19,6 +19,7 @@ from farm.errors import InputError
 from farm.fsutil import atomic_write_text, read_text_file
 from farm.model.model_steps import StepInfo, Use
 from farm.model.problem import Problem
+from farm.nn.coverage import StepCoverage
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class CapturedWorkload:
     steps: tuple[StepInfo, ...]
     problems: tuple[CapturedProblem, ...]
     skipped: tuple[SkippedCall, ...] = ()
+    coverage: tuple[StepCoverage, ...] = ()  # each timed step's time by kind of call (farm.nn.coverage)
 
     def merge(self, *others: "CapturedWorkload", name: str | None = None) -> "CapturedWorkload":
         """One workload of several captures (batch sizes): each problem once, with its uses in every step."""
@@ -90,7 +92,7 @@ def merge(parts: Sequence[CapturedWorkload], *, name: str | None = None) -> Capt
             skipped[k] = s if old is None else dataclasses.replace(
                 old, count=old.count + s.count, sites=tuple(dict.fromkeys(old.sites + s.sites)))
     return CapturedWorkload(name or parts[0].name, tuple(s for w in parts for s in w.steps), tuple(by_key.values()),
-                            tuple(skipped.values()))
+                            tuple(skipped.values()), tuple(c for w in parts for c in w.coverage))
 
 
 # -- names --------------------------------------------------------------------------------------
@@ -129,6 +131,9 @@ def workload_dict(w: CapturedWorkload, template: Mapping[str, Any] | None = None
     doc: dict[str, Any] = {"version": 1, "name": w.name,
                            "description": template.get("description") or
                            f"captured from a model's steps ({', '.join(s.label for s in w.steps)}) by farm capture"}
+    if any(p.problem.library for p in w.problems):
+        # a torch model's calls on a CPU: torch's own kernels are their default (engines.cpu.torch_ops)
+        doc["library"] = next(p.problem.library for p in w.problems if p.problem.library)
     for key in ("seed", "autotune", "engines"):
         if key in template:
             doc[key] = template[key]
@@ -161,6 +166,9 @@ def render(w: CapturedWorkload, template: Mapping[str, Any] | None = None) -> st
     for s in w.skipped:
         where = f" at {', '.join(s.sites[:3])}" if s.sites else ""
         head.append(f"# not captured: {s.count} {s.kind} call(s){where}: {s.reason}")
+    for c in w.coverage:
+        head.append(f"# step {c.step}: the farm's problems take {100 * c.covered:.1f} % of its {c.time} time; "
+                    + ", ".join(f"{k.kind} {100 * k.share:.1f} %" for k in c.kinds))
     if not w.problems:
         raise InputError("the step called no operation the farm tunes (linear, matmul, bmm, addmm, conv2d, "
                          "scaled_dot_product_attention, layer_norm, rms_norm)", field="capture",

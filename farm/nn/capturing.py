@@ -23,6 +23,7 @@ from farm.errors import UsageError
 from farm.model.problem import Problem
 from farm.model.model_steps import StepInfo, Use, bound_of
 from farm.nn.captured import CapturedProblem, CapturedWorkload, SkippedCall
+from farm.nn.coverage import StepCoverage, step_coverage
 from farm.nn.torch_calls import OpCall, Skipped, read_call, torch_module
 
 log = logging.getLogger("farm.nn.capturing")
@@ -71,6 +72,7 @@ class Capture:
         self._device = ""
         self._step: StepInfo | None = None
         self._times: dict[str, float] = {}
+        self._coverage: StepCoverage | None = None
         self._undo: list[Any] = []
         self._stack: list[str] = []
 
@@ -119,10 +121,11 @@ class Capture:
         seen.modes[_mode_now(args[0])] = None
 
     # -- timing ---------------------------------------------------------------------------------
-    def time_step(self, step: Callable[[], Any], *, repeats: int = 7) -> StepInfo:
+    def time_step(self, step: Callable[[], Any], *, repeats: int = 7, coverage: bool = True) -> StepInfo:
         """Time the unmodified step (``step()`` runs it) on its device: the host's time to issue one step and
         its wall time (median of ``repeats`` after a warm-up), and each captured problem's direct library call
-        alone: its share of the step."""
+        alone: its share of the step; with ``coverage``, the step's time by kind of call (farm.nn.coverage: what
+        share the farm's problems cover, and what the rest is)."""
         if not self._seen:
             raise UsageError("nothing captured yet: run the step inside 'with farm.capture(...)' first")
         if self._device == "meta":
@@ -143,6 +146,11 @@ class Capture:
         host, wall = statistics.median(hosts), statistics.median(walls)
         self._step = StepInfo(self.label, self._device, host, wall, bound_of(host, wall))
         self._times = _direct_call_times([s.problem for s in self._seen.values()], self._device)
+        if coverage:
+            try:
+                self._coverage = step_coverage(step, self.label, self._device, self.model)
+            except Exception as exc:  # a share is information; the capture stands without it
+                log.warning("capture: no coverage of step %s: %s", self.label, exc)
         return self._step
 
     # -- results --------------------------------------------------------------------------------
@@ -156,7 +164,8 @@ class Capture:
             modes = self.calls or tuple(m for m in CALL_MODES if m in seen.modes)
             problems.append(CapturedProblem(seen.problem, seen.kind, (Use(self.label, calls, ms, share),),
                                             tuple(seen.sites), modes))
-        return CapturedWorkload(name or self.name, (step,), tuple(problems), tuple(self._skipped.values()))
+        return CapturedWorkload(name or self.name, (step,), tuple(problems), tuple(self._skipped.values()),
+                                (self._coverage,) if self._coverage is not None else ())
 
     def write(self, path: str, template: dict[str, Any] | None = None) -> Any:
         """Write this step's workload file (see CapturedWorkload.write)."""

@@ -1,31 +1,35 @@
 """The farm's routed calls as torch custom ops, so ``torch.compile(farm.apply(model))`` keeps them.
 
-Under ``torch.compile`` a patched module's forward calls ``torch.ops.farm.linear`` (``conv2d``, ``sdpa``,
-``layer_norm``, ``rms_norm``) with its site's number: Dynamo records one opaque op with a fake implementation (the
-output's shape, dtype and layout), so the graph does not break and Inductor fuses everything around it; at run
-time the op runs the site's own call (the routed plan, or the library call where the decision is the default).
-Sites are numbered in ``SITES``, the one registry of them (farm.nn.routing fills and empties it).
+Under ``torch.compile`` a routed module's forward calls ``torch.ops.farm.linear`` (``conv2d``, ``norm``), and a
+routed function call ``torch.ops.farm.sdpa`` or ``torch.ops.farm.matmul``, with its site's number: Dynamo
+records one opaque op with a fake implementation, so the graph does not break and Inductor fuses everything
+around it; at run time the op runs the site's own call (the routed plan, or the library call where the decision
+is the default) on the tensors it is given. Each op's fake gives exactly the layout its run returns (a
+convolution: torch's own, channels-last in, channels-last out). Sites are numbered in ``SITES``, the one
+registry of them (farm.nn.module_sites and farm.nn.function_scope fill it; farm.unapply empties it).
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from typing import Any, Callable, Optional
 
 from farm.nn.torch_calls import torch_module, tunable_functions
 
 
 class SiteRegistry:
-    """Every routed call site by number: what a custom op runs (``run``) and its fake result (``fake``)."""
+    """Every routed call site by number: what a custom op runs and its fake result. A site is held weakly: a
+    model dropped without ``farm.unapply`` takes its sites with it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sites: list[Any] = []
+        self._sites: list[Callable[[], Any] | None] = []
 
     def add(self, site: Any) -> int:
         with self._lock:
-            self._sites.append(site)
+            self._sites.append(weakref.ref(site))
             return len(self._sites) - 1
 
     def remove(self, number: int) -> None:
@@ -33,9 +37,11 @@ class SiteRegistry:
             self._sites[number] = None
 
     def __getitem__(self, number: int) -> Any:
-        site = self._sites[number]
+        ref = self._sites[number]
+        site = ref() if ref is not None else None
         if site is None:
-            raise RuntimeError(f"farm site {number} was removed (farm.unapply): compile the model again")
+            raise RuntimeError(f"farm site {number} was removed (farm.unapply, or its model is gone): compile the "
+                               "model again")
         return site
 
 
@@ -46,7 +52,7 @@ SITES = SiteRegistry()
 def custom_ops() -> Any:
     """Register the farm's ops once (torch.library) and return ``torch.ops.farm``."""
     torch = torch_module()
-    tunable_functions()  # torch's own functions, read before farm.apply patches any
+    tunable_functions()  # torch's own functions, read before any is called through a routed site
     Tensor = torch.Tensor
 
     # schemas given: this module's annotations are strings (from __future__ import annotations)
@@ -75,13 +81,26 @@ def custom_ops() -> Any:
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     @torch.library.custom_op("farm::sdpa", mutates_args=(),
-                             schema="(Tensor q, Tensor k, Tensor v, bool is_causal, bool enable_gqa, int site) -> Tensor")
-    def sdpa(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, enable_gqa: bool, site: int) -> Tensor:
-        return SITES[site].run_sdpa(q, k, v, is_causal, enable_gqa)
+                             schema="(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, bool enable_gqa, "
+                                    "int site) -> Tensor")
+    def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool, enable_gqa: bool,
+             site: int) -> Tensor:
+        return SITES[site].op_sdpa(q, k, v, mask, is_causal, enable_gqa)
 
     @sdpa.register_fake
-    def _(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, enable_gqa: bool, site: int) -> Tensor:
-        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+    def _(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool, enable_gqa: bool,
+          site: int) -> Tensor:
+        # torch's own layout for these tensors (a backend may return a transposed one): what the run returns
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                                enable_gqa=enable_gqa)
+
+    @torch.library.custom_op("farm::matmul", mutates_args=(), schema="(Tensor a, Tensor b, Tensor? bias, int site) -> Tensor")
+    def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor], site: int) -> Tensor:
+        return SITES[site].op_matmul(a, b, bias)
+
+    @matmul.register_fake
+    def _(a: Tensor, b: Tensor, bias: Optional[Tensor], site: int) -> Tensor:
+        return a.new_empty((*a.shape[:-1], b.shape[-1]))
 
     return torch.ops.farm
 

@@ -9,10 +9,12 @@ could have a decision that is not (so only those modules are patched).
 
 from __future__ import annotations
 
+import functools
 import types
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
+from farm.devices.arrays import TORCH_DTYPES
 from farm.devices.device import Device
 from farm.dispatch.binding import Binding, Bound
 from farm.dispatch.frameworks import NUMPY, torch_framework
@@ -53,6 +55,9 @@ class Decisions:
         self.replay = FileReplay(path, device)
         self.registry = self.replay.runtime.registry
         self._weights = self._non_default_weights()
+        # the ops each calling mode may route (function calls: attention, a module's own matmul)
+        self.ops_by_call = {call: {e.op for e in self.file.entries if self._maybe_not_default(e, (call,))}
+                            for call in self.calls}
 
     # -- which modules may be routed ------------------------------------------------------------
     def _non_default_weights(self) -> dict[str, list[TensorRule]]:
@@ -67,11 +72,11 @@ class Decisions:
             out.setdefault(entry.op, []).append(rule or TensorRule(tid, ()))
         return out
 
-    def _maybe_not_default(self, entry: OverrideEntry) -> bool:
+    def _maybe_not_default(self, entry: OverrideEntry, calls: tuple[str, ...] | None = None) -> bool:
         """The entry's engine (what every calling mode without a decision of its own runs) or a calling mode's
         decision may not be its problem's default (the exact check is made when a call binds)."""
         chosen = []
-        for call in self.calls:
+        for call in calls or self.calls:
             try:
                 # a mode without a decision of its own runs the entry's engine, as production does
                 chosen.append(call_choice(entry, call) or (entry.engine_name, entry.knobs))
@@ -99,6 +104,12 @@ class Decisions:
             return bool(rules)
         dims, strides, dtype = weight
         return any(_rule_matches(r, dims, strides, dtype) for r in rules)
+
+    def uncovered(self, op: str, covered: Iterable[tuple[tuple[int, ...], tuple[int, ...], str]]) -> bool:
+        """Whether a call of ``op`` could have a decision that is not the default for a weight none of
+        ``covered`` (the weight layouts routed modules call it with) matches: a function call of the model's."""
+        seen = list(covered)
+        return any(not r.dims or not any(_rule_matches(r, *w) for w in seen) for r in self._weights.get(op, []))
 
     # -- routes ---------------------------------------------------------------------------------
     def route(self, problem: Problem, call: str) -> Route:
@@ -137,11 +148,19 @@ class Decisions:
         out = problem.output_ids[0]
         d = problem.tensor(out)
         if self.device.vendor == "cpu":
-            return Binding(bound, out, d.dims, d.dtype, d.strides, NUMPY, torch.from_numpy,
-                           NUMPY.allocator(None, d.dims, d.dtype, d.strides))
+            # the output in the problem's layout (a channels-last convolution's too), numpy's view of torch's memory
+            dt = getattr(torch, TORCH_DTYPES[d.dtype])
+            if not d.is_contiguous:
+                bound.produce = None  # a library's own output is contiguous: write the problem's layout instead
+            alloc = functools.partial(_numpy_of, torch.empty_strided, d.dims, d.strides, dt)
+            return Binding(bound, out, d.dims, d.dtype, d.strides, NUMPY, torch.from_numpy, alloc)
         fw = torch_framework(torch)
         like = types.SimpleNamespace(device=torch.device("cuda", self.device.index))
         return Binding(bound, out, d.dims, d.dtype, d.strides, fw, None, fw.allocator(like, d.dims, d.dtype, d.strides))
+
+
+def _numpy_of(empty_strided: Any, dims: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> Any:
+    return empty_strided(dims, strides, dtype=dtype).numpy()
 
 
 def _first_priority(registry: Any, op: str) -> int:

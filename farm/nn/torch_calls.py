@@ -2,11 +2,13 @@
 
 A model's forward calls torch functions (``F.linear``, ``torch.matmul``, ``@``, ``torch.bmm``, ``torch.addmm``,
 ``F.conv2d``, ``F.scaled_dot_product_attention``, ``F.layer_norm``, ``F.rms_norm``; ``nn.Linear``,
-``nn.Conv2d``, ``nn.LayerNorm`` and ``nn.RMSNorm`` call them). ``read_call`` turns one call into the farm's
-problem of it: the tensors the library kernel sees (``F.linear``'s weight as ``B = W.T``, ``[K, N]`` with
-strides ``(1, K)``; a 3-D input folded to ``[M, K]`` as torch folds it), its criteria and compute type. A call
-the farm cannot run as written (an attention mask, a norm's eps other than the farm's 1e-5, autocast) is a
-``Skipped`` with the reason. Only metadata is read: tensors on the ``meta`` device describe the same problems.
+``nn.Conv2d``, ``nn.LayerNorm``, ``nn.RMSNorm`` and transformers' ``Conv1D`` call them). ``read_call`` turns one
+call into the farm's problem of it: the tensors the library kernel sees (``F.linear``'s weight as ``B = W.T``,
+``[K, N]`` with strides ``(1, K)``; a 3-D input folded to ``[M, K]`` as torch folds it; an attention mask as
+the optional ``mask`` tensor), its criteria and compute type, and the output in the layout torch's own call
+gives it. A call the farm cannot run as written (dropout, a scale other than 1/sqrt(head dim), a norm's eps
+other than the farm's 1e-5, autocast, bf16 on a CPU) is a ``Skipped`` with the reason. Only metadata is read:
+tensors on the ``meta`` device describe the same problems.
 """
 
 from __future__ import annotations
@@ -54,11 +56,34 @@ def read_call(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Op
         return Skipped(kind, "arguments this reader does not know")
     if isinstance(got, str):
         return Skipped(kind, got)
+    return _op_call(kind, got, args[0] if args else None)
+
+
+def read_matmul(a: Any, b: Any, bias: Any = None) -> OpCall | Skipped:
+    """The problem of ``a @ b (+ bias)`` as torch computes it (``a`` folded to 2-D where ``b`` is): what a free
+    ``torch.addmm``, ``torch.matmul``, ``F.linear`` (with ``b = W.T``) or ``torch.bmm`` call is."""
+    got = _matmul(a, b)
+    if not isinstance(got, str) and bias is not None:
+        if bias.dim() != 1 or bias.shape[0] != b.shape[-1]:
+            got = "a bias that is not one value a column"
+        else:
+            got[1]["bias"] = layout(bias)
+    return _op_call("matmul" if bias is None else "addmm", got, a)
+
+
+def _op_call(kind: str, got: Any, first: Any) -> OpCall | Skipped:
+    if isinstance(got, str):
+        return Skipped(kind, got)
     op, described, criteria, compute = got
-    if _autocast_on(args[0] if args else None):
+    if _autocast_on(first):
         return Skipped(kind, "autocast is on (the kernel runs in another dtype than the tensors'; farm.apply "
                              "routes calls outside autocast only)")
-    return OpCall(kind, problem_for(op, described, criteria, compute, torch_layouts=_gpu_semantics(args[0])))
+    where = getattr(getattr(first, "device", None), "type", "cpu")
+    if where == "cpu" and any(d[2] == "bf16" for d in described.values()):
+        return Skipped(kind, "bf16 on a CPU (the farm's CPU engines compute on numpy arrays, which have no bf16: "
+                             "capture on the GPU, with --meta, or in float32)")
+    library = "torch" if where == "cpu" else ""
+    return OpCall(kind, problem_for(op, described, criteria, compute, torch_layouts=True, library=library))
 
 
 def layout(t: Any) -> Layout:
@@ -66,9 +91,25 @@ def layout(t: Any) -> Layout:
 
 
 def _gpu_semantics(t: Any) -> bool:
-    """Tensors on a GPU (or ``meta``, which stands for one) follow torch's layouts; CPU tensors run as numpy
-    arrays in farm.ops (a channels-last convolution writes NCHW there)."""
+    """Tensors on a GPU (or ``meta``, which stands for one): TF32 applies to their fp32 products."""
     return getattr(getattr(t, "device", None), "type", "cpu") != "cpu"
+
+
+def torch_output_layout(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = None
+                        ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shape and strides of what ``fn(*args, **kwargs)`` returns, computed on fake tensors (no memory, no
+    kernel): the layout torch's own call gives, which a routed call must give too."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch = torch_module()
+    mode = FakeTensorMode()
+    def faked(a: Any) -> Any:
+        return mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+
+    fake_args, fake_kwargs = [faked(a) for a in args], {k: faked(v) for k, v in (kwargs or {}).items()}
+    with mode:
+        out = fn(*fake_args, **fake_kwargs)
+    return tuple(out.shape), tuple(out.stride())
 
 
 def _autocast_on(t: Any) -> bool:
@@ -162,19 +203,51 @@ def _string_padding(padding: str, kernel: tuple[int, ...], dilation: Any) -> Any
     return tuple(t // 2 for t in total)
 
 
+def default_scale(scale: Any, head_dim: int) -> bool:
+    """``scale`` is what torch uses when none is given (1/sqrt(head dim)): transformers passes it on every call."""
+    return scale is None or isinstance(scale, (int, float)) and math.isclose(scale, 1.0 / math.sqrt(head_dim),
+                                                                             rel_tol=1e-6)
+
+
 def _sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
           scale: Any = None, enable_gqa: bool = False) -> Any:
-    if attn_mask is not None:
-        return "an attention mask"
     if dropout_p:
         return "dropout"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "tensors that are not [batch, heads, seq, dim]"
-    if scale is not None and not math.isclose(scale, 1.0 / math.sqrt(q.shape[-1]), rel_tol=1e-6):
+    if not default_scale(scale, q.shape[-1]):
         return "a scale other than 1/sqrt(head dim)"
     if k.shape[1] != q.shape[1] and not enable_gqa:
         return "fewer key heads than query heads without enable_gqa"
-    return "sdpa_fwd", {"Q": layout(q), "K": layout(k), "V": layout(v)}, (("causal", int(bool(is_causal))),), None
+    described = {"Q": layout(q), "K": layout(k), "V": layout(v)}
+    if attn_mask is not None:
+        why = _mask_reason(attn_mask, q, k, is_causal)
+        if why:
+            return why
+        described["mask"] = mask_layout(attn_mask)
+    return "sdpa_fwd", described, (("causal", int(bool(is_causal))),), None
+
+
+def mask_layout(mask: Any) -> Layout:
+    """An attention mask's layout with its broadcast dims (stride 0: an expanded mask) of size 1: the same mask,
+    which a routed call passes as ``mask.as_strided`` of these dims."""
+    dims, strides, dtype = layout(mask)
+    return tuple(1 if s == 0 else d for d, s in zip(dims, strides)), strides, dtype
+
+
+def _mask_reason(mask: Any, q: Any, k: Any, is_causal: bool) -> str:
+    """Why an attention mask is not one the farm's sdpa_fwd takes ('' when it is): 4-D, broadcasting to
+    [batch, heads, queries, keys], boolean (True attends) or of the tensors' dtype (added to the scores)."""
+    if is_causal:
+        return "an attention mask with is_causal (torch refuses it)"
+    if mask.dim() != 4:
+        return "an attention mask that is not 4-D"
+    want = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    if any(m not in (1, w) for m, w in zip(mask.shape, want)):
+        return "an attention mask that does not broadcast to [batch, heads, queries, keys]"
+    if str(mask.dtype) not in ("torch.bool", str(q.dtype)):
+        return f"an attention mask of {mask.dtype} (boolean or the tensors' dtype)"
+    return ""
 
 
 def _norm_shape(x: Any, normalized_shape: Any) -> str:

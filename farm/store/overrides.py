@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 from farm.model.ids import engine_name_to_id
 from farm.model.knobs import KnobSettings, knob_type_of
 from farm.model.op_catalog import OPS
-from farm.model.problem import Problem
+from farm.model.problem import LIBRARIES, Problem
 from farm.store.hipdnn_names import mode_name, mode_to_hipdnn
 
 log = logging.getLogger("farm.store.overrides")
@@ -237,8 +237,10 @@ class OverrideEntry:
             return None
         spec = {t.tensor_id: {"dims": list(t.dims), "strides": list(t.strides), "dtype": t.data_type}
                 for t in self.tensors}
+        library = (self.metadata or {}).get("library") if isinstance(self.metadata, Mapping) else None
         try:
-            return Problem.create(self.op, spec, criteria=dict(self.criteria), compute_dtype=self.compute_data_type)
+            return Problem.create(self.op, spec, criteria=dict(self.criteria), compute_dtype=self.compute_data_type,
+                                  library=library if library in LIBRARIES else "")
         except InputError:
             return None
 

@@ -154,6 +154,9 @@ def _entries(decisions: Decisions, picked: Sequence[Winner], top_k: int) -> tupl
         extra: dict[str, Any] = {}
         if w.call:
             extra["call"] = w.call
+        library = _library(c["problem_json"][j])
+        if library:  # a torch model's call: its default is torch's own kernel (farm verify and farm.apply read it)
+            extra["library"] = library
         if w.others:  # the other calling modes' decisions: fields hipDNN does not read (docs/overrides.md)
             extra["calls"] = {o.call: {"engine_name": o.engine_name, "knobs": knob_list(o.knobs),
                                        "median_time_ms": o.median_ms, "min_time_ms": o.min_ms,
@@ -200,6 +203,11 @@ def _pattern(problem_json: str) -> OverrideEntry:
     """The exact entry of a problem's canonical JSON, engine and metadata left to fill in (parsed once for all
     the signatures that tuned this problem; entries are frozen, so they share the tensor rules)."""
     return OverrideEntry.from_canonical(json.loads(problem_json), "")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _library(problem_json: str) -> str:
+    return str(json.loads(problem_json).get("library") or "") if '"library"' in problem_json else ""
 
 
 def _floats(col: Any) -> list[float | None]:

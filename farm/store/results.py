@@ -89,7 +89,8 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("workload_digest", pa.string(), "hash of the workload file"),
     ("problem_name", pa.string(), "name of the problem in the workload"),
     ("problem_key", pa.string(), "hash of the canonical problem"),
-    ("problem_json", pa.string(), "canonical problem (JSON); farm.Problem.from_canonical reads it"),
+    ("problem_json", pa.string(), "canonical problem (JSON; with its library, 'torch', where its default is torch's "
+                                  "own call); farm.Problem.from_canonical reads it"),
     ("problem_label", pa.string(), "short description, e.g. 'matmul A[512,256] B[256,128] fp32'"),
     ("op_category", pa.string(), "convolution / sdpa / matmul / ..."),
     ("dtype", pa.string(), "storage dtype of the first input"),
@@ -257,7 +258,7 @@ def _problem_fields(problem: Problem, problem_name: str) -> dict[str, Any]:
     return {
         "problem_name": problem_name,
         "problem_key": problem.key,
-        "problem_json": problem.canonical_json(),
+        "problem_json": problem.stored_json(),
         "problem_label": problem.label(),
         "op_category": problem.spec.category.value,
         "dtype": problem.dtype,

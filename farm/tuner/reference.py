@@ -100,10 +100,13 @@ def _conv_wgrad(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
     return {"dW": dw_}
 
 
-def _attention_probs(p: Problem, q: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """softmax(Q K^T / sqrt(d)) per query head, K's heads repeated for grouped-query attention."""
+def _attention_probs(p: Problem, q: np.ndarray, k: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """softmax(Q K^T / sqrt(d) + mask) per query head, K's heads repeated for grouped-query attention; a boolean
+    mask keeps the scores where it is True."""
     k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
     scores = np.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask > 0.5, scores, -np.inf) if p.tensor("mask").dtype == "bool" else scores + mask
     if p.criteria_dict.get("causal"):
         sq, skv = scores.shape[-2], scores.shape[-1]
         # top-left aligned (query i sees keys 0..i), as torch's is_causal=True
@@ -116,7 +119,7 @@ def _attention_probs(p: Problem, q: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 def _sdpa_fwd(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
     v = np.repeat(x["V"], x["Q"].shape[1] // x["V"].shape[1], axis=1)
-    return {"O": np.einsum("bhqk,bhkd->bhqd", _attention_probs(p, x["Q"], x["K"]), v)}
+    return {"O": np.einsum("bhqk,bhkd->bhqd", _attention_probs(p, x["Q"], x["K"], x.get("mask")), v)}
 
 
 def _sdpa_bwd(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
