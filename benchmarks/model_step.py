@@ -2,22 +2,27 @@
 
     python benchmarks/model_step.py run --out DIR                        # a CPU at a small size (tiny decoder)
     python benchmarks/model_step.py run --out DIR --size qwen2.5-7b --batches 1,8,32 --resnet 32   # an H200
+    python benchmarks/model_step.py run --out DIR --models "library_models:llama:size=llama3.2-1b,context=1024" \
+        --batches 1,8 --convnet "library_models:resnet:name=resnet50,batch=32,channels_last=1,image=224"
     python benchmarks/model_step.py table DIR                            # the markdown table of DIR's results
 
-Models (examples/models.py, standard torch.nn, random weights): a Qwen2.5-7B-shaped decoder's decode step at
-M = batch (RMSNorm, fused qkv and gate/up projections, SDPA with GQA over a KV cache of ``context`` tokens, the
-LM head) and ResNet-50 (fp16, channels-last). ``--parts`` runs named steps, each leaving DIR/<part>.json:
+Models: by default examples/models.py (standard torch.nn, random weights): a Qwen2.5-7B-shaped decoder's decode
+step at M = batch and ResNet-50 (fp16, channels-last). ``--models`` names decoders of any factory instead
+(``MODULE:FACTORY[:k=v,...]``, MODULE a file of examples/: ``library_models:qwen2`` is transformers' Qwen2 over a
+static KV cache), each run at every ``--batches`` size, and ``--convnet`` a conv net (timm's). ``--parts`` runs
+named steps, each leaving DIR/<part>.json:
 
-* ``capture``  farm capture of every config (its wall time), the workload files under DIR/dec, DIR/resnet;
+* ``capture``  farm capture of every config (its wall time), the workload files under DIR/<run>;
 * ``tune``     farm tune of each workload (``--in-process``; its wall time);
 * ``apply``    farm apply: the model check of each config and calling mode (withdraws what slows a step);
 * ``steps``    per config, in paired interleaved rounds: eager torch, eager applied, one CUDA graph of the
-               torch step and of the applied one (GPU); step ms, ratios with their 99 % intervals, and for the
-               decoder the share of the HBM floor (every weight and the KV cache read once, at the copy
-               bandwidth measured in the same run);
+               torch step and of the applied one (GPU); step ms, ratios with their 99 % intervals, and for
+               examples/models.py's decoder the share of the HBM floor (every weight and the KV cache read once,
+               at the copy bandwidth measured in the same run);
 * ``inductor`` per config: torch.compile(model, mode="max-autotune") (its own CUDA graphs; its compile time),
-               max-autotune-no-cudagraphs captured in one CUDA graph, torch.compile(farm.apply(model)) (default
-               mode, and "reduce-overhead" and "max-autotune" with the graph decisions on a GPU), graph breaks from the farm, beside the graphs of ``steps``;
+               torch.compile(farm.apply(model)) ("reduce-overhead" with the graph decisions on a GPU; ``--all-compiles``
+               adds max-autotune-no-cudagraphs in one CUDA graph, the default mode and "max-autotune"), graph
+               breaks from the farm, beside the graphs of ``steps``;
 * ``cold``     Inductor max-autotune from nothing: a fresh process per decoder config, an empty cache (the
                counterpart of capture + tune + apply);
 * ``start``    a second process: the published file applied to a fresh model, to its first tuned step (and the
@@ -81,25 +86,53 @@ def load(out: Path, name: str) -> Any:
 
 # -- configs ----------------------------------------------------------------------------------------
 def configs(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Each model step benchmarked: its factory, keyword arguments and the folder of its workload and run."""
+    """Each model step benchmarked: its target (``MODULE:FACTORY`` of examples/), keyword arguments and the folder
+    of its workload and run."""
+    if args.models:
+        out = []
+        for spec in args.models:
+            target, kwargs = _spec(spec)
+            run = target.split(":")[-1]
+            out += [{"name": f"{run} M={b}", "target": target, "kwargs": {**kwargs, "batch": b}, "run": run,
+                     "decoder": True} for b in args.batches]
+        if args.convnet:
+            target, kwargs = _spec(args.convnet)
+            run = target.split(":")[-1]
+            out.append({"name": f"{run} N={kwargs.get('batch', '')}", "target": target, "kwargs": kwargs, "run": run,
+                        "decoder": False})
+        return out
     gpu = args.size == "qwen2.5-7b"  # the full size is for a GPU: bf16 (ResNet fp16); a CPU's small one fp32
-    out = [{"name": f"decoder M={b}", "factory": "decoder", "run": "dec",
+    out = [{"name": f"decoder M={b}", "target": "models:decoder", "run": "dec", "decoder": True,
             "kwargs": {"size": args.size, "batch": b, "dtype": "bfloat16" if gpu else "float32"}} for b in args.batches]
     if args.resnet:
         small = {"dtype": "float16"} if gpu else {"width": 8, "image": 32, "dtype": "float32"}
-        out.append({"name": f"resnet50 N={args.resnet}", "factory": "resnet50",
+        out.append({"name": f"resnet50 N={args.resnet}", "target": "models:resnet50", "decoder": False,
                     "kwargs": {"batch": args.resnet, **small}, "run": "resnet"})
     return out
+
+
+def _spec(text: str) -> tuple[str, dict[str, Any]]:
+    """``library_models:llama:size=tiny,context=64`` -> ("library_models:llama", {"size": "tiny", ...})."""
+    from farm.nn.targets import parse_with
+
+    module, factory, *rest = text.split(":", 2)
+    return f"{module}:{factory}", parse_with(rest[0]) if rest else {}
+
+
+def target_path(cfg: dict[str, Any]) -> str:
+    module, factory = cfg["target"].split(":")
+    return f"{ROOT}/examples/{module}.py:{factory}"
 
 
 def with_arg(kwargs: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in kwargs.items())
 
 
-def build(cfg: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
-    import models
+def build(cfg: dict[str, Any]) -> Any:
+    """The config's model and its step (farm.nn.targets.Built: ``.model``, ``.step``, ``.step_of(fn)``)."""
+    from farm.nn.targets import build as build_target, load_factory
 
-    return getattr(models, cfg["factory"])(**cfg["kwargs"])
+    return build_target(load_factory(target_path(cfg)), cfg["kwargs"])
 
 
 # -- capture, tune, apply ---------------------------------------------------------------------------
@@ -107,10 +140,10 @@ def part_capture(args: argparse.Namespace, out: Path) -> None:
     result: dict[str, Any] = load(out, "capture") or {}
     for run, cfgs in _by_run(configs(args)).items():
         def cmd(file: str, *extra: str) -> list[str]:
-            return farm_cmd("capture", f"{ROOT}/examples/models.py:{cfgs[0]['factory']}",
+            return farm_cmd("capture", target_path(cfgs[0]),
                             *[x for c in cfgs for x in ("--with", with_arg(c["kwargs"]))],
                             "--template", str(ROOT / "examples/model-step.yaml"), "--out", str(out / run / file),
-                            "--name", f"{run}-{args.size}", "--json", *extra)
+                            "--name", f"{run}-{args.size}" if not args.models else run, "--json", *extra)
 
         seconds, proc = run_timed(cmd("workload.yaml"))
         meta_s, meta = run_timed(cmd("meta.yaml", "--meta"))
@@ -125,7 +158,7 @@ def part_meta(args: argparse.Namespace, out: Path) -> None:
     """Capture on the meta device again and compare with the device's capture (the capture part does both)."""
     result = load(out, "capture") or {}
     for run, cfgs in _by_run(configs(args)).items():
-        seconds, proc = run_timed(farm_cmd("capture", f"{ROOT}/examples/models.py:{cfgs[0]['factory']}",
+        seconds, proc = run_timed(farm_cmd("capture", target_path(cfgs[0]),
                                            *[x for c in cfgs for x in ("--with", with_arg(c["kwargs"]))], "--meta",
                                            "--out", str(out / run / "meta.yaml"), "--json"))
         same = _same_problems(out / run / "workload.yaml", out / run / "meta.yaml")
@@ -164,7 +197,7 @@ def part_tune(args: argparse.Namespace, out: Path) -> None:
 def part_apply(args: argparse.Namespace, out: Path) -> None:
     result: dict[str, Any] = load(out, "apply") or {}
     for cfg in configs(args):
-        cmd = farm_cmd("apply", f"{ROOT}/examples/models.py:{cfg['factory']}", str(out / cfg["run"]),
+        cmd = farm_cmd("apply", target_path(cfg), str(out / cfg["run"]),
                        "--with", with_arg(cfg["kwargs"]), "--rounds", str(args.rounds), "--json")
         seconds, proc = run_timed(cmd)
         result[cfg["name"]] = {"seconds": seconds, "ok": proc.returncode == 0, "checks": _json_tail(proc.stdout)}
@@ -286,14 +319,14 @@ def step_bytes(model: Any) -> int:
     return total + sum(b.numel() * b.element_size() for b in model.buffers())
 
 
-def _applied(cfg: dict[str, Any], out: Path, call: str) -> tuple[Any, tuple[Any, ...]]:
+def _applied(cfg: dict[str, Any], out: Path, call: str) -> Any:
     """A fresh model with the run's decisions for calls of kind ``call`` routed (what a caller that knows how it
-    calls its model does; ``auto`` checks for a graph capture on every routed call)."""
+    calls its model does; ``auto`` checks for a graph capture on every routed call), built as ``build``."""
     import farm
 
-    model, inputs = build(cfg)
-    farm.apply(model, str(out / cfg["run"]), call=call)
-    return model, inputs
+    built = build(cfg)
+    farm.apply(built.model, str(out / cfg["run"]), call=call)
+    return built
 
 
 def part_steps(args: argparse.Namespace, out: Path) -> None:
@@ -303,25 +336,25 @@ def part_steps(args: argparse.Namespace, out: Path) -> None:
     bw = copy_bandwidth() if _gpu() else None
     for cfg in configs(args):
         with torch.no_grad():
-            base, inputs = build(cfg)
-            eager, inputs2 = _applied(cfg, out, "eager")
+            base = build(cfg)
+            eager = _applied(cfg, out, "eager")
             # eager steps are the host's: noisier, so more rounds of longer samples
-            samples = measure({"eager torch": lambda: base(*inputs), "eager applied": lambda: eager(*inputs2)},
+            samples = measure({"eager torch": base.step, "eager applied": eager.step},
                               2 * args.rounds - 1, 2 * args.sample_ms)
-            routed = _routed(eager)
+            routed = _routed(eager.model)
             eager = None
             if _gpu():
-                graph, inputs3 = _applied(cfg, out, "graph")
-                samples.update(measure({"graph torch": graph_of(lambda: base(*inputs)),
-                                        "graph applied": graph_of(lambda: graph(*inputs3))}, args.rounds, args.sample_ms))
-                routed += _routed(graph)
+                graph = _applied(cfg, out, "graph")
+                samples.update(measure({"graph torch": graph_of(base.step), "graph applied": graph_of(graph.step)},
+                                       args.rounds, args.sample_ms))
+                routed += _routed(graph.model)
                 graph = None
             row = summary(samples, [("eager applied", "eager torch"), ("graph applied", "graph torch"),
                                     ("graph torch", "eager torch")])
             row["routed"] = routed
-            if bw is not None and cfg["factory"] == "decoder":
-                floor = step_bytes(base) / bw * 1e3
-                row.update(floor_ms=floor, bytes=step_bytes(base), copy_tb_s=bw / 1e12,
+            if bw is not None and cfg["target"] == "models:decoder":
+                floor = step_bytes(base.model) / bw * 1e3
+                row.update(floor_ms=floor, bytes=step_bytes(base.model), copy_tb_s=bw / 1e12,
                            floor_share={k: floor / v for k, v in row["ms"].items()})
             result[cfg["name"]] = row
             save(out, "steps", result)
@@ -373,27 +406,30 @@ def _inductor_config(cfg: dict[str, Any], out: Path, args: argparse.Namespace) -
 
     row: dict[str, Any] = {"compile_s": {}, "graph_breaks": {}}
     with torch.no_grad():
-        base, inputs = build(cfg)
+        base = build(cfg)
         gpu = _gpu()
         # compiled without CUDA graphs the step is called eagerly: the eager decisions; with them, the graph ones
-        applied, inputs2 = _applied(cfg, out, "eager")
-        variants: dict[str, Callable[[], Any]] = {}
-        compiled = [("inductor max-autotune", base, inputs, {"mode": "max-autotune"}, False),
-                    ("compile(apply(model))", applied, inputs2, {}, False)]
+        compiled: list[tuple[str, Any, dict[str, Any], bool]] = [("inductor max-autotune", base, {"mode": "max-autotune"},
+                                                                  False)]
+        graphed = None
         if gpu:
-            graphed, inputs3 = _applied(cfg, out, "graph")
-            tuned, inputs4 = _applied(cfg, out, "graph")
-            compiled += [("inductor max-autotune-no-cudagraphs, in a graph", base, inputs,
-                          {"mode": "max-autotune-no-cudagraphs"}, True),
-                         ("compile(apply(model)) reduce-overhead", graphed, inputs3, {"mode": "reduce-overhead"}, False),
-                         ("compile(apply(model)) max-autotune", tuned, inputs4, {"mode": "max-autotune"}, False)]
-        for name, model, ins, kw, in_graph in compiled:
-            model(*ins)  # one eager call first: the routed plans' state is made outside any CUDA graph's pool
+            graphed = _applied(cfg, out, "graph")
+            compiled.append(("compile(apply(model)) reduce-overhead", graphed, {"mode": "reduce-overhead"}, False))
+        if args.all_compiles or not gpu:
+            compiled.append(("compile(apply(model))", _applied(cfg, out, "eager"), {}, False))
+        if args.all_compiles and gpu:
+            compiled += [("inductor max-autotune-no-cudagraphs, in a graph", base, {"mode": "max-autotune-no-cudagraphs"},
+                          True),
+                         ("compile(apply(model)) max-autotune", _applied(cfg, out, "graph"), {"mode": "max-autotune"},
+                          False)]
+        variants: dict[str, Callable[[], Any]] = {}
+        for name, built, kw, in_graph in compiled:
+            built.step()  # one eager call first: the routed plans' state is made outside any CUDA graph's pool
             torch._dynamo.utils.counters.clear()
-            fn = torch.compile(model, **kw)
+            call = built.step_of(torch.compile(built.model, **kw))
             t0 = time.perf_counter()
             try:
-                fn(*ins)
+                call()
                 _sync()
             except Exception as exc:  # a compile that fails is a finding, not the end of the run
                 row["compile_s"][name] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
@@ -402,15 +438,15 @@ def _inductor_config(cfg: dict[str, Any], out: Path, args: argparse.Namespace) -
             row["compile_s"][name] = time.perf_counter() - t0
             row["graph_breaks"][name] = sum(torch._dynamo.utils.counters["graph_break"].values())
             for _ in range(2):
-                fn(*ins)  # cudagraph trees record on a later call
-            variants[name] = graph_of(lambda fn=fn, ins=ins: fn(*ins)) if in_graph else (lambda fn=fn, ins=ins: fn(*ins))
+                call()  # cudagraph trees record on a later call
+            variants[name] = graph_of(call) if in_graph else call
             log(f"inductor {cfg['name']}: {name} compiled in {row['compile_s'][name]:.1f} s, "
                 f"{row['graph_breaks'][name]} graph break(s)")
         if gpu:
-            variants["graph torch"] = graph_of(lambda: base(*inputs))
-            variants["graph applied"] = graph_of(lambda: graphed(*inputs3))
+            variants["graph torch"] = graph_of(base.step)
+            variants["graph applied"] = graph_of(graphed.step)
         else:
-            variants["eager torch"] = lambda: base(*inputs)
+            variants["eager torch"] = base.step
         samples = measure(variants, args.rounds, args.sample_ms)
         ref = "graph torch" if gpu else "eager torch"
         row.update(summary(samples, [(k, ref) for k in variants if k != ref] +
@@ -424,28 +460,30 @@ def _inductor_config(cfg: dict[str, Any], out: Path, args: argparse.Namespace) -
 
 START = r"""
 import os, sys, time, json
-t_process = float(sys.argv[1]); mode = sys.argv[2]; out = sys.argv[3]; kwargs = json.loads(sys.argv[4])
+t_process = float(sys.argv[1]); mode = sys.argv[2]; out = sys.argv[3]; target = sys.argv[4]
+kwargs = json.loads(sys.argv[5])
 sys.path[:0] = [os.environ["FARM_ROOT"], os.path.join(os.environ["FARM_ROOT"], "examples")]
-import torch, models
+import torch
+from farm.nn.targets import build, load_factory
 t_imported = time.time()
 with torch.no_grad():
-    model, inputs = models.decoder(**kwargs)
+    built = build(load_factory(target), kwargs)
     torch.cuda.synchronize()
     t0 = time.time()
     if mode == "farm":
         import farm
-        farm.apply(model, out, call="graph")
-        model(*inputs)                                   # binds every routed call (plans from the caches)
+        farm.apply(built.model, out, call="graph")
+        built.step()                                     # binds every routed call (plans from the caches)
         g = torch.cuda.CUDAGraph()
         s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s): model(*inputs)
+        with torch.cuda.stream(s): built.step()
         torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g): model(*inputs)
+        with torch.cuda.graph(g): built.step()
         g.replay()
     else:                                                # "inductor": its warm cache; "cold": an empty one
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = out
-        fn = torch.compile(model, mode="max-autotune")
-        for _ in range(3): fn(*inputs)                    # compiled (max-autotune's search); cudagraphs recorded
+        step = built.step_of(torch.compile(built.model, mode="max-autotune"))
+        for _ in range(3): step()                        # compiled (max-autotune's search); cudagraphs recorded
     torch.cuda.synchronize()
     t1 = time.time()
 print(json.dumps({"to_first_tuned_step_s": t1 - t0, "import_s": t_imported - t_process,
@@ -457,12 +495,12 @@ def part_start(args: argparse.Namespace, out: Path) -> None:
     if not _gpu():
         log("start: needs a GPU (a CUDA graph and Inductor's GPU cache); not run")
         return
-    cfg = next(c for c in configs(args) if c["factory"] == "decoder")
+    cfg = next(c for c in configs(args) if c["decoder"])
     result: dict[str, Any] = {"config": cfg["name"]}
     env = {**os.environ, "FARM_ROOT": str(ROOT), "PYTHONPATH": _pythonpath()}
     for mode, where in (("farm", str(out / cfg["run"])), ("inductor", str(out / "inductor-cache"))):
-        proc = subprocess.run([sys.executable, "-c", START, repr(time.time()), mode, where, json.dumps(cfg["kwargs"])],
-                              text=True, capture_output=True, env=env)
+        proc = subprocess.run([sys.executable, "-c", START, repr(time.time()), mode, where, target_path(cfg),
+                               json.dumps(cfg["kwargs"])], text=True, capture_output=True, env=env)
         result[mode] = _json_tail(proc.stdout) if proc.returncode == 0 else f"failed: {proc.stderr[-2000:]}"
         log(f"start {mode}: {result[mode]}")
     save(out, "start", result)
@@ -477,13 +515,13 @@ def part_cold(args: argparse.Namespace, out: Path) -> None:
     result: dict[str, Any] = load(out, "cold") or {}
     env = {**os.environ, "FARM_ROOT": str(ROOT), "PYTHONPATH": _pythonpath()}
     for cfg in configs(args):
-        if cfg["factory"] != "decoder":
+        if not cfg["decoder"]:
             continue
-        cache = out / f"inductor-cold-{cfg['kwargs']['batch']}"
+        cache = out / f"inductor-cold-{cfg['run']}-{cfg['kwargs']['batch']}"
         shutil.rmtree(cache, ignore_errors=True)
         t0 = time.time()
-        proc = subprocess.run([sys.executable, "-c", START, repr(t0), "cold", str(cache), json.dumps(cfg["kwargs"])],
-                              text=True, capture_output=True, env=env)
+        proc = subprocess.run([sys.executable, "-c", START, repr(t0), "cold", str(cache), target_path(cfg),
+                               json.dumps(cfg["kwargs"])], text=True, capture_output=True, env=env)
         result[cfg["name"]] = _json_tail(proc.stdout) if proc.returncode == 0 else f"failed: {proc.stderr[-2000:]}"
         log(f"cold {cfg['name']}: {result[cfg['name']]}")
         save(out, "cold", result)
@@ -524,7 +562,7 @@ def table(out: Path) -> str:
     lines.append("")
     for run, t in tune.items():
         c = cap.get(run, {})
-        applies = sum(v["seconds"] for k, v in apply_.items() if k.startswith(run[:3]))
+        applies = sum(v["seconds"] for k, v in apply_.items() if k.split(" ")[0] == run or k.startswith(run[:3]))
         lines.append(f"- {run}: capture {c.get('seconds', math.nan):.1f} s + tune {t['seconds']:.1f} s + apply (the "
                      f"model checks) {applies:.1f} s = {c.get('seconds', 0) + t['seconds'] + applies:.1f} s; "
                      f"capture on meta gives the same problems: {c.get('meta_same_problems')}")
@@ -552,6 +590,13 @@ def main() -> int:
     r.add_argument("--size", default="tiny", help="decoder size: tiny, small, qwen2.5-7b (default tiny)")
     r.add_argument("--batches", default="1,8", help="decoder batch sizes (M), comma-separated")
     r.add_argument("--resnet", type=int, default=0, help="ResNet-50 batch size (0: none)")
+    r.add_argument("--models", action="append", default=[], metavar="MODULE:FACTORY[:K=V,...]",
+                   help="a decoder of any factory of examples/ (repeatable), run at each --batches size, in place of "
+                        "examples/models.py's (e.g. library_models:qwen2:size=qwen2.5-1.5b,context=1024)")
+    r.add_argument("--convnet", metavar="MODULE:FACTORY[:K=V,...]",
+                   help="with --models: a conv net of any factory (e.g. library_models:resnet:batch=32,channels_last=1)")
+    r.add_argument("--all-compiles", action="store_true",
+                   help="inductor: also max-autotune-no-cudagraphs in a graph, compile(apply) default and max-autotune")
     r.add_argument("--parts", default=",".join(p for p in PARTS if p not in ("inductor", "start")),
                    help=f"comma-separated, of {', '.join(PARTS)}")
     r.add_argument("--rounds", type=int, default=11)

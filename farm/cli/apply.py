@@ -37,7 +37,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     with torch.no_grad():
         for given in [parse_with(w) for w in args.with_] or [{}]:
             built = build(factory, given, device=args.device)
-            gpu = next(iter(built.model.parameters())).device.type == "cuda"
+            weights = [*built.model.parameters(), *built.model.buffers()]
+            gpu = bool(weights) and weights[0].device.type == "cuda"
             modes = [c for c in (args.call or ("eager,graph" if gpu else "eager")).split(",") if c]
             for mode in modes:
                 apply(built.model, args.overrides)

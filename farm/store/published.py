@@ -83,12 +83,18 @@ class Store:
 
         try:
             with self.fs.open_input_stream(self.join(rel)) as fh:
-                return fh.read().decode("utf-8")
+                data = fh.read()
         except (FileNotFoundError, OSError, pa.ArrowException) as exc:
             if isinstance(exc, FileNotFoundError) or "not found" in str(exc).lower() or "does not exist" in str(exc).lower() \
                     or "No such file" in str(exc):
                 return None
             raise
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            hint = " (it looks like UTF-16: save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+            raise InputError(f"not UTF-8 text: byte {exc.start} is 0x{data[exc.start]:02x}{hint}",
+                             source=self.join(rel) if self.local else f"{self.uri.rstrip('/')}/{rel}") from None
 
     def write(self, rel: str, text: str) -> None:
         target = self.join(rel)
