@@ -19,8 +19,8 @@ if [ "${SMALL:-0}" = 1 ]; then
   llama="library_models:llama:size=tiny,context=64"; qwen2="library_models:qwen2:size=tiny,context=64"
   resnet="library_models:resnet:batch=2,image=64,channels_last=1"; limit=300; rounds=8
 else
-  llama="library_models:llama:size=llama3.2-1b,context=1024,dtype=bfloat16"
-  qwen2="library_models:qwen2:size=qwen2.5-1.5b,context=1024,dtype=bfloat16"
+  llama="library_models:llama:size=llama3.2-1b,context=512,dtype=bfloat16"
+  qwen2="library_models:qwen2:size=qwen2.5-1.5b,context=512,dtype=bfloat16"
   resnet="library_models:resnet:name=resnet50,batch=16,image=224,channels_last=1,dtype=float16"; limit=560; rounds=11
 fi
 bench() {  # bench NAME PARTS MODEL-ARGS...: benchmarks/model_step.py into $WORK/NAME
@@ -28,8 +28,8 @@ bench() {  # bench NAME PARTS MODEL-ARGS...: benchmarks/model_step.py into $WORK
 }
 case "$part" in
   tests)
-    step gpu-tests 300 python3 -m pytest -q -rs tests/gpu/test_models_gpu.py tests/gpu/test_library_models_gpu.py \
-      tests/gpu/test_ops_gpu.py 2>&1 | tee "$OUT/tests.log" ;;
+    step gpu-tests 200 python3 -m pytest -q -rs -x tests/gpu/test_library_models_gpu.py tests/gpu/test_models_gpu.py \
+      2>&1 | tee "$OUT/tests.log" ;;
   llama|qwen2)
     model=$llama; [ "$part" = qwen2 ] && model=$qwen2
     bench "$part" capture,tune,apply,steps,inductor --models "$model" --batches 1,8 2>&1 | tee "$OUT/$part.log" ;;
