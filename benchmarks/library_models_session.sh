@@ -6,7 +6,9 @@
 #                                                               # capture, tune, the model checks, steps, Inductor
 #   OUT=DIR bash benchmarks/library_models_session.sh qwen2     # transformers' Qwen2.5-1.5B shape, the same
 #   OUT=DIR bash benchmarks/library_models_session.sh resnet    # timm's ResNet-50, fp16, channels-last, N = 16
-# SMALL=1 runs the same parts at the tests' tiny sizes (a CPU's check of the script itself).
+# SMALL=1 runs the same parts at the tests' tiny sizes (a CPU's check of the script itself); PARTS=capture,tune
+# runs some of benchmarks/model_step.py's parts (the rest in a later call: each writes its JSON), LIMIT=SECONDS
+# bounds them.
 set -u
 part=${1:?a part: tests, llama, qwen2, resnet}
 OUT=${OUT:-runs/library-$part}
@@ -23,6 +25,8 @@ else
   qwen2="library_models:qwen2:size=qwen2.5-1.5b,context=512,dtype=bfloat16"
   resnet="library_models:resnet:name=resnet50,batch=16,image=224,channels_last=1,dtype=float16"; limit=560; rounds=11
 fi
+limit=${LIMIT:-$limit}
+parts=${PARTS:-capture,tune,apply,steps,inductor}
 bench() {  # bench NAME PARTS MODEL-ARGS...: benchmarks/model_step.py into $WORK/NAME
   step "$1-$2" "$limit" python3 benchmarks/model_step.py run --out "$WORK/$1" --parts "$2" --rounds "$rounds" "${@:3}"
 }
@@ -32,9 +36,9 @@ case "$part" in
       2>&1 | tee "$OUT/tests.log" ;;
   llama|qwen2)
     model=$llama; [ "$part" = qwen2 ] && model=$qwen2
-    bench "$part" capture,tune,apply,steps,inductor --models "$model" --batches 1,8 2>&1 | tee "$OUT/$part.log" ;;
+    bench "$part" "$parts" --models "$model" --batches 1,8 2>&1 | tee "$OUT/$part.log" ;;
   resnet)
-    bench resnet capture,tune,apply,steps,inductor --models "$llama" --batches "" --convnet "$resnet" \
+    bench resnet "$parts" --models "$llama" --batches "" --convnet "$resnet" \
       2>&1 | tee "$OUT/resnet.log" ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
