@@ -170,9 +170,12 @@ def render(w: CapturedWorkload, template: Mapping[str, Any] | None = None) -> st
         head.append(f"# step {c.step}: the farm's problems take {100 * c.covered:.1f} % of its {c.time} time; "
                     + ", ".join(f"{k.kind} {100 * k.share:.1f} %" for k in c.kinds))
     if not w.problems:
+        if w.skipped:
+            reasons = "; ".join(dict.fromkeys(f"{s.kind}: {s.reason}" for s in w.skipped))
+            raise InputError(f"none of the step's calls of an operation the farm tunes can be run as called: "
+                             f"{reasons}", field="capture", value=f"{sum(s.count for s in w.skipped)} call(s)")
         raise InputError("the step called no operation the farm tunes (linear, matmul, bmm, addmm, conv2d, "
-                         "scaled_dot_product_attention, layer_norm, rms_norm)", field="capture",
-                         value=f"{sum(s.count for s in w.skipped)} skipped call(s)")
+                         "scaled_dot_product_attention, layer_norm, rms_norm)", field="capture", value="no call")
     return "\n".join(head) + "\n" + yaml.safe_dump(workload_dict(w, template), sort_keys=False, width=120, default_flow_style=None)
 
 

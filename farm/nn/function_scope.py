@@ -76,6 +76,7 @@ class FunctionScope(Site):
         self.local = threading.local()
         self.sites: list[ScopeSite] = []
         self.stack: list[Any] | None = None  # the module stack while discovering, else None
+        self.names: dict[int, str] = {}
         self.found: dict[int, tuple[Any, set[str]]] = {}
         self.root = ScopeSite(self, root, "(model)", frozenset({SDPA}), discovering=True)
         install(root, self.root)
@@ -95,14 +96,21 @@ class FunctionScope(Site):
         finally:
             self.local.depth = 0
 
+    def site_name(self) -> str:
+        """The module whose forward makes the call now (while discovering: the innermost one on the stack)."""
+        if self.stack:
+            return self.names.get(id(self.stack[-1]), type(self.stack[-1]).__name__)
+        return getattr(self.local, "name", "") or "(model)"
+
     def route(self, got: Any) -> Route | None:
-        self.label = f"{getattr(self.local, 'name', '') or '(model)'} (function)"
+        self.label = f"{self.site_name()} (function)"
         return super().route(got)
 
     def discover(self, root: Any, run: Callable[[], Any]) -> Any:
         """``run()`` (the root's forward) with every routed call recorded by the innermost module making it;
         then each such module (the root included) routes its calls from now on."""
         stack: list[Any] = []
+        self.names = {id(m): n for n, m in root.named_modules()}
 
         def entering(module: Any, _args: Any) -> None:
             stack.append(module)
@@ -182,8 +190,8 @@ class FunctionScope(Site):
         """Attention routed for these layouts; None where the call stays the library's."""
         if self.grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
             return None
-        key = (SDPA, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-               q.device, None if mask is None else (mask.shape, mask.stride(), mask.dtype), is_causal, gqa)
+        key = (self.site_name(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+               v.dtype, q.device, None if mask is None else (mask.shape, mask.stride(), mask.dtype), is_causal, gqa)
         fn = self.table.get(key)
         if fn is None:
             fn = self.table[key] = self._bind_sdpa(q, k, v, mask, is_causal, gqa)
@@ -221,7 +229,7 @@ class FunctionScope(Site):
         """``a @ b (+ bias)`` routed for these layouts; None where the call stays the library's."""
         if self.grad() and (a.requires_grad or b.requires_grad or bias is not None and bias.requires_grad):
             return None
-        key = ("mm", a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device,
+        key = (self.site_name(), "mm", a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device,
                None if bias is None else (bias.shape, bias.stride(), bias.dtype))
         fn = self.table.get(key)
         if fn is None:
