@@ -58,7 +58,7 @@ def custom_ops() -> Any:
     # schemas given: this module's annotations are strings (from __future__ import annotations)
     @torch.library.custom_op("farm::linear", mutates_args=(), schema="(Tensor x, Tensor w, Tensor? b, int site) -> Tensor")
     def linear(x: Tensor, w: Tensor, b: Optional[Tensor], site: int) -> Tensor:
-        return SITES[site].run(x, w, b)
+        return SITES[site].run(x, w, b).contiguous()  # the fake's layout, whatever the input's (a no-op mostly)
 
     @linear.register_fake
     def _(x: Tensor, w: Tensor, b: Optional[Tensor], site: int) -> Tensor:
@@ -74,7 +74,7 @@ def custom_ops() -> Any:
 
     @torch.library.custom_op("farm::norm", mutates_args=(), schema="(Tensor x, Tensor? w, Tensor? b, int site) -> Tensor")
     def norm(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], site: int) -> Tensor:
-        return SITES[site].run(x, w, b)
+        return SITES[site].run(x, w, b).contiguous()  # rms_norm keeps a strided input's layout: the fake's is dense
 
     @norm.register_fake
     def _(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], site: int) -> Tensor:
@@ -96,7 +96,7 @@ def custom_ops() -> Any:
 
     @torch.library.custom_op("farm::matmul", mutates_args=(), schema="(Tensor a, Tensor b, Tensor? bias, int site) -> Tensor")
     def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor], site: int) -> Tensor:
-        return SITES[site].op_matmul(a, b, bias)
+        return SITES[site].op_matmul(a, b, bias).contiguous()
 
     @matmul.register_fake
     def _(a: Tensor, b: Tensor, bias: Optional[Tensor], site: int) -> Tensor:

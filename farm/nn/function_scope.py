@@ -133,8 +133,6 @@ class FunctionScope(Site):
             self._settle(root)
 
     def _record(self, kind: str) -> None:
-        if self.stack is None:
-            return
         module = self.stack[-1] if self.stack else self.root.module()
         if isinstance(module.__dict__.get(SITE_ATTR), ModuleSite):
             return  # a routed module's own call, not a function call of the model's
@@ -180,10 +178,9 @@ class FunctionScope(Site):
             return self.ops.matmul(*parsed, self.number)
         if self.autocast():
             return func(*args, **kwargs)
-        out = self.run_sdpa(*parsed) if kind == SDPA else self.run_matmul(*parsed)
+        out = self.run_sdpa(*parsed) if kind == SDPA else self.run_matmul(*parsed, kind=kind)
         if out is None:  # the library's call, exactly as the model made it
             return func(*args, **kwargs)
-        self._record(kind)
         return out
 
     def run_sdpa(self, q: Any, k: Any, v: Any, mask: Any, is_causal: bool, gqa: bool) -> Any:
@@ -195,6 +192,8 @@ class FunctionScope(Site):
         fn = self.table.get(key)
         if fn is None:
             fn = self.table[key] = self._bind_sdpa(q, k, v, mask, is_causal, gqa)
+        if self.stack is not None and fn is not _library:
+            self._record(SDPA)  # routed in some calling mode (an eager call may run the library's: graph-only)
         return fn(q, k, v, mask)
 
     def _bind_sdpa(self, q: Any, k: Any, v: Any, mask: Any, is_causal: bool, gqa: bool) -> Callable[..., Any]:
@@ -225,8 +224,9 @@ class FunctionScope(Site):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
         return y
 
-    def run_matmul(self, a: Any, b: Any, bias: Any) -> Any:
-        """``a @ b (+ bias)`` routed for these layouts; None where the call stays the library's."""
+    def run_matmul(self, a: Any, b: Any, bias: Any, kind: str = "matmul") -> Any:
+        """``a @ b (+ bias)`` (a call of ``kind``) routed for these layouts; None where the call stays the
+        library's."""
         if self.grad() and (a.requires_grad or b.requires_grad or bias is not None and bias.requires_grad):
             return None
         key = (self.site_name(), "mm", a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device,
@@ -234,6 +234,8 @@ class FunctionScope(Site):
         fn = self.table.get(key)
         if fn is None:
             fn = self.table[key] = self._bind_matmul(a, b, bias)
+        if self.stack is not None and fn is not _library:
+            self._record(kind)
         return fn(a, b, bias)
 
     def _bind_matmul(self, a: Any, b: Any, bias: Any) -> Callable[..., Any]:
@@ -364,7 +366,7 @@ class ScopeSite(Site):
                 with self.scope.mode_class(self.scope, self.kinds):
                     return run()
             return run()
-        if self.discovering and self.scope.live():
+        if self.discovering:  # with a function decision in any calling mode (a graph's is found eagerly too)
             shapes = _shapes(args, kwargs)
             if shapes not in self.seen and not self.scope.depth() and not _capturing():
                 self.seen.add(shapes)

@@ -78,6 +78,35 @@ def test_a_library_decoders_masked_attention_is_routed_eagerly_in_a_graph_and_co
         assert not any("_farm_site" in m.__dict__ for m in model.modules())
 
 
+def test_a_graph_only_attention_decision_finds_its_modules_on_an_eager_call(tmp_path):
+    """The eager calls run the library's; the modules making the calls are found on the first eager call all the
+    same (a graph capture cannot look for them), and the capture runs the graph decision."""
+    model, args, kwargs = library_models.llama(batch=1, context=128, dtype="bfloat16")
+    step = lambda: model(*args, **kwargs).logits  # noqa: E731
+    with torch.no_grad():
+        ref = step().clone()
+        with farm.capture(model) as c:
+            step()
+        sdpa = next(p.problem for p in c.workload().problems if p.problem.op == "sdpa_fwd")
+        meta = {"call": "eager", "calls": {"graph": {"engine_name": "torch.sdpa",
+                                                     "knobs": [{"knob_id": "backend", "type": "string",
+                                                                "value": "math"}]}}}
+        d = open_device("cuda", 0)
+        write_overrides(str(tmp_path / "o.json"), [OverrideEntry.for_problem(sdpa, "torch.sdpa", metadata=meta)],
+                        device={"signature": d.signature, "properties": d.properties.to_dict()}, mode="replace")
+        farm.apply(model, str(tmp_path / "o.json"))
+        assert torch.equal(step(), ref)  # eagerly: the library's call, exactly
+        scope = applied_to(model).scope
+        assert [s.name for s in scope.sites] == [f"model.layers.{i}.self_attn" for i in range(len(model.model.layers))]
+        route = next(r.route for r in applied_to(model).routed.values() if r.problem.op == "sdpa_fwd")
+        assert route.eager is None and route.labels["graph"] == "torch.sdpa[backend=math]"
+        g, static = _graph(step)
+        g.replay()
+        torch.cuda.synchronize()
+        assert _close(static, ref)
+        farm.unapply(model)
+
+
 def test_a_channels_last_conv_net_keeps_its_layout_routed_and_compiles(tmp_path):
     pytest.importorskip("timm", reason="the conv net test needs timm (pip install 'tunefarm[models]')")
     model, (x,), _ = library_models.resnet(batch=4, image=64, channels_last=1, dtype="float16")

@@ -273,3 +273,33 @@ def test_bf16_on_a_cpu_is_refused_at_capture_saying_why():
                                           "layer_norm": "eps 1e-06"}
     with pytest.raises(farm.InputError, match="bf16 on a CPU"):
         w.write("unused.yaml")  # farm capture: one line saying why, nothing written
+
+
+def test_every_custom_ops_fake_gives_the_layout_its_run_returns(tmp_path):
+    """torch.library.opcheck's fake-tensor test: the fake's shape, dtype and strides are the real output's."""
+    check = ("test_faketensor",)
+    resnet, _ = _applied("resnet-channels-last", tmp_path)
+    conv, x = resnet.model.conv1, resnet.args[0]
+    site = conv.__dict__["_farm_site"]
+    torch.library.opcheck(torch.ops.farm.conv2d.default, (x, conv.weight.detach(), None, site.number), test_utils=check)
+    fc = resnet.model.fc
+    feats = torch.randn(3, fc.in_features).t().contiguous().t()  # a strided input: the module's own call runs
+    torch.library.opcheck(torch.ops.farm.linear.default, (feats, fc.weight.detach(), fc.bias.detach(),
+                                                           fc.__dict__["_farm_site"].number), test_utils=check)
+    llama, _ = _applied("llama", tmp_path)
+    llama.run()  # finds the attention modules
+    scope = applied_to(llama.model).scope
+    q, k = torch.randn(1, 2, 2, 16), torch.randn(1, 2, 64, 16)
+    mask = torch.ones(1, 1, 1, 64, dtype=torch.bool)
+    torch.library.opcheck(torch.ops.farm.sdpa.default, (q, k, k.clone(), mask, False, False, scope.number),
+                          test_utils=check)
+    gpt2, _ = _applied("gpt2", tmp_path)
+    gpt2.run()
+    scope = applied_to(gpt2.model).scope
+    a, b, bias = torch.randn(1, 64), torch.randn(64, 192), torch.randn(192)
+    torch.library.opcheck(torch.ops.farm.matmul.default, (a, b, bias, scope.number), test_utils=check)
+    ln = next(m for m in gpt2.model.modules() if "_farm_site" in m.__dict__ and isinstance(m, torch.nn.LayerNorm))
+    h = torch.randn(1, 1, 64)
+    torch.library.opcheck(torch.ops.farm.norm.default, (h, ln.weight.detach(), ln.bias.detach(),
+                                                         ln.__dict__["_farm_site"].number), test_utils=check)
+
