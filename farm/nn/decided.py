@@ -148,11 +148,11 @@ class Decisions:
         out = problem.output_ids[0]
         d = problem.tensor(out)
         if self.device.vendor == "cpu":
-            # the output in the problem's layout (a channels-last convolution's too), numpy's view of torch's memory
-            dt = getattr(torch, TORCH_DTYPES[d.dtype])
-            if not d.is_contiguous:
+            alloc = NUMPY.allocator(None, d.dims, d.dtype, d.strides)
+            if not d.is_contiguous:  # a channels-last convolution's output: numpy's view of torch's strided memory
                 bound.produce = None  # a library's own output is contiguous: write the problem's layout instead
-            alloc = functools.partial(_numpy_of, torch.empty_strided, d.dims, d.strides, dt)
+                dt = getattr(torch, TORCH_DTYPES[d.dtype])
+                alloc = functools.partial(_numpy_of, torch.empty_strided, d.dims, d.strides, dt)
             return Binding(bound, out, d.dims, d.dtype, d.strides, NUMPY, torch.from_numpy, alloc)
         fw = torch_framework(torch)
         like = types.SimpleNamespace(device=torch.device("cuda", self.device.index))

@@ -119,6 +119,8 @@ class Site:
 class ModuleSite(Site):
     """A routed module's forward: the module's own call, or the bound decision for its input's layout."""
 
+    strided_key = True  # keyed by the input's shape, strides and dtype
+
     def __init__(self, applied: Any, module: Any, name: str) -> None:
         super().__init__(applied, name)
         self.base = type(module)
@@ -146,7 +148,7 @@ class ModuleSite(Site):
         """The call on these tensors (also the custom op's runtime)."""
         if self.autocast() or self.grad() and (x.requires_grad or w.requires_grad):
             return self.plain(x, w, b)
-        key = self.key(x)
+        key = (x.shape, x.stride(), x.dtype) if self.strided_key else x.shape
         fn = self.table.get(key)
         if fn is None:
             fn = self.table[key] = self.bind(x, w, b)
@@ -155,9 +157,6 @@ class ModuleSite(Site):
             fn = self.table[key] = self.bind(x, w, b)
             y = fn(x, w, b)
         return y
-
-    def key(self, x: Any) -> Any:
-        return x.shape, x.stride(), x.dtype
 
     def plain(self, x: Any, w: Any, b: Any) -> Any:
         raise NotImplementedError  # pragma: no cover - every site overrides it
@@ -168,9 +167,7 @@ class ModuleSite(Site):
 
 class LinearSite(ModuleSite):
     kind = "linear"
-
-    def key(self, x: Any) -> Any:
-        return x.shape  # the bound call checks dtype, contiguity and device (a linear's cheapest key)
+    strided_key = False  # keyed by the input's shape: the bound call checks dtype, contiguity and device
 
     def plain(self, x: Any, w: Any, b: Any) -> Any:
         return torch_module().nn.functional.linear(x, w, b)
