@@ -9,6 +9,7 @@ could have a decision that is not (so only those modules are patched).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 from dataclasses import dataclass
@@ -82,6 +83,8 @@ class Decisions:
                 chosen.append(call_choice(entry, call) or (entry.engine_name, entry.knobs))
             except InputError:  # an unreadable graph decision: production would not use it; the others count
                 pass
+        problem = self._entry_problem(entry)
+        first = self.default_engine(problem) if problem is not None else ""
         for pick in chosen:
             if pick is None:
                 continue
@@ -92,9 +95,20 @@ class Decisions:
                 continue  # an engine this process does not run: production declines it too
             if knobs and settings_to_resolved(e, knobs) != settings_to_resolved(e, ()):
                 return True
-            if getattr(e, "priority", 100) > _first_priority(self.registry, entry.op):
-                return True
+            if problem is not None:  # an exact rule: its problem's default, as a call of it will find it
+                if engine != first:
+                    return True
+            elif getattr(e, "priority", 100) > _first_priority(self.registry, entry.op, self.device.vendor):
+                return True  # a wildcard rule: any engine after the first this device runs may not be the default
         return False
+
+    def _entry_problem(self, entry: OverrideEntry) -> Problem | None:
+        """The problem an exact rule describes, as a torch model's call makes it here (on a CPU its default is
+        torch's own kernel: library "torch"); None for a wildcard or positional rule."""
+        problem = entry.problem()
+        if problem is not None and self.device.vendor == "cpu" and not problem.library:
+            problem = dataclasses.replace(problem, library="torch")
+        return problem
 
     def may_route(self, op: str, weight: tuple[tuple[int, ...], tuple[int, ...], str] | None = None) -> bool:
         """Whether a call of ``op`` with this weight layout (dims, strides, dtype) could have a decision that is not
@@ -163,8 +177,10 @@ def _numpy_of(empty_strided: Any, dims: tuple[int, ...], strides: tuple[int, ...
     return empty_strided(dims, strides, dtype=dtype).numpy()
 
 
-def _first_priority(registry: Any, op: str) -> int:
-    engines = [e for e in registry if op in e.ops]
+def _first_priority(registry: Any, op: str, vendor: str) -> int:
+    """The lowest priority of the engines serving ``op`` that a device of ``vendor`` may run first (a library's
+    own CPU kernels are first on a CPU only)."""
+    engines = [e for e in registry if op in e.ops and (vendor == "cpu" or not getattr(e, "library", ""))]
     return min((getattr(e, "priority", 100) for e in engines), default=100)
 
 
