@@ -23,7 +23,7 @@ if [ "${SMALL:-0}" = 1 ]; then
 else
   llama="library_models:llama:size=llama3.2-1b,context=512,dtype=bfloat16"
   qwen2="library_models:qwen2:size=qwen2.5-1.5b,context=512,dtype=bfloat16"
-  resnet="library_models:resnet:name=resnet50,batch=16,image=224,channels_last=1,dtype=float16"; limit=560; rounds=11
+  resnet="library_models:resnet:name=resnet50,batch=16,image=224,channels_last=1,dtype=float16"; limit=560; rounds=${ROUNDS:-11}
 fi
 limit=${LIMIT:-$limit}
 parts=${PARTS:-capture,tune,apply,steps,inductor}
