@@ -8,7 +8,8 @@
 #   OUT=DIR bash benchmarks/library_models_session.sh resnet    # timm's ResNet-50, fp16, channels-last, N = 16
 # SMALL=1 runs the same parts at the tests' tiny sizes (a CPU's check of the script itself); PARTS=capture,tune
 # runs some of benchmarks/model_step.py's parts (the rest in a later call: each writes its JSON), LIMIT=SECONDS
-# bounds them.
+# bounds them, APPLY_MODES=max-autotune compiles the applied model in Inductor's max-autotune mode (its default:
+# reduce-overhead).
 set -u
 part=${1:?a part: tests, llama, qwen2, resnet}
 OUT=${OUT:-runs/library-$part}
@@ -28,7 +29,8 @@ fi
 limit=${LIMIT:-$limit}
 parts=${PARTS:-capture,tune,apply,steps,inductor}
 bench() {  # bench NAME PARTS MODEL-ARGS...: benchmarks/model_step.py into $WORK/NAME
-  step "$1-$2" "$limit" python3 benchmarks/model_step.py run --out "$WORK/$1" --parts "$2" --rounds "$rounds" "${@:3}"
+  step "$1-$2" "$limit" python3 benchmarks/model_step.py run --out "$WORK/$1" --parts "$2" --rounds "$rounds" \
+    --apply-modes "${APPLY_MODES:-reduce-overhead}" "${@:3}"
 }
 case "$part" in
   tests)

@@ -20,9 +20,9 @@ named steps, each leaving DIR/<part>.json:
                examples/models.py's decoder the share of the HBM floor (every weight and the KV cache read once,
                at the copy bandwidth measured in the same run);
 * ``inductor`` per config: torch.compile(model, mode="max-autotune") (its own CUDA graphs; its compile time),
-               torch.compile(farm.apply(model)) ("reduce-overhead" with the graph decisions on a GPU; ``--all-compiles``
-               adds max-autotune-no-cudagraphs in one CUDA graph, the default mode and "max-autotune"), graph
-               breaks from the farm, beside the graphs of ``steps``;
+               torch.compile(farm.apply(model)) with the graph decisions on a GPU, in each ``--apply-modes`` mode
+               ("reduce-overhead", "max-autotune"; ``--all-compiles`` adds max-autotune-no-cudagraphs in one CUDA
+               graph and the default mode), graph breaks from the farm, beside the graphs of ``steps``;
 * ``cold``     Inductor max-autotune from nothing: a fresh process per decoder config, an empty cache (the
                counterpart of capture + tune + apply);
 * ``start``    a second process: the published file applied to a fresh model, to its first tuned step (and the
@@ -414,14 +414,14 @@ def _inductor_config(cfg: dict[str, Any], out: Path, args: argparse.Namespace) -
         graphed = None
         if gpu:
             graphed = _applied(cfg, out, "graph")
-            compiled.append(("compile(apply(model)) reduce-overhead", graphed, {"mode": "reduce-overhead"}, False))
+            for mode in args.apply_modes:  # the graph decisions, compiled with Inductor's CUDA graphs
+                compiled.append((f"compile(apply(model)) {mode}", graphed if mode == args.apply_modes[0]
+                                 else _applied(cfg, out, "graph"), {"mode": mode}, False))
         if args.all_compiles or not gpu:
             compiled.append(("compile(apply(model))", _applied(cfg, out, "eager"), {}, False))
         if args.all_compiles and gpu:
-            compiled += [("inductor max-autotune-no-cudagraphs, in a graph", base, {"mode": "max-autotune-no-cudagraphs"},
-                          True),
-                         ("compile(apply(model)) max-autotune", _applied(cfg, out, "graph"), {"mode": "max-autotune"},
-                          False)]
+            compiled.append(("inductor max-autotune-no-cudagraphs, in a graph", base,
+                             {"mode": "max-autotune-no-cudagraphs"}, True))
         variants: dict[str, Callable[[], Any]] = {}
         for name, built, kw, in_graph in compiled:
             built.step()  # one eager call first: the routed plans' state is made outside any CUDA graph's pool
@@ -596,7 +596,11 @@ def main() -> int:
     r.add_argument("--convnet", metavar="MODULE:FACTORY[:K=V,...]",
                    help="with --models: a conv net of any factory (e.g. library_models:resnet:batch=32,channels_last=1)")
     r.add_argument("--all-compiles", action="store_true",
-                   help="inductor: also max-autotune-no-cudagraphs in a graph, compile(apply) default and max-autotune")
+                   help="inductor: also max-autotune-no-cudagraphs in a graph and compile(apply) in the default mode")
+    r.add_argument("--apply-modes", default="reduce-overhead",
+                   help="inductor: the modes compile(apply(model)) is compiled in on a GPU, comma-separated "
+                        "(reduce-overhead: Inductor's defaults around the farm's ops; max-autotune: Inductor tunes "
+                        "the rest as it tunes the plain model)")
     r.add_argument("--parts", default=",".join(p for p in PARTS if p not in ("inductor", "start")),
                    help=f"comma-separated, of {', '.join(PARTS)}")
     r.add_argument("--rounds", type=int, default=11)
@@ -609,6 +613,7 @@ def main() -> int:
         print(table(Path(args.out)))
         return 0
     args.batches = [int(b) for b in str(args.batches).split(",") if b]
+    args.apply_modes = [m for m in str(args.apply_modes).split(",") if m]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for part in [x for x in args.parts.split(",") if x]:
