@@ -9,7 +9,7 @@
 # SMALL=1 runs the same parts at the tests' tiny sizes (a CPU's check of the script itself); PARTS=capture,tune
 # runs some of benchmarks/model_step.py's parts (the rest in a later call: each writes its JSON), LIMIT=SECONDS
 # bounds them, APPLY_MODES=max-autotune compiles the applied model in Inductor's max-autotune mode (its default:
-# reduce-overhead).
+# reduce-overhead), BATCHES=1 the decoders at M = 1 alone.
 set -u
 part=${1:?a part: tests, llama, qwen2, resnet}
 OUT=${OUT:-runs/library-$part}
@@ -38,7 +38,7 @@ case "$part" in
       2>&1 | tee "$OUT/tests.log" ;;
   llama|qwen2)
     model=$llama; [ "$part" = qwen2 ] && model=$qwen2
-    bench "$part" "$parts" --models "$model" --batches 1,8 2>&1 | tee "$OUT/$part.log" ;;
+    bench "$part" "$parts" --models "$model" --batches "${BATCHES:-1,8}" 2>&1 | tee "$OUT/$part.log" ;;
   resnet)
     bench resnet "$parts" --models "$llama" --batches "" --convnet "$resnet" \
       2>&1 | tee "$OUT/resnet.log" ;;
