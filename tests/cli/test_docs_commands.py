@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "deploy" / "README.md"]
 NOT_RUN = "<!-- not run by tests:"
 RAY_JOB = "<!-- run by tests/end_to_end/test_ray_job.py -->"
+NEEDS = "<!-- needs "  # <!-- needs torch, transformers -->: run where the venv has them, skipped (saying so) where not
 OUTPUT = "<!-- output of the block above -->"  # a text block quoting what the command block before it prints
 QUICK_OUTPUT = "<!-- output of the Quick start -->"  # ... what the Quick start's farm tune prints
 VENV = Path(sys.executable).parents[1]
@@ -101,6 +102,8 @@ def test_every_command_block_runs_or_says_why_not():
     for b in COMMANDS:
         if b.marker.startswith(NOT_RUN):
             assert len(b.marker[len(NOT_RUN):].strip(" ->")) > 10, f"{b.where}: say why it is not run"
+        elif b.marker.startswith(NEEDS):
+            assert _needs(b), f"{b.where}: name the modules it needs"
         else:
             assert b.marker in ("", RAY_JOB), f"{b.where}: unknown marker {b.marker!r}"
     for b in ALL:
@@ -141,9 +144,20 @@ def _env(work: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("block", [b for b in COMMANDS if not b.marker], ids=lambda b: b.where)
+def _needs(block: Block) -> list[str]:
+    """The modules a block's ``<!-- needs a, b -->`` marker names (the optional extras its commands use)."""
+    return [m.strip() for m in block.marker[len(NEEDS):].strip(" ->").split(",") if m.strip()]
+
+
+@pytest.mark.parametrize("block", [b for b in COMMANDS if not b.marker or b.marker.startswith(NEEDS)],
+                         ids=lambda b: b.where)
 def test_the_block_runs_as_written(block, checkout):
     env = _env(checkout)
+    for module in _needs(block) if block.marker.startswith(NEEDS) else ():
+        found = subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-c", f"import {module}"], env=env,
+                               capture_output=True, text=True, timeout=300)
+        if found.returncode != 0:
+            pytest.skip(f"{block.where} needs {module}, which the venv has not (an optional extra: see README)")
     if block.lang == "bash":
         cmd = ["bash", "-e", "-o", "pipefail", "-c", block.text]
     else:
