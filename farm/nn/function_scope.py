@@ -21,7 +21,7 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from farm.nn.decided import Route
-from farm.nn.module_sites import SITE_ATTR, ModuleSite, Site, chooser, install, prime, uninstall
+from farm.nn.module_sites import SITE_ATTR, InstalledSite, ModuleSite, Site, chooser, install, prime
 from farm.nn.torch_calls import default_scale, read_call, read_matmul, torch_module, torch_output_layout
 
 log = logging.getLogger("farm.nn.function_scope")
@@ -330,7 +330,7 @@ def _matmul_args(kind: str, *args: Any, **kwargs: Any) -> tuple[Any, Any, Any] |
         return None
 
 
-class ScopeSite(Site):
+class ScopeSite(InstalledSite):
     """A module whose forward makes routed function calls: its forward runs inside its scope's mode. The model's
     own (``discovering``) finds those modules on each new input shape's first eager call."""
 
@@ -338,22 +338,12 @@ class ScopeSite(Site):
 
     def __init__(self, scope: FunctionScope, module: Any, name: str, kinds: frozenset[str],
                  discovering: bool = False) -> None:
-        import weakref
-
-        super().__init__(scope.applied, name)
+        super().__init__(scope.applied, module, name)
         self.scope = scope
-        self.base = type(module)
-        self.module = weakref.ref(module)
         self.kinds = kinds
         self.scoped = not discovering  # the root routes its own calls only once discovery found some
         self.discovering = discovering
         self.seen: set[Any] = set()
-
-    def restore(self) -> None:
-        module = self.module()
-        if module is not None:
-            uninstall(module, self)
-        super().restore()
 
     def forward(self, module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         def run() -> Any:

@@ -116,22 +116,29 @@ class Site:
         return self.applied.route(got.problem, self.label)
 
 
-class ModuleSite(Site):
-    """A routed module's forward: the module's own call, or the bound decision for its input's layout."""
-
-    strided_key = True  # keyed by the input's shape, strides and dtype
+class InstalledSite(Site):
+    """A site of one module (installed on it: ``install``): the module's own class, held weakly."""
 
     def __init__(self, applied: Any, module: Any, name: str) -> None:
         super().__init__(applied, name)
         self.base = type(module)
         self.module = weakref.ref(module)
-        self.op = getattr(self.ops, {"linear": "linear", "conv2d": "conv2d"}.get(self.kind, "norm"))
 
     def restore(self) -> None:
         module = self.module()
         if module is not None:
             uninstall(module, self)
         super().restore()
+
+
+class ModuleSite(InstalledSite):
+    """A routed module's forward: the module's own call, or the bound decision for its input's layout."""
+
+    strided_key = True  # keyed by the input's shape, strides and dtype
+
+    def __init__(self, applied: Any, module: Any, name: str) -> None:
+        super().__init__(applied, module, name)
+        self.op = getattr(self.ops, {"linear": "linear", "conv2d": "conv2d"}.get(self.kind, "norm"))
 
     def forward(self, module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         p = module._parameters
