@@ -148,8 +148,7 @@ class FunctionScope(Site):
             if isinstance(site, ScopeSite) and site.scope is self:
                 site.kinds = site.kinds | frozenset(kinds)
                 continue
-            names = {id(m): n for n, m in root.named_modules()}
-            new = ScopeSite(self, module, names.get(id(module), type(module).__name__), frozenset(kinds))
+            new = ScopeSite(self, module, self.names.get(id(module), type(module).__name__), frozenset(kinds))
             if install(module, new):
                 self.sites.append(new)
                 log.info("farm.apply: %s routes its %s calls", new.name, ", ".join(sorted(kinds)))
