@@ -35,6 +35,12 @@ class DiffRow:
     new_winner: str
     old_ms: float | None
     new_ms: float | None
+    new_tie: bool = False  # the new side published its default: a tie within noise (no challenger shown faster)
+
+    @property
+    def changed(self) -> bool:
+        """The published winner (engine and knobs) differs: what a replay runs changed, a tie or not."""
+        return bool(self.old_winner and self.new_winner and self.old_winner != self.new_winner)
 
     @property
     def ratio(self) -> float | None:
@@ -55,6 +61,7 @@ class _Side:
     settled: bool = True  # its stage decided (before its budget ended, or a tie within noise when it did): an
     # undecided stage's "ties" are no verdict
     shared: Hashable = None  # an override rule's key in both spellings (hipdnn_dialect.shared_key), with its signature
+    tie: bool = False  # its default published: its stage's budget ended with no challenger faster (a tie in noise)
 
 
 def diff_paths(a: str | Path, b: str | Path) -> list[DiffRow]:
@@ -142,7 +149,7 @@ def _from_overrides(path: Path) -> dict[Hashable, _Side]:
     check_knobs(f, str(path))  # a knob value of the wrong type is an error here as in farm publish
     sig = f.device_signature or ""
     return {(sig, e.match_key()): _Side(sig, entry_label(e), entry_desc(e), entry_ms(e), _ties(e), _mad(e), _settled(e),
-                                        (sig, shared_key(e)))
+                                        (sig, shared_key(e)), _tie(e))
             for e in f.entries}
 
 
@@ -174,6 +181,12 @@ def _settled(e: Any) -> bool:
     return not (isinstance(conf, dict) and conf.get("settled") is False and conf.get("tie") is not True)
 
 
+def _tie(e: Any) -> bool:
+    """An entry whose confirmation stage ended in a tie within noise (its default published)."""
+    conf = ((e.metadata or {}).get("selection") or {}).get("confirmation")
+    return isinstance(conf, dict) and conf.get("tie") is True
+
+
 def _ties(e: Any) -> tuple[str, ...]:
     """``autotune_metadata.selection.confirmation.ties`` of an entry (strings only; anything else: none)."""
     found = (((e.metadata or {}).get("selection") or {}).get("confirmation") or {}).get("ties") \
@@ -186,7 +199,8 @@ def _from_results(folder: Location) -> dict[Hashable, _Side]:
 
     d = decide_folder(folder)
     return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms, w.confirmed.ties if w.confirmed else (),
-                       w.mad_ms, w.confirmed.decided if w.confirmed else True) for key, w in d.winners.items()}
+                       w.mad_ms, w.confirmed.decided if w.confirmed else True,
+                       tie=bool(w.confirmed is not None and w.confirmed.tie)) for key, w in d.winners.items()}
 
 
 def _time_changed(o: _Side, n: _Side) -> bool:
@@ -220,12 +234,32 @@ def compare(old: dict[Hashable, _Side], new: dict[Hashable, _Side]) -> list[Diff
                 status = "confirmed tie"
             elif status == "winner changed" and o.ms and n.ms and abs(n.ms / o.ms - 1) <= NEAR_TIE:
                 status = "near tie"  # another candidate by a hair: measurement noise, not a new best kernel
-            rows.append(DiffRow(n.signature, n.problem, status, o.winner, n.winner, o.ms, n.ms))
+            rows.append(DiffRow(n.signature, n.problem, status, o.winner, n.winner, o.ms, n.ms, n.tie))
     return rows
+
+
+def headline(rows: list[DiffRow]) -> str:
+    """What changed, in one phrase: every problem whose published winner changed is counted (a tie included:
+    what a replay runs is another kernel); "no change" only where both sides select the same for every problem."""
+    changed = [r for r in rows if r.changed]
+    to_tie = sum(r.new_tie for r in changed)
+    parts = []
+    if changed:
+        parts.append(f"{len(changed)} winner{'s' if len(changed) != 1 else ''} changed" +
+                     (f", {to_tie} of them to a tie: the default published" if to_tie else ""))
+    for status in ("added", "removed", "time changed"):
+        n = sum(r.status == status for r in rows)
+        if n:
+            parts.append(f"{n} {status}")
+    return "; ".join(parts) if parts else "no change"
 
 
 def diff_dict(rows: list[DiffRow]) -> dict[str, Any]:
     return {"rows": [{"signature": r.signature, "problem": r.problem, "status": r.status, "old_winner": r.old_winner or None,
-                      "new_winner": r.new_winner or None, "old_ms": r.old_ms, "new_ms": r.new_ms, "ratio": r.ratio}
+                      "new_winner": r.new_winner or None, "old_ms": r.old_ms, "new_ms": r.new_ms, "ratio": r.ratio,
+                      "winner_changed": r.changed, "new_tie": r.new_tie}
                      for r in rows],
-            "counts": {s: sum(r.status == s for r in rows) for s in STATUSES}}
+            "counts": {s: sum(r.status == s for r in rows) for s in STATUSES},
+            "winners_changed": sum(r.changed for r in rows),
+            "winners_changed_to_a_tie": sum(r.changed and r.new_tie for r in rows),
+            "headline": headline(rows)}

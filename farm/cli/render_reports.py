@@ -235,19 +235,16 @@ def diff_table(rows: Sequence[Any], a: str, b: str, show_same: bool = False, lim
     caption. Labels fold, never cut; one signature goes in the title instead of a column."""
     import math
 
-    from farm.analysis.diff import STATUSES
+    from farm.analysis.diff import STATUSES, headline
 
-    counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
-    quiet = ("same winner", "near tie", "confirmed tie")
-    shown = [r for r in rows if show_same or r.status not in quiet]
+    shown = [r for r in rows if show_same or r.status != "same winner"]  # a changed winner shows, a tie too
     order = {s: i for i, s in enumerate(STATUSES)}
     shown.sort(key=lambda r: (order[r.status], -abs(math.log(r.ratio)) if r.ratio else 0.0))
     left = len(shown) - limit if limit and len(shown) > limit else 0
     shown = shown[:limit] if left else shown
     signatures = sorted({r.signature for r in rows})
     one = len(signatures) == 1
-    title = f"{a} -> {b}" + (f" ({signatures[0]})" if one else "") + ": " + ", ".join(
-        f"{v} {k}" for k, v in counts.items() if v or k in ("added", "removed", "winner changed"))
+    title = f"{a} -> {b}" + (f" ({signatures[0]})" if one else "") + ": " + headline(rows)
     table = Table(title=title, title_justify="left")
     columns = ([] if one else [("signature", "left")]) + [
         ("problem", "left"), ("change", "left"), ("old ms", "right"), ("new ms", "right"), ("new / old", "right"),

@@ -182,3 +182,40 @@ def test_report_never_cuts_a_name_short_at_common_widths(tmp_path, repo_root, co
     assert "…" not in out  # nothing elided
     cells = "".join(ch for ch in out if ch not in "│ \n")  # a folded name reads whole once the borders go
     assert f"{long}[BLOCK_M=128,num_warps=8]" in cells and "lib.default[default]" in cells
+
+
+def test_diffs_headline_counts_every_changed_winner_ties_included(tmp_path, capsys):
+    """Two files selecting other kernels for three problems: the headline counts all three, saying which were a tie
+    (the default published); "no change" only where both select the same for every problem."""
+    from farm.store.overrides import OverrideEntry
+    from farm.store.override_files import write_overrides
+
+    dev = {"signature": GPU0.signature, "properties": GPU0.to_dict()}
+    p3, p4 = matmul_problem(3, 3, 3), matmul_problem(5, 5, 5)
+
+    def e(p, engine, ms, name, tie=False, confirmed=None):
+        conf = {"tie": tie, "settled": not tie, "ties": []}
+        sel = {"rule": "default_not_beaten" if tie else "confirmed", "confirmation": conf}
+        if confirmed:
+            sel["speedup_over_default"] = confirmed
+        return OverrideEntry.for_problem(p, engine, (), {"rank": 0, "median_time_ms": ms, "problem_name": name,
+                                                         "selection": sel})
+
+    write_overrides(tmp_path / "a.json", [e(P1, "tuned.x", 0.2, "p1", confirmed=5.6), e(P2, "tuned.y", 1.0, "p2"),
+                                          e(p3, "lib.default", 1.0, "p3"), e(p4, "same", 1.0, "p4")], device=dev,
+                    mode="replace")
+    # the new run's stage called p1 and p2 ties (the default published), and p3 another kernel by a hair
+    write_overrides(tmp_path / "b.json", [e(P1, "lib.default", 0.21, "p1", tie=True),
+                                          e(P2, "lib.default", 1.01, "p2", tie=True),
+                                          e(p3, "tuned.z", 1.0, "p3"), e(p4, "same", 1.0, "p4")], device=dev,
+                    mode="replace")
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["winners_changed"] == 3 and data["winners_changed_to_a_tie"] == 2
+    assert data["headline"] == "3 winners changed, 2 of them to a tie: the default published"
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "3 winners changed, 2 of them to a tie: the default published" in " ".join(out.split())
+    assert "no change" not in out and all(f"p{i}" in out for i in (1, 2, 3)) and "p4" not in out
+    assert main(["diff", str(tmp_path / "b.json"), str(tmp_path / "b.json")]) == 0
+    assert "no change" in capsys.readouterr().out
