@@ -116,11 +116,14 @@ def round_cells(values: Sequence[float | None], rounds: Sequence[str | None], he
     return head, [f"{fmt_ms(v)} {n}" if n is not None else "-" for v, n in zip(values, names)]
 
 
-def next_step(load: "HostLoad | None", budget_ms: float | None = None) -> str:
-    """What to try after an undecided stage: a quiet machine; one BLAS thread a call, unless the run had one
-    already; a confirmation budget four times this one (8000 ms at least). The same command with --reconfirm
-    confirms them again."""
-    if load is None:  # a run elsewhere (a GPU, a cluster's nodes): what ran is not known here
+def next_step(load: "HostLoad | None", budget_ms: float | None = None, cpu: bool | None = None) -> str:
+    """What to try after an undecided stage: a quiet machine; one BLAS thread a call where the devices are CPUs,
+    unless the run had one already; a confirmation budget four times this one (8000 ms at least). The same command
+    with --reconfirm confirms them again. ``cpu``: the undecided problems' devices are CPUs (True), GPUs (False),
+    or not known (None: a cluster's nodes)."""
+    if cpu is False:  # GPUs: BLAS threads are not theirs
+        threads = ""
+    elif load is None:  # a run elsewhere (a cluster's nodes): what ran is not known here
         threads = "--cpu-threads 1 on a CPU, "
     else:  # a CPU run on this host
         threads = "" if load.blas_threads == 1 else "--cpu-threads 1, "
@@ -187,10 +190,12 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
     decided = [winner_of(o.problem.problem.key) if winner_of is not None else None for o in outcomes]
     head, times = round_cells([w.median_ms if w else None for w in decided], [w.round if w else None for w in decided])
     table.columns[1].header = head
+    kinds: set[bool] = set()  # the undecided problems' devices: CPUs (True) or GPUs (False)
     for o, w, ms in zip(outcomes, decided, times):
         doubt = _doubt(w)
         if doubt == "undecided":
             undecided.append(o.problem.name)
+            kinds.add(str(w.signature).startswith("cpu-"))
         elif doubt:
             doubtful.setdefault(doubt, []).append(o.problem.name)
         table.add_row(*_summary_row(o, w, ms, verbose))
@@ -199,7 +204,7 @@ def summary_table(outcomes: Sequence[ProblemOutcome], wall_s: float, winner_of: 
         cause = load.cause() if load is not None else ""
         parts.insert(0, "too noisy to trust: " + ", ".join(undecided)
                      + " (the confirmation budget ran out undecided: the default is published). "
-                     + (cause + " " if cause else "") + next_step(load, budget_ms))
+                     + (cause + " " if cause else "") + next_step(load, budget_ms, kinds.pop() if len(kinds) == 1 else None))
     caption = " ".join(parts) or "too noisy to trust: nothing"
     table.caption = Text(caption, style="yellow" if undecided or doubtful else "dim")
     table.caption_justify = "left"

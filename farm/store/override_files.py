@@ -192,7 +192,11 @@ def _unreadable_out(current: list[Any], raws: list[Any], moved: str, path: Path,
     """The existing entries without the unreadable ones, where ``unreadable`` says to set them aside (the file as
     it was copied first); else an InputError naming the first of them: a file production refuses is never
     written (hipDNN's writer would keep them, and its reader then refuse the winners just written too)."""
-    bad = [(i, e) for i, e in enumerate(current) if isinstance(e, _Kept)]
+    for i, e in enumerate(current):
+        if isinstance(e, _Kept) and e.unusable:  # readers skip it and read the rest: kept as written
+            log.warning("overrides: %s: engine_overrides[%d] can match nothing (%s): production's readers skip it and "
+                        "read the others; kept as written", path, i, e.why)
+    bad = [(i, e) for i, e in enumerate(current) if isinstance(e, _Kept) and not e.unusable]
     if not bad:
         return current, raws, moved, 0
     if unreadable == "refuse":
@@ -206,7 +210,7 @@ def _unreadable_out(current: list[Any], raws: list[Any], moved: str, path: Path,
     copy = moved or str(copy_aside(path, "unreadable"))
     log.warning("overrides: %s: %d entr%s no reader can read (engine_overrides[%s]) left out; the file as it was is "
                 "kept at %s", path, len(bad), "y" if len(bad) == 1 else "ies", ", ".join(str(i) for i, _ in bad), copy)
-    keep = [i for i, e in enumerate(current) if not isinstance(e, _Kept)]
+    keep = [i for i, e in enumerate(current) if not isinstance(e, _Kept) or e.unusable]
     return [current[i] for i in keep], [raws[i] for i in keep], copy, len(bad)
 
 
@@ -226,10 +230,12 @@ def _unusable_knobs(entries: Sequence[OverrideEntry]) -> bool:
 
 @dataclass(frozen=True)
 class _Kept:
-    """An entry of an existing file this build cannot read (no op, no tensors, a tensor without tensor_id...)."""
+    """An entry of an existing file this build cannot read (no op, no tensors, a tensor without tensor_id...), or
+    one it reads but that can match nothing (``unusable``: a dim below -1; readers skip it alone)."""
 
     raw: Any
     why: str = ""
+    unusable: bool = False
 
 
 def _existing_document(data: Any, path: Path,
@@ -276,7 +282,8 @@ def _existing_document(data: Any, path: Path,
         try:
             items.append(parse_entry(raw, f"engine_overrides[{i}]", version))
         except InputError as exc:
-            items.append(_Kept(raw, f"{exc.field}: {exc.reason}" + (f" (got {exc.value!r:.80})" if exc.has_value else "")))
+            items.append(_Kept(raw, f"{exc.field}: {exc.reason}" + (f" (got {exc.value!r:.80})" if exc.has_value else ""),
+                               isinstance(exc, UnusableRule)))
     extra = {k: v for k, v in data.items() if k not in ("version", "device", "engine_overrides")}
     return items, list(raw_entries), extra, moved
 

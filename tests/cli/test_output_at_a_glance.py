@@ -268,7 +268,9 @@ def test_the_next_step_offers_what_the_run_did_not_do_already():
     assert "--cpu-threads 1" not in one_thread and "budget_ms: 8000" in one_thread  # it ran one thread already
     two = next_step(HostLoad(peak=1.0, cores=2, workers=1, blas_threads=2), budget_ms=8000)
     assert "--cpu-threads 1" in two and "budget_ms: 32000" in two  # a budget larger than the one that ran out
-    assert "--cpu-threads 1 on a CPU" in next_step(None)  # a run elsewhere (a GPU, a cluster): nothing measured here
+    assert "--cpu-threads 1 on a CPU" in next_step(None)  # a run elsewhere (a cluster): nothing measured here
+    gpu = next_step(None, 2000, cpu=False)  # undecided on GPUs: BLAS threads are not the advice (issue 64)
+    assert "cpu-threads" not in gpu and "a quiet machine" in gpu and "budget_ms: 8000" in gpu
 
 
 def test_large_override_files_are_read_side_by_side_with_the_same_rows_and_errors(tmp_path, monkeypatch):

@@ -149,16 +149,11 @@ def test_reduce_moves_a_hostile_override_file_aside(tmp_path, capsys, kind):
     target.write_bytes(BAD_JSON[kind])
     capsys.readouterr()
     rc = farm_main(["reduce", str(tmp_path / "job" / "results"), "--out", str(target.parent)])
-    if kind == "4000-digit integer":  # valid JSON, a rule no reader can read: refused, then set aside on request
-        assert rc == 2 and target.read_bytes() == BAD_JSON[kind]
-        assert "engine_overrides[0]" in capsys.readouterr().err
-        rc = farm_main(["reduce", str(tmp_path / "job" / "results"), "--out", str(target.parent),
-                        "--set-aside-unreadable"])
-        assert rc == 0 and not [p for p in target.parent.iterdir() if ".corrupt-" in p.name]
-        [copy] = [p for p in target.parent.iterdir() if ".unreadable-" in p.name]
-        assert copy.read_bytes() == BAD_JSON[kind]
+    if kind == "4000-digit integer":  # valid JSON, a rule readers skip (it can match nothing): written beside it
+        assert rc == 0 and not [p for p in target.parent.iterdir() if ".corrupt-" in p.name or ".unreadable-" in p.name]
         rules = json.loads(target.read_text())["engine_overrides"]
-        assert [r["engine_name"] for r in rules] == ["cpu.matmul.blas"]
+        assert rules[0] == json.loads(BAD_JSON[kind])["engine_overrides"][0]  # kept as written
+        assert [r["engine_name"] for r in rules[1:]] == ["cpu.matmul.blas"]
         return
     assert rc == 0
     [aside] = [p for p in target.parent.iterdir() if ".corrupt-" in p.name]
@@ -215,3 +210,30 @@ def test_devices_sim_of_something_that_is_not_a_sim_file(tmp_path, capsys, kind)
                       "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "sim.yaml" in err, err
+
+
+def test_an_append_beside_a_rule_readers_skip_keeps_it_and_says_what_is_true(tmp_path, caplog):
+    """A rule with a negative dim can match nothing: farm.ops and hipDNN's reader skip it and read the rest, so an
+    append writes beside it (the rule kept as written) instead of refusing the file as unreadable (issue 64)."""
+    from farm.store.override_files import load_overrides, write_overrides
+    from farm.store.overrides import OverrideEntry
+
+    cpu = cpu_device()
+    dev = {"signature": cpu.signature, "properties": cpu.properties.to_dict()}
+    path = tmp_path / "o.json"
+    write_overrides(path, [OverrideEntry.for_problem(Problem.create("matmul", {"A": [4, 4], "B": [4, 4]}),
+                                                     "cpu.matmul.blas")], device=dev, mode="replace")
+    doc = json.loads(path.read_text())
+    bad = json.loads(json.dumps(doc["engine_overrides"][0]))
+    bad["tensors"][0]["dim"] = [-5, 4]
+    doc["engine_overrides"].append(bad)
+    path.write_text(json.dumps(doc))
+    assert len(load_overrides(path, strict=False).entries) == 1  # what production reads: the rest
+    with caplog.at_level(logging.WARNING):
+        report = write_overrides(path, [OverrideEntry.for_problem(
+            Problem.create("matmul", {"A": [8, 8], "B": [8, 8]}), "cpu.matmul.einsum")], device=dev)
+    assert report.added == 1 and not report.moved_aside
+    written = json.loads(path.read_text())["engine_overrides"]
+    assert len(written) == 3 and written[1] == bad  # the skipped rule as it was
+    assert len(load_overrides(path, strict=False).entries) == 2  # the winner written now is read
+    assert "can match nothing" in caplog.text and "skip it and read the others" in caplog.text
