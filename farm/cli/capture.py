@@ -31,6 +31,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     template = load_template(args.template) if args.template else None
     device = "meta" if args.meta else args.device
     calls = tuple(c for c in (args.call or "").split(",") if c) or None
+    _refuse_to_replace(args)
     if ":" in args.target and not args.target.endswith(".py"):
         parts, name = _capture_factory(args, device, calls)
     else:
@@ -66,6 +67,21 @@ def cmd_capture(args: argparse.Namespace) -> int:
     console.print(f"wrote {escape(str(out))}: {len(workload.problems)} problem(s) from {len(workload.steps)} step(s)")
     console.print(f"next: farm tune {escape(str(out))} --out {escape(str(out.parent))}", soft_wrap=True)
     return 0
+
+
+def _refuse_to_replace(args: argparse.Namespace) -> None:
+    """Without --out, the default path (runs/<name>/workload.yaml) is where the last capture of this model went:
+    another capture (a --meta one of a device's, say) does not silently replace it, before any work is done."""
+    if args.out or args.force:
+        return
+    if ":" in args.target and not args.target.endswith(".py"):
+        name = args.name or args.target.rpartition(":")[2].replace("_", "-")
+    else:
+        name = args.name or Path(args.target).stem.replace("_", "-")
+    out = Path(f"runs/{name}/workload.yaml")
+    if out.exists():
+        raise InputError("a workload is there already (a capture of this model?): give --out, or --force to replace "
+                         "it", source=str(out))
 
 
 def _capture_factory(args: argparse.Namespace, device: str | None, calls: Any) -> tuple[list[Any], str]:
@@ -151,7 +167,9 @@ def add_capture_parser(sub: Any) -> None:
                                   "or a script FILE.py, run whole as one step (its arguments: --args)")
     p.add_argument("--with", dest="with_", action="append", default=[], metavar="K=V[,K=V]",
                    help="keyword arguments for the factory, one step each (e.g. --with batch=1 --with batch=8)")
-    p.add_argument("--out", help="the workload file to write (default: runs/<name>/workload.yaml)")
+    p.add_argument("--out", help="the workload file to write (default: runs/<name>/workload.yaml, not replaced "
+                                 "without --force)")
+    p.add_argument("--force", action="store_true", help="replace the default workload file where one is there")
     p.add_argument("--device", help="passed to the factory as device= (e.g. cuda, cpu)")
     p.add_argument("--meta", action="store_true", help="build on the meta device: shapes only (no memory, no times)")
     p.add_argument("--call", help="calling modes to tune: eager, graph or eager,graph (default: as each call was made)")

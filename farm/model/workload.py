@@ -139,10 +139,25 @@ def load_workload(path: str | Path, registry: EngineRegistry | None = None) -> W
         problem = getattr(exc, "problem", None) or str(exc)
         raise InputError(f"not valid YAML: {problem}", source=where) from None
     try:
-        return parse_workload(data, source=source, registry=registry, text=text)
+        workload = parse_workload(data, source=source, registry=registry, text=text)
     except InputError as exc:
         line = _locate(node, exc.field)
         raise exc.within(source=f"{source}:{line}" if line else source) from None
+    _check_captured_count(text, workload, source)
+    return workload
+
+
+_CAPTURED = re.compile(r"^# captured by farm capture: (\d+) problem\(s\)")
+
+
+def _check_captured_count(text: str, workload: "Workload", source: str) -> None:
+    """A file farm capture wrote says how many problems it holds: one cut short at a line boundary (a copy that
+    stopped) is still valid YAML with the last problems gone, and must not load as if whole."""
+    m = _CAPTURED.match(text)
+    if m and int(m.group(1)) != len(workload.problems):
+        raise InputError(f"farm capture wrote {m.group(1)} problem(s) here and {len(workload.problems)} are read: "
+                         "the file is cut short or was edited (capture it again, or remove the first line if the "
+                         "edit was meant)", source=source)
 
 
 MAX_DEPTH = 64  # a workload is a handful of levels deep

@@ -357,3 +357,40 @@ def test_an_eager_stage_of_a_host_bound_step_ranks_by_host_time_and_records_it()
     # the samples are the host times a call: their median is the recorded host time
     assert all(r.median_ms == pytest.approx(r.host_ms, rel=1e-9) for r in host_rows)
     assert "ranked by the host's time a call" in host_rows[0].error
+
+
+def test_capture_does_not_replace_a_workload_at_its_default_path_unasked(tmp_path):
+    """Without --out, farm capture writes runs/<name>/workload.yaml: a second capture there (a --meta one after a
+    device's, say) is refused in one line before any work, unless --force (issue 64)."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def capture(*extra):
+        return subprocess.run([sys.executable, "-m", "farm", "capture", f"{root}/examples/models.py:decoder",
+                               "--no-time", *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    first = capture()
+    assert first.returncode == 0, first.stderr[-2000:]
+    written = (tmp_path / "runs" / "decoder" / "workload.yaml").read_text()
+    again = capture("--meta")
+    assert again.returncode == 2 and "a workload is there already" in again.stderr and "--force" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "runs" / "decoder" / "workload.yaml").read_text() == written
+    assert capture("--meta", "--force").returncode == 0
+    assert capture("--meta", "--out", "runs/decoder/meta.yaml").returncode == 0
+
+
+def test_a_captured_workload_cut_short_is_refused_not_loaded_without_its_last_problems(tmp_path):
+    c, _, _ = _capture(batch=2)
+    path = c.workload().write(tmp_path / "w.yaml")
+    whole = load_workload(path)
+    text = path.read_text()
+    last = text.rfind("\n- name:")  # cut at a line boundary before the last problem: still valid YAML
+    path.write_text(text[:last + 1])
+    with pytest.raises(InputError) as err:
+        load_workload(path)
+    assert f"wrote {len(whole.problems)} problem(s) here and {len(whole.problems) - 1} are read" in str(err.value)
+    assert str(path) in str(err.value)
