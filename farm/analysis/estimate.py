@@ -74,6 +74,9 @@ class Estimate:
                 "history": list(self.sources)}
 
 
+MAX_TUNING_MS = 7 * 86_400_000.0  # a candidate tuned for a week is no measurement: NaN, inf and 1e308 are not history
+
+
 class History:
     """Main-round and confirmation-stage times of earlier runs, per signature (results folders, read once)."""
 
@@ -96,7 +99,7 @@ class History:
             sessions: dict[tuple[str, str, str], dict[str, list[Any]]] = {}  # -> session -> [latest at, ms]
             for row in t.to_pylist():
                 sig, key, ms = row["device_signature"], row["problem_key"], float(row["tuning_ms"])
-                if not math.isfinite(ms):  # an infinite time (a hand-edited or hostile part) estimates nothing
+                if not 0 <= ms <= MAX_TUNING_MS:  # an impossible time (a hand-edited or hostile part) estimates nothing
                     continue
                 if row["round"] in ("main", "finalist"):
                     self.own[(sig, key, row["candidate_key"])] = ms  # rows ascend in time: the last one stays

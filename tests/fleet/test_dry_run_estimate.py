@@ -116,3 +116,23 @@ def test_a_dry_run_without_out_reads_earlier_runs_of_the_workload_in_other_folde
     [e] = json.loads(capsys.readouterr().out)["estimate"]
     assert [h.split("runs")[-1] for h in e["history"]] == ["/quick/results"], e["history"]
     assert e["estimated_from"]["own_history"] == 1 and e["main_round_s"] is not None
+
+
+def test_history_times_that_sum_past_infinity_are_left_out_in_the_table_and_the_json(tmp_path, capsys):
+    """Each one finite, together infinite (1e308 twice): no OverflowError, no Infinity in the JSON (issue 64)."""
+    props = cpu_device().properties
+    mm = matmul_problem(24, 20, 16)
+    history = tmp_path / "old" / "results"
+    write_results(history, {props: [(mm, "mm", [_timed(mm, "cpu.matmul.blas", 1e308, 0),
+                                                _timed(mm, "cpu.matmul.einsum", 1e308, 1)])]})
+    wl = tmp_path / "w.yaml"
+    wl.write_text(WORKLOAD)
+    assert main(["tune", str(wl), "--devices", "cpu", "--dry-run", "--out", str(tmp_path / "run"),
+                 "--history", str(history)]) == 0  # the table: once an OverflowError
+    capsys.readouterr()
+    assert main(["tune", str(wl), "--devices", "cpu", "--dry-run", "--json", "--out", str(tmp_path / "run"),
+                 "--history", str(history)]) == 0
+    text = capsys.readouterr().out
+    assert "Infinity" not in text and "NaN" not in text
+    [e] = json.loads(text)["estimate"]
+    assert e["estimated_from"]["none"] == 2 and e["main_round_s"] is None  # impossible times estimate nothing
