@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from farm.cli.console import make_console, print_json
+from farm.cli.names import Name
 from farm.errors import InputError
 
 
@@ -125,19 +126,17 @@ def _problems_table(workload: Any) -> Table:
     steps = [s.label for s in workload.steps]
     table = Table(title=f"{workload.name}: {len(workload.problems)} problem(s) the farm tunes", title_justify="left")
     table.add_column("problem", overflow="fold")
-    for label in steps:
-        table.add_column(f"{label}\ncalls", justify="right")
-        table.add_column("ms a call", justify="right")
-        table.add_column("share", justify="right")
+    for label in steps:  # one column a step: calls, ms a call and share under each other (80 columns fit)
+        table.add_column(f"{label}\ncalls\nms a call\nshare", justify="right")
     table.add_column("call sites", overflow="fold")
     for name, p in zip(problem_names(workload.problems), workload.problems):
-        cells = [escape(name)]
+        cells: list[Any] = [Name(name)]  # names and sites break at their joints, never mid-word
         uses = {u.step: u for u in p.uses}
         for label in steps:
             u = uses.get(label)
-            cells += [str(u.calls) if u else "", f"{u.ms:.4f}" if u and u.ms is not None else "",
-                      f"{100 * u.share:.1f} %" if u and u.share is not None else ""]
-        cells.append(escape(", ".join(p.sites)))
+            cells.append("\n".join([str(u.calls), f"{u.ms:.4f}" if u.ms is not None else "-",
+                                     f"{100 * u.share:.1f} %" if u.share is not None else "-"]) if u else "")
+        cells.append(Name(", ".join(p.sites)))
         table.add_row(*cells)
     return table
 
@@ -147,15 +146,13 @@ def _coverage_table(coverage: Any) -> Table:
     kinds = list(dict.fromkeys(k.kind for c in coverage for k in c.kinds))
     table = Table(title="the step by kind of call", title_justify="left")
     table.add_column("kind", overflow="fold")
-    for c in coverage:
-        table.add_column(f"{c.step}\n{c.time} ms", justify="right")
-        table.add_column("share", justify="right")
-        table.add_column("calls", justify="right")
+    for c in coverage:  # one column a step (80 columns fit several)
+        table.add_column(f"{c.step}\n{c.time} ms (share)\ncalls", justify="right")
     for kind in kinds:
-        cells = [escape(kind)]
+        cells: list[Any] = [Name(kind)]
         for c in coverage:
             k = next((k for k in c.kinds if k.kind == kind), None)
-            cells += [f"{k.ms:.3f}", f"{100 * k.share:.1f} %", str(k.calls)] if k else ["", "", ""]
+            cells.append(f"{k.ms:.3f} ({100 * k.share:.1f} %)\n{k.calls}" if k else "")
         table.add_row(*cells)
     return table
 

@@ -251,17 +251,16 @@ def diff_table(rows: Sequence[Any], a: str, b: str, show_same: bool = False, lim
         ("winner (old -> new)", "left")]
     for col, justify in columns:  # every column on one line but the last: the labels fold there, whole
         table.add_column(col, justify=justify, overflow="fold",  # type: ignore[arg-type]
-                         no_wrap=col != "winner (old -> new)")
+                         no_wrap=col in ("change", "old ms", "new ms", "new / old"))
     for r in shown:
         ratio = r.ratio
         style = "green" if ratio is not None and ratio < 0.97 else "red" if ratio is not None and ratio > 1.03 else ""
         if r.old_winner and r.new_winner and r.old_winner != r.new_winner:
-            names = Text(r.old_winner)
-            names.append("\n-> " + r.new_winner, style="bold")
+            names: Any = Group(Name(r.old_winner), Name("-> " + r.new_winner, style="bold"))
         else:
-            names = Text(r.new_winner or r.old_winner or "-")
-        cells = ([] if one else [Text(r.signature)]) + [
-            Text(r.problem), r.status, fmt_ms(r.old_ms), fmt_ms(r.new_ms),
+            names = Name(r.new_winner or r.old_winner or "-")
+        cells = ([] if one else [Name(r.signature)]) + [  # names break at their joints, never mid-word
+            Name(r.problem), r.status, fmt_ms(r.old_ms), fmt_ms(r.new_ms),
             Text(f"{ratio:.3f}" if ratio else "-", style=style), names]
         table.add_row(*cells)
     if left:

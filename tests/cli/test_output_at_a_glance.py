@@ -521,3 +521,41 @@ def test_at_80_columns_farm_reduces_table_keeps_the_signature_and_every_path_who
         assert whole in cells, (whole, text)  # its pieces, read down the column, make it whole
         # (a piece wider than the column, as this test's temporary folder's name, folds alone on its lines)
         assert all(piece in text for piece in Name(whole).pieces if len(piece) <= 20)
+
+
+def test_at_80_columns_farm_diff_all_and_farm_captures_tables_break_names_only_at_their_joints():
+    """farm diff --all's table and farm capture's problems and coverage tables at 80 columns: every problem name,
+    winner and call site is there in whole pieces (cut only after . [ , / -), nothing wider than 80 (issue 64)."""
+    from rich.console import Console
+
+    from farm.analysis.diff import DiffRow
+    from farm.cli.capture import _coverage_table, _problems_table
+    from farm.cli.names import Name
+    from farm.cli.render_reports import diff_table
+    from farm.model.model_steps import StepInfo, Use
+    from farm.nn.captured import CapturedProblem, CapturedWorkload
+    from farm.nn.coverage import KindShare, StepCoverage
+    from tests.fakes import matmul_problem
+
+    rows = [DiffRow("cpu-xeon-x86-skylakex-2cu-fba322ee7c", f"linear-{i}x3584x18944-bias-bf16-layers", "near tie",
+                    "cpu.layernorm.twopass[row_block=1024,variant=onepass]", "cpu.matmul.blocked[block_k=128,threads=2]",
+                    1.0, 1.01) for i in range(2)]
+    sites = ("model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.k_proj", "model.layers.*.mlp.down_proj")
+    problems = tuple(CapturedProblem(matmul_problem(16 * (i + 1), 64, 32), "linear",
+                                     (Use("batch=1", 28, 0.0123, 0.05), Use("batch=8", 28, 0.0234, 0.07)), sites)
+                     for i in range(2))
+    workload = CapturedWorkload("qwen2-long-model-name", (StepInfo("batch=1"), StepInfo("batch=8")), problems)
+    coverage = (StepCoverage("batch=1", "device", (KindShare("tuned: matmul", 1.2, 0.6, 100),
+                                                   KindShare("norms (hand-written)", 0.8, 0.4, 57))),)
+    tables = [(diff_table(rows, "runs/a-long-folder/overrides", "runs/b-long-folder/overrides", show_same=True),
+               [r.problem for r in rows] + [r.old_winner for r in rows] + [r.new_winner for r in rows]),
+              (_problems_table(workload), [", ".join(sites)]),
+              (_coverage_table(coverage), ["norms (hand-written)"])]
+    for table, labels in tables:
+        console = Console(width=80, record=True, file=open(os.devnull, "w"))
+        console.print(table)
+        text = console.export_text()
+        assert max(len(line.rstrip()) for line in text.splitlines()) <= 80, text
+        cells = " ".join(c.strip() for line in text.splitlines() for c in line.split("│")[1:-1])
+        for label in labels:
+            assert all(piece.strip() in cells for piece in Name(label).pieces), (label, text)
