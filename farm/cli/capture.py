@@ -39,6 +39,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         parts, name = _capture_script(args, calls)
     workload = merge(parts, name=args.name or name)
     out = Path(args.out or f"runs/{workload.name}/workload.yaml")
+    template, note = _for_the_device(template, workload)
     workload.write(out, template)
     if args.json:
         print_json({"workload": str(out), "name": workload.name, "steps": [s.to_dict() for s in workload.steps],
@@ -48,9 +49,11 @@ def cmd_capture(args: argparse.Namespace) -> int:
                                   for n, p in zip(problem_names(workload.problems), workload.problems)],
                      "skipped": [{"kind": s.kind, "reason": s.reason, "count": s.count, "sites": list(s.sites)}
                                  for s in workload.skipped],
-                     "coverage": [c.to_dict() for c in workload.coverage]})
+                     "coverage": [c.to_dict() for c in workload.coverage], "notes": [note] if note else []})
         return 0
     console = make_console()
+    if note:
+        console.print(f"[yellow]note[/] {escape(note)}")
     console.print(_problems_table(workload))
     for s in workload.steps:
         if s.wall_ms is not None:
@@ -68,6 +71,19 @@ def cmd_capture(args: argparse.Namespace) -> int:
     console.print(f"wrote {escape(str(out))}: {len(workload.problems)} problem(s) from {len(workload.steps)} step(s)")
     console.print(f"next: farm tune {escape(str(out))} --out {escape(str(out.parent))}", soft_wrap=True)
     return 0
+
+
+def _for_the_device(template: Any, workload: Any) -> tuple[Any, str]:
+    """The template as this capture can use it: on a CPU, its eager calling mode alone (a CPU has no CUDA graphs:
+    a graph decision could neither be tuned nor checked there), and a note saying so."""
+    if not template or "call" not in template or not workload.steps or \
+            any(not s.device.startswith("cpu") for s in workload.steps):
+        return template, ""
+    calls = template["call"] if isinstance(template["call"], list) else [template["call"]]
+    if "graph" not in calls:
+        return template, ""
+    return {**template, "call": "eager"}, ("the template's calling modes include graph; this capture ran on a CPU, "
+                                           "which has no CUDA graphs: the workload tunes eager calls only")
 
 
 def _refuse_to_replace(args: argparse.Namespace) -> None:

@@ -394,3 +394,22 @@ def test_a_captured_workload_cut_short_is_refused_not_loaded_without_its_last_pr
         load_workload(path)
     assert f"wrote {len(whole.problems)} problem(s) here and {len(whole.problems) - 1} are read" in str(err.value)
     assert str(path) in str(err.value)
+
+
+def test_a_template_asking_for_graph_calls_gives_a_cpu_capture_eager_calls_only_and_says_so(tmp_path):
+    """A CPU has no CUDA graphs: graph decisions tuned there could never be checked (issue 64)."""
+    import os
+    import subprocess
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "farm", "capture", f"{root}/examples/models.py:decoder", "--no-time",
+                           "--template", f"{root}/examples/model-step.yaml", "--out", str(tmp_path / "w.yaml"),
+                           "--json"], env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert any("no CUDA graphs" in n for n in json.loads(proc.stdout)["notes"])
+    doc = yaml.safe_load((tmp_path / "w.yaml").read_text())
+    assert doc["call"] == "eager" and doc["autotune"]["graph_repeats"] == 16  # the rest of the template kept
+    assert load_workload(tmp_path / "w.yaml").problems[0].calls == (CallMode.EAGER,)
