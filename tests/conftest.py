@@ -102,10 +102,9 @@ def bystander_ray(request):
         return
     from farm.fleet.ray_instance import instance_processes, stop_instance
 
-    for stale in Path("/tmp").glob("rayb[0-9]*"):  # a bystander of a suite that was killed: its pytest is gone
-        if stale.name[5:].isdigit() and not Path(f"/proc/{stale.name[5:]}").exists():
-            stop_instance(stale, grace_s=2.0)
+    _stop_orphaned_bystanders(stop_instance)
     temp = f"/tmp/rayb{os.getpid()}"  # Ray's socket paths must stay short
+    owner = _own(temp)  # held while this suite runs: another suite never takes this bystander for an orphan
     p = _free_ports(9)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     start = subprocess.run(
@@ -131,3 +130,43 @@ def bystander_ray(request):
                                       f"{'answers' if answers else 'does not answer'}")
     finally:
         stop_instance(temp)
+        os.close(owner)
+        Path(f"{temp}.owner").unlink(missing_ok=True)
+
+
+def _own(temp: str) -> int:
+    """Take ``temp``'s owner lock (``TEMP.owner``, an exclusive flock held by this process until it closes it or
+    ends): what tells another suite that this bystander's suite is alive, in any process namespace sharing /tmp."""
+    import fcntl
+
+    fd = os.open(f"{temp}.owner", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _stop_orphaned_bystanders(stop_instance) -> None:
+    """Stop the bystanders of suites that were killed: those whose owner lock nobody holds (its owner ended). A
+    bystander is never judged by its name (a pid in a name may be another namespace's, or reused) nor stopped
+    while its owner lock is held; one without an owner file is not this code's to stop."""
+    import fcntl
+    from pathlib import Path
+
+    for lock in Path("/tmp").glob("rayb[0-9]*.owner"):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its suite is running
+            os.close(fd)
+            continue
+        try:
+            stop_instance(str(lock)[: -len(".owner")], grace_s=2.0)
+            lock.unlink(missing_ok=True)
+        finally:
+            os.close(fd)

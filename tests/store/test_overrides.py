@@ -3,7 +3,6 @@
 import json
 import multiprocessing
 import os
-import time
 
 import pytest
 
@@ -299,11 +298,9 @@ def test_exact_lookup_is_a_hash_lookup_not_a_scan(monkeypatch):
 
     monkeypatch.setattr(OverrideEntry, "matches", counting)
     probe = mm(1500)
-    t0 = time.perf_counter()
     for _ in range(1000):
         assert f.match(probe) is not None
-    assert calls["n"] == 0
-    assert (time.perf_counter() - t0) / 1000 < 1e-3
+    assert calls["n"] == 0  # every lookup from the index: no rule compared (its time is benchmarks/selection_bench's)
 
 
 @pytest.mark.parametrize("doc, path", [
