@@ -141,7 +141,7 @@ class JobRun:
         from farm.store.results import spec_of
 
         out = []
-        for path, rows in self._session_parts(signature, op, {session_id}):
+        for path, rows, _mixed in self._session_parts(signature, op, {session_id}):
             self._counted_parts.setdefault(session_id, set()).add(path)
             for row in rows:
                 spec = spec_of(row["candidate_key"])
@@ -157,8 +157,10 @@ class JobRun:
         so, and a worker cut off may go on) is set aside when the run ends, not read as data."""
         self._fenced.append((signature, op, session_id))
 
-    def _session_parts(self, signature: str, op: str, sessions: set[str]) -> list[tuple[str, list[dict[str, Any]]]]:
-        """This run's parts of (signature, op) holding rows of ``sessions``: (path, those rows)."""
+    def _session_parts(self, signature: str, op: str, sessions: set[str]
+                       ) -> list[tuple[str, list[dict[str, Any]], bool]]:
+        """This run's parts of (signature, op) holding rows of ``sessions``: (path, those rows, whether the part
+        holds rows of other sessions too)."""
         import pyarrow.parquet as pq
 
         if not self.job.results.exists():
@@ -174,24 +176,49 @@ class JobRun:
             rows = pq.read_table(path, columns=cols, filesystem=data.location.fs).to_pylist()
             hits = [r for r in rows if r["session_id"] in sessions]
             if hits:
-                out.append((path, hits if len(hits) < len(rows) else rows))
+                out.append((path, hits, len(hits) < len(rows)))
         return out
 
     def _set_aside_late_parts(self) -> list[dict[str, Any]]:
-        """Parts of fenced sessions (``fence``) that were not counted: set aside (renamed, so no reader lists them)."""
+        """Parts of fenced sessions (``fence``) that were not counted: set aside (renamed, so no reader lists them);
+        a part holding other sessions' rows too is written again without the fenced session's (those kept, the
+        part as it was set aside)."""
         out = []
         for sig, op, session in self._fenced:
-            for path, rows in self._session_parts(sig, op, {session}):
+            for path, rows, mixed in self._session_parts(sig, op, {session}):
                 if path in self._counted_parts.get(session, set()):
                     continue
-                if any(r["session_id"] != session for r in rows):  # a part of other sessions too: kept
-                    log.warning("farm: %s holds rows of the lost session %s and of others: kept", path, session)
-                    continue
+                kept = self._without_session(path, session) if mixed else ""
                 moved = self.job.location.set_aside(path, "lost-worker")
-                log.warning("farm: a part a lost node's worker wrote after its task ran again elsewhere (%d rows) set "
-                            "aside: %s", len(rows), moved)
-                out.append({"session_id": session, "rows": len(rows), "path": str(moved)})
+                log.warning("farm: a part a lost node's worker wrote after its task ran again elsewhere (%d rows of "
+                            "session %s) set aside: %s%s", len(rows), session, moved,
+                            f"; its other sessions' rows kept in {kept}" if kept else "")
+                out.append({"session_id": session, "rows": len(rows), "path": str(moved),
+                            **({"kept_in": kept} if kept else {})})
         return out
+
+    def _without_session(self, path: str, session: str) -> str:
+        """A copy of the part at ``path`` without ``session``'s rows, beside it (written under a temp name, then
+        renamed: a reader never lists half of it) -> its path."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        fs = self.job.location.fs
+        table = pq.read_table(path, filesystem=fs)
+        table = table.filter(pc.not_equal(table["session_id"], session))
+        head, _, name = path.rpartition("/")
+        target = f"{head}/{name[:-len('.parquet')]}-kept.parquet"
+        temp = f"{head}/_{name}.kept-tmp"
+        pq.write_table(table, temp, filesystem=fs)
+        fs.move(temp, target)
+        return target
+
+    def fenced_record(self) -> list[dict[str, Any]]:
+        """The fenced sessions with the parts counted of each: what a reader skips of them later (a part landing
+        after the run's end, farm.store.dataset)."""
+        return [{"signature": sig, "op": op, "session_id": session,
+                 "counted": sorted(p.rpartition("/")[2] for p in self._counted_parts.get(session, set()))}
+                for sig, op, session in self._fenced]
 
     @property
     def rows_written(self) -> int:
@@ -216,6 +243,8 @@ class JobRun:
         set_aside = self._set_aside_late_parts()
         if set_aside:
             fields["set_aside"] = set_aside
+        if self._fenced:
+            fields["fenced"] = self.fenced_record()
         per_sig = self._decisions(top_k)
         verification: dict[str, Any] | None = None
         if verify is not None and reduce:

@@ -33,6 +33,25 @@ class SkippedFile:
     reason: str
 
 
+def _fenced_sessions(results: Location) -> list[tuple[str, str, str, str, set[str]]]:
+    """(run id, signature, op, session, counted part names) of every fenced session the job record beside the
+    results folder names (none where there is no record, or it is unreadable: the reader reads as before)."""
+    try:
+        text = results.parent().read_text("job.json")
+        record = json.loads(text) if text else {}
+    except Exception:  # no record here (a results folder of its own), or one a reader cannot read: nothing fenced
+        return []
+    out = []
+    for run in record.get("runs", []) if isinstance(record, dict) else []:
+        for f in run.get("fenced", []) if isinstance(run, dict) else []:
+            try:
+                out.append((str(run["run_id"]), str(f["signature"]), str(f["op"]), str(f["session_id"]),
+                            set(map(str, f.get("counted", [])))))
+            except (KeyError, TypeError):
+                continue
+    return out
+
+
 class ResultsDataset:
     """The readable part of a results folder: broken files and rows are reported and skipped.
 
@@ -62,6 +81,27 @@ class ResultsDataset:
                 self._skip(path, reason)
             else:
                 self.files.append(path)
+        self._skip_late_parts()
+
+    def _skip_late_parts(self) -> None:
+        """Skip the parts a lost node's worker wrote of a session after its run had ended (the session ran again
+        elsewhere: its rows would be read twice). The run record (job.json beside the results) names each fenced
+        session and the parts counted of it; a part of that run holding its rows and not counted is skipped."""
+        fenced = _fenced_sessions(self.location)
+        if not fenced:
+            return
+        for path in list(self.files):
+            head, _, name = path.rpartition("/")
+            for run_id, sig, op, session, counted in fenced:
+                if name in counted or not name.startswith(f"part-{run_id}-") or not head.endswith(f"/op={op}") \
+                        or _partition_signature(Path(self.location.relative(path)).parts[0]) != sig:
+                    continue
+                sessions = pq.read_table(path, columns=["session_id"], filesystem=self.location.fs)["session_id"]
+                if session in sessions.to_pylist():
+                    self.files.remove(path)
+                    self._skip(path, f"written by a lost node's worker after its run ended (session {session} ran "
+                                     "again elsewhere): its rows are not data")
+                    break
 
     def check_pages(self) -> "ResultsDataset":
         """Read every file whole, and skip those that fail (a corrupt data page under an intact footer reads fine

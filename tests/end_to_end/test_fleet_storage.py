@@ -267,3 +267,47 @@ def test_a_part_a_lost_node_s_worker_writes_after_its_task_ran_again_is_set_asid
 
     plain = pads.dataset(str(tmp_path / "out" / "results"), format="parquet", partitioning="hive")
     assert sorted(plain.to_table(columns=["engine_name"]).column("engine_name").to_pylist()) == ["e0", "e1", "e3"]
+
+
+def test_a_lost_sessions_late_rows_beside_others_keep_the_others_and_a_part_after_the_run_is_not_read(tmp_path):
+    """A late part mixing the lost session's rows with another session's keeps those (the part written again
+    without the lost rows); a part that lands after the run's end is skipped by the farm's readers, which the run
+    record tells which sessions ran again elsewhere (issue 64: the whole mixed part was set aside, and a part after
+    the end was read twice)."""
+    from farm.analysis.report import build_report
+    from farm.fleet.job import JobRun
+    from farm.model.engine import default_engine_registry
+    from farm.model.workload import parse_workload
+
+    wl = parse_workload({"name": "w", "problems": [{"name": "mm", "op": "matmul", "tensors": {"A": [8, 5], "B": [5, 6]}}]},
+                        registry=default_engine_registry())
+    wp = wl.problems[0]
+    jr = JobRun(f"file://{tmp_path}/out", wl, {})
+    props = fake_props()
+    sig = props.signature
+    writer = ResultWriter(jr.job.results, jr.run.run_id, flush_rows=1 << 20, flush_seconds=3600, name="w1")
+
+    def rows(session, engines):
+        where = MeasurementContext(props, session_id=session)
+        return [result_row(fake_result(wp.problem, e), wp.problem, wp.name, jr.run, where) for e in engines]
+
+    writer.append(rows("s-lost", ["e0"]))
+    writer.flush()
+    jr.results_of_session(sig, "matmul", "s-lost")  # counted
+    jr.fence(sig, "matmul", "s-lost")
+    writer.append(rows("s-lost", ["e1"]) + rows("s-other", ["e2"]))  # one late part, two sessions
+    writer.flush()
+    jr.finish(reduce=False)
+    engines = sorted(ResultsDataset(jr.job.results).table(["engine_name"]).column("engine_name").to_pylist())
+    assert engines == ["e0", "e2"]  # s-other's row kept, the lost session's late row not data
+    run = json.loads((tmp_path / "out" / "job.json").read_text())["runs"][-1]
+    [aside] = run["set_aside"]
+    assert aside["rows"] == 1 and aside["kept_in"].endswith("-kept.parquet")
+    assert run["fenced"][0]["session_id"] == "s-lost"
+    # after the run's end, the lost node's worker writes once more: the farm's readers skip that part
+    writer.append(rows("s-lost", ["e3"]))
+    writer.flush()
+    data = ResultsDataset(jr.job.results)
+    assert sorted(data.table(["engine_name"]).column("engine_name").to_pylist()) == ["e0", "e2"]
+    assert any("after its run ended" in s.reason for s in data.skipped)
+    assert build_report(tmp_path / "out" / "results") is not None  # the report reads the same rows
