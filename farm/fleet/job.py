@@ -183,7 +183,7 @@ class JobRun:
         """Parts of fenced sessions (``fence``) that were not counted: set aside (renamed, so no reader lists them);
         a part holding other sessions' rows too is written again without the fenced session's (those kept, the
         part as it was set aside)."""
-        out = []
+        out = self._set_aside_earlier_late_parts()
         for sig, op, session in self._fenced:
             for path, rows, mixed in self._session_parts(sig, op, {session}):
                 if path in self._counted_parts.get(session, set()):
@@ -195,6 +195,19 @@ class JobRun:
                             f"; its other sessions' rows kept in {kept}" if kept else "")
                 out.append({"session_id": session, "rows": len(rows), "path": str(moved),
                             **({"kept_in": kept} if kept else {})})
+        return out
+
+    def _set_aside_earlier_late_parts(self) -> list[dict[str, Any]]:
+        """Parts an earlier run's lost node wrote after that run had ended (its readers skip them already): set
+        aside now, so a plain Parquet query does not read them either."""
+        if not self.job.results.exists():
+            return []
+        out = []
+        for skipped in ResultsDataset(self.job.results).skipped:
+            if "after its run ended" in skipped.reason:
+                moved = self.job.location.set_aside(skipped.path, "lost-worker")
+                log.warning("farm: a part a lost node's worker wrote after an earlier run ended set aside: %s", moved)
+                out.append({"session_id": "", "rows": None, "path": str(moved), "after_its_run": True})
         return out
 
     def _without_session(self, path: str, session: str) -> str:

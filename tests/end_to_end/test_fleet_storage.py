@@ -311,3 +311,9 @@ def test_a_lost_sessions_late_rows_beside_others_keep_the_others_and_a_part_afte
     assert sorted(data.table(["engine_name"]).column("engine_name").to_pylist()) == ["e0", "e2"]
     assert any("after its run ended" in s.reason for s in data.skipped)
     assert build_report(tmp_path / "out" / "results") is not None  # the report reads the same rows
+    late = JobRun(f"file://{tmp_path}/out", wl, {})  # the job's next run sets it aside: plain readers skip it too
+    late.finish(reduce=False)
+    import pyarrow.dataset as pads
+
+    plain = pads.dataset(str(tmp_path / "out" / "results"), format="parquet", partitioning="hive")
+    assert sorted(plain.to_table(columns=["engine_name"]).column("engine_name").to_pylist()) == ["e0", "e2"]
