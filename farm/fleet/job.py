@@ -21,7 +21,7 @@ import pyarrow as pa
 from farm.errors import FarmError, InputError
 from farm.model.records import AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
-from farm.store.dataset import ResultsDataset, partition_signatures
+from farm.store.dataset import ResultsDataset, fenced_sessions, partition_signatures
 from farm.store.deciding import Decisions, Winner, decide_results, load_incumbents
 from farm.store.reduce import ReduceReport, reduce_results, relocated, rendered
 from farm.store.results import CHECK_ROUNDS, MeasurementContext, ResultWriter, result_row, spec_of
@@ -200,7 +200,7 @@ class JobRun:
     def _set_aside_earlier_late_parts(self) -> list[dict[str, Any]]:
         """Parts an earlier run's lost node wrote after that run had ended (its readers skip them already): set
         aside now, so a plain Parquet query does not read them either."""
-        if not self.job.results.exists():
+        if not self.job.results.exists() or not fenced_sessions(self.job.results):  # (the record alone, read cheaply)
             return []
         out = []
         for skipped in ResultsDataset(self.job.results).skipped:

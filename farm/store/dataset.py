@@ -33,7 +33,7 @@ class SkippedFile:
     reason: str
 
 
-def _fenced_sessions(results: Location) -> list[tuple[str, str, str, str, set[str]]]:
+def fenced_sessions(results: Location) -> list[tuple[str, str, str, str, set[str]]]:
     """(run id, signature, op, session, counted part names) of every fenced session the job record beside the
     results folder names (none where there is no record, or it is unreadable: the reader reads as before)."""
     try:
@@ -87,7 +87,7 @@ class ResultsDataset:
         """Skip the parts a lost node's worker wrote of a session after its run had ended (the session ran again
         elsewhere: its rows would be read twice). The run record (job.json beside the results) names each fenced
         session and the parts counted of it; a part of that run holding its rows and not counted is skipped."""
-        fenced = _fenced_sessions(self.location)
+        fenced = fenced_sessions(self.location)
         if not fenced:
             return
         for path in list(self.files):
