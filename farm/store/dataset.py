@@ -33,11 +33,11 @@ class SkippedFile:
     reason: str
 
 
-def fenced_sessions(results: Location) -> list[tuple[str, str, str, str, set[str]]]:
+def fenced_sessions(results: "str | Path | Location") -> list[tuple[str, str, str, str, set[str]]]:
     """(run id, signature, op, session, counted part names) of every fenced session the job record beside the
     results folder names (none where there is no record, or it is unreadable: the reader reads as before)."""
     try:
-        text = results.parent().read_text("job.json")
+        text = Location.of(results).parent().read_text("job.json")
         record = json.loads(text) if text else {}
     except Exception:  # no record here (a results folder of its own), or one a reader cannot read: nothing fenced
         return []
