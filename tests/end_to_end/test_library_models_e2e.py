@@ -1,6 +1,6 @@
 """Library models from the command line, as a user runs them on a CPU: farm capture (its coverage report), a tune,
-farm apply's model check, and ``farm.apply`` on the run, the model computing what it computes without the farm;
-and the mistakes a user makes in a target, each one line (exit 2)."""
+farm apply's model check, and ``farm.apply`` on the run, the model computing what it computes without the farm (the mistakes a user makes
+in a target: tests/nn/test_models.py)."""
 
 from __future__ import annotations
 
@@ -56,21 +56,3 @@ def test_a_library_model_captured_tuned_checked_and_applied_from_the_command_lin
     ref, out = (getattr(x, "logits", x) for x in (ref, out))
     assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4)
 
-
-def test_mistakes_in_a_target_are_one_line_each(tmp_path):
-    (tmp_path / "t.py").write_text(
-        "import torch\n"
-        "def notmodule(batch=1): return (42, (torch.ones(1),))\n"
-        "def listkw(batch=1): return (torch.nn.Linear(4, 4), (torch.ones(1, 4),), [1, 2])\n"
-        "def noweights(batch=1): return (torch.nn.ReLU(), (torch.ones(1, 4),))\n"
-        "def good(batch=1): return (torch.nn.Linear(4, 4), (torch.ones(batch, 4),))\n")
-    cases = [(("capture", "t.py:notmodule"), "torch.nn.Module"),
-             (("capture", "t.py:listkw"), "a mapping"),
-             (("capture", "t.py:good", "--with", "nosuch=3"), "does not take these"),
-             (("capture", "t.py:good", "--with", "batch=3,batch=4"), "given twice"),
-             (("apply", "t.py:noweights", str(tmp_path)), "no parameters or buffers")]
-    for args, said in cases:
-        proc = _farm(*args, *(("--out", "w.yaml") if args[0] == "capture" else ()), cwd=tmp_path)
-        assert proc.returncode == 2, (args, proc.stderr[-2000:])
-        assert said in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr[-2000:])
-        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

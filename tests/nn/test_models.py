@@ -413,3 +413,28 @@ def test_a_template_asking_for_graph_calls_gives_a_cpu_capture_eager_calls_only_
     doc = yaml.safe_load((tmp_path / "w.yaml").read_text())
     assert doc["call"] == "eager" and doc["autotune"]["graph_repeats"] == 16  # the rest of the template kept
     assert load_workload(tmp_path / "w.yaml").problems[0].calls == (CallMode.EAGER,)
+
+
+def test_mistakes_in_a_target_are_one_line_each(tmp_path):
+    import os
+    import subprocess
+
+    (tmp_path / "t.py").write_text(
+        "import torch\n"
+        "def notmodule(batch=1): return (42, (torch.ones(1),))\n"
+        "def listkw(batch=1): return (torch.nn.Linear(4, 4), (torch.ones(1, 4),), [1, 2])\n"
+        "def noweights(batch=1): return (torch.nn.ReLU(), (torch.ones(1, 4),))\n"
+        "def good(batch=1): return (torch.nn.Linear(4, 4), (torch.ones(batch, 4),))\n")
+    cases = [(("capture", "t.py:notmodule"), "torch.nn.Module"),
+             (("capture", "t.py:listkw"), "a mapping"),
+             (("capture", "t.py:good", "--with", "nosuch=3"), "does not take these"),
+             (("capture", "t.py:good", "--with", "batch=3,batch=4"), "given twice"),
+             (("apply", "t.py:noweights", str(tmp_path)), "no parameters or buffers")]
+    for args, said in cases:
+        proc = subprocess.run([sys.executable, "-m", "farm", *args, *(("--out", "w.yaml") if args[0] == "capture"
+                                                                     else ())], cwd=tmp_path, capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                              timeout=300)
+        assert proc.returncode == 2, (args, proc.stderr[-2000:])
+        assert said in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr[-2000:])
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -1,0 +1,32 @@
+"""No test asserts a wall time or a ratio of wall times (issue 64): machines are noisy and differ, so such figures
+live in benchmarks/, and a test's waits are bounded retries on a condition. This reads every test file's syntax tree
+for an ``assert`` that reads a clock (``time.time()``, ``time.perf_counter()``, ``time.monotonic()``)."""
+
+import ast
+from pathlib import Path
+
+CLOCKS = {"time", "perf_counter", "monotonic", "perf_counter_ns", "monotonic_ns", "time_ns"}
+
+
+def _reads_a_clock(node: ast.AST) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            f = sub.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            owner = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else ""
+            if name in CLOCKS and owner in ("time", ""):
+                return True
+    return False
+
+
+def test_no_assert_reads_a_clock():
+    found = []
+    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        found += [f"{path.name}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Assert) and _reads_a_clock(n)]
+    assert not found, f"asserts on a wall time (move the figure to benchmarks/): {found}"
+
+
+def test_the_check_finds_one():
+    tree = ast.parse("t0 = time.perf_counter()\nassert time.perf_counter() - t0 < 20\n")
+    assert [n for n in ast.walk(tree) if isinstance(n, ast.Assert) and _reads_a_clock(n)]
