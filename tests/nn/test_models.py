@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="the model tests need torch (pip install torch==2.13.0, the CPU build)")
+torch = pytest.importorskip("torch", reason="the model tests need torch (pip install torch==2.14.1, as .ci/run does)")
 
 import farm  # noqa: E402
 from farm.devices.device import cpu_device  # noqa: E402
