@@ -9,7 +9,8 @@
 # SMALL=1 runs the same parts at the tests' tiny sizes (a CPU's check of the script itself); PARTS=capture,tune
 # runs some of benchmarks/model_step.py's parts (the rest in a later call: each writes its JSON), LIMIT=SECONDS
 # bounds them, APPLY_MODES=max-autotune compiles the applied model in Inductor's max-autotune mode (its default:
-# reduce-overhead), BATCHES=1 the decoders at M = 1 alone.
+# reduce-overhead; measured slower for the applied model), BATCHES=1 the decoders at M = 1 alone. A part cut by
+# LIMIT is finished by a later call with PARTS=inductor (the part that remains) while the machine is warm.
 set -u
 part=${1:?a part: tests, llama, qwen2, resnet}
 OUT=${OUT:-runs/library-$part}
