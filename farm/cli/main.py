@@ -163,12 +163,20 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise InputError("the publishing root must not be empty", field="--to", value=args.to)
     reports = publish(args.overrides, args.to, force=args.force, replace=args.replace, dry_run=args.dry_run,
                       trusted_only=args.trusted_only, dialect=args.dialect)
+    copied = None
+    if args.history and not args.dry_run and not any(r.refused for r in reports):
+        from farm.store.publish_history import publish_history
+
+        copied = publish_history(args.overrides, args.to)
     if args.json:
-        print_json(publish_dict(reports))
+        print_json({**publish_dict(reports), **({"history": vars(copied)} if copied else {})})
     else:
         console = make_console()
         for table in publish_tables(reports, args.dry_run):
             console.print(table)
+        if copied is not None:
+            console.print(f"history: {copied.copied} results file(s) copied into {escape(copied.folder)}"
+                          + (f", {copied.present} there already" if copied.present else ""))
         for r in reports:
             if r.refused:
                 make_console(stderr=True).print(f"[bold red]refused[/] {escape(r.signature)}: {escape(r.refused)}")
@@ -303,6 +311,9 @@ def _add_publish(sub: Any) -> None:
     p.add_argument("--to", required=True, help="publishing root: ROOT/<arch>/<signature>.json and ROOT/index.json")
     p.add_argument("--force", action="store_true", help="publish even winners measured slower than the ones they replace")
     p.add_argument("--replace", action="store_true", help="replace each published file instead of merging into it")
+    p.add_argument("--history", action="store_true",
+                   help="also copy the run's results (beside the overrides folder) into ROOT/history/, which "
+                        "farm tune --history ROOT learns from (docs/costmodel.md)")
     p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
     p.add_argument("--trusted-only", action="store_true",
                    help="leave out entries marked untrusted (undecided by their confirmation stage, or short of "

@@ -77,7 +77,8 @@ def results_table(outcome: ProblemOutcome, position: str = "") -> Table:
         )
     notes = [f"{outcome.skipped} candidate(s) measured before, not repeated"] if outcome.skipped else []
     if outcome.pruned:
-        notes.append(f"{outcome.pruned} candidate(s) not measured: the cost model ranked them out (pruned rows)")
+        notes.append(f"{outcome.pruned} candidate(s) not measured: pruned rows (the cost model ranked them out, or the "
+                     "published root decides the problem: its winner checked against the default)")
     if notes:
         table.caption = Text("; ".join(notes))
     if outcome.error:

@@ -115,18 +115,32 @@ def nodes_table(nodes: Sequence[dict[str, Any]], waiting: dict[str, list[str]] |
 
 
 def pruning_table(pruning: dict[str, Any]) -> Table:
-    """What farm tune --prune measured: settings, counts, and the problems it measured in full (and why)."""
-    t = Table(title=f"Pruned by the cost model {pruning['model']} (top-k {pruning['top_k']}, explore "
-                    f"{pruning['explore']:g}, seed {pruning['seed']})", title_justify="left", show_header=False)
+    """What farm tune measured and spared: the cost model's settings, counts, the problems it measured in full (and
+    why), what the tune assumed, and the problems a published decision spared (only checked)."""
+    from farm.costmodel.history import bound_line
+
+    model = pruning.get("model")
+    title = (f"Pruned by the cost model {model} (top-k {pruning['top_k']}, explore {pruning['explore']:g}, seed "
+             f"{pruning['seed']})" if model else "Decided problems only checked")
+    t = Table(title=title, title_justify="left", show_header=False)
     t.add_column("what")
     t.add_column("value", overflow="fold")
-    n, m = pruning["candidates"], pruning["measured"]
-    t.add_row("measured", f"{m} of {n} candidates ({n / m:.1f}x fewer)" if m else f"0 of {n}")
-    t.add_row("pruned", f"{pruning['pruned']} (rows with disposition pruned and the predicted relative time)")
-    full = [f"{name}: {why}" for problems in pruning["measured_in_full"].values() for name, why in problems.items()]
-    t.add_row("measured in full", Text("\n".join(full) or "none (every problem inside the training data)"))
-    trained = pruning.get("trained_on") or {}
-    t.add_row("trained on", Text(f"{trained.get('problems')} problem(s) of {', '.join(trained.get('families', []))}"))
+    if model:
+        n, m = pruning["candidates"], pruning["measured"]
+        t.add_row("measured", f"{m} of {n} candidates ({n / m:.1f}x fewer)" if m else f"0 of {n}")
+        t.add_row("pruned", f"{pruning['pruned']} (rows with disposition pruned and the predicted relative time)")
+        full = [f"{name}: {why}" for problems in pruning["measured_in_full"].values() for name, why in problems.items()]
+        t.add_row("measured in full", Text("\n".join(full) or "none (every problem inside the training data)"))
+        trained = pruning.get("trained_on") or {}
+        t.add_row("trained on", Text(f"{trained.get('problems')} problem(s) of {', '.join(trained.get('families', []))}"))
+        if "held_out" in trained:
+            t.add_row("bound", Text(bound_line(trained["held_out"], pruning["top_k"])))
+    decided = pruning.get("decided") or {}
+    checked = [name for names in (decided.get("checked") or {}).values() for name in names]
+    if pruning.get("check_decided") or checked:
+        t.add_row("decided", Text(f"{len(checked)} problem(s) decided in the published root, only checked (the winner "
+                                  f"against the default): {decided.get('spared', 0)} candidates not measured"
+                                  if checked else "none of these problems is decided in the published root"))
     return t
 
 

@@ -114,7 +114,8 @@ def _signature_table(s: Any) -> Table:
     t.add_row("problems tuned", str(len(s.problems)))
     t.add_row("candidates measured", f"{sum(p.candidates for p in s.problems)} ({s.rows} rows)")
     if s.pruned:
-        t.add_row("candidates pruned", f"{s.pruned} not measured: a cost model ranked them out (farm tune --prune)")
+        t.add_row("candidates pruned", f"{s.pruned} not measured: a cost model ranked them out or a published "
+                  "decision spared them (farm tune --prune, --history)")
     t.add_row("failures", Text(", ".join(f"{k} {v}" for k, v in s.failures.items()) or "none"))
     t.add_row("tuning time", f"{s.tuning_s:.1f} s" + (f" (confirmation stages {s.confirm_s:.1f} s)" if s.confirm_s
                                                       else ""))

@@ -24,16 +24,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     registry = default_engine_registry()
     workload = load_workload(args.workload, registry)  # every input error surfaces here, before any device time
-    workload = _with_pruning(args, workload)
+    out = args.out or f"runs/{_folder_name(workload.name)}"
+    if args.history and not args.dry_run:
+        workload = _with_history(args, workload, out)
+    else:
+        workload = _with_pruning(args, workload)
     if getattr(args, "reconfirm", False):  # both executors read it from the workload's confirmation settings
         import dataclasses
 
         auto = workload.autotune
         workload = dataclasses.replace(workload, autotune=dataclasses.replace(
             auto, confirm=dataclasses.replace(auto.confirm, redo_undecided=True)))
-    out = args.out or f"runs/{_folder_name(workload.name)}"
     if args.dry_run:
-        history = args.history or (_earlier_runs(workload.name, out) if not args.out else [])
+        history = _history_results(args.history) if args.history else \
+            (_earlier_runs(workload.name, out) if not args.out else [])
         return _dry_run(workload, local_device(args.devices), registry, args.json, out, history)
     if args.in_process:
         return _tune_in_process(args, workload, out, registry)
@@ -57,14 +61,63 @@ def _with_pruning(args: argparse.Namespace, workload: Any) -> Any:
         prune = dataclasses.replace(base, **given)
     else:
         if any(v is not None for v in (args.prune_top_k, args.prune_explore, args.prune_seed)):
-            raise InputError("--prune-top-k, --prune-explore and --prune-seed need --prune MODEL (or autotune.prune "
-                             "in the workload)", field="--prune")
+            raise InputError("--prune-top-k, --prune-explore and --prune-seed need --prune MODEL, --history or "
+                             "autotune.prune in the workload", field="--prune")
+        if getattr(args, "retune_decided", False):
+            raise InputError("--retune-decided needs --history naming a published root", field="--retune-decided")
         return workload
     if prune is not None and args.dry_run:
         from farm.costmodel.model import CostModel
 
         CostModel.load(prune.model)
     return dataclasses.replace(workload, autotune=dataclasses.replace(config, prune=prune))
+
+
+def _history_results(sources: Sequence[str]) -> list[str]:
+    """The results folders of --history's sources (a published root's history/ folder) for a dry run's estimate."""
+    from farm.costmodel.history import read_history
+
+    return list(read_history(sources).datasets)
+
+
+def _with_history(args: argparse.Namespace, workload: Any, out: str) -> Any:
+    """--history: prune with a cost model trained on those results (kept in the run folder); where a source is a
+    published root, its decisions are the incumbents and a problem it decides is only checked."""
+    import dataclasses
+
+    from farm.costmodel.history import bound_line, model_for, read_history
+    from farm.costmodel.model import require_lightgbm
+    from farm.model.records import PruneSettings
+    from farm.store.location import is_uri
+
+    if args.prune or args.no_prune:
+        raise InputError("--history trains the cost model it prunes with: give --history or --prune/--no-prune, "
+                         "not both", field="--history")
+    history = read_history(args.history)
+    if args.incumbents is None and history.published is not None:
+        args.incumbents = history.published
+    args.check_decided = history.published is not None and not args.retune_decided
+    if not history.datasets:
+        return workload
+    require_lightgbm()  # before any training: one line naming the extra to install
+    defaults = PruneSettings(model="-")
+    top_k = args.prune_top_k or defaults.top_k
+    explore = defaults.explore if args.prune_explore is None else args.prune_explore
+    seed = defaults.seed if args.prune_seed is None else args.prune_seed
+    import tempfile
+
+    # the model lives beside the run's results; a job folder on object storage keeps it in a local cache instead
+    folder = Path(tempfile.gettempdir(), "tunefarm-history", _folder_name(workload.name)) if is_uri(out) else Path(out)
+    err = make_console(stderr=True)
+    trained = model_for(history, folder, top_k=top_k, explore=explore, seed=seed,
+                        progress=None if args.json else (lambda line: err.print(f"history: {escape(line)}")))
+    if trained is None:
+        return workload
+    if not args.json:
+        err.print(f"history: {trained.problems} problem(s) learned ({escape(str(trained.path))}); "
+                  f"{escape(bound_line(trained.held_out, top_k))}", soft_wrap=True)
+    prune = PruneSettings(model=str(trained.path), top_k=top_k, explore=explore, seed=seed)
+    return dataclasses.replace(workload, autotune=dataclasses.replace(workload.autotune, prune=prune))
 
 
 def _check_fits(workload: Any, props: Any) -> None:
@@ -120,7 +173,8 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
             console.print()
 
     report = run_local(workload, out, device, registry, on_problem=show, reduce=not args.no_reduce, top_k=args.top_k,
-                       incumbents=args.incumbents, candidate_timeout_s=args.candidate_timeout,
+                       incumbents=args.incumbents, check_decided=getattr(args, "check_decided", False),
+                       candidate_timeout_s=args.candidate_timeout,
                        on_hang=lambda message, _out=real_stdout(): _restart(args, message, _out),
                        verifier=_verifier(args))
     if args.json:
@@ -223,6 +277,7 @@ def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
     options = FarmOptions(shard_size=args.shard_size, finalist_k=args.finalist_k,
                           candidate_timeout_s=args.candidate_timeout, cpu_threads=args.cpu_threads,
                           reduce=not args.no_reduce, top_k=args.top_k, keep_results=True, incumbents=args.incumbents,
+                          check_decided=getattr(args, "check_decided", False),
                           log_level=logging.getLogger("farm").getEffectiveLevel(), verifier=_verifier(args),
                           device_wait_s=args.device_wait, max_devices=args.max_devices)
     if not sys.stderr.isatty():
@@ -422,11 +477,12 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--prune", metavar="MODEL",
                    help="measure only what this cost model (farm model train) ranks worth it: the default, the "
                         "incumbent, the top-k by predicted time and a random share of the rest (docs/costmodel.md)")
-    p.add_argument("--prune-top-k", type=positive_int, default=None, help="with --prune: the top-k (default 7)")
+    p.add_argument("--prune-top-k", type=positive_int, default=None,
+                   help="with --prune or --history: the top-k (default 7)")
     p.add_argument("--prune-explore", type=fraction, default=None,
-                   help="with --prune: the share of the rest measured at random (default 0.05)")
+                   help="with --prune or --history: the share of the rest measured at random (default 0.05)")
     p.add_argument("--prune-seed", type=nonnegative_int, default=None,
-                   help="with --prune: the random draw's seed, recorded in job.json (default 0)")
+                   help="with --prune or --history: the random draw's seed, recorded in job.json (default 0)")
     p.add_argument("--no-prune", action="store_true", help="measure every candidate, even if the workload prunes")
     p.add_argument("--incumbents", metavar="PATH",
                    help="override file, folder or published root: its winners are kept when a new candidate "
@@ -437,8 +493,14 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="validate and list the candidates, their total and an estimate of the device time (from the "
                         "run folder's results and --history), measure nothing")
-    p.add_argument("--history", action="append", metavar="RESULTS",
-                   help="--dry-run: also estimate from this results folder (an earlier run's; repeatable)")
+    p.add_argument("--history", action="append", metavar="SOURCE",
+                   help="earlier results (a run or results folder, or a published root with its history/): a cost "
+                        "model trained on them ranks each problem's candidates and the tune measures the default, the "
+                        "incumbent and the top-k (--prune-top-k); a problem the published root already decides for "
+                        "the device is only checked; with --dry-run, estimate from them (repeatable; "
+                        "docs/costmodel.md)")
+    p.add_argument("--retune-decided", action="store_true",
+                   help="with --history ROOT: tune a problem the published root decides like any other")
     p.set_defaults(func=cmd_tune)
 
 

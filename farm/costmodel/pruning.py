@@ -110,7 +110,8 @@ class Pruner:
         return {**self.settings.to_json(), "trained_on": {"runs": len(t.get("runs", ())),
                                                           "problems": t.get("problems"),
                                                           "signatures": sorted(t.get("signatures", {})),
-                                                          "families": t.get("families", [])}}
+                                                          "families": t.get("families", []),
+                                                          **({"held_out": t["held_out"]} if "held_out" in t else {})}}
 
 
 def pruned_result(problem_key: str, engine_id: int, engine_name: str, knobs: KnobSettings, index: int,

@@ -91,11 +91,11 @@ def run_farm(
     # on both executors, so a workload asking for a billion iterations gets a result, not a worker killed as hung
     config = (config or workload.autotune).bounded_by(options.candidate_timeout_s)
     # a model file is read (and refused) before the job folder or Ray is touched
-    pruner = PlanPruning(config.prune, config, lambda rows: None) if config.prune is not None else None
+    pruner = PlanPruning.of(config, check_decided=options.check_decided and bool(options.incumbents))
     jr = JobRun(out, workload, {"executor": "ray", "devices": request.kind, "shard_size": options.shard_size,
                                 "finalist_k": options.finalist_k, "candidate_timeout_s": options.candidate_timeout_s,
                                 "address": address or "local", "incumbents": options.incumbents,
-                                "prune": pruner.pruner.record() if pruner else None}, job_id)
+                                "prune": pruner.settings_record() if pruner else None}, job_id)
     if pruner is not None:
         pruner.write = jr.write
     jr.measurement_warning = oversubscribed_cpu(request, address)
@@ -185,7 +185,7 @@ def _run_record(report: FarmReport, pruner: PlanPruning | None) -> dict[str, Any
             "workers": [s.to_json() for s in report.statuses], "skipped_problems": report.problems_skipped,
             "phases": {"tuning_s": round(report.tuning_s, 3), "devices": len(report.statuses),
                        "total": report.phases.to_json()},
-            **({"pruning": pruner.pruner.tally.to_json()} if pruner else {})}
+            **({"pruning": pruner.tally()} if pruner else {})}
 
 
 def _worker_verify(handles: Sequence[Any], infos: Sequence[WorkerInfo],

@@ -80,13 +80,15 @@ def run_local(
     reduce: bool = True,
     top_k: int = 3,
     incumbents: str | None = None,
+    check_decided: bool = False,
     candidate_timeout_s: float | None = None,
     on_hang: Callable[[str], None] | None = None,
     verifier: Callable[..., Any] | None = None,
 ) -> LocalRunReport:
     """Tune every problem on one in-process device into ``out``; resume what is there.
 
-    ``incumbents``: an override file or published root whose winners are kept within noise.
+    ``incumbents``: an override file or published root whose winners are kept within noise; ``check_decided``: a
+    problem they decide has its winner and the default measured, nothing else.
     ``candidate_timeout_s``: a candidate compiling or measured for longer gets a ``timed_out`` row
     (written at once, with every row before it), then ``on_hang(message)`` is called from the watch's
     thread: the process cannot take the candidate back, so the caller ends or restarts it, and a
@@ -95,10 +97,10 @@ def run_local(
     """
     # a candidate measured past its budget ends there (a hang past the timeout is the watch's): as on Ray
     config = (config or workload.autotune).bounded_by(candidate_timeout_s)
-    pruning = PlanPruning(config.prune, config, lambda rows: None) if config.prune is not None else None
+    pruning = PlanPruning.of(config, check_decided=check_decided and bool(incumbents))
     jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents,
                                 "candidate_timeout_s": candidate_timeout_s,
-                                "prune": pruning.pruner.record() if pruning else None})
+                                "prune": pruning.settings_record() if pruning else None})
     if pruning is not None:
         pruning.write = jr.write
     journal = InFlightJournal(jr.job.root / JOURNAL) if not jr.job.remote else None
@@ -121,7 +123,7 @@ def run_local(
             journal.close()
     check = None if verifier is None else (lambda sig, text, keys: verifier(device, text, keys))
     summary = jr.finish(reduce=reduce, top_k=top_k, verify=check, device=device.properties.to_dict(),
-                        **({"pruning": pruning.pruner.tally.to_json()} if pruning else {}))
+                        **({"pruning": pruning.tally()} if pruning else {}))
     return LocalRunReport(outcomes, summary, pruning.record() if pruning else None)
 
 

@@ -59,6 +59,8 @@ class FarmOptions:
     top_k: int = 3  # ranked candidates per override entry
     keep_results: bool = False  # keep every AutotuneResult in the report (the CLI's tables)
     incumbents: str | None = None  # an override file or published root whose winners are kept within noise
+    # a problem the incumbents already decide is only checked: its winner and the default measured, nothing else
+    check_decided: bool = False
     log_level: int = logging.WARNING  # what the workers log of farm.* (INFO: the tuner's autotune: lines)
     # after the reduce: ``verifier(device, override file text, problem keys)`` runs on a worker of each signature
     # and returns rows to record and decisions' records (farm.replay.verify.verify_for_job); None: no check

@@ -12,7 +12,7 @@ from farm.fleet.pruning import PlanPruning
 from farm.fleet.scheduler import PriorRow, Scheduler
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset
-from farm.store.deciding import incumbent_file, incumbent_spec
+from farm.store.deciding import decides, incumbent_file, incumbent_spec
 
 
 class Planner:
@@ -133,9 +133,11 @@ def schedule_problems(problems: Sequence[tuple[int, WorkloadProblem]], plans: di
                 skipped.setdefault(sig, {})[wp.name] = cands
             else:
                 before = rows.get(wp.problem.key, ())
-                incumbent = incumbent_spec((incumbents or {}).get(sig), wp.problem)
+                current = (incumbents or {}).get(sig)
+                incumbent = incumbent_spec(current, wp.problem)
                 if pruning is not None and props is not None:
-                    cands = pruning.apply(props[sig], wp, cands, before, incumbent)
+                    cands = pruning.apply(props[sig], wp, cands, before, incumbent,
+                                          decided=decides(current, wp.problem))
                 sched.add_problem(sig, index, wp, cands, before, incumbent)
     return skipped
 

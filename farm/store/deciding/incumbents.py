@@ -120,3 +120,9 @@ def incumbent_spec(f: Any, problem: Any) -> Any:
     entry = next((e for e in f.entries if (e.metadata or {}).get("problem_key") == problem.key), None) \
         or f.match(problem)
     return PlanSpec(engine_name_to_id(entry.engine_name), tuple(sorted(entry.knobs))) if entry is not None else None
+
+
+def decides(f: Any, problem: Any) -> bool:
+    """Whether the override file ``f`` holds a decision made for ``problem`` itself (its problem key), not a rule
+    that merely matches it."""
+    return f is not None and any((e.metadata or {}).get("problem_key") == problem.key for e in f.entries)

@@ -1,0 +1,140 @@
+"""A tune's history (farm tune --history): the cost model it prunes with, trained on earlier results, and the
+published root whose decisions it only checks.
+
+A source is a run folder, a results folder, a pyarrow.fs URI of either, or a published root (``farm publish``'s
+layout: ``index.json`` at the top). A published root's results are its ``history/`` folder (``farm publish
+--history`` puts a run's results there); its override files hold the decisions already made. The model is
+trained once per history and kept in the run folder (``history-model.json``): a resume reuses it while the
+history's files are the same, so it makes the same choices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from farm.errors import InputError
+from farm.store.location import Location
+from farm.store.publish_history import HISTORY_FOLDER
+
+log = logging.getLogger("farm.costmodel")
+
+MODEL_FILE = "history-model.json"
+
+
+@dataclass(frozen=True)
+class History:
+    """What ``--history`` named: results to learn from, and the first published root among them."""
+
+    datasets: tuple[str, ...]
+    published: str | None = None
+
+    def fingerprint(self) -> str:
+        """Changes when a results file is added, removed or rewritten (names and sizes)."""
+        from farm.store.dataset import ResultsDataset, results_folder
+
+        h = hashlib.sha256()
+        for source in self.datasets:
+            data = ResultsDataset(results_folder(source))
+            h.update(source.encode())
+            for f in sorted(data.files):
+                h.update(f.encode())
+                h.update(str(data.location.fs.get_file_info(f).size).encode())
+        return h.hexdigest()[:16]
+
+
+def is_published_root(source: str | Path) -> bool:
+    return Location.of(source).join("index.json").exists()
+
+
+def read_history(sources: Sequence[str | Path]) -> History:
+    """Sort ``sources`` into results and a published root; one that is not there is an error naming it."""
+    datasets: list[str] = []
+    published = None
+    for source in sources:
+        where = Location.of(source)
+        if not where.exists():
+            raise InputError("not found", field="--history", value=str(source))
+        if is_published_root(source):
+            published = published or str(source)
+            history = where.join(HISTORY_FOLDER)
+            if history.is_dir():
+                datasets.append(history.uri)
+            else:
+                log.info("history: published root %s has no %s/ folder: its decisions only", source, HISTORY_FOLDER)
+        elif where.is_dir():
+            datasets.append(str(source))
+        else:
+            raise InputError("is neither a run folder, a results folder nor a published root", field="--history",
+                             value=str(source))
+    return History(tuple(datasets), published)
+
+
+@dataclass(frozen=True)
+class HistoryModel:
+    """The model a tune prunes with: its file, what it learned from, and how a pruned tune did on the history's
+    own families held out (None where the history has one family or none)."""
+
+    path: Path
+    problems: int
+    held_out: dict[str, Any] | None
+
+
+def model_for(history: History, out: Path, *, top_k: int, explore: float, seed: int,
+              progress: Callable[[str], None] | None = None) -> HistoryModel | None:
+    """Train (or reuse, where the history is unchanged) the run folder's model; None when the history holds no
+    problem to learn from (every candidate is then measured)."""
+    from farm.costmodel.evaluation import evaluate
+    from farm.costmodel.examples import load_training_set
+    from farm.costmodel.model import CostModel
+    from farm.model.records import PruneSettings
+
+    if not history.datasets:
+        return None
+    path = out / MODEL_FILE
+    fingerprint = history.fingerprint()
+    settings = {"top_k": top_k, "explore": explore, "seed": seed}
+    if path.exists():
+        try:
+            model = CostModel.load(path)
+            t = model.training
+            if t.get("history_fingerprint") == fingerprint and t.get("held_out_settings") == settings:
+                return HistoryModel(path, int(t.get("problems") or 0), t.get("held_out"))
+        except InputError as exc:  # a model of other feature code, or damaged: trained again, the old one set aside
+            log.warning("history: %s is not reusable (%s); training again", path, exc)
+            path.replace(path.with_name(path.name + ".unusable"))
+    data = load_training_set(history.datasets)
+    if not data.problems:
+        log.warning("history: no problem in %s has two measured candidates: every candidate is measured",
+                    ", ".join(history.datasets))
+        return None
+    if progress is not None:
+        progress(f"training the cost model on {len(data.problems)} problem(s) of the history")
+    held_out = None
+    if len({p.family for p in data.problems}) >= 2:
+        if progress is not None:
+            progress("holding out each family of the history in turn: how a pruned tune would have done")
+        ev = evaluate(data, "family", PruneSettings(model="(per fold)", **settings))
+        s = ev.to_json()["summary"]
+        held_out = {"families": ev.groups, "problems": s["problems"], "within_1_02": s["within_1_02"],
+                    "geomean_regret": s["geomean_regret"], "worst": s["worst"], "fewer": s["fewer"]}
+    model = CostModel.train(data, seed=seed, training={**data.describe(), "history_fingerprint": fingerprint,
+                                                       "held_out": held_out, "held_out_settings": settings})
+    out.mkdir(parents=True, exist_ok=True)
+    model.save(path)
+    return HistoryModel(path, len(data.problems), held_out)
+
+
+def bound_line(held_out: dict[str, Any] | None, top_k: int) -> str:
+    """What a pruned tune assumes, in one line for its summary."""
+    assume = f"the winner is the default, the incumbent or among the top {top_k} by predicted time"
+    if not held_out:
+        return f"assumes {assume}; not checked (the history has fewer than two families to hold out)"
+    worst = held_out.get("worst") or {}
+    return (f"assumes {assume}; on the history's {held_out['families']} families held out in turn, such a tune "
+            f"published within 1.02 of the best on {100 * held_out['within_1_02']:.0f} % of "
+            f"{held_out['problems']} problems (worst {worst.get('regret', float('nan')):.3f}, "
+            f"{worst.get('problem', '-')})")

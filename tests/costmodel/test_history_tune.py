@@ -1,0 +1,125 @@
+"""farm tune --history: a cost model trained on earlier results prunes a new tune, the bound it assumes is stated,
+a published root's history and decisions are used (a decided problem only checked), farm publish --history fills
+that history; mistakes are one line."""
+
+import json
+
+import pyarrow.dataset as ds
+import pytest
+
+lgb = pytest.importorskip("lightgbm", reason="the cost model needs LightGBM (pip install 'tunefarm[model]')")
+
+FAST = {"strategy": "fixed_average", "timed_iterations": 3, "warmup_iterations": 1, "check": "off", "confirm": False}
+ENGINES = {"include": ["cpu.matmul.blas", "cpu.matmul.blocked", "cpu.matmul.einsum"],
+           "sweep": {"cpu.matmul.blas": {"order": ["direct", "transposed"], "threads": [1, 2]},
+                     "cpu.matmul.blocked": {"block_k": [64, 128]}}}
+TRAIN = {"alpha": (64, 96), "beta": (96, 64), "gamma": (128, 128)}
+
+
+def _workload(path, name, families, sizes=(8, 32)):
+    import yaml
+
+    problems = [{"name": f"{fam}/l{k}/m{m}", "op": "matmul", "dtype": "fp32", "tensors": {"A": [m, k], "B": [k, n]}}
+                for fam, (k, n) in families.items() for m in sizes]
+    path.write_text(yaml.safe_dump({"name": name, "autotune": FAST, "engines": ENGINES, "problems": problems}))
+    return path
+
+
+def _farm(*argv):
+    from farm.cli.main import main
+
+    return main(list(argv))
+
+
+def _rows(out):
+    rows = ds.dataset(out / "results", partitioning="hive").to_table().to_pylist()
+    return [r for r in rows if r["round"] == "main"]
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """An exhaustive tune of three families, published with its results to a root."""
+    root = tmp_path_factory.mktemp("history")
+    wl = _workload(root / "train.yaml", "train", TRAIN)
+    assert _farm("tune", str(wl), "--in-process", "--devices", "cpu", "--out", str(root / "train"), "--no-verify") == 0
+    assert _farm("publish", str(root / "train" / "overrides"), "--to", str(root / "pub"), "--history") == 0
+    return root
+
+
+def test_publish_history_copies_the_runs_results_once(history, capsys):
+    run_files = sorted(p.relative_to(history / "train" / "results")
+                       for p in (history / "train" / "results").rglob("*.parquet"))
+    copied = sorted(p.relative_to(history / "pub" / "history") for p in (history / "pub" / "history").rglob("*.parquet"))
+    assert copied == run_files and run_files
+    capsys.readouterr()
+    assert _farm("publish", str(history / "train" / "overrides"), "--to", str(history / "pub"), "--history",
+                 "--json") == 0
+    again = json.loads(capsys.readouterr().out)["history"]
+    assert again["copied"] == 0 and again["present"] == len(run_files)
+    assert not list((history / "pub" / "history").rglob("*.tmp"))
+
+
+def test_a_tune_with_history_prunes_by_a_model_trained_on_it_and_states_its_bound(history, tmp_path, capsys):
+    wl = _workload(tmp_path / "new.yaml", "new", {"delta": (96, 128), "alpha": (64, 96)}, sizes=(16,))
+    out = tmp_path / "run"
+    assert _farm("tune", str(wl), "--in-process", "--devices", "cpu", "--out", str(out), "--history",
+                 str(history / "train"), "--prune-top-k", "2", "--prune-explore", "0") == 0
+    captured = capsys.readouterr()
+    assert "held out in turn" in captured.err and "within 1.02 of the best on" in captured.err
+    assert "Pruned by the cost model" in captured.out and "bound" in captured.out
+    model = json.loads((out / "history-model.json").read_text())
+    assert model["training"]["problems"] == 6 and model["training"]["held_out"]["families"] == 3
+    record = json.loads((out / "job.json").read_text())
+    assert record["settings"]["prune"]["top_k"] == 2 and record["settings"]["prune"]["check_decided"] is False
+    rows = _rows(out)
+    for name in {r["problem_name"] for r in rows}:
+        mine = [r for r in rows if r["problem_name"] == name]
+        measured = [r for r in mine if r["disposition"] != "pruned"]
+        assert 2 <= len(measured) <= 3 < len(mine)  # the default and the top 2 (one may be the default)
+        assert any(not r["knobs"] and r["disposition"] == "succeeded" for r in measured)
+    # a resume reuses the model (same history) and prunes the same: no new rows
+    stamp = (out / "history-model.json").stat().st_mtime_ns
+    assert _farm("tune", str(wl), "--in-process", "--devices", "cpu", "--out", str(out), "--history",
+                 str(history / "train"), "--prune-top-k", "2", "--prune-explore", "0") == 0
+    assert (out / "history-model.json").stat().st_mtime_ns == stamp
+    assert len(_rows(out)) == len(rows)
+
+
+def test_a_published_root_gives_history_and_decisions_a_decided_problem_is_only_checked(history, tmp_path):
+    # two problems the root decides, one it does not
+    wl = _workload(tmp_path / "mixed.yaml", "mixed", {"alpha": (64, 96), "delta": (96, 128)}, sizes=(8,))
+    out = tmp_path / "run"
+    assert _farm("tune", str(wl), "--in-process", "--devices", "cpu", "--out", str(out), "--history",
+                 str(history / "pub"), "--prune-explore", "0") == 0
+    published = json.loads(next((history / "pub").glob("*/*.json")).read_text())
+    winners = {e["autotune_metadata"]["problem_key"]: e["engine_name"] for e in published["engine_overrides"]}
+    rows = _rows(out)
+    decided = [r for r in rows if r["problem_name"] == "alpha/l64/m8"]
+    measured = [r for r in decided if r["disposition"] != "pruned"]
+    key = decided[0]["problem_key"]
+    assert key in winners
+    assert winners[key] in {r["engine_name"] for r in measured} and len(measured) <= 2
+    assert any(not r["knobs"] for r in measured)  # the default, to check the decision against
+    assert all("decided in the published root" in r["error"] for r in decided if r["disposition"] == "pruned")
+    fresh = [r for r in rows if r["problem_name"] == "delta/l96/m8"]
+    assert not any("decided in the published root" in (r["error"] or "") for r in fresh)
+    run = json.loads((out / "job.json").read_text())["runs"][-1]["pruning"]
+    [(sig, names)] = run["decided"]["checked"].items()
+    assert names == ["alpha/l64/m8"] and run["decided"]["spared"] == len(decided) - len(measured)
+    # --retune-decided tunes it like any other (the cost model's pruning only)
+    out2 = tmp_path / "retune"
+    assert _farm("tune", str(wl), "--in-process", "--devices", "cpu", "--out", str(out2), "--history",
+                 str(history / "pub"), "--retune-decided", "--prune-explore", "0") == 0
+    assert not any("decided in the published root" in (r["error"] or "") for r in _rows(out2))
+
+
+def test_history_mistakes_are_one_line(history, tmp_path, capsys):
+    wl = _workload(tmp_path / "w.yaml", "w", {"alpha": (64, 96)}, sizes=(8,))
+    base = ["tune", str(wl), "--in-process", "--devices", "cpu", "--out", str(tmp_path / "o")]
+    assert _farm(*base, "--history", str(tmp_path / "nowhere")) == 2
+    assert "nowhere" in capsys.readouterr().err
+    assert _farm(*base, "--history", str(history / "train"), "--prune", str(tmp_path / "m.json")) == 2
+    assert "not both" in capsys.readouterr().err
+    assert _farm(*base, "--retune-decided") == 2
+    assert "--retune-decided needs --history" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
