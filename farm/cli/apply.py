@@ -111,7 +111,9 @@ def add_apply_parser(sub: Any) -> None:
     p.add_argument("--device", help="passed to the factory as device= (e.g. cuda, cpu)")
     p.add_argument("--call", help="calling modes checked: eager, graph or eager,graph (default: both on a GPU, "
                                   "eager on a CPU)")
-    p.add_argument("--rounds", type=positive_int, default=11, help="paired rounds of each check (default 11, at least 8)")
+    p.add_argument("--rounds", type=positive_int, default=11,
+                   help="paired rounds of each check at the most (default 11, at least 8): a variant stops once its "
+                        "99 %% interval decides")
     p.add_argument("--dry-run", action="store_true", help="check and print; withdraw nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_apply)

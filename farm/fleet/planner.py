@@ -12,7 +12,7 @@ from farm.fleet.pruning import PlanPruning
 from farm.fleet.scheduler import PriorRow, Scheduler
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset
-from farm.store.deciding import decides, incumbent_file, incumbent_spec
+from farm.store.deciding import incumbent_file, incumbent_spec
 
 
 class Planner:
@@ -137,7 +137,7 @@ def schedule_problems(problems: Sequence[tuple[int, WorkloadProblem]], plans: di
                 incumbent = incumbent_spec(current, wp.problem)
                 if pruning is not None and props is not None:
                     cands = pruning.apply(props[sig], wp, cands, before, incumbent,
-                                          decided=decides(current, wp.problem))
+                                          decided=pruning.check_decided and pruning.decides(current, wp.problem))
                 sched.add_problem(sig, index, wp, cands, before, incumbent)
     return skipped
 

@@ -22,6 +22,7 @@ from farm.fleet.scheduler import Candidate, PriorRow
 from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PruneSettings
 from farm.model.workload import WorkloadProblem
+from farm.store.deciding import decided_keys
 from farm.store.results import MeasurementContext, now_iso
 
 Write = Callable[[Sequence[tuple[AutotuneResult, WorkloadProblem, MeasurementContext]]], None]
@@ -47,6 +48,7 @@ class PlanPruning:
         self.write = write
         self.check_decided = check_decided
         self.decided = DecidedTally()
+        self._decided_keys: dict[int, tuple[Any, frozenset[str]]] = {}
 
     @staticmethod
     def of(config: AutotuneConfig, *, check_decided: bool = False) -> "PlanPruning | None":
@@ -54,6 +56,16 @@ class PlanPruning:
         if config.prune is None and not check_decided:
             return None
         return PlanPruning(config.prune, config, lambda rows: None, check_decided=check_decided)
+
+    def decides(self, current: Any, problem: Any) -> bool:
+        """Whether the incumbents' file ``current`` holds a decision made for ``problem`` itself (its problem key),
+        not a rule that merely matches it; the file's keys are read once."""
+        if current is None:
+            return False
+        held = self._decided_keys.get(id(current))
+        if held is None or held[0] is not current:
+            held = self._decided_keys[id(current)] = (current, decided_keys(current))
+        return problem.key in held[1]
 
     def dry(self) -> "PlanPruning":
         """The same choices, nothing written or counted (planning that may be thrown away)."""

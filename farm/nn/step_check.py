@@ -5,7 +5,8 @@ other way round), so each decision ``farm.apply`` routes is judged on the step i
 (eager calls, or one captured CUDA graph of the step):
 
 1. paired rounds, the order drawn anew each round: the step untouched (every call the library's), with every
-   routed decision, and with each decision alone;
+   routed decision, and with each decision alone; a variant stops once its 99 % interval against the untouched
+   step lies wholly on one side of 1 (8 rounds at the least), the others go on to the most rounds;
 2. a decision the step is not faster with, beyond noise (the 99 % interval of its paired speed-up wholly above
    1), is withdrawn: applying the farm never costs the model what it did not gain;
 2b. except where small gains add up: the decisions within noise alone but leaning faster (a speed-up above 1,
@@ -43,11 +44,13 @@ MODES = ("eager", "graph")
 
 @dataclass(frozen=True)
 class CheckSettings:
-    """``rounds`` paired rounds (at least the 8 a 99 % interval needs), each sample ``sample_ms`` of steps or more."""
+    """Up to ``rounds`` paired rounds (at least the 8 a 99 % interval needs), each sample ``sample_ms`` of steps or
+    more; with ``sequential``, a variant stops once its interval decides."""
 
-    rounds: int = 11
+    rounds: int = 11  # the most: a variant whose interval decides stops there (``sequential``)
     sample_ms: float = 40.0
     seed: int = 0
+    sequential: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.rounds, int) or self.rounds < min_rounds():
@@ -146,6 +149,7 @@ def check_step(step: Callable[[], Any], applied: Applied, *, call: str = "eager"
 
 
 def _judge(r: Routed, mine: Sequence[float], base: Sequence[float], call: str, default: str) -> Judged:
+    base = base[:len(mine)]  # the rounds it was timed in (it may have stopped early): the rows pair by position
     alone = paired_ratio(mine, base)  # with / untouched: its speedup is the step's (untouched / with)
     binding = r.route.eager if call == "eager" else r.route.graph
     assert binding is not None
@@ -178,7 +182,8 @@ def _with_small_gains(timer: "_StepTimer", settings: CheckSettings, judged: list
     group = holding | {j.problem.key for j in leaning}
     say(f"model check ({call}): {len(leaning)} decision(s) within noise alone but leaning faster, together")
     variants = {"untouched": frozenset(), "group": group, **({"holding": holding} if holding else {})}
-    again, n = timer.rounds(variants, settings)
+    # judged against each other, not against the untouched step: every round counts
+    again, n = timer.rounds(variants, dataclasses.replace(settings, sequential=False))
     gain = paired_ratio(again["group"], again["holding" if holding else "untouched"])
     if not (gain.rounds and gain.speedup_low > 1.0):
         return judged, holding, ((again, n, "holding") if holding else None)
@@ -264,6 +269,9 @@ class _StepTimer:
         return (time.perf_counter() - t0) * 1e3 / n
 
     def rounds(self, variants: dict[str, frozenset[str]], settings: CheckSettings) -> tuple[dict[str, list[float]], int]:
+        """Paired rounds of every variant (``untouched`` among them); a variant stops once the 99 % interval of its
+        speed-up against the untouched step lies wholly on one side of 1 (sequential: ``settings.rounds`` is the
+        most), so a decision that decides early costs no more rounds. -> samples by variant, steps a sample."""
         probe = self.sampler(variants["untouched"], 1)
         probe()
         n = max(1, math.ceil(settings.sample_ms / max(probe(), 1e-3)))
@@ -271,7 +279,20 @@ class _StepTimer:
         rng = np.random.default_rng(settings.seed)
         names = list(samplers)
         out: dict[str, list[float]] = {name: [] for name in names}
-        for _ in range(settings.rounds):
-            for i in rng.permutation(len(names)):
-                out[names[i]].append(samplers[names[i]]())
+        timing = set(names)
+        for r in range(settings.rounds):
+            order = [names[i] for i in rng.permutation(len(names))]  # drawn in full each round: repeatable
+            for name in order:
+                if name in timing:
+                    out[name].append(samplers[name]())
+            if settings.sequential and r + 1 >= min_rounds():
+                timing -= {name for name in timing - {"untouched"} if _decided(out[name], out["untouched"])}
+                if timing == {"untouched"}:
+                    break
         return out, n
+
+
+def _decided(mine: Sequence[float], base: Sequence[float]) -> bool:
+    """The paired speed-up's 99 % interval lies wholly above or wholly below 1."""
+    ratio = paired_ratio(mine, base)
+    return bool(ratio.rounds) and (ratio.speedup_low > 1.0 or ratio.speedup_high < 1.0)

@@ -9,7 +9,7 @@ model_checks  the model checks of farm apply (a withdrawn decision publishes the
 incumbents    the current override file's decisions, given the benefit of the doubt
 """
 
-from farm.store.deciding.incumbents import decides, incumbent_file, incumbent_spec, job_record, load_incumbents
+from farm.store.deciding.incumbents import decided_keys, incumbent_file, incumbent_spec, job_record, load_incumbents
 from farm.store.deciding.loading import knobs_of, load_confirmations, load_successes
 from farm.model.records import CALL_ORDER
 from farm.store.deciding.records import (CONFIRM, ROUND_NAMES, VERIFY, Confirmation, Decisions,
@@ -17,5 +17,5 @@ from farm.store.deciding.records import (CONFIRM, ROUND_NAMES, VERIFY, Confirmat
 from farm.store.deciding.rule import decide_folder, decide_results
 
 __all__ = ["CALL_ORDER", "CONFIRM", "ROUND_NAMES", "VERIFY", "Confirmation", "Decisions", "StageFailure",
-           "Verification", "Winner", "decide_folder", "decide_results", "decides", "incumbent_file", "incumbent_spec",
+           "Verification", "Winner", "decide_folder", "decide_results", "decided_keys", "incumbent_file", "incumbent_spec",
            "job_record", "knobs_of", "load_confirmations", "load_incumbents", "load_successes"]

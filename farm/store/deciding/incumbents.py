@@ -122,7 +122,7 @@ def incumbent_spec(f: Any, problem: Any) -> Any:
     return PlanSpec(engine_name_to_id(entry.engine_name), tuple(sorted(entry.knobs))) if entry is not None else None
 
 
-def decides(f: Any, problem: Any) -> bool:
-    """Whether the override file ``f`` holds a decision made for ``problem`` itself (its problem key), not a rule
-    that merely matches it."""
-    return f is not None and any((e.metadata or {}).get("problem_key") == problem.key for e in f.entries)
+def decided_keys(f: Any) -> frozenset[str]:
+    """The problem keys the override file ``f`` holds decisions made for (a rule that merely matches a problem
+    is no decision for it)."""
+    return frozenset(k for e in f.entries if (k := (e.metadata or {}).get("problem_key")))
