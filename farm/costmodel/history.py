@@ -57,7 +57,8 @@ def read_history(sources: Sequence[str | Path]) -> History:
     for source in sources:
         where = Location.of(source)
         if not where.exists():
-            raise InputError("not found", field="--history", value=str(source))
+            raise InputError("results folder not found (a run folder, a results folder or a published root)",
+                             field="--history", value=str(source))
         if is_published_root(source):
             published = published or str(source)
             history = where.join(HISTORY_FOLDER)
