@@ -5,18 +5,21 @@ A source is a run folder, a results folder, a pyarrow.fs URI of either, or a pub
 layout: ``index.json`` at the top). A published root's results are its ``history/`` folder (``farm publish
 --history`` puts a run's results there); its override files hold the decisions already made. The model is
 trained once per history and kept in the run folder (``history-model.json``): a resume reuses it while the
-history's files are the same, so it makes the same choices.
+history's files are the same, so it makes the same choices; another run folder tuned from the same history
+copies it from the cache (``cache_folder``) instead of training again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from farm.errors import InputError
+from farm.fsutil import atomic_write_text
 from farm.store.location import Location
 from farm.store.publish_history import HISTORY_FOLDER
 
@@ -98,15 +101,15 @@ def model_for(history: History, out: Path, *, top_k: int, explore: float, seed: 
     path = out / MODEL_FILE
     fingerprint = history.fingerprint()
     settings = {"top_k": top_k, "explore": explore, "seed": seed}
-    if path.exists():
-        try:
-            model = CostModel.load(path)
-            t = model.training
-            if t.get("history_fingerprint") == fingerprint and t.get("held_out_settings") == settings:
-                return HistoryModel(path, int(t.get("problems") or 0), t.get("held_out"))
-        except InputError as exc:  # a model of other feature code, or damaged: trained again, the old one set aside
-            log.warning("history: %s is not reusable (%s); training again", path, exc)
-            path.replace(path.with_name(path.name + ".unusable"))
+    found = _reusable(path, fingerprint, settings)
+    if found is not None:
+        return found
+    # another tune of the same history (the next model, the next batch size) trained it already: copied, not trained
+    cached = cache_folder() / f"{fingerprint}-k{top_k}-e{explore:g}-s{seed}.json"
+    if _reusable(cached, fingerprint, settings, quiet=True) is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, cached.read_text())
+        return _reusable(path, fingerprint, settings)
     data = load_training_set(history.datasets)
     if not data.problems:
         log.warning("history: no problem in %s has two measured candidates: every candidate is measured",
@@ -126,7 +129,37 @@ def model_for(history: History, out: Path, *, top_k: int, explore: float, seed: 
                                                        "held_out": held_out, "held_out_settings": settings})
     out.mkdir(parents=True, exist_ok=True)
     model.save(path)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cached, path.read_text())
+    except OSError as exc:  # a cache only saves time
+        log.warning("history: could not keep the model in %s (%s)", cached.parent, exc)
     return HistoryModel(path, len(data.problems), held_out)
+
+
+def cache_folder() -> Path:
+    """Where trained history models are kept across run folders: $FARM_HISTORY_CACHE, else
+    ~/.cache/tunefarm/history-models (named by the history's fingerprint and the pruning settings)."""
+    return Path(os.environ.get("FARM_HISTORY_CACHE") or Path.home() / ".cache" / "tunefarm" / "history-models")
+
+
+def _reusable(path: Path, fingerprint: str, settings: dict[str, Any], quiet: bool = False) -> HistoryModel | None:
+    """The model at ``path`` when it was trained on this history with these settings; None otherwise (one that
+    cannot be read is set aside, with a warning, unless ``quiet``)."""
+    from farm.costmodel.model import CostModel
+
+    if not path.exists():
+        return None
+    try:
+        t = CostModel.load(path).training
+    except InputError as exc:  # a model of other feature code, or damaged: trained again, the old one set aside
+        if not quiet:
+            log.warning("history: %s is not reusable (%s); training again", path, exc)
+            path.replace(path.with_name(path.name + ".unusable"))
+        return None
+    if t.get("history_fingerprint") != fingerprint or t.get("held_out_settings") != settings:
+        return None
+    return HistoryModel(path, int(t.get("problems") or 0), t.get("held_out"))
 
 
 def bound_line(held_out: dict[str, Any] | None, top_k: int) -> str:

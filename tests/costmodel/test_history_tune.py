@@ -36,6 +36,12 @@ def _rows(out):
     return [r for r in rows if r["round"] == "main"]
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """Each test its own cache of trained history models (never the user's)."""
+    monkeypatch.setenv("FARM_HISTORY_CACHE", str(tmp_path / "cache"))
+
+
 @pytest.fixture(scope="module")
 def history(tmp_path_factory):
     """An exhaustive tune of three families, published with its results to a root."""
@@ -123,3 +129,18 @@ def test_history_mistakes_are_one_line(history, tmp_path, capsys):
     assert _farm(*base, "--retune-decided") == 2
     assert "--retune-decided needs --history" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_second_run_folder_tuned_from_the_same_history_copies_the_model_not_trains_it(history, tmp_path, capsys):
+    wl = _workload(tmp_path / "w.yaml", "w", {"delta": (96, 128)}, sizes=(8,))
+    args = ["--in-process", "--devices", "cpu", "--history", str(history / "train"), "--no-verify"]
+    assert _farm("tune", str(wl), "--out", str(tmp_path / "a"), *args) == 0
+    assert "training the cost model" in capsys.readouterr().err
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+    assert _farm("tune", str(wl), "--out", str(tmp_path / "b"), *args) == 0
+    assert "training the cost model" not in capsys.readouterr().err
+    assert (tmp_path / "b" / "history-model.json").read_text() == (tmp_path / "a" / "history-model.json").read_text()
+    # other pruning settings: another model (its bound was measured with those settings)
+    assert _farm("tune", str(wl), "--out", str(tmp_path / "c"), *args, "--prune-top-k", "3") == 0
+    assert "training the cost model" in capsys.readouterr().err
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 2
