@@ -5,8 +5,11 @@
 1. writes the CPU families' workloads (benchmarks/costmodel_workloads.py --target cpu);
 2. tunes the training families exhaustively, in-process (an existing run folder is resumed, not redone);
 3. ``farm model eval --holdout family`` on them: measurements and regret per held-out problem;
-4. trains a model on them and tunes the held-out families (qwen2-7b, resnet18) twice, exhaustively and with
-   ``--prune``, one after the other, then compares them (benchmarks/costmodel_compare.py).
+4. trains a model on them and tunes the held-out families (qwen2-7b, resnet18) exhaustively, with ``--prune``,
+   and with ``--history`` from a root the training run was published to (``farm publish --history``), one after
+   the other; then publishes the exhaustive held-out run there too and tunes the same workload again from the
+   root (every problem decided: only checked); prints each tune's wall time and compares each with the
+   exhaustive one (benchmarks/costmodel_compare.py).
 
 The CPU engines give a problem 3 to 10 candidates, so the CPU shows the mechanics and the same metrics as the
 H200 run, at a smaller scale: pruning pays where candidates are many (benchmarks/RESULTS.md).
@@ -25,9 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def farm(*args: str, quiet: bool = True) -> subprocess.CompletedProcess:
+def farm(*args: str, quiet: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    import os
+
     return subprocess.run([sys.executable, "-m", "farm", *args], cwd=ROOT, check=True, text=True,
-                          capture_output=quiet)
+                          capture_output=quiet, env={**os.environ, **(env or {})})
 
 
 def main() -> None:
@@ -61,15 +66,36 @@ def main() -> None:
     print(f"all          {s['problems']:8d} {s['candidates']:6d} {s['measured']:5d} {s['within_1_02']:7.0%} "
           f"{s['geomean_regret']:8.4f}   ({s['fewer']}x fewer)")
     farm("model", "train", str(out / "train"), "--out", str(out / "model.json"))
-    for name, extra in (("heldout-exhaustive", []), ("heldout-pruned", ["--prune", str(out / "model.json"),
-                                                                        "--prune-top-k", args.top_k,
-                                                                        "--prune-explore", args.explore])):
-        shutil.rmtree(out / name, ignore_errors=True)  # both measured now, side by side
+    # the fleet's flow: the training run published with its results; a new workload tuned from that root
+    root = out / "published"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(out / "history-cache", ignore_errors=True)
+    farm("publish", str(out / "train" / "overrides"), "--to", str(root), "--history")
+    pruning = ["--prune-top-k", args.top_k, "--prune-explore", args.explore]
+    walls: dict[str, float] = {}
+    for name, extra in (("heldout-exhaustive", []), ("heldout-pruned", ["--prune", str(out / "model.json"), *pruning]),
+                        ("heldout-history", ["--history", str(root), *pruning])):
+        shutil.rmtree(out / name, ignore_errors=True)  # all measured now, side by side
+        t0 = time.perf_counter()
         farm("tune", str(out / "workloads" / "cm-cpu-heldout.yaml"), "--in-process", "--devices", "cpu", "--out",
-             str(out / name), "--allow-partial", *extra)
-    print("\nheld-out families, exhaustive vs pruned (benchmarks/costmodel_compare.py):")
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "costmodel_compare.py"), str(out / "heldout-exhaustive"),
-                    str(out / "heldout-pruned")], check=True)
+             str(out / name), "--allow-partial", *extra, env={"FARM_HISTORY_CACHE": str(out / "history-cache")})
+        walls[name] = time.perf_counter() - t0
+    # once the held-out families are published too, the same workload again: every problem decided, only checked
+    farm("publish", str(out / "heldout-exhaustive" / "overrides"), "--to", str(root), "--history")
+    shutil.rmtree(out / "heldout-decided", ignore_errors=True)
+    t0 = time.perf_counter()
+    farm("tune", str(out / "workloads" / "cm-cpu-heldout.yaml"), "--in-process", "--devices", "cpu", "--out",
+         str(out / "heldout-decided"), "--allow-partial", "--history", str(root), *pruning,
+         env={"FARM_HISTORY_CACHE": str(out / "history-cache")})
+    walls["heldout-decided"] = time.perf_counter() - t0
+    print("\nheld-out families, each tune's wall time (farm tune, the process whole: training the history's model "
+          "and its bound included):")
+    for name, wall in walls.items():
+        print(f"  {name:20s} {wall:7.1f} s")
+    for name in ("heldout-pruned", "heldout-history", "heldout-decided"):
+        print(f"\nheld-out families, exhaustive vs {name[8:]} (benchmarks/costmodel_compare.py):")
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "costmodel_compare.py"),
+                        str(out / "heldout-exhaustive"), str(out / name)], check=True)
 
 
 if __name__ == "__main__":

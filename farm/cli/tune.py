@@ -474,6 +474,21 @@ def add_tune_parser(sub: Any) -> None:
                    help="skip the check after the reduce: each decision replayed through farm.ops beside the direct "
                         "library call where it runs (farm verify); a decision that loses to the direct call is "
                         "then not published")
+    _add_pruning_options(p)
+    p.add_argument("--incumbents", metavar="PATH",
+                   help="override file, folder or published root: its winners are kept when a new candidate "
+                        "is faster only within noise (default: none)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="exit 0 when the run finished but some problems have no winner (default: exit 3)")
+    p.add_argument("--json", action="store_true", help="print results as JSON instead of tables")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate and list the candidates, their total and an estimate of the device time (from the "
+                        "run folder's results and --history), measure nothing")
+    p.set_defaults(func=cmd_tune)
+
+
+def _add_pruning_options(p: Any) -> None:
+    """What a tune measures of each problem: a cost model's ranking (--prune, --history) and published decisions."""
     p.add_argument("--prune", metavar="MODEL",
                    help="measure only what this cost model (farm model train) ranks worth it: the default, the "
                         "incumbent, the top-k by predicted time and a random share of the rest (docs/costmodel.md)")
@@ -484,15 +499,6 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--prune-seed", type=nonnegative_int, default=None,
                    help="with --prune or --history: the random draw's seed, recorded in job.json (default 0)")
     p.add_argument("--no-prune", action="store_true", help="measure every candidate, even if the workload prunes")
-    p.add_argument("--incumbents", metavar="PATH",
-                   help="override file, folder or published root: its winners are kept when a new candidate "
-                        "is faster only within noise (default: none)")
-    p.add_argument("--allow-partial", action="store_true",
-                   help="exit 0 when the run finished but some problems have no winner (default: exit 3)")
-    p.add_argument("--json", action="store_true", help="print results as JSON instead of tables")
-    p.add_argument("--dry-run", action="store_true",
-                   help="validate and list the candidates, their total and an estimate of the device time (from the "
-                        "run folder's results and --history), measure nothing")
     p.add_argument("--history", action="append", metavar="SOURCE",
                    help="earlier results (a run or results folder, or a published root with its history/): a cost "
                         "model trained on them ranks each problem's candidates and the tune measures the default, the "
@@ -501,7 +507,6 @@ def add_tune_parser(sub: Any) -> None:
                         "docs/costmodel.md)")
     p.add_argument("--retune-decided", action="store_true",
                    help="with --history ROOT: tune a problem the published root decides like any other")
-    p.set_defaults(func=cmd_tune)
 
 
 def _verbose(args: Any) -> bool:
