@@ -25,6 +25,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     registry = default_engine_registry()
     workload = load_workload(args.workload, registry)  # every input error surfaces here, before any device time
     out = args.out or f"runs/{_folder_name(workload.name)}"
+    if getattr(args, "retune_decided", False) and not args.history:
+        raise InputError("--retune-decided needs --history naming a published root", field="--retune-decided")
     if args.history and not args.dry_run:
         workload = _with_history(args, workload, out)
     else:
@@ -63,8 +65,6 @@ def _with_pruning(args: argparse.Namespace, workload: Any) -> Any:
         if any(v is not None for v in (args.prune_top_k, args.prune_explore, args.prune_seed)):
             raise InputError("--prune-top-k, --prune-explore and --prune-seed need --prune MODEL, --history or "
                              "autotune.prune in the workload", field="--prune")
-        if getattr(args, "retune_decided", False):
-            raise InputError("--retune-decided needs --history naming a published root", field="--retune-decided")
         return workload
     if prune is not None and args.dry_run:
         from farm.costmodel.model import CostModel
@@ -84,6 +84,7 @@ def _with_history(args: argparse.Namespace, workload: Any, out: str) -> Any:
     """--history: prune with a cost model trained on those results (kept in the run folder); where a source is a
     published root, its decisions are the incumbents and a problem it decides is only checked."""
     import dataclasses
+    import tempfile
 
     from farm.costmodel.history import bound_line, model_for, read_history
     from farm.costmodel.model import require_lightgbm
@@ -104,8 +105,6 @@ def _with_history(args: argparse.Namespace, workload: Any, out: str) -> Any:
     top_k = args.prune_top_k or defaults.top_k
     explore = defaults.explore if args.prune_explore is None else args.prune_explore
     seed = defaults.seed if args.prune_seed is None else args.prune_seed
-    import tempfile
-
     # the model lives beside the run's results; a job folder on object storage keeps it in a local cache instead
     folder = Path(tempfile.gettempdir(), "tunefarm-history", _folder_name(workload.name)) if is_uri(out) else Path(out)
     err = make_console(stderr=True)
