@@ -3,7 +3,8 @@
 Causal masking is top-left aligned (query i sees keys 0..i), as in PyTorch's
 ``scaled_dot_product_attention(is_causal=True)``. An attention mask (the optional
 ``mask`` tensor, broadcast to [batch, heads, queries, keys]) is boolean (True
-attends) or added to the scores. Grouped-query attention shares each K/V head
+attends) or added to the scores; a query row it masks whole gives 0, as PyTorch's
+attention does (a left-padded batch's padding rows). Grouped-query attention shares each K/V head
 among Hq/Hkv query heads by broadcasting, not copying.
 """
 
@@ -80,9 +81,15 @@ class MaterializedSdpa(CpuEngine):
                 scores += added
             if mask is not None:
                 scores[..., mask] = -np.inf
-            scores -= scores.max(axis=-1, keepdims=True)
+            peak = scores.max(axis=-1, keepdims=True)
+            if added is not None:
+                peak[np.isneginf(peak)] = 0  # a row masked whole: exp(-inf - 0) = 0, not NaN
+            scores -= peak
             np.exp(scores, out=scores)
-            scores /= scores.sum(axis=-1, keepdims=True)
+            total = scores.sum(axis=-1, keepdims=True)
+            if added is not None:
+                total[total == 0] = np.inf  # ... and its output 0, as torch's attention gives
+            scores /= total
             np.matmul(scores, vg, out=out)
             tensors["O"][...] = out.reshape(s.b, s.hq, s.sq, s.dv)
 
@@ -150,6 +157,8 @@ class OnlineSoftmaxSdpa(CpuEngine):
                 np.matmul(sc, vg[..., j0:j1, :], out=pv_full)
                 acc += pv_full
                 m[...] = m_new
+            if added is not None:
+                l[l == 0] = np.inf  # a row masked whole: output 0, as torch's attention gives
             acc /= l
             tensors["O"][...] = acc.reshape(s.b, s.hq, s.sq, s.dv)
 

@@ -112,9 +112,12 @@ def _attention_probs(p: Problem, q: np.ndarray, k: np.ndarray, mask: np.ndarray 
         # top-left aligned (query i sees keys 0..i), as torch's is_causal=True
         mask = np.tril(np.ones((sq, skv), dtype=bool))
         scores = np.where(mask, scores, -np.inf)
-    scores -= scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores)
-    return probs / probs.sum(axis=-1, keepdims=True)
+    peak = scores.max(axis=-1, keepdims=True)
+    peak[np.isneginf(peak)] = 0  # a row masked whole: its probabilities 0 (torch's attention outputs 0 there)
+    probs = np.exp(scores - peak)
+    total = probs.sum(axis=-1, keepdims=True)
+    total[total == 0] = np.inf
+    return probs / total
 
 
 def _sdpa_fwd(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
