@@ -239,8 +239,12 @@ class OpCalls:
         tensors = {"A": a, "B": b} if bias is None else {"A": a, "B": b, "bias": bias}
         return self._general("matmul", tensors, (), _no_criteria, compute_dtype, out)
 
-    def sdpa(self, q: Any, k: Any, v: Any, *, causal: bool = False, out: Any = None) -> Any:
-        """softmax(q k^T / sqrt(d)) v on [batch, heads, seq, dim] tensors (grouped-query when k/v have fewer heads)."""
+    def sdpa(self, q: Any, k: Any, v: Any, mask: Any = None, *, causal: bool = False, out: Any = None) -> Any:
+        """softmax(q k^T / sqrt(d) + mask) v on [batch, heads, seq, dim] tensors (grouped-query when k/v have
+        fewer heads). ``mask`` (torch's ``attn_mask``): 4-D, broadcasting to [batch, heads, queries, keys],
+        boolean (True attends) or added to the scores; a query row it masks whole gives 0, as torch's does."""
+        if mask is not None:
+            return self._masked_sdpa(q, k, v, mask, causal, out)
         tensors = {"Q": q, "K": k, "V": v}
         if out is None:
             try:
@@ -258,6 +262,23 @@ class OpCalls:
             if key is not None:
                 return self._miss(self._sdpa, key, "sdpa_fwd", tensors, functools.partial(_causal, causal), None)
         return self._general("sdpa_fwd", tensors, causal, functools.partial(_causal, causal), None, out)
+
+    def _masked_sdpa(self, q: Any, k: Any, v: Any, mask: Any, causal: bool, out: Any) -> Any:
+        if causal:
+            raise InputError("a mask and causal=True together (torch refuses them too): put the causal part in "
+                             "the mask", field="causal", value=causal)
+        tensors = {"Q": q, "K": k, "V": v, "mask": unexpanded(mask)}
+        if out is None:
+            try:
+                key = ("mask", *[_layout(t) for t in tensors.values()])
+                hit = self._sdpa.get(key)
+            except (AttributeError, TypeError):
+                key, hit = None, None
+            if hit is not None:
+                return hit(tensors)
+            if key is not None:
+                return self._miss(self._sdpa, key, "sdpa_fwd", tensors, functools.partial(_causal, False), None)
+        return self._general("sdpa_fwd", tensors, "mask", functools.partial(_causal, False), None, out)
 
     def conv2d(self, x: Any, w: Any, *, stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
                dilation: int | tuple[int, int] = 1, groups: int = 1, out: Any = None) -> Any:
@@ -332,9 +353,16 @@ class OpCalls:
         return self._bound_callable("conv_fprop", ("X", "W"), (x, w), conv_criteria(stride, padding, dilation, groups),
                                     None, check)
 
-    def bind_sdpa(self, q: Any, k: Any, v: Any, *, causal: bool = False, check: bool = True) -> Callable[..., Any]:
-        """``attn(q, k, v)`` for repeated calls of this layout (see bind_matmul)."""
-        return self._bound_callable("sdpa_fwd", ("Q", "K", "V"), (q, k, v), _causal(causal), None, check)
+    def bind_sdpa(self, q: Any, k: Any, v: Any, mask: Any = None, *, causal: bool = False,
+                  check: bool = True) -> Callable[..., Any]:
+        """``attn(q, k, v)`` (``attn(q, k, v, mask)`` when bound with a mask) for repeated calls of this layout
+        (see bind_matmul)."""
+        if mask is None:
+            return self._bound_callable("sdpa_fwd", ("Q", "K", "V"), (q, k, v), _causal(causal), None, check)
+        if causal:
+            raise InputError("a mask and causal=True together (torch refuses them too)", field="causal", value=causal)
+        return self._bound_callable("sdpa_fwd", ("Q", "K", "V", "mask"), (q, k, v, unexpanded(mask)), _causal(False),
+                                    None, check)
 
     def _bound_callable(self, op: str, names: tuple[str, ...], given: tuple[Any, ...], criteria: Criteria,
                         compute_dtype: str | None, check: bool) -> Callable[..., Any]:
@@ -407,6 +435,19 @@ def _wrong_layout(op: str, names: tuple[str, ...], bound: tuple[Any, ...], args:
     raise InputError(f"this bound {op} was made for {want}; bind another one for other layouts", field=op, value=got)
 
 
+def unexpanded(mask: Any) -> Any:
+    """An attention mask with its broadcast dims (stride 0: ``expand``ed) of size 1: the same mask, in the layout
+    the farm's problem describes (a stride-0 dim of a tensor's own is no layout a kernel is tuned for)."""
+    strides = mask.strides if type(mask) is _NDARRAY else mask.stride() if callable(getattr(mask, "stride", None)) \
+        else None
+    if strides is None or 0 not in strides:
+        return mask
+    dims = tuple(1 if s == 0 else d for d, s in zip(mask.shape, strides))
+    if type(mask) is _NDARRAY:
+        return np.lib.stride_tricks.as_strided(mask, shape=dims, strides=strides)
+    return mask.as_strided(dims, tuple(strides))
+
+
 def _causal(causal: bool) -> Criteria:
     return (("causal", int(bool(causal))),)
 
@@ -445,6 +486,8 @@ def entry_point(problem: Problem) -> tuple[str, tuple[str, ...], dict[str, Any]]
         return "conv2d", ("X", "W"), {"stride": (c["stride_h"], c["stride_w"]), "padding": (c["pad_h"], c["pad_w"]),
                                       "dilation": (c["dilation_h"], c["dilation_w"]), "groups": c["groups"]}
     if problem.op == "sdpa_fwd":
+        if problem.has_tensor("mask"):
+            return "sdpa", ("Q", "K", "V", "mask"), {}
         return "sdpa", ("Q", "K", "V"), {"causal": bool(c.get("causal", 0))}
     if problem.op == "layernorm":
         return "layernorm", ("X", "scale", "bias"), {}

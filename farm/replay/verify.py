@@ -21,6 +21,7 @@ published; fixing one publishes the default in its place, saying why.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -39,7 +40,7 @@ from farm.model.knobs import candidate_label
 from farm.model.problem import Problem
 from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
 from farm.store.overrides import OverrideEntry, OverrideFile
-from farm.tuner.callers import (direct_caller, graph_sampler, estimate_ms, eager_sampler, input_set_cap,
+from farm.tuner.callers import (REPLAY, Caller, direct_caller, graph_sampler, estimate_ms, eager_sampler, input_set_cap,
                                 input_set_count, input_sets, plan_caller, replay_caller)
 from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.paired import PairedRatio, paired_ratio
@@ -161,10 +162,9 @@ def _verify_one(d: Decision, device: Device, replay: FileReplay, registry: Engin
     default_engine = registry.get(default.engine_id)
     sets = input_sets(problem, stage, make_tensors(problem, stage.arrays, settings.seed), _set_count(d, stage))
     stage.synchronize()
-    replayed = replay_caller(problem, replay.calls, sets)
+    replayed, binding = _replayed(problem, replay, stage, sets)
     if replayed is None:
         return dataclasses.replace(base, skipped=f"farm.ops has no entry point for {problem.label()}", notes=notes)
-    binding = replay.binding_of(problem)
     ran = binding.bound if binding is not None else None
     if not eager and binding is not None and binding.graph is not None:
         ran = binding.graph.bound
@@ -201,6 +201,18 @@ def _verify_one(d: Decision, device: Device, replay: FileReplay, registry: Engin
                             direct_path=direct.path, delivered=ratio, replay_samples=tuple(got[0]),
                             direct_samples=tuple(got[1]), calls_per_sample=n, input_sets=len(sets), notes=notes)
     return judge(v, settings, is_default=(d.engine_name == default_engine.name and not d.knobs))
+
+
+def _replayed(problem: Problem, replay: FileReplay, stage: Device, sets: Sequence[Mapping[str, Any]]
+              ) -> tuple[Caller | None, Any]:
+    """The decision's calls as production makes them, and the binding they run: farm.ops' entry point, or for a
+    torch model's call on a CPU (library "torch", which farm.ops never makes of its tensors) the file's own
+    binding of the problem, as farm.apply runs it."""
+    if problem.library and stage.vendor == "cpu":
+        binding = replay.host_binding(problem)
+        return Caller(tuple(functools.partial(binding.call, s) for s in sets), REPLAY, "farm.apply's call"), binding
+    caller = replay_caller(problem, replay.calls, sets)
+    return caller, replay.binding_of(problem) if caller is not None else None
 
 
 def _uncertain(r: PairedRatio, published: float | None, settings: VerifySettings) -> bool:
@@ -246,9 +258,10 @@ def judge(v: Verified, settings: VerifySettings, *, is_default: bool) -> Verifie
     if not problems:
         return v
     why = "; ".join(problems)
-    if is_default:
-        why += " (the default is published already: what shows is farm.ops' own cost a call over the direct call)"
-    return dataclasses.replace(v, flagged=why, fixable=not is_default, loses=got < settings.min_delivered)
+    if is_default:  # what a caller without the farm runs (farm.apply leaves such a call alone): it holds
+        return dataclasses.replace(v, notes=(*v.notes, f"the default: {why}; what shows is farm.ops' own cost a "
+                                                        "call over the direct call"))
+    return dataclasses.replace(v, flagged=why, fixable=True, loses=got < settings.min_delivered)
 
 
 # -- fixing -------------------------------------------------------------------------------------------
