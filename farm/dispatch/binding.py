@@ -7,6 +7,7 @@ whole steady-state call as one function of the tensors (no ``out=``): what a cac
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -16,7 +17,13 @@ from farm.model.problem import Problem
 
 @dataclass
 class Bound:
-    """A problem bound to the engine that runs it (the steady-state path is ``run``, or ``produce``)."""
+    """A problem bound to the engine that runs it (the steady-state path is ``run``, or ``produce``).
+
+    A plan's workspace is its scratch space: it belongs to one call at a time. ``workspace`` is the first
+    caller's; with ``alloc`` (a fresh workspace of the plan's size) every other thread calling the plan gets one of
+    its own, so threads calling one bound plan never share scratch. Without ``alloc`` (the tuner's plans, called
+    from one thread) every call gets ``workspace``.
+    """
 
     problem: Problem
     engine_name: str
@@ -24,13 +31,27 @@ class Bound:
     plan: Any
     workspace: Any
     source: str  # "recorded", "tuned", the answering policy's name, "measured" (the tuner's own)
+    alloc: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # plans that can hand back the library's own output (no copy into a given one), when they need no workspace
         self.produce = getattr(self.plan, "produce", None) if self.workspace is None else None
+        self._owner = threading.get_ident()
+        self._scratch = threading.local()
+        self._lock = threading.Lock()
+
+    def scratch(self) -> Any:
+        """This thread's workspace (None for a plan that needs none)."""
+        if self.workspace is None or self.alloc is None or threading.get_ident() == self._owner:
+            return self.workspace
+        mine = getattr(self._scratch, "workspace", None)
+        if mine is None:
+            with self._lock:  # an allocator need not be thread-safe
+                mine = self._scratch.workspace = self.alloc()
+        return mine
 
     def run(self, tensors: Mapping[str, Any], stream: Any = None) -> None:
-        self.plan.run(tensors, self.workspace, stream)
+        self.plan.run(tensors, self.scratch(), stream)
 
 
 @dataclass(frozen=True)
@@ -81,7 +102,7 @@ class Binding:
         if produce is not None:
             return produce(tensors)
         out = self.alloc()
-        self.bound.plan.run({**tensors, self.out_id: out}, self.bound.workspace, None)
+        self.bound.plan.run({**tensors, self.out_id: out}, self.bound.scratch(), None)
         return out
 
     def into(self, tensors: Mapping[str, Any], out: Any) -> Any:

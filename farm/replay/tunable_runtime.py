@@ -434,8 +434,11 @@ class TunableRuntime:
             log.info("autotune: %s[%s] does not compile for %s: %s", engine_name, format_settings(knobs),
                      problem.label(), exc)
             return None
-        ws = self.device.runtime.malloc(plan.workspace_size) if getattr(plan, "workspace_size", 0) else None
-        return Bound(problem, engine_name, tuple(knobs), plan, ws, source)
+        size = int(getattr(plan, "workspace_size", 0) or 0)
+        ws = self.device.runtime.malloc(size) if size else None
+        # a production process may call one plan from several threads: each gets a workspace of its own
+        return Bound(problem, engine_name, tuple(knobs), plan, ws, source,
+                     alloc=functools.partial(self.device.runtime.malloc, size) if size else None)
 
     def _tune(self, problem: Problem) -> Bound:
         s = self.settings
