@@ -7,21 +7,27 @@ model that make such calls: nothing in the process is patched, another model's c
 ``farm.unapply`` gives every module its own class back.
 
 Which modules those are is found on the model's first eager call of each input shape (``discovery``): the mode is
-entered around the whole forward once, a call with a non-default decision names the innermost module making it,
-and that module gets a ``ScopeSite`` (farm.nn.module_sites.routed_class); its forward enters the mode, which is
-otherwise never entered. A scope's calls are bound per layout of every tensor they pass, so a routed call always
-runs on the tensors it is given (no weight is kept). Under ``torch.compile`` the mode routes through the farm's
-custom ops (``farm::sdpa``, ``farm::matmul``); before any eager call, attention alone (nothing was discovered).
+entered around the whole forward once, a call with a non-default decision names the module making it (the
+innermost module being called, read from the interpreter's frames: ``calling_module``), and that module, when it
+is one of the model's own, gets a ``ScopeSite`` (farm.nn.module_sites.routed_class); its forward enters the mode,
+which is otherwise never entered. Eagerly a call is routed only when the module making it is such a site of this
+model: a module that is not the model's (a helper or a teacher held in a list and called from its forward) runs
+torch's own call, inside the applied forward too. A scope's calls are bound per layout of every tensor they pass,
+so a routed call always runs on the tensors it is given (no weight is kept). Under ``torch.compile`` (where no
+frame can be read) the mode routes the calls of a scoped forward's kinds through the farm's custom ops
+(``farm::sdpa``, ``farm::matmul``); before any eager call, attention alone (nothing was discovered).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from farm.nn.decided import Route
-from farm.nn.module_sites import SITE_ATTR, InstalledSite, ModuleSite, Site, chooser, install, prime
+from farm.nn.module_sites import SITE_ATTR, InstalledSite, ModuleSite, Site, chooser, install, needs_grad, prime
 from farm.nn.torch_calls import default_scale, read_call, read_matmul, torch_module, torch_output_layout
 
 log = logging.getLogger("farm.nn.function_scope")
@@ -73,11 +79,12 @@ class FunctionScope(Site):
         self.funcs = routed_functions()
         self.mode_class = _mode_class()
         self.live = live  # whether any function decision is routed in the calling mode now (a graph capture...)
-        self.local = threading.local()
+        self.local = threading.local()  # per thread: the depth of the mode, whether it discovers
         self.sites: list[ScopeSite] = []
-        self.stack: list[Any] | None = None  # the module stack while discovering, else None
         self.names: dict[int, str] = {}
         self.found: dict[int, tuple[Any, set[str]]] = {}
+        self._found_lock = threading.Lock()
+        self.kinds: frozenset[str] = frozenset()  # what any site of this scope routes: what the mode intercepts
         self.root = ScopeSite(self, root, "(model)", frozenset({SDPA}), discovering=True)
         install(root, self.root)
 
@@ -85,61 +92,55 @@ class FunctionScope(Site):
     def depth(self) -> int:
         return getattr(self.local, "depth", 0)
 
-    def entered(self, kinds: frozenset[str], run: Callable[[], Any], name: str = "") -> Any:
+    def entered(self, kinds: frozenset[str], run: Callable[[], Any]) -> Any:
         """``run()`` inside this scope's mode (once: a scope inside a scope adds nothing)."""
         if self.depth():
             return run()
-        self.local.depth, self.local.name = 1, name
+        self.local.depth = 1
         try:
             with self.mode_class(self, kinds):
                 return run()
         finally:
             self.local.depth = 0
 
-    def site_name(self) -> str:
-        """The module whose forward makes the call now (while discovering: the innermost one on the stack)."""
-        if self.stack:
-            return self.names.get(id(self.stack[-1]), type(self.stack[-1]).__name__)
-        return getattr(self.local, "name", "") or "(model)"
-
-    def route(self, got: Any) -> Route | None:
-        self.label = f"{self.site_name()} (function)"
-        return super().route(got)
+    def discovering(self) -> bool:
+        return getattr(self.local, "discovering", False)
 
     def discover(self, root: Any, run: Callable[[], Any]) -> Any:
-        """``run()`` (the root's forward) with every routed call recorded by the innermost module making it;
+        """``run()`` (the root's forward) with every routed call recorded by the module of the model making it;
         then each such module (the root included) routes its calls from now on."""
-        stack: list[Any] = []
         self.names = {id(m): n for n, m in root.named_modules()}
-
-        def entering(module: Any, _args: Any) -> None:
-            stack.append(module)
-
-        def leaving(_module: Any, _args: Any, _out: Any) -> None:  # None: the output stays the module's
-            if stack:
-                stack.pop()
-
-        hooks = []
-        for m in root.modules():
-            if m is not root:
-                hooks += [m.register_forward_pre_hook(entering), m.register_forward_hook(leaving)]
-        self.stack = stack
+        self.local.discovering = True
         try:
             return self.entered(frozenset({SDPA, *MATMULS}), run)
         finally:
-            self.stack = None
-            for h in hooks:
-                h.remove()
+            self.local.discovering = False
             self._settle(root)
 
-    def _record(self, kind: str) -> None:
-        module = self.stack[-1] if self.stack else self.root.module()
-        if isinstance(module.__dict__.get(SITE_ATTR), ModuleSite):
-            return  # a routed module's own call, not a function call of the model's
-        self.found.setdefault(id(module), (module, set()))[1].add(kind)
+    def caller(self, kind: str) -> str | None:
+        """Where the call being made (of ``kind``) is routed from (its label: the module making it), when this
+        scope routes it: the innermost module being called is one of this model's, whose site routes ``kind``
+        (while discovering: any of the model's modules but a routed one); None (torch's own call) otherwise."""
+        module = calling_module()
+        if module is None:
+            module = self.root.module()
+        site = module.__dict__.get(SITE_ATTR) if hasattr(module, "__dict__") else None
+        if self.discovering():
+            if isinstance(site, ModuleSite) or id(module) not in self.names:
+                return None  # a routed module's own call, or a module that is not the model's
+            return f"{self.names[id(module)] or '(model)'} (function)"
+        if not isinstance(site, ScopeSite) or site.scope is not self or not site.scoped or kind not in site.kinds:
+            return None
+        return f"{site.name} (function)"
+
+    def _record(self, module: Any, kind: str) -> None:
+        with self._found_lock:
+            self.found.setdefault(id(module), (module, set()))[1].add(kind)
 
     def _settle(self, root: Any) -> None:
-        for key, (module, kinds) in list(self.found.items()):
+        with self._found_lock:
+            found, self.found = list(self.found.values()), {}
+        for module, kinds in found:
             if module is root:
                 self.root.kinds = self.root.kinds | frozenset(kinds)
                 self.root.scoped = True
@@ -152,7 +153,7 @@ class FunctionScope(Site):
             if install(module, new):
                 self.sites.append(new)
                 log.info("farm.apply: %s routes its %s calls", new.name, ", ".join(sorted(kinds)))
-        self.found.clear()
+        self.kinds = frozenset().union(*(s.kinds for s in (self.root, *self.sites) if s.scoped))
 
     def restore(self) -> None:
         for s in (*self.sites, self.root):
@@ -163,42 +164,47 @@ class FunctionScope(Site):
     # -- calls ----------------------------------------------------------------------------------------
     def call(self, kind: str, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """A call the mode routes: the bound decision for its layouts, or ``func`` itself."""
-        if kind == SDPA:
-            parsed = _sdpa_args(*args, **kwargs)
-        else:
-            parsed = _matmul_args(kind, *args, **kwargs)
+        parsed = _sdpa_args(*args, **kwargs) if kind == SDPA else _matmul_args(kind, *args, **kwargs)
         if parsed is None:
             return func(*args, **kwargs)
         if self.compiling():
-            if self.autocast_on(parsed[0].device.type):
+            if self.autocast_on(parsed[0].device.type) or needs_grad(self.grad, *parsed[:4]):
                 return func(*args, **kwargs)
             if kind == SDPA:
                 return self.ops.sdpa(*parsed, self.number)
             return self.ops.matmul(*parsed, self.number)
-        if self.autocast():
+        if self.autocast() or self.tracing() is not None:
             return func(*args, **kwargs)
-        out = self.run_sdpa(*parsed) if kind == SDPA else self.run_matmul(*parsed, kind=kind)
+        label = self.caller(kind)
+        if label is None:
+            return func(*args, **kwargs)
+        if kind == SDPA:
+            out = self.run_sdpa(*parsed, label=label)
+        else:
+            out = self.run_matmul(*parsed, kind=kind, label=label)
         if out is None:  # the library's call, exactly as the model made it
             return func(*args, **kwargs)
         return out
 
-    def run_sdpa(self, q: Any, k: Any, v: Any, mask: Any, is_causal: bool, gqa: bool) -> Any:
+    def run_sdpa(self, q: Any, k: Any, v: Any, mask: Any, is_causal: bool, gqa: bool,
+                 label: str = "(compiled) (function)") -> Any:
         """Attention routed for these layouts; None where the call stays the library's."""
-        if self.grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if needs_grad(self.grad, q, k, v, mask):
             return None
-        key = (self.site_name(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+        key = (label, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
                v.dtype, q.device, None if mask is None else (mask.shape, mask.stride(), mask.dtype), is_causal, gqa)
         fn = self.table.get(key)
         if fn is None:
-            fn = self.table[key] = self._bind_sdpa(q, k, v, mask, is_causal, gqa)
-        if self.stack is not None and fn is not _library:
-            self._record(SDPA)  # routed in some calling mode (an eager call may run the library's: graph-only)
+            fn = self.table[key] = self._bind_sdpa(q, k, v, mask, is_causal, gqa, label)
+        if fn is not _library and self.discovering():
+            self._record(calling_module() or self.root.module(), SDPA)  # routed in some calling mode
         return fn(q, k, v, mask)
 
-    def _bind_sdpa(self, q: Any, k: Any, v: Any, mask: Any, is_causal: bool, gqa: bool) -> Callable[..., Any]:
+    def _bind_sdpa(self, q: Any, k: Any, v: Any, mask: Any, is_causal: bool, gqa: bool,
+                   label: str) -> Callable[..., Any]:
         F = torch_module().nn.functional
         kwargs = {"attn_mask": mask, "is_causal": is_causal, "enable_gqa": gqa}
-        route = self.route(read_call(F.scaled_dot_product_attention, (q, k, v), kwargs))
+        route = self.route(read_call(F.scaled_dot_product_attention, (q, k, v), kwargs), label)
         if route is None:
             return _library
 
@@ -223,22 +229,23 @@ class FunctionScope(Site):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
         return y
 
-    def run_matmul(self, a: Any, b: Any, bias: Any, kind: str = "matmul") -> Any:
+    def run_matmul(self, a: Any, b: Any, bias: Any, kind: str = "matmul",
+                   label: str = "(compiled) (function)") -> Any:
         """``a @ b (+ bias)`` (a call of ``kind``) routed for these layouts; None where the call stays the
         library's."""
-        if self.grad() and (a.requires_grad or b.requires_grad or bias is not None and bias.requires_grad):
+        if needs_grad(self.grad, a, b, bias):
             return None
-        key = (self.site_name(), "mm", a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device,
+        key = (label, "mm", a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device,
                None if bias is None else (bias.shape, bias.stride(), bias.dtype))
         fn = self.table.get(key)
         if fn is None:
-            fn = self.table[key] = self._bind_matmul(a, b, bias)
-        if self.stack is not None and fn is not _library:
-            self._record(kind)
+            fn = self.table[key] = self._bind_matmul(a, b, bias, label)
+        if fn is not _library and self.discovering():
+            self._record(calling_module() or self.root.module(), kind)
         return fn(a, b, bias)
 
-    def _bind_matmul(self, a: Any, b: Any, bias: Any) -> Callable[..., Any]:
-        route = self.route(read_matmul(a, b, bias))
+    def _bind_matmul(self, a: Any, b: Any, bias: Any, label: str) -> Callable[..., Any]:
+        route = self.route(read_matmul(a, b, bias), label)
         if route is None or not a.is_contiguous():
             return _library
         adims = route.problem.tensor("A").dims
@@ -264,6 +271,23 @@ class FunctionScope(Site):
             torch = torch_module()
             y = torch.matmul(a, b) if bias is None else torch.matmul(a, b).add_(bias)
         return y
+
+
+@functools.lru_cache(maxsize=1)
+def _call_impl_code() -> Any:
+    return torch_module().nn.Module._call_impl.__code__
+
+
+def calling_module() -> Any:
+    """The innermost ``nn.Module`` being called on this thread now (the ``self`` of the innermost
+    ``Module._call_impl`` frame), or None outside any module's call."""
+    code = _call_impl_code()
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code is code:
+            return frame.f_locals.get("self")
+        frame = frame.f_back
+    return None
 
 
 def _library(*_args: Any) -> None:
@@ -343,6 +367,7 @@ class ScopeSite(InstalledSite):
         self.scoped = not discovering  # the root routes its own calls only once discovery found some
         self.discovering = discovering
         self.seen: set[Any] = set()
+        self.lock = threading.Lock()
 
     def forward(self, module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         def run() -> Any:
@@ -355,13 +380,18 @@ class ScopeSite(InstalledSite):
                 with self.scope.mode_class(self.scope, self.kinds):
                     return run()
             return run()
+        if self.tracing() is not None:  # torch.jit.trace: the model's own calls are what it records
+            return run()
         if self.discovering:  # with a function decision in any calling mode (a graph's is found eagerly too)
             shapes = _shapes(args, kwargs)
             if shapes not in self.seen and not self.scope.depth() and not _capturing():
-                self.seen.add(shapes)
-                return self.scope.discover(module, run)
+                with self.lock:
+                    fresh = shapes not in self.seen
+                    self.seen.add(shapes)
+                if fresh:
+                    return self.scope.discover(module, run)
         if self.scoped and self.scope.live():
-            return self.scope.entered(self.kinds, run, self.name)
+            return self.scope.entered(self.scope.kinds, run)
         return run()
 
 

@@ -96,6 +96,7 @@ class Site:
         self.grad = torch.is_grad_enabled
         self.autocast = torch._C._is_any_autocast_enabled
         self.autocast_on = torch.is_autocast_enabled  # (device type): what Dynamo reads while it traces
+        self.tracing = torch._C._get_tracing_state  # torch.jit.trace records the model's own calls (None: not)
         self.enabled = True
 
     def forget(self) -> None:
@@ -109,11 +110,12 @@ class Site:
         self.disable()
         SITES.remove(self.number)
 
-    def route(self, got: Any) -> Route | None:
-        """The route of a call the readers made a problem of; None where the call stays the library's."""
+    def route(self, got: Any, label: str | None = None) -> Route | None:
+        """The route of a call the readers made a problem of (made at ``label``: this site's, by default); None
+        where the call stays the library's."""
         if not self.enabled or not isinstance(got, OpCall):
             return None
-        return self.applied.route(got.problem, self.label)
+        return self.applied.route(got.problem, label or self.label)
 
 
 class InstalledSite(Site):
@@ -146,16 +148,16 @@ class ModuleSite(InstalledSite):
             return self.base.forward(module, *args, **kwargs)  # module(input=x) and the like: its own call
         x, w, b = args[0], p["weight"], p.get("bias")
         if self.compiling():
-            if self.autocast_on(x.device.type):
+            if self.autocast_on(x.device.type) or needs_grad(self.grad, x, w, b):
                 return self.base.forward(module, x)
             return self.op(x, w, b, self.number)
         return self.run(x, w, b)
 
     def run(self, x: Any, w: Any, b: Any) -> Any:
         """The call on these tensors (also the custom op's runtime)."""
-        if self.autocast() or self.grad() and (x.requires_grad or w.requires_grad):
+        if self.autocast() or self.tracing() is not None or needs_grad(self.grad, x, w, b):
             return self.plain(x, w, b)
-        key = (x.shape, x.stride(), x.dtype) if self.strided_key else x.shape
+        key = (x.shape, x.stride(), x.dtype) if self.strided_key or not x.is_contiguous() else x.shape
         fn = self.table.get(key)
         if fn is None:
             fn = self.table[key] = self.bind(x, w, b)
@@ -163,6 +165,8 @@ class ModuleSite(InstalledSite):
         if y is REBIND:  # a new weight: bind it
             fn = self.table[key] = self.bind(x, w, b)
             y = fn(x, w, b)
+            if y is REBIND:  # replaced again meanwhile (another thread reloading weights): the module's own call
+                return self.plain(x, w, b)
         return y
 
     def plain(self, x: Any, w: Any, b: Any) -> Any:
@@ -174,15 +178,15 @@ class ModuleSite(InstalledSite):
 
 class LinearSite(ModuleSite):
     kind = "linear"
-    strided_key = False  # keyed by the input's shape: the bound call checks dtype, contiguity and device
+    strided_key = False  # a contiguous input keyed by its shape: the bound call checks dtype, layout and device
 
     def plain(self, x: Any, w: Any, b: Any) -> Any:
         return torch_module().nn.functional.linear(x, w, b)
 
     def bind(self, x: Any, w: Any, b: Any) -> Callable[..., Any]:
         plain = torch_module().nn.functional.linear
-        if x.dim() < 2 or not x.is_contiguous():
-            return plain  # the routed call views x as [M, K]
+        if x.dim() < 2:
+            return plain
         route = self.route(read_call(plain, (x, w, b), {}))
         return _linear_call(route, x, w, b, plain) if route is not None else plain
 
@@ -240,6 +244,12 @@ class NormSite(ModuleSite):
         return _norm_call(route, x, w, b, self.plain) if route is not None else self.plain
 
 
+def needs_grad(grad_enabled: Callable[[], bool], *tensors: Any) -> bool:
+    """Autograd records this call: grad mode is on and a tensor it reads needs a gradient (then the module's own
+    call runs, so every gradient, a trainable bias's or mask's included, is torch's)."""
+    return grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 # -- bound calls -------------------------------------------------------------------------------------
 def same_tensors(w: Any, b: Any) -> Callable[[Any, Any], bool]:
     """Whether a call's weight and bias are the bound ones: the same memory, dtype, shape and strides (a cheap
@@ -281,20 +291,25 @@ def prime(route: Route, tensors: dict[str, Any]) -> None:
 def _linear_call(route: Route, x: Any, w: Any, b: Any, plain: Callable[..., Any]) -> Callable[..., Any]:
     wt, bd, dtype, shape, device = w.detach().t(), (b.detach() if b is not None else None), x.dtype, \
         tuple(x.shape), x.get_device()
+    # a matrix is bound in its own layout (a class token's rows of a longer sequence: a row stride past K); an
+    # input of more dims is folded to [M, K] as torch folds it (a copy where it is a strided view)
+    strides = None if x.is_contiguous() else x.stride()
     same = same_tensors(w, b)
     k, n = shape[-1], w.shape[0]
     flat = len(shape) != 2
     rows, out_shape = (x.numel() // k if k else 0), (*shape[:-1], n)
     pick = chooser(route)
-    prime(route, {"A": x.view(rows, k), "B": wt, **({"bias": bd} if bd is not None else {})})
+    prime(route, {"A": x.reshape(rows, k), "B": wt, **({"bias": bd} if bd is not None else {})})
 
     def call(x: Any, w: Any, b: Any) -> Any:
         if not same(w, b):
             return REBIND
         run = pick()
-        if run is None or x.dtype is not dtype or not x.is_contiguous() or x.get_device() != device:
+        if run is None or x.dtype is not dtype or x.get_device() != device or \
+                not flat and (x.stride() != strides if strides is not None else not x.is_contiguous()):
             return plain(x, w, b)
-        tensors = {"A": x.view(rows, k) if flat else x, "B": wt}
+        # folded to [M, K] as torch's linear folds it (a copy where the input is a strided view)
+        tensors = {"A": x.reshape(rows, k) if flat else x, "B": wt}
         if bd is not None:
             tensors["bias"] = bd
         y = run(tensors)

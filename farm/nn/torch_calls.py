@@ -19,11 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from farm.dispatch.calls import conv_criteria, problem_for
+from farm.errors import InputError
 from farm.model.dtypes import canonical_dtype
 from farm.model.problem import Problem, contiguous_strides
 
 Layout = tuple[tuple[int, ...], tuple[int, ...], str]  # dims, strides (elements), canonical dtype
 NORM_EPS = 1e-5  # the farm's layernorm and rmsnorm (farm/model/op_catalog.py)
+STRIDED_INPUT = ("a strided input (a transposed view): farm.apply routes a norm of a contiguous input only, so "
+                 "this one is not tuned")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ def read_call(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Op
         got = read(*args, **kwargs)
     except TypeError:  # a call torch itself would refuse: not ours to judge
         return Skipped(kind, "arguments this reader does not know")
+    except InputError as exc:  # a dtype the farm's problems do not take (int64, complex...): torch's own call
+        return Skipped(kind, _undescribed(exc))
     if isinstance(got, str):
         return Skipped(kind, got)
     return _op_call(kind, got, args[0] if args else None)
@@ -62,13 +67,21 @@ def read_call(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Op
 def read_matmul(a: Any, b: Any, bias: Any = None) -> OpCall | Skipped:
     """The problem of ``a @ b (+ bias)`` as torch computes it (``a`` folded to 2-D where ``b`` is): what a free
     ``torch.addmm``, ``torch.matmul``, ``F.linear`` (with ``b = W.T``) or ``torch.bmm`` call is."""
-    got = _matmul(a, b)
-    if not isinstance(got, str) and bias is not None:
-        if bias.dim() != 1 or bias.shape[0] != b.shape[-1]:
-            got = "a bias that is not one value a column"
-        else:
-            got[1]["bias"] = layout(bias)
-    return _op_call("matmul" if bias is None else "addmm", got, a)
+    kind = "matmul" if bias is None else "addmm"
+    try:
+        got = _matmul(a, b)
+        if not isinstance(got, str) and bias is not None:
+            if bias.dim() != 1 or bias.shape[0] != b.shape[-1]:
+                got = "a bias that is not one value a column"
+            else:
+                got[1]["bias"] = layout(bias)
+    except InputError as exc:
+        return Skipped(kind, _undescribed(exc))
+    return _op_call(kind, got, a)
+
+
+def _undescribed(exc: InputError) -> str:
+    return f"a call the farm's problems do not describe ({exc}): torch's own call runs it"
 
 
 def _op_call(kind: str, got: Any, first: Any) -> OpCall | Skipped:
@@ -83,7 +96,14 @@ def _op_call(kind: str, got: Any, first: Any) -> OpCall | Skipped:
         return Skipped(kind, "bf16 on a CPU (the farm's CPU engines compute on numpy arrays, which have no bf16: "
                              "capture on the GPU, with --meta, or in float32)")
     library = "torch" if where == "cpu" else ""
-    return OpCall(kind, problem_for(op, described, criteria, compute, torch_layouts=True, library=library))
+    empty = next((tid for tid, d in described.items() if 0 in d[0]), None)
+    if empty is not None:
+        return Skipped(kind, f"an empty tensor ({empty} {list(described[empty][0])}: nothing to compute; torch's own "
+                             "call returns it)")
+    try:
+        return OpCall(kind, problem_for(op, described, criteria, compute, torch_layouts=True, library=library))
+    except InputError as exc:  # a layout the farm's problems do not take: torch's own call
+        return Skipped(kind, _undescribed(exc))
 
 
 def layout(t: Any) -> Layout:
@@ -193,6 +213,15 @@ def _conv2d(x: Any, w: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
     return "conv_fprop", {"X": layout(x), "W": layout(w)}, conv_criteria(stride, padding, dilation, groups), None
 
 
+def _conv1d(*_args: Any, **_kwargs: Any) -> str:
+    return "a 1-D convolution (nn.Conv1d): the farm tunes 2-D ones"
+
+
+def _multi_head_attention(*_args: Any, **_kwargs: Any) -> str:
+    return ("nn.MultiheadAttention: its projections and attention run inside one torch call "
+            "(F.multi_head_attention_forward), which the farm does not route")
+
+
 def _string_padding(padding: str, kernel: tuple[int, ...], dilation: Any) -> Any:
     if padding == "valid":
         return 0
@@ -252,7 +281,9 @@ def _mask_reason(mask: Any, q: Any, k: Any, is_causal: bool) -> str:
 
 def _norm_shape(x: Any, normalized_shape: Any) -> str:
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    return "" if shape == tuple(x.shape[-1:]) else "normalized over more than the last dim"
+    if shape != tuple(x.shape[-1:]):
+        return "normalized over more than the last dim"
+    return "" if x.is_contiguous() else STRIDED_INPUT
 
 
 def _layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5,
@@ -302,6 +333,9 @@ def tunable_functions() -> dict[Any, tuple[str, Callable[..., Any]]]:
         ("sdpa", _sdpa, (F.scaled_dot_product_attention,)),
         ("layer_norm", _layer_norm, (F.layer_norm, torch.layer_norm)),
         ("rms_norm", _rms_norm, (getattr(F, "rms_norm", None), getattr(torch, "rms_norm", None))),
+        ("conv1d", _conv1d, (F.conv1d, torch.conv1d)),
+        ("multi_head_attention", _multi_head_attention,
+         (F.multi_head_attention_forward, getattr(torch, "_native_multi_head_attention", None))),
     ):
         for f in funcs:
             if f is not None:

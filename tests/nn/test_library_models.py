@@ -218,9 +218,9 @@ def test_applied_models_route_only_their_own_calls_and_unapply_in_any_order(tmp_
     calls = []
     original = farm.nn.function_scope.FunctionScope.run_sdpa
 
-    def spy(self, *args):
+    def spy(self, *args, **kwargs):
         calls.append(self.applied.model)
-        return original(self, *args)
+        return original(self, *args, **kwargs)
 
     farm.nn.function_scope.FunctionScope.run_sdpa = spy
     try:
