@@ -147,17 +147,25 @@ def load_workload(path: str | Path, registry: EngineRegistry | None = None) -> W
     return workload
 
 
-_CAPTURED = re.compile(r"^# captured by farm capture: (\d+) problem\(s\)")
+_CAPTURED = re.compile(r"^# captured by farm capture: (\d+) problem\(s\)[^\n]*")
+END_LINE = "# end of the workload farm capture wrote"
+END_SAID = "to its last line '# end'"  # in the first line of a file that ends with END_LINE
 
 
 def _check_captured_count(text: str, workload: "Workload", source: str) -> None:
-    """A file farm capture wrote says how many problems it holds: one cut short at a line boundary (a copy that
-    stopped) is still valid YAML with the last problems gone, and must not load as if whole."""
+    """A file farm capture wrote says how many problems it holds, and (since it says so in its first line) ends
+    with END_LINE: one cut short at a line boundary (a copy that stopped) is still valid YAML with the last problems
+    gone, or the last problem's last fields, and must not load as if whole."""
     m = _CAPTURED.match(text)
-    if m and int(m.group(1)) != len(workload.problems):
+    if not m:
+        return
+    advice = "capture it again, or remove the first line if the edit was meant"
+    if int(m.group(1)) != len(workload.problems):
         raise InputError(f"farm capture wrote {m.group(1)} problem(s) here and {len(workload.problems)} are read: "
-                         "the file is cut short or was edited (capture it again, or remove the first line if the "
-                         "edit was meant)", source=source)
+                         f"the file is cut short or was edited ({advice})", source=source)
+    if END_SAID in m.group(0) and text.rstrip().rsplit("\n", 1)[-1].strip() != END_LINE:
+        raise InputError(f"farm capture's last line ({END_LINE!r}) is missing: the file is cut short, inside its "
+                         f"last problem or after it ({advice})", source=source)
 
 
 MAX_DEPTH = 64  # a workload is a handful of levels deep

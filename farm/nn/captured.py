@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from farm.errors import InputError
+from farm.model.workload import END_LINE, END_SAID
 from farm.fsutil import atomic_write_text, read_text_file
 from farm.model.model_steps import StepInfo, Use
 from farm.model.problem import Problem
@@ -162,7 +163,7 @@ def workload_dict(w: CapturedWorkload, template: Mapping[str, Any] | None = None
 
 
 def render(w: CapturedWorkload, template: Mapping[str, Any] | None = None) -> str:
-    head = [f"# captured by farm capture: {len(w.problems)} problem(s) from {len(w.steps)} step(s)"]
+    head = [f"# captured by farm capture: {len(w.problems)} problem(s) from {len(w.steps)} step(s), {END_SAID}"]
     for s in w.skipped:
         where = f" at {', '.join(s.sites[:3])}" if s.sites else ""
         head.append(f"# not captured: {s.count} {s.kind} call(s){where}: {s.reason}")
@@ -176,7 +177,8 @@ def render(w: CapturedWorkload, template: Mapping[str, Any] | None = None) -> st
                              f"{reasons}", field="capture", value=f"{sum(s.count for s in w.skipped)} call(s)")
         raise InputError("the step called no operation the farm tunes (linear, matmul, bmm, addmm, conv2d, "
                          "scaled_dot_product_attention, layer_norm, rms_norm)", field="capture", value="no call")
-    return "\n".join(head) + "\n" + yaml.safe_dump(workload_dict(w, template), sort_keys=False, width=120, default_flow_style=None)
+    body = yaml.safe_dump(workload_dict(w, template), sort_keys=False, width=120, default_flow_style=None)
+    return "\n".join(head) + "\n" + body + END_LINE + "\n"
 
 
 def load_template(path: str | Path) -> dict[str, Any]:

@@ -394,6 +394,13 @@ def test_a_captured_workload_cut_short_is_refused_not_loaded_without_its_last_pr
         load_workload(path)
     assert f"wrote {len(whole.problems)} problem(s) here and {len(whole.problems) - 1} are read" in str(err.value)
     assert str(path) in str(err.value)
+    # cut inside the last problem, before its sites: valid YAML, every problem there, the last one short
+    path.write_text(text[:text.rfind("\n  sites:") + 1])
+    with pytest.raises(InputError) as err:
+        load_workload(path)
+    assert "last line" in str(err.value) and "cut short" in str(err.value) and str(path) in str(err.value)
+    path.write_text(text)
+    assert len(load_workload(path).problems) == len(whole.problems)  # whole: loads
 
 
 def test_a_template_asking_for_graph_calls_gives_a_cpu_capture_eager_calls_only_and_says_so(tmp_path):
