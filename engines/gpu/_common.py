@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
@@ -259,12 +260,32 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def graph_pool_active(torch: Any, device_index: int) -> bool:
+    """Whether memory allocated now lands in a CUDA graph's private pool: a stream is being captured, or
+    torch.compile's CUDA graphs (cudagraph trees) warm up or record on their own stream. Nothing made then may
+    outlive the call that made it: the trees refuse a pool holding memory their outputs do not account for
+    ("tensor(s) in the cudagraph pool not tracked as outputs"), as torch clears cuBLAS's workspace around them."""
+    if torch.cuda.is_current_stream_capturing():
+        return True
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")  # only where torch.compile's graphs are in use
+    if trees is None:
+        return False
+    try:
+        manager = trees.get_manager(device_index, create_if_none_exists=False)
+    except Exception:  # another torch's internals: no tree known
+        return False
+    stream = getattr(manager, "stream", None)
+    return stream is not None and torch.cuda.current_stream(device_index) == stream
+
+
 class PerStream:
     """Buffers a plan keeps per CUDA stream: ``make()`` runs on a stream's first call, on that stream.
 
     Calls on two streams at once must not share scratch buffers (torch keeps cuBLAS's workspace per
     stream for the same reason): one stream's copy would overwrite what the other's kernel is reading.
-    A buffer made and used on one stream needs no ``record_stream`` when the plan is dropped.
+    A buffer made and used on one stream needs no ``record_stream`` when the plan is dropped. Where a CUDA
+    graph's pool takes what is allocated (``graph_pool_active``), the buffers are made for that call alone and
+    dropped when it returns (inside a graph: its pool's memory, which the graph's replays reuse), never kept.
     """
 
     def __init__(self, make: Callable[[], Any], device_index: int) -> None:
@@ -280,6 +301,8 @@ class PerStream:
             stream = self._raw_stream(self._index)
         found = self._by_stream.get(stream)
         if found is None:
+            if graph_pool_active(torch_module(), self._index):
+                return self._make()  # this call's alone: kept, it would outlive the recording in the graph's pool
             with self._lock:
                 found = self._by_stream.get(stream)
                 if found is None:

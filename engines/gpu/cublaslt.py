@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from farm.plugin import Device, KnobValue, Problem, Support
 
-from ._common import GpuEngine, TorchPlan, current_raw_stream, empty_like_desc, torch_module
+from ._common import GpuEngine, PerStream, TorchPlan, current_raw_stream, empty_like_desc, torch_module
 from .library_plans import UNSET, PlanCache, id_knob, import_or_reason, plan_limit
 
 log = logging.getLogger("farm.engines.gpu")
@@ -121,12 +121,19 @@ class CublasLt(GpuEngine):
         planned = self._plan(problem, device)
         index = planned.index_of(knobs)
         ws_bytes = planned.workspace_size(index)
-        workspace = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=torch.device("cuda", device.index))
+        where = torch.device("cuda", device.index)
+
+        def workspace() -> tuple[Any, int]:
+            buf = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=where)
+            return buf, buf.data_ptr()
+
+        # a workspace per stream: two streams' calls at once must not share one (as cuBLAS's own, in torch)
+        workspaces = PerStream(workspace, device.index)
         mm, algo = planned.matmul, planned.algo_struct(index)
         handle, desc = mm.handle, mm.mm_desc
         alpha, beta = mm.alpha.ctypes.data, mm.beta.ctypes.data
         a_layout, b_layout, c_layout, d_layout = mm.a_layout_ptr, mm.b_layout_ptr, mm.c_layout_ptr, mm.d_layout_ptr
-        algo_ptr, ws_ptr, dev_index, raw_stream = algo.ctypes.data, workspace.data_ptr(), device.index, current_raw_stream(torch)
+        algo_ptr, dev_index, raw_stream = algo.ctypes.data, device.index, current_raw_stream(torch)
         matmul = cublasLt.matmul
 
         def fn(t: Mapping[str, Any]) -> None:
@@ -134,11 +141,13 @@ class CublasLt(GpuEngine):
             if (a | b | c) % ALIGNMENT:  # the algorithms were planned for aligned operands
                 torch.matmul(t["A"], t["B"], out=t["C"])
                 return
+            stream = raw_stream(dev_index)
+            ws = workspaces.get(stream)
             matmul(handle, desc, alpha, a, a_layout, b, b_layout, beta, c, c_layout, c, d_layout,
-                   algo_ptr, ws_ptr, ws_bytes, raw_stream(dev_index))
+                   algo_ptr, ws[1], ws_bytes, stream)
 
         plan = TorchPlan(fn, device, ws_bytes)
-        plan.keep = (planned, workspace)  # the descriptors and the workspace live as long as the plan
+        plan.keep = (planned, workspaces)  # the descriptors and the workspaces live as long as the plan
         return plan
 
     def _plan(self, problem: Problem, device: Device) -> _Planned:

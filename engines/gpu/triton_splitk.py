@@ -177,7 +177,7 @@ class TritonSplitK(GpuEngine):
     def estimate_workspace(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> int:
         knobs = _defaults(self, knobs)
         m, n, _, _, splits = self._plan_shape(problem, knobs)
-        counters = StreamScratch.SLOTS * _tiles(m, n, knobs) * 4 if knobs["REDUCTION"] == "serial" else 0
+        counters = _tiles(m, n, knobs) * 4 if knobs["REDUCTION"] == "serial" else 0
         return splits * m * n * 4 + counters
 
     def __init__(self, compile_pool: CompilePool | None = None) -> None:
@@ -261,27 +261,18 @@ class StreamScratch:
     """A plan's partials (and, for the serial sum, tile counters) per CUDA stream (``PerStream``).
 
     Calls on two streams at once must not share them (torch keeps cuBLAS's workspace per stream for the
-    same reason): a shared counter would be counted twice over and never return to zero. Partials are made
-    on the calling stream at its first call, and with the first stream's a spare: the second stream takes it (a
-    CUDA graph's stream, whose first call may run in the graph's memory pool, where torch.compile's CUDA graphs
-    refuse memory that outlives a recording). Counters come from a slab zeroed when the plan is built, since a
-    capturing stream cannot zero them (a new stream past ``SLOTS`` gets zeroed counters of its own, unless it is
-    capturing: then the call fails and says why).
+    same reason): a shared counter would be counted twice over and never return to zero. Both are made on the
+    calling stream at its first call, the counters zeroed there (the serial sum leaves them at zero again). Inside
+    a CUDA graph's pool (a capture, torch.compile's graphs warming up or recording) they are made for the call
+    alone, the zeroing captured with it, so nothing the call made outlives it in the graph's pool.
     """
-
-    SLOTS = 8
 
     def __init__(self, torch: Any, device_index: int, partial_shape: tuple[int, int, int], tiles: int) -> None:
         self._torch = torch
         self._device = torch.device("cuda", device_index)
         self._shape = partial_shape
         self._tiles = tiles
-        self._slab = torch.zeros((self.SLOTS, tiles), dtype=torch.int32, device=self._device) if tiles else None
-        if self._slab is not None:
-            torch.cuda.current_stream(self._device).synchronize()  # zero before any stream counts on it
-        self._streams_seen = 0
-        self._spare: Any = None  # partials made outside a capture, for the first stream that calls inside one
-        self._by_stream = PerStream(self._add, device_index)
+        self._by_stream = PerStream(self._make, device_index)
 
     def get(self) -> tuple[Any, Any]:
         """(partials, counters or None) of the caller's current stream."""
@@ -291,24 +282,9 @@ class StreamScratch:
         """(partials, counters or None) of every stream that called so far."""
         return self._by_stream.made()
 
-    def _add(self) -> tuple[Any, Any]:
+    def _make(self) -> tuple[Any, Any]:
         torch = self._torch
-        slot = self._streams_seen  # PerStream calls this under its lock, once per stream
-        self._streams_seen += 1
-        counters = None
-        if self._tiles and slot < self.SLOTS:
-            counters = self._slab[slot]
-        elif self._tiles:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(f"triton.gemm_splitk: a plan called on more than {self.SLOTS} streams cannot "
-                                   "make zeroed counters for a new one while it captures a CUDA graph; call it "
-                                   "once on that stream before capturing")
-            counters = torch.zeros(self._tiles, dtype=torch.int32, device=self._device)
-        if self._spare is not None:  # a second stream (a graph's, capturing or warming up in its pool) takes it
-            partials, self._spare = self._spare, None
-            return partials, counters
-        if slot == 0 and not torch.cuda.is_current_stream_capturing():
-            self._spare = torch.empty(self._shape, dtype=torch.float32, device=self._device)
+        counters = torch.zeros(self._tiles, dtype=torch.int32, device=self._device) if self._tiles else None
         return torch.empty(self._shape, dtype=torch.float32, device=self._device), counters
 
 

@@ -235,6 +235,9 @@ STREAMS = [  # engines whose plans copy the inputs into buffers of their own bef
      Problem.create("matmul", {"A": [1000, 4001], "B": [4001, 4008]}, dtype="bf16")),
     ("cuda.decode_gemm", {"KS": 2, "WARPS": 8, "CL": 8},  # no buffers: sums in a cluster's shared memory
      Problem.create("matmul", {"A": [16, 4096], "B": [4096, 4096]}, dtype="bf16")),
+    # library plans with a workspace: one per stream (cuBLASLt's was one per plan)
+    ("cublaslt", {}, Problem.create("matmul", {"A": [8, 4096], "B": [4096, 14336]}, dtype="bf16")),
+    ("cudnn.graph", {}, Problem.create("matmul", {"A": [8, 4096], "B": [4096, 14336]}, dtype="bf16")),
 ]
 
 
