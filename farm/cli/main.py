@@ -161,13 +161,16 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     if not args.to.strip():
         raise InputError("the publishing root must not be empty", field="--to", value=args.to)
+    history = None
+    if args.history:  # checked before anything is written at the root
+        from farm.store.publish_history import copy_history, plan_history
+
+        history = plan_history(args.overrides, args.to)
     reports = publish(args.overrides, args.to, force=args.force, replace=args.replace, dry_run=args.dry_run,
                       trusted_only=args.trusted_only, dialect=args.dialect)
     copied = None
-    if args.history and not args.dry_run and not any(r.refused for r in reports):
-        from farm.store.publish_history import publish_history
-
-        copied = publish_history(args.overrides, args.to)
+    if history is not None and not args.dry_run and not any(r.refused for r in reports):
+        copied = copy_history(history)
     if args.json:
         print_json({**publish_dict(reports), **({"history": vars(copied)} if copied else {})})
     else:

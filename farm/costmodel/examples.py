@@ -122,6 +122,7 @@ def load_training_set(sources: Sequence[str | Path]) -> TrainingSet:
     runs: set[str] = set()
     jobs: set[str] = set()
     rows = 0
+    bad: list[str] = []  # rows whose median is 0, negative or not a number: skipped, said once
     for source in sources:
         dataset = ResultsDataset(results_folder(source))
         if not dataset.files:
@@ -143,10 +144,16 @@ def load_training_set(sources: Sequence[str | Path]) -> TrainingSet:
             jobs.add(cols["job_id"][i])
             ck = cols["candidate_key"][i]
             med = cols["median_ms"][i] if cols["succeeded"][i] else None
+            if med is not None and not (med > 0 and math.isfinite(med)):  # no time to learn from: a bad row
+                bad.append(f"{cols['problem_name'][i]} {cols['engine_name'][i]} ({med!r} ms, {source})")
+                med = None
             have = entry["cands"].get(ck)
             if have is None or (med is not None and (have[3] is None or med < have[3])):
                 entry["cands"][ck] = (cols["engine_name"][i], cols["knobs"][i], cols["candidate_index"][i], med,
                                       cols["mad_ms"][i] if med is not None else None)
+    if bad:
+        log.warning("costmodel: %d row(s) with a median time of 0 or below (or not a number) skipped, e.g. %s",
+                    len(bad), bad[0])
     problems = []
     for (sig, pk), e in sorted(by_problem.items()):
         cands = tuple(sorted((CandidateTime(engine, knobs_from_structs(knobs), ck, int(idx), med, mad)

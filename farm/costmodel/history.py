@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from farm.errors import InputError
-from farm.fsutil import atomic_write_text
+from farm.fsutil import atomic_write_bytes, atomic_write_text
 from farm.store.location import Location
-from farm.store.publish_history import HISTORY_FOLDER
+from farm.store.publish_history import HISTORY_FOLDER, history_files_within
 
 log = logging.getLogger("farm.costmodel")
 
@@ -65,6 +65,8 @@ def read_history(sources: Sequence[str | Path]) -> History:
         if is_published_root(source):
             published = published or str(source)
             history = where.join(HISTORY_FOLDER)
+            if where.local:
+                history_files_within(where.path)  # a link in it out of the root is refused, never followed
             if history.is_dir():
                 datasets.append(history.uri)
             else:
@@ -108,7 +110,7 @@ def model_for(history: History, out: Path, *, top_k: int, explore: float, seed: 
     cached = cache_folder() / f"{fingerprint}-k{top_k}-e{explore:g}-s{seed}.json"
     if _reusable(cached, fingerprint, settings, quiet=True) is not None:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, cached.read_text())
+        _write_checked(path, cached.read_bytes())
         return _reusable(path, fingerprint, settings)
     data = load_training_set(history.datasets)
     if not data.problems:
@@ -129,9 +131,10 @@ def model_for(history: History, out: Path, *, top_k: int, explore: float, seed: 
                                                        "held_out": held_out, "held_out_settings": settings})
     out.mkdir(parents=True, exist_ok=True)
     model.save(path)
+    _write_checked(path, path.read_bytes())
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(cached, path.read_text())
+        _write_checked(cached, path.read_bytes())
     except OSError as exc:  # a cache only saves time
         log.warning("history: could not keep the model in %s (%s)", cached.parent, exc)
     return HistoryModel(path, len(data.problems), held_out)
@@ -151,15 +154,38 @@ def _reusable(path: Path, fingerprint: str, settings: dict[str, Any], quiet: boo
     if not path.exists():
         return None
     try:
+        _check_sum(path)  # its own bytes, as written: a damaged or altered model is never read, let alone trusted
         t = CostModel.load(path).training
     except InputError as exc:  # a model of other feature code, or damaged: trained again, the old one set aside
         if not quiet:
             log.warning("history: %s is not reusable (%s); training again", path, exc)
             path.replace(path.with_name(path.name + ".unusable"))
+        else:
+            log.info("history: the cached %s is not reusable (%s)", path, exc)
         return None
     if t.get("history_fingerprint") != fingerprint or t.get("held_out_settings") != settings:
         return None
     return HistoryModel(path, int(t.get("problems") or 0), t.get("held_out"))
+
+
+def _sum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _write_checked(path: Path, data: bytes) -> None:
+    """``data`` at ``path`` and its SHA-256 beside it (``<name>.sha256``), each written whole."""
+    atomic_write_bytes(path, data)
+    atomic_write_text(_sum_path(path), f"{hashlib.sha256(data).hexdigest()}  {path.name}\n")
+
+
+def _check_sum(path: Path) -> None:
+    """Refuse a model whose bytes are not the ones its checksum file was written for."""
+    try:
+        want = _sum_path(path).read_text().split()[0]
+    except (OSError, IndexError, UnicodeDecodeError):
+        raise InputError("no checksum beside it (written by another tunefarm, or damaged)", source=str(path)) from None
+    if hashlib.sha256(path.read_bytes()).hexdigest() != want:
+        raise InputError("its bytes are not the ones written (damaged or altered since)", source=str(path))
 
 
 def bound_line(held_out: dict[str, Any] | None, top_k: int) -> str:

@@ -29,6 +29,7 @@ from farm.costmodel.features import (
     problem_features,
     unknown_columns,
 )
+from farm.costmodel.trees_text import booster_text_problem
 from farm.errors import InputError
 from farm.fsutil import atomic_write_text, read_text_file
 from farm.model.knobs import KnobSettings
@@ -187,6 +188,9 @@ class CostModel:
             raise InputError(f"the model's feature schema does not fit this tunefarm's (feature version "
                              f"{FEATURE_VERSION}): {what}", field="features", source=source)
         lgb = require_lightgbm()
+        malformed = booster_text_problem(data.get("booster"))
+        if malformed:  # LightGBM's loader would end the process on some of these (SIGABRT), not raise
+            raise InputError(f"the trees are malformed: {malformed}", field="booster", source=source)
         try:
             booster = lgb.Booster(model_str=data["booster"])
         except Exception as exc:  # LightGBM's own error on malformed trees

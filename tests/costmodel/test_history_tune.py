@@ -144,3 +144,119 @@ def test_a_second_run_folder_tuned_from_the_same_history_copies_the_model_not_tr
     assert _farm("tune", str(wl), "--out", str(tmp_path / "c"), *args, "--prune-top-k", "3") == 0
     assert "training the cost model" in capsys.readouterr().err
     assert len(list((tmp_path / "cache").glob("*.json"))) == 2
+
+
+def _copy_results(src, dest):
+    import shutil
+
+    shutil.copytree(src, dest)
+    return dest
+
+
+def test_rows_with_a_median_of_zero_or_below_are_skipped_with_a_warning(history, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    results = _copy_results(history / "train" / "results", tmp_path / "bad" / "results")
+    part = sorted(results.rglob("*.parquet"))[0]
+    t = pq.read_table(part)
+    med = t.column("median_ms").to_pylist()
+    med[0], med[1], med[2] = 0.0, -1.0, float("nan")  # a clock that read 0, a negative time, no time at all
+    pq.write_table(t.set_column(t.schema.get_field_index("median_ms"), "median_ms",
+                                pa.array(med, t.schema.field("median_ms").type)), part)
+    wl = _workload(tmp_path / "w.yaml", "w", {"delta": (96, 128)}, sizes=(8,))
+    capsys.readouterr()
+    assert _farm("tune", str(wl), "--in-process", "--devices", "cpu", "--out", str(tmp_path / "o"),
+                 "--history", str(tmp_path / "bad"), "--no-verify") == 0
+    assert "3 row(s) with a median time of 0 or below" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["altered", "malformed", "no checksum"])
+def test_a_damaged_or_altered_cached_model_is_trained_again_never_trusted_nor_loaded(history, tmp_path, capsys,
+                                                                                    damage):
+    import hashlib
+    import re
+
+    wl = _workload(tmp_path / "w.yaml", "w", {"delta": (96, 128)}, sizes=(8,))
+    args = ["--in-process", "--devices", "cpu", "--history", str(history / "train"), "--no-verify"]
+    assert _farm("tune", str(wl), "--out", str(tmp_path / "a"), *args) == 0
+    [cached] = (tmp_path / "cache").glob("*.json")
+    data = json.loads(cached.read_text())
+    if damage == "altered":  # still a valid model, another one: the cache must not hand it out
+        data["training"]["problems"] = 999
+    else:  # trees LightGBM's loader aborts the process on (its tree_sizes no longer the trees')
+        data["booster"] = re.sub(r"tree_sizes=\d+", "tree_sizes=7", data["booster"], count=1)
+    cached.write_text(json.dumps(data))
+    if damage == "no checksum":
+        cached.with_name(cached.name + ".sha256").unlink()
+    capsys.readouterr()
+    assert _farm("tune", str(wl), "--out", str(tmp_path / "b"), *args) == 0  # the process lives to say so
+    assert "training the cost model" in capsys.readouterr().err
+    model = json.loads((tmp_path / "b" / "history-model.json").read_text())
+    assert model["training"]["problems"] == 6
+    sums = (tmp_path / "b" / "history-model.json.sha256").read_text().split()[0]
+    assert sums == hashlib.sha256((tmp_path / "b" / "history-model.json").read_bytes()).hexdigest()
+
+
+def test_a_model_file_with_malformed_trees_is_refused_not_handed_to_lightgbm(history, tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    from farm.costmodel.model import CostModel
+
+    src = tmp_path / "m.json"
+    assert _farm("model", "train", str(history / "train"), "--out", str(src)) == 0
+    data = json.loads(src.read_text())
+    bad = tmp_path / "bad.json"
+    data["booster"] = re.sub(r"num_leaves=(\d+)", lambda m: f"num_leaves={int(m.group(1)) * 10}", data["booster"],
+                             count=1)
+    bad.write_text(json.dumps(data))
+    code = ("import sys; from farm.costmodel.model import CostModel\n"
+            "try:\n    CostModel.load(sys.argv[1])\nexcept Exception as e:\n    print('refused:', e)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True)
+    assert done.returncode == 0 and "refused:" in done.stdout and "malformed" in done.stdout  # not SIGABRT
+    assert CostModel.load(src).booster.num_trees() > 0  # the file as written loads
+
+
+def test_publish_history_checks_everything_before_writing_and_never_leaves_the_root(history, tmp_path, capsys):
+    import os
+
+    # no results folder beside the overrides: refused, the root not made
+    lone = tmp_path / "lone" / "overrides"
+    lone.mkdir(parents=True)
+    for f in (history / "train" / "overrides").glob("*.json"):
+        (lone / f.name).write_text(f.read_text())
+    assert _farm("publish", str(lone), "--to", str(tmp_path / "root1"), "--history") == 2
+    assert "no results folder" in capsys.readouterr().err
+    assert not (tmp_path / "root1").exists()
+    # a history folder linking out of the root: refused for publishing and for reading
+    root = tmp_path / "root2"
+    assert _farm("publish", str(history / "train" / "overrides"), "--to", str(root)) == 0
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    sig = next((history / "train" / "results").glob("device_signature=*")).name
+    (root / "history").mkdir()
+    os.symlink(outside, root / "history" / sig)
+    capsys.readouterr()
+    assert _farm("publish", str(history / "train" / "overrides"), "--to", str(root), "--history") == 2
+    assert "link out of the published root" in capsys.readouterr().err
+    assert not any(outside.iterdir())
+    wl = _workload(tmp_path / "w.yaml", "w", {"delta": (96, 128)}, sizes=(8,))
+    assert _farm("tune", str(wl), "--in-process", "--devices", "cpu", "--out", str(tmp_path / "o"), "--history",
+                 str(root)) == 2
+    assert "link out of the published root" in capsys.readouterr().err
+
+
+def test_two_publishers_of_one_run_use_temp_names_of_their_own(history, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from farm.store.publish_history import publish_history
+
+    root = tmp_path / "root"
+    with ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(lambda _: publish_history(history / "train" / "overrides", str(root)), range(4)))
+    files = sorted(p.relative_to(root / "history") for p in (root / "history").rglob("*.parquet"))
+    assert files == sorted(p.relative_to(history / "train" / "results")
+                           for p in (history / "train" / "results").rglob("*.parquet"))
+    assert sum(d.copied for d in done) >= len(files) and not list((root / "history").rglob("*.tmp"))
