@@ -164,7 +164,9 @@ def write_overrides(path: str | Path, entries: Sequence[OverrideEntry], *, devic
                            {**old_extra, **(extra or {})}, str(path))
         # what was there and is not replaced is written as it was read, field for field
         # (an entry of an older tunefarm, knobs beside its metadata, is rewritten: they move into the metadata)
-        raw = {id(e): r for e, r in zip(current, raws) if not (isinstance(r, dict) and "knobs" in r)}
+        # (a rule this build cannot use is always written as read: it has no JSON of ours)
+        raw = {id(e): r for e, r in zip(current, raws) if isinstance(e, _Kept) or
+               not (isinstance(r, dict) and "knobs" in r)}
         rendered = [raw[id(e)] if id(e) in raw else e.to_json() for e in merged]
         _check_written(merged, rendered, entries, path)
         atomic_write_text(path, render(doc, rendered))

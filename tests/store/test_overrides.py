@@ -463,3 +463,23 @@ def test_a_files_own_dtype_spelling_matches_ours_and_is_written_back_as_it_was(t
     assert [t["data_type"] for t in back[0]["tensors"]] == ["HALF", "HALF"] and back[0]["compute_data_type"] == "FLOAT"
     assert back[1]["tensors"][0]["data_type"] == "HIPDNN_DATA_TYPE_BFLOAT16"
     assert back[3]["tensors"][0]["data_type"] == "fp32" and not any("\x00" in k for e in back for k in e)
+
+
+@pytest.mark.parametrize("knob", [{"knob_id": "tile", "type": "int", "value": "lots"},  # a wrong type
+                                  {"knob_id": "tile", "type": "quantum", "value": 1}])  # a type no reader knows
+@pytest.mark.parametrize("where", ["beside", "metadata"])
+def test_an_append_beside_a_rule_whose_knobs_cannot_be_read_keeps_it_as_written(tmp_path, knob, where, caplog):
+    """A rule production's readers skip (its knobs cannot be trusted) stays as it was written, in either place its
+    knobs may be (beside the metadata: an older tunefarm's), and the new winners are written: never a traceback."""
+    entry = OverrideEntry.for_problem(mm(), "e", (), meta()).to_json()
+    if where == "beside":
+        entry["knobs"] = [knob]
+    else:
+        entry["autotune_metadata"]["knobs"] = [knob]
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps({"version": 2, "device": DEVICE, "engine_overrides": [entry]}))
+    with caplog.at_level("WARNING"):
+        write_overrides(path, [OverrideEntry.for_problem(mm(8), "e", (), meta())], device=DEVICE)
+    written = json.loads(path.read_text())["engine_overrides"]
+    assert written[0] == entry and len(written) == 2  # kept field for field, the new winner after it
+    assert "kept as written" in caplog.text
