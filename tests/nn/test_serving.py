@@ -429,3 +429,82 @@ def test_multihead_attention_conv1d_and_a_strided_norm_input_are_listed_not_sile
     assert "conv1d" in reasons and reasons["conv1d"][1] == ("conv",)
     assert "multi_head_attention" in reasons and reasons["multi_head_attention"][1] == ("mha",)
     assert "strided input" in reasons["layer_norm"][0] and reasons["layer_norm"][1] == ("norm",)
+
+
+# -- masked attention decisions ---------------------------------------------------------------------
+class _SlidingWindow(nn.Module):
+    """Attention under a sliding-window causal mask (Mistral's): a bool mask [1, 1, T, T]."""
+
+    def __init__(self, window: int = 16) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(64, 192)
+        self.window = window
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
+        i = torch.arange(t)
+        mask = ((i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < self.window))[None, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_farm_ops_sdpa_takes_a_mask_and_an_expanded_one(tmp_path):
+    import farm.ops as ops
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16)
+    keep = torch.rand(1, 1, 8, 8) > 0.4
+    keep[..., 3, :] = False
+    expanded = keep.expand(2, 4, 8, 8)  # stride 0 where it broadcasts, as transformers passes it
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    for mask in (keep, expanded):
+        got = ops.sdpa(q, k, v, mask)
+        assert _same(got, ref) and not got.isnan().any()
+    assert _same(torch.from_numpy(ops.sdpa(q.numpy(), k.numpy(), v.numpy(), keep.numpy())), ref)
+    with pytest.raises(farm.InputError, match="causal"):
+        ops.sdpa(q, k, v, keep, causal=True)
+
+
+def test_a_masked_attention_decision_survives_verify_reaches_the_file_and_is_routed(tmp_path, capsys):
+    import json
+
+    import yaml
+
+    from farm.cli.main import main
+
+    torch.manual_seed(0)
+    model = _SlidingWindow().eval()
+    x = torch.randn(1, 48, 64)
+    with torch.no_grad(), farm.capture(model) as c:
+        model(x)
+    w = tmp_path / "w.yaml"
+    c.workload().write(w)
+    doc = yaml.safe_load(w.read_text())
+    doc["problems"] = [p for p in doc["problems"] if p["op"] == "sdpa_fwd"]  # the attention alone: a short tune
+    doc["autotune"] = {"strategy": "fixed_average", "timed_iterations": 3, "warmup_iterations": 1}
+    w.write_text(yaml.safe_dump(doc))
+    assert main(["tune", str(w), "--in-process", "--devices", "cpu", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "runs ? here" not in out
+    [path] = (tmp_path / "run" / "overrides").glob("*.json")
+    entries = json.loads(path.read_text())["engine_overrides"]
+    assert [e["op"] for e in entries] == ["sdpa_fwd"]
+    verified = entries[0]["autotune_metadata"]["selection"].get("verified", {})
+    # replayed as farm.apply runs it, and judged (on a noisy CPU a winner may not hold and the default is published)
+    assert verified.get("verdict", "").startswith(("holds", "fixed: delivers")), verified
+    assert "mask" in {t["tensor_id"] for t in entries[0]["tensors"]}
+    # the decision routed (the tune's own, or the file's rule set to an engine that is not the default)
+    entries[0]["engine_name"] = "cpu.sdpa.online"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "engine_overrides": entries}))
+    with torch.no_grad():
+        ref = model(x)
+    farm.apply(model, str(tmp_path / "run"))
+    try:
+        with torch.no_grad():
+            for _ in range(2):
+                got = model(x)
+        routed = [r for r in applied_to(model).routed.values() if r.route.routed]
+        assert routed and routed[0].route.labels["eager"].startswith("cpu.sdpa.online")
+        assert _same(got, ref)
+    finally:
+        farm.unapply(model)

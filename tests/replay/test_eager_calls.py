@@ -226,6 +226,21 @@ def test_verify_fix_of_a_run_does_not_call_fixed_what_the_runs_rows_cannot_fix(t
     assert any(e.engine_name == "sim.gemm" for e in load_overrides(path).entries)  # nothing claimed, nothing changed
 
 
+def test_a_default_decision_holds_where_replayed_and_farm_ops_own_cost_is_a_note(tmp_path, capsys, replay_env):
+    # the default published: what a caller without the farm runs (farm.apply leaves it alone). Its replay through
+    # farm.ops costing more than the direct call is farm.ops' own cost, said, not a decision that fails to hold
+    from farm.cli.main import main
+
+    cfg, device = _sim(tmp_path)
+    problem = Problem.create("matmul", {"A": [2048, 2048], "B": [2048, 2048]}, dtype="fp16")
+    path = tmp_path / f"{device.signature}.json"
+    _override_file(path, device, problem, "sim.vendor", {}, 1.5)  # a figure its replay does not deliver
+    assert main(["verify", str(path), "--devices", f"sim:{cfg}", "--json", "--strict"]) == 0
+    (d,) = json.loads(capsys.readouterr().out)["decisions"]
+    assert d["verdict"] == "holds" and d["delivered"] < 1.1 and d["replayed"] == d["published_winner"], d
+    assert any(n.startswith("the default: delivers") and "farm.ops' own cost" in n for n in d["notes"]), d
+
+
 def test_verify_flags_a_decision_slower_where_replayed_and_fix_publishes_the_default(tmp_path, capsys, replay_env):
     from farm.cli.main import main
     from farm.store.override_files import load_overrides
