@@ -7,7 +7,7 @@ tests/test_architecture.py pins its names and checks that. Anything else inside
 ``farm`` may move between releases; these names stay.
 """
 
-from farm.devices.device import Device
+from farm.devices.device import Device, graph_pool_active
 from farm.devices.fb import FlatBufferError, decode_device_properties, decode_problem
 from farm.devices.properties import DeviceProperties
 from farm.devices.sim import unit_hash
@@ -47,7 +47,7 @@ __all__ = [
     # what an engine is given
     "Problem", "TensorDesc", "contiguous_strides", "itemsize", "Device", "DeviceProperties",
     # helpers engines use
-    "gil_heavy_section", "unit_hash", "EPS",
+    "gil_heavy_section", "graph_pool_active", "unit_hash", "EPS",
     # the policy contract and what a policy reads
     "Choice", "POLICY_API_VERSION", "CONFIG", "STATIC_ORDERING", "policy_name_to_id", "OverrideFile",
     "load_overrides", "call_choice", "find_published", "FlatBufferError", "decode_device_properties", "decode_problem",

@@ -11,11 +11,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import sys
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
-from farm.plugin import Device, Knob, KnobValue, Problem, Support, gil_heavy_section, itemsize
+from farm.plugin import Device, Knob, KnobValue, Problem, Support, gil_heavy_section, graph_pool_active, itemsize
 
 from .triton_pad import PadAB
 
@@ -260,24 +259,6 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def graph_pool_active(torch: Any, device_index: int) -> bool:
-    """Whether memory allocated now lands in a CUDA graph's private pool: a stream is being captured, or
-    torch.compile's CUDA graphs (cudagraph trees) warm up or record on their own stream. Nothing made then may
-    outlive the call that made it: the trees refuse a pool holding memory their outputs do not account for
-    ("tensor(s) in the cudagraph pool not tracked as outputs"), as torch clears cuBLAS's workspace around them."""
-    if torch.cuda.is_current_stream_capturing():
-        return True
-    trees = sys.modules.get("torch._inductor.cudagraph_trees")  # only where torch.compile's graphs are in use
-    if trees is None:
-        return False
-    try:
-        manager = trees.get_manager(device_index, create_if_none_exists=False)
-    except Exception:  # another torch's internals: no tree known
-        return False
-    stream = getattr(manager, "stream", None)
-    return stream is not None and torch.cuda.current_stream(device_index) == stream
-
-
 class PerStream:
     """Buffers a plan keeps per CUDA stream: ``make()`` runs on a stream's first call, on that stream.
 
@@ -301,7 +282,7 @@ class PerStream:
             stream = self._raw_stream(self._index)
         found = self._by_stream.get(stream)
         if found is None:
-            if graph_pool_active(torch_module(), self._index):
+            if graph_pool_active(self._index):
                 return self._make()  # this call's alone: kept, it would outlive the recording in the graph's pool
             with self._lock:
                 found = self._by_stream.get(stream)

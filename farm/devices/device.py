@@ -127,6 +127,30 @@ def torch_lead(stream: Any, index: int, clock_mhz: int) -> Any:
     return lead
 
 
+def graph_pool_active(device_index: int) -> bool:
+    """Whether memory torch allocates now on this thread lands in a CUDA graph's private pool: the current stream
+    is being captured, or torch.compile's CUDA graphs (cudagraph trees) warm up or record on their own stream.
+    Nothing made then may outlive the call that made it: the trees refuse a pool holding memory their outputs do
+    not account for ("tensor(s) in the cudagraph pool not tracked as outputs"), as torch clears cuBLAS's workspace
+    around them. False without torch."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return False
+    if torch.cuda.is_current_stream_capturing():
+        return True
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")  # only where torch.compile's graphs are in use
+    if trees is None:
+        return False
+    try:
+        manager = trees.get_manager(device_index, create_if_none_exists=False)
+    except Exception:  # another torch's internals: no tree known
+        return False
+    stream = getattr(manager, "stream", None)
+    return stream is not None and torch.cuda.current_stream(device_index) == stream
+
+
 def torch_is_capturing(device: Device) -> bool:
     """True while the current torch stream of this device is capturing a CUDA/HIP graph (False without torch)."""
     import sys

@@ -12,11 +12,14 @@ registry of them (farm.nn.module_sites and farm.nn.function_scope fill it; farm.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import weakref
 from typing import Any, Callable, Optional
 
 from farm.nn.torch_calls import torch_module, tunable_functions
+
+log = logging.getLogger("farm.nn.compiled")
 
 
 class SiteRegistry:
@@ -62,6 +65,7 @@ def custom_ops() -> Any:
 
     @linear.register_fake
     def _(x: Tensor, w: Tensor, b: Optional[Tensor], site: int) -> Tensor:
+        prebind(site, x)
         return x.new_empty((*x.shape[:-1], w.shape[0]))
 
     @torch.library.custom_op("farm::conv2d", mutates_args=(), schema="(Tensor x, Tensor w, Tensor? b, int site) -> Tensor")
@@ -70,6 +74,7 @@ def custom_ops() -> Any:
 
     @conv2d.register_fake
     def _(x: Tensor, w: Tensor, b: Optional[Tensor], site: int) -> Tensor:
+        prebind(site, x)
         return SITES[site].fake(x, w, b)  # torch's own layout (channels-last in, channels-last out)
 
     @torch.library.custom_op("farm::norm", mutates_args=(), schema="(Tensor x, Tensor? w, Tensor? b, int site) -> Tensor")
@@ -78,6 +83,7 @@ def custom_ops() -> Any:
 
     @norm.register_fake
     def _(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], site: int) -> Tensor:
+        prebind(site, x)
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     @torch.library.custom_op("farm::sdpa", mutates_args=(),
@@ -90,6 +96,7 @@ def custom_ops() -> Any:
     @sdpa.register_fake
     def _(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool, enable_gqa: bool,
           site: int) -> Tensor:
+        prebind(site, q, k, v, mask, is_causal, enable_gqa)
         # torch's own layout for these tensors (a backend may return a transposed one): what the run returns
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                                                 enable_gqa=enable_gqa)
@@ -100,9 +107,20 @@ def custom_ops() -> Any:
 
     @matmul.register_fake
     def _(a: Tensor, b: Tensor, bias: Optional[Tensor], site: int) -> Tensor:
+        prebind(site, a, b, bias)
         return a.new_empty((*a.shape[:-1], b.shape[-1]))
 
     return torch.ops.farm
+
+
+def prebind(site: int, *args: Any) -> None:
+    """While torch.compile traces (an op's fake implementation), bind the site's call of these layouts now, so that
+    its compiled calls, which CUDA graphs warm up and record in their own memory pool, find it bound (a site
+    binds nothing in that pool). Best effort: a site that cannot bind here binds, or runs torch's call, later."""
+    try:
+        SITES[site].prebind(*args)
+    except Exception as exc:  # tracing goes on; the call binds at run time as it would have
+        log.debug("farm: site %d not bound while tracing: %s", site, exc)
 
 
 def compiling() -> Callable[[], bool]:

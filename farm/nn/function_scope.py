@@ -27,11 +27,13 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from farm.nn.decided import Route
-from farm.nn.module_sites import SITE_ATTR, InstalledSite, ModuleSite, Site, chooser, install, needs_grad, prime
+from farm.nn.module_sites import (SITE_ATTR, InstalledSite, ModuleSite, Site, static_layouts, chooser, empty_like_layout,
+                                  in_graph_pool, install, needs_grad, prime, real_tensors)
 from farm.nn.torch_calls import default_scale, read_call, read_matmul, torch_module, torch_output_layout
 
 log = logging.getLogger("farm.nn.function_scope")
 SDPA = "sdpa"
+COMPILED = "(compiled) (function)"  # the label of a call a custom op makes (no frame tells its module)
 MATMULS = ("linear", "matmul", "bmm", "addmm")
 
 
@@ -187,14 +189,15 @@ class FunctionScope(Site):
         return out
 
     def run_sdpa(self, q: Any, k: Any, v: Any, mask: Any, is_causal: bool, gqa: bool,
-                 label: str = "(compiled) (function)") -> Any:
+                 label: str = COMPILED) -> Any:
         """Attention routed for these layouts; None where the call stays the library's."""
         if needs_grad(self.grad, q, k, v, mask):
             return None
-        key = (label, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
-               v.dtype, q.device, None if mask is None else (mask.shape, mask.stride(), mask.dtype), is_causal, gqa)
+        key = _sdpa_key(label, q, k, v, mask, is_causal, gqa)
         fn = self.table.get(key)
         if fn is None:
+            if in_graph_pool(q):  # binding builds plans whose memory would outlive the recording
+                return None
             fn = self.table[key] = self._bind_sdpa(q, k, v, mask, is_causal, gqa, label)
         if fn is not _library and self.discovering():
             self._record(calling_module() or self.root.module(), SDPA)  # routed in some calling mode
@@ -230,15 +233,16 @@ class FunctionScope(Site):
         return y
 
     def run_matmul(self, a: Any, b: Any, bias: Any, kind: str = "matmul",
-                   label: str = "(compiled) (function)") -> Any:
+                   label: str = COMPILED) -> Any:
         """``a @ b (+ bias)`` (a call of ``kind``) routed for these layouts; None where the call stays the
         library's."""
         if needs_grad(self.grad, a, b, bias):
             return None
-        key = (label, "mm", a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device,
-               None if bias is None else (bias.shape, bias.stride(), bias.dtype))
+        key = _matmul_key(label, a, b, bias)
         fn = self.table.get(key)
         if fn is None:
+            if in_graph_pool(a):
+                return None
             fn = self.table[key] = self._bind_matmul(a, b, bias, label)
         if fn is not _library and self.discovering():
             self._record(calling_module() or self.root.module(), kind)
@@ -264,6 +268,30 @@ class FunctionScope(Site):
         # the plan's C is [M, N], contiguous: torch's own result is that memory viewed as a's leading dims
         return lambda a, b, bias: _viewed(call(a, b, bias), out_shape)
 
+    def prebind(self, *args: Any) -> None:
+        """Bind a custom op's call of these layouts (fake tensors, while torch.compile traces) now, outside any CUDA
+        graph's pool (as ModuleSite.prebind): the attention op's (q, k, v, mask, is_causal, gqa) or the matmul op's
+        (a, b, bias)."""
+        tensors = [t for t in args if hasattr(t, "shape")]
+        if not self.enabled or not static_layouts(*tensors):
+            return
+        label = COMPILED
+        if len(args) == 6:
+            q, k, v, mask, is_causal, gqa = args
+            if _sdpa_key(label, q, k, v, mask, is_causal, gqa) in self.table:
+                return
+            with real_tensors():
+                q, k, v, mask = (None if t is None else empty_like_layout(t) for t in (q, k, v, mask))
+                self.table[_sdpa_key(label, q, k, v, mask, is_causal, gqa)] = \
+                    self._bind_sdpa(q, k, v, mask, is_causal, gqa, label)
+        else:
+            a, b, bias = args
+            if _matmul_key(label, a, b, bias) in self.table:
+                return
+            with real_tensors():
+                a, b, bias = (None if t is None else empty_like_layout(t) for t in (a, b, bias))
+                self.table[_matmul_key(label, a, b, bias)] = self._bind_matmul(a, b, bias, label)
+
     def op_matmul(self, a: Any, b: Any, bias: Any) -> Any:
         """The custom op's runtime: the routed call, or the library's."""
         y = None if self.autocast() else self.run_matmul(a, b, bias)
@@ -288,6 +316,16 @@ def calling_module() -> Any:
             return frame.f_locals.get("self")
         frame = frame.f_back
     return None
+
+
+def _sdpa_key(label: str, q: Any, k: Any, v: Any, mask: Any, is_causal: bool, gqa: bool) -> tuple[Any, ...]:
+    return (label, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+            q.device, None if mask is None else (mask.shape, mask.stride(), mask.dtype), is_causal, gqa)
+
+
+def _matmul_key(label: str, a: Any, b: Any, bias: Any) -> tuple[Any, ...]:
+    return (label, "mm", a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device,
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype))
 
 
 def _library(*_args: Any) -> None:

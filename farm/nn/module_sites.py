@@ -16,12 +16,14 @@ another dtype, layout or device, autocast, or autograd recording runs the module
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import functools
 import logging
 import weakref
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
+from farm.devices.device import graph_pool_active
 from farm.nn.compiled import SITES, compiling, custom_ops
 from farm.nn.decided import Route
 from farm.nn.torch_calls import OpCall, read_call, torch_module, torch_output_layout
@@ -155,11 +157,15 @@ class ModuleSite(InstalledSite):
 
     def run(self, x: Any, w: Any, b: Any) -> Any:
         """The call on these tensors (also the custom op's runtime)."""
-        if self.autocast() or self.tracing() is not None or needs_grad(self.grad, x, w, b):
+        # (autograd inline, not needs_grad: this is every routed call's host cost)
+        if self.autocast() or self.tracing() is not None or \
+                self.grad() and (x.requires_grad or w.requires_grad or b is not None and b.requires_grad):
             return self.plain(x, w, b)
-        key = (x.shape, x.stride(), x.dtype) if self.strided_key or not x.is_contiguous() else x.shape
+        key = self.key(x)
         fn = self.table.get(key)
         if fn is None:
+            if in_graph_pool(x):  # binding builds plans whose memory would outlive the recording
+                return self.plain(x, w, b)
             fn = self.table[key] = self.bind(x, w, b)
         y = fn(x, w, b)
         if y is REBIND:  # a new weight: bind it
@@ -168,6 +174,21 @@ class ModuleSite(InstalledSite):
             if y is REBIND:  # replaced again meanwhile (another thread reloading weights): the module's own call
                 return self.plain(x, w, b)
         return y
+
+    def key(self, x: Any) -> Any:
+        return (x.shape, x.stride(), x.dtype) if self.strided_key or not x.is_contiguous() else x.shape
+
+    def prebind(self, x: Any) -> None:
+        """Bind the layout of ``x`` (a fake tensor: the custom op's fake implementation, while torch.compile
+        traces) now, outside any CUDA graph's pool: the compiled model's first calls, which torch.compile's
+        CUDA graphs run in their pool, then find it bound."""
+        module = self.module()
+        if module is None or not self.enabled or not static_layouts(x) or self.key(x) in self.table:
+            return
+        p = module._parameters
+        with real_tensors():
+            dummy = empty_like_layout(x)
+            self.table[self.key(x)] = self.bind(dummy, p["weight"], p.get("bias"))
 
     def plain(self, x: Any, w: Any, b: Any) -> Any:
         raise NotImplementedError  # pragma: no cover - every site overrides it
@@ -242,6 +263,33 @@ class NormSite(ModuleSite):
             got = read_call(F.rms_norm, (x, m.normalized_shape, w, m.eps), {})
         route = self.route(got)
         return _norm_call(route, x, w, b, self.plain) if route is not None else self.plain
+
+
+def in_graph_pool(t: Any) -> bool:
+    """A GPU tensor's call made while a CUDA graph's pool takes what is allocated (farm.devices.device): a new
+    layout is not bound then (plans and their buffers would outlive the recording); torch's own call runs."""
+    return t.is_cuda and graph_pool_active(t.get_device())
+
+
+@contextlib.contextmanager
+def real_tensors() -> Iterator[None]:
+    """Real tensors and real kernels inside a fake implementation: no fake tensor mode (the modes above it are
+    popped while it runs the op) and no torch function mode (a scope's) while the block runs."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    torch = torch_module()
+    with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+        yield
+
+
+def empty_like_layout(t: Any) -> Any:
+    """A real tensor of ``t``'s shape, strides, dtype and device (its values unset)."""
+    return torch_module().empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+
+
+def static_layouts(*tensors: Any) -> bool:
+    """Every size and stride a plain int (no symbolic dims of a dynamic-shape trace)."""
+    return all(t is None or all(type(v) is int for v in (*t.shape, *t.stride())) for t in tensors)
 
 
 def needs_grad(grad_enabled: Callable[[], bool], *tensors: Any) -> bool:
