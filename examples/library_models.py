@@ -66,10 +66,11 @@ class SameSlot:
 
 
 def _decoder(kind: str, batch: int, context: int, size: str, device: str | None, dtype: str | None,
-             seed: int) -> tuple[Any, ...]:
+             seed: int, layers: int = 0) -> tuple[Any, ...]:
     import transformers
 
-    hidden, inter, layers, heads, kv, vocab = DECODERS[size]
+    hidden, inter, all_layers, heads, kv, vocab = DECODERS[size]
+    layers = layers or all_layers
     device, dt = _device_dtype(device, dtype)
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=max(context, 128),
@@ -87,15 +88,17 @@ def _decoder(kind: str, batch: int, context: int, size: str, device: str | None,
 
 
 def llama(batch: int = 1, context: int = 64, size: str = "tiny", device: str | None = None,
-          dtype: str | None = None, seed: int = 0) -> tuple[Any, ...]:
-    """transformers' Llama (hand-written RMSNorm, rotary embeddings, GQA) decoding one token a sequence."""
-    return _decoder("llama", batch, context, size, device, dtype, seed)
+          dtype: str | None = None, seed: int = 0, layers: int = 0) -> tuple[Any, ...]:
+    """transformers' Llama (hand-written RMSNorm, rotary embeddings, GQA) decoding one token a sequence;
+    ``layers``: fewer layers than the size has (its shapes, in less memory and time)."""
+    return _decoder("llama", batch, context, size, device, dtype, seed, layers)
 
 
 def qwen2(batch: int = 1, context: int = 64, size: str = "tiny", device: str | None = None,
-          dtype: str | None = None, seed: int = 0) -> tuple[Any, ...]:
-    """transformers' Qwen2 (qkv projections with a bias, GQA) decoding one token a sequence."""
-    return _decoder("qwen2", batch, context, size, device, dtype, seed)
+          dtype: str | None = None, seed: int = 0, layers: int = 0) -> tuple[Any, ...]:
+    """transformers' Qwen2 (qkv projections with a bias, GQA) decoding one token a sequence (``layers``: as
+    llama's)."""
+    return _decoder("qwen2", batch, context, size, device, dtype, seed, layers)
 
 
 def gpt2(batch: int = 1, context: int = 64, size: str = "tiny", device: str | None = None,
