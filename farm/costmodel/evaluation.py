@@ -111,7 +111,9 @@ def replay_pruned(p: ProblemTimes, pruner: Pruner, group: str) -> HeldOut:
     label = lambda i: candidate_label(p.candidates[i].engine, p.candidates[i].knobs)  # noqa: E731
     timed = [i for i in choice.measure if p.candidates[i].median_ms is not None and p.candidates[i].median_ms > 0]
     fastest = min((c.median_ms, i) for i, c in enumerate(p.candidates) if c.median_ms is not None)[1]
-    winner = next((i for i in range(len(p.candidates)) if p.published and label(i) == p.published), fastest)
+    # the published winner, where its time is known (a row with no usable time is no winner to measure regret by)
+    winner = next((i for i in range(len(p.candidates)) if p.published and label(i) == p.published
+                   and p.candidates[i].median_ms is not None), fastest)
     if not timed:  # every measured candidate failed: the tune has no winner, the worst outcome
         return HeldOut(group, p.name, p.signature, len(cands), len(choice.measure), math.inf, label(winner),
                        "(none)", choice.full)
