@@ -8,8 +8,11 @@ shares it (grouped-query attention reads each K and V row once, not once per que
 over its chunk, an fp32 partial output and its log-sum-exp. A second kernel weighs the chunks' partials by
 their log-sum-exps, in chunk order (the same bits every call). The partials are made per call (a few hundred
 KB), so a CUDA graph or torch.compile's graphs hold them in their own pool while they run, and no state
-outlives a call. Scores are ``Q K^T / sqrt(d)``, no mask: decode attends the whole cache (``causal`` problems,
-top-left aligned as PyTorch's ``is_causal``, are left to the other engines).
+outlives a call. Scores are ``Q K^T / sqrt(d)``, plus a mask where the problem has one (transformers passes a 4-D
+one on every decode step over a static cache: the cache's unfilled slots, padding, causal order among a few query
+tokens, a sliding window): boolean (True attends) or added to the scores, broadcast over the dims it has of size 1.
+A row its mask hides whole gives 0, as torch's math backend does. ``causal`` problems (top-left aligned, as
+PyTorch's ``is_causal``) are left to the other engines.
 """
 
 from __future__ import annotations
@@ -44,11 +47,13 @@ def _kernels() -> tuple[Any, Any]:
     import triton.language as tl
 
     @triton.jit
-    def chunk_kernel(q_ptr, k_ptr, v_ptr, po_ptr, pl_ptr, HKV, SKV, SQ, GROUP, CHUNK,
-                     sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, qk_scale,
-                     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    def chunk_kernel(q_ptr, k_ptr, v_ptr, m_ptr, po_ptr, pl_ptr, HKV, SKV, SQ, GROUP, CHUNK,
+                     sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b, sm_h, sm_s, sm_k, qk_scale,
+                     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+                     HAS_MASK: tl.constexpr, BOOL_MASK: tl.constexpr):
         """One chunk of one key/value head's cache against the query rows of its group: the normalised
-        partial output (fp32) and the chunk's log2-sum-exp of each row (-inf for an empty chunk)."""
+        partial output (fp32) and the chunk's log2-sum-exp of each row (-inf for an empty chunk, or one its mask
+        hides whole). A boolean mask keeps the scores where it is True; another is added to them."""
         bh = tl.program_id(0)
         chunk = tl.program_id(1)
         b = bh // HKV
@@ -66,6 +71,7 @@ def _kernels() -> tuple[Any, Any]:
         end = tl.minimum(start + CHUNK, SKV)
         k_base = k_ptr + b * sk_b + hk * sk_h
         v_base = v_ptr + b * sv_b + hk * sv_h
+        m_rows = m_ptr + b * sm_b + h * sm_h + s * sm_s  # the mask's row of each query row (stride 0: broadcast)
         m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
         acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
@@ -74,10 +80,19 @@ def _kernels() -> tuple[Any, Any]:
             in_n = n < end
             k = tl.load(k_base + n[:, None] * sk_s + d[None, :], mask=in_n[:, None] & in_d[None, :], other=0.0)
             scores = tl.dot(q, tl.trans(k)) * qk_scale  # log2 units: scale * log2(e) folded in
-            scores = tl.where(in_n[None, :], scores, float("-inf"))
+            live = in_n[None, :] & in_r[:, None]
+            if HAS_MASK:
+                m = tl.load(m_rows[:, None] + n[None, :] * sm_k, mask=live, other=0)
+                if BOOL_MASK:
+                    live = live & (m != 0)
+                else:
+                    scores += m.to(tl.float32) * 1.4426950408889634  # added to scores in log2 units too
+            scores = tl.where(live, scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(scores - m_new[:, None])
+            # a row masked whole so far has no maximum: shifted by 0, its exp2(-inf) is 0, not NaN
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - shift)
+            p = tl.exp2(scores - shift[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_base + n[:, None] * sv_s + d[None, :], mask=in_n[:, None] & in_d[None, :], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -104,10 +119,12 @@ def _kernels() -> tuple[Any, Any]:
         d = tl.arange(0, BLOCK_D)
         lse = tl.load(pl_ptr + ((bh * SPLITS + c) * BLOCK_R + r), mask=in_c, other=float("-inf"))
         top = tl.max(lse, 0)
+        top = tl.where(top == float("-inf"), 0.0, top)  # every chunk empty (a row masked whole): weights 0
         w = tl.where(in_c, tl.exp2(lse - top), 0.0)
         parts = tl.load(po_ptr + ((bh * SPLITS + c) * BLOCK_R + r)[:, None] * BLOCK_D + d[None, :],
                         mask=in_c[:, None], other=0.0)
-        out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
+        total = tl.sum(w, 0)
+        out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)  # 0 there, as torch's math gives
         tl.store(o_ptr + b * so_b + h * so_h + s * so_s + d, out.to(o_ptr.dtype.element_ty), mask=d < D)
 
     return chunk_kernel, combine_kernel
@@ -120,6 +137,7 @@ class TritonDecodeAttention(GpuEngine):
     ops = frozenset({"sdpa_fwd"})
     priority = 30
     storage_dtypes = frozenset({"fp16", "bf16"})
+    takes_mask = True  # transformers' 4-D masks over a static cache (padding, causal, sliding window), bool or added
 
     knobs = (
         Knob.int("SPLITS", 16, choices=SPLIT_CHOICES, doc="chunks the cache is cut into along its length, "
@@ -155,6 +173,13 @@ class TritonDecodeAttention(GpuEngine):
             return Support.no(f"{hq // hkv} query heads a group x {sq} tokens = more than {MAX_ROWS} rows a program")
         if any(t.strides[3] != 1 for t in (q, k, v, problem.tensor("O"))):
             return Support.no("unit stride along the head dim (Q, K, V and O)")
+        if problem.has_tensor("mask"):
+            m = problem.tensor("mask")
+            if m.dtype not in ("bool", q.dtype):
+                return Support.no(f"a mask of {m.dtype}: boolean or the tensors' dtype")
+            want = (q.dims[0], hq, sq, k.dims[2])
+            if len(m.dims) != 4 or any(x not in (1, w) for x, w in zip(m.dims, want)):
+                return Support.no(f"a mask of dims {list(m.dims)}: it must broadcast to {list(want)}")
         return Support.yes()
 
     def knob_support(self, problem: Problem, device: Device, knobs: Mapping[str, KnobValue]) -> Support:
@@ -200,9 +225,13 @@ class TritonDecodeAttention(GpuEngine):
         s = self._shape(problem, knobs)
         q, k, v, o = (problem.tensor(t).strides for t in ("Q", "K", "V", "O"))
         scale = 1.0 / math.sqrt(s["D"]) * math.log2(math.e)
+        mask = problem.tensor("mask") if problem.has_tensor("mask") else None
+        # the mask's strides, 0 along the dims it broadcasts over (its dims of size 1)
+        m = tuple(0 if mask is None or d == 1 else st for d, st in zip(mask.dims, mask.strides)) if mask else (0,) * 4
         chunk_scalars = (s["HKV"], s["SKV"], s["SQ"], s["GROUP"], s["CHUNK"], q[0], q[1], q[2], k[0], k[1], k[2],
-                         v[0], v[1], v[2], scale)
+                         v[0], v[1], v[2], *m, scale)
         chunk_meta = {"D": s["D"], "BLOCK_D": s["BLOCK_D"], "BLOCK_R": s["BLOCK_R"], "BLOCK_N": int(knobs["BLOCK_N"]),
+                      "HAS_MASK": mask is not None, "BOOL_MASK": mask is not None and mask.dtype == "bool",
                       "num_warps": int(knobs["num_warps"]), "num_stages": int(knobs["num_stages"])}
         combine_scalars = (s["HKV"], s["SQ"], s["GROUP"], o[0], o[1], o[2])
         combine_meta = {"SPLITS": s["SPLITS"], "BLOCK_S": max(2, 1 << (s["SPLITS"] - 1).bit_length()), "D": s["D"],
@@ -214,19 +243,37 @@ class TritonDecodeAttention(GpuEngine):
         knobs = {kn.name: knobs.get(kn.name, kn.default) for kn in self.knobs}
         chunk_scalars, chunk_meta, combine_scalars, combine_meta, _ = self._launches(problem, knobs)
         ints = tuple(x for x in (*chunk_scalars, *combine_scalars) if isinstance(x, int))
-        return triton_compile_key("triton.decode_attention", device, (problem.dtype,),
+        dtypes = (problem.dtype, *((problem.tensor("mask").dtype,) if problem.has_tensor("mask") else ()))
+        return triton_compile_key("triton.decode_attention", device, dtypes,
                                   {**chunk_meta, **{f"combine_{k}": v for k, v in combine_meta.items()}}, ints)
+
+    def run_jit(self, problem: Problem, knobs: Mapping[str, KnobValue], t: Mapping[str, Any]) -> None:
+        """The plan's two launches through Triton's JIT on tensors ``t`` (Q, K, V, mask, O): under
+        ``TRITON_INTERPRET=1`` on a CPU, which is how the kernels are tested without a GPU."""
+        torch = torch_module()
+        chunk, combine = _kernels()
+        knobs = {kn.name: knobs.get(kn.name, kn.default) for kn in self.knobs}
+        chunk_scalars, chunk_meta, combine_scalars, combine_meta, s = self._launches(problem, knobs)
+        grid1 = (s["B"] * s["HKV"], s["SPLITS"], 1)
+        grid2 = (s["B"] * s["HKV"], s["GROUP"] * s["SQ"], 1)
+        rows = grid1[0] * grid1[1] * s["BLOCK_R"]
+        parts = torch.empty((rows, s["BLOCK_D"]), dtype=torch.float32, device=t["Q"].device)
+        lse = torch.empty((rows,), dtype=torch.float32, device=t["Q"].device)
+        chunk[grid1](t["Q"], t["K"], t["V"], t.get("mask", t["Q"]), parts, lse, *chunk_scalars, **chunk_meta)
+        combine[grid2](parts, lse, t["O"], *combine_scalars, **combine_meta)
 
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> TorchPlan:
         torch = torch_module()
         chunk, combine = _kernels()
         chunk_scalars, chunk_meta, combine_scalars, combine_meta, s = self._launches(problem, knobs)
         name = TORCH_DTYPES[problem.dtype]
+        masked = problem.has_tensor("mask")
+        mask_name = TORCH_DTYPES[problem.tensor("mask").dtype] if masked else name
         grid1 = (s["B"] * s["HKV"], s["SPLITS"], 1)
         grid2 = (s["B"] * s["HKV"], s["GROUP"] * s["SQ"], 1)
         compiled = (
-            self._procs.compile(f"{__name__}:_chunk_kernel", chunk, (name, name, name, "float32", "float32"),
-                                chunk_scalars, grid1, chunk_meta),
+            self._procs.compile(f"{__name__}:_chunk_kernel", chunk, (name, name, name, mask_name, "float32",
+                                                                     "float32"), chunk_scalars, grid1, chunk_meta),
             self._procs.compile(f"{__name__}:_combine_kernel", combine, ("float32", "float32", name),
                                 combine_scalars, grid2, combine_meta))
         launch1 = direct_launcher(chunk, compiled[0], grid1, chunk_meta, device.index)
@@ -240,7 +287,7 @@ class TritonDecodeAttention(GpuEngine):
             # made per call: inside a graph being captured they come from its pool; nothing outlives the call
             parts = torch.empty(parts_shape, dtype=f32, device=cuda)
             lse = torch.empty(lse_shape, dtype=f32, device=cuda)
-            launch1(t["Q"], t["K"], t["V"], parts, lse, *chunk_scalars)
+            launch1(t["Q"], t["K"], t["V"], t["mask"] if masked else t["Q"], parts, lse, *chunk_scalars)
             launch2(parts, lse, t["O"], *combine_scalars)
 
         return TorchPlan(fn, device, self.estimate_workspace(problem, knobs))
