@@ -1,4 +1,4 @@
-"""CPU layernorm and rmsnorm engines over the last dim, in row blocks (eps 1e-5)."""
+"""CPU layernorm and rmsnorm engines over the last dim, in row blocks (eps: the problem's ``eps_e12``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from farm.plugin import EPS, Device, Knob, KnobValue, Problem
+from farm.plugin import Device, Knob, KnobValue, Problem, norm_eps
 
 from ._base import CpuEngine, FunctionPlan, chunks, compute_dtype, nbytes, workspace_view
 
@@ -51,13 +51,15 @@ class _RowEngine(CpuEngine):
         ct = compute_dtype(problem)
         return 2 * nbytes((blk, n), ct) + nbytes((blk, 2), ct)
 
-    def kernel(self, x: np.ndarray, params: dict[str, np.ndarray], out: np.ndarray, stats: np.ndarray) -> None:
+    def kernel(self, x: np.ndarray, params: dict[str, np.ndarray], out: np.ndarray, stats: np.ndarray,
+               eps: float) -> None:
         raise NotImplementedError  # pragma: no cover
 
     def build(self, problem: Problem, knobs: dict[str, KnobValue], device: Device) -> FunctionPlan:
         rows, n, blk = self._block(problem, knobs)
         ct = compute_dtype(problem)
         kernel: Callable[..., None] = self.kernel
+        eps = norm_eps(problem.criteria_dict)
 
         def run(tensors: Mapping[str, Any], workspace: Any) -> None:
             x, y = tensors["X"], tensors["Y"]
@@ -74,7 +76,7 @@ class _RowEngine(CpuEngine):
                 m = r1 - r0
                 xb, ob = xb_full[:m], ob_full[:m]
                 np.copyto(xb, xr[r0:r1], casting="unsafe")
-                kernel(xb, params, ob, stats_full[:m])
+                kernel(xb, params, ob, stats_full[:m], eps)
                 np.copyto(dst[r0:r1], ob, casting="unsafe")
             if yr is None:
                 y[...] = dst.reshape(y.shape)
@@ -90,14 +92,14 @@ class TwoPassLayerNorm(_RowEngine):
     priority = 10
     params = ("scale", "bias")
 
-    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray) -> None:
+    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray, eps: float) -> None:
         mean = stats[:, 0:1]
         np.mean(x, axis=1, keepdims=True, out=mean)
         np.subtract(x, mean, out=y)
         var = stats[:, 1:2]
         np.einsum("ij,ij->i", y, y, out=var[:, 0])
         var /= x.shape[1]
-        var += EPS
+        var += eps
         np.sqrt(var, out=var)
         y /= var
         y *= p["scale"]
@@ -112,7 +114,7 @@ class OnePassLayerNorm(_RowEngine):
     priority = 20
     params = ("scale", "bias")
 
-    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray) -> None:
+    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray, eps: float) -> None:
         n = x.shape[1]
         mean = stats[:, 0:1]
         sq = stats[:, 1:2]
@@ -122,7 +124,7 @@ class OnePassLayerNorm(_RowEngine):
         sq /= n
         sq -= mean * mean
         np.maximum(sq, 0.0, out=sq)
-        sq += EPS
+        sq += eps
         np.sqrt(sq, out=sq)
         np.subtract(x, mean, out=y)
         y /= sq
@@ -138,11 +140,11 @@ class NumpyRmsNorm(_RowEngine):
     priority = 10
     params = ("scale",)
 
-    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray) -> None:
+    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray, eps: float) -> None:
         ms = stats[:, 0:1]
         np.multiply(x, x, out=y)
         np.mean(y, axis=1, keepdims=True, out=ms)
-        ms += EPS
+        ms += eps
         np.sqrt(ms, out=ms)
         np.divide(x, ms, out=y)
         y *= p["scale"]
@@ -156,11 +158,11 @@ class EinsumRmsNorm(_RowEngine):
     priority = 20
     params = ("scale",)
 
-    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray) -> None:
+    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray, eps: float) -> None:
         ms = stats[:, 0:1]
         np.einsum("ij,ij->i", x, x, out=ms[:, 0])
         ms /= x.shape[1]
-        ms += EPS
+        ms += eps
         np.sqrt(ms, out=ms)
         np.divide(x, ms, out=y)
         y *= p["scale"]

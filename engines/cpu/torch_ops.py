@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping
 
-from farm.plugin import EPS, Device, KnobValue, Problem, Support
+from farm.plugin import Device, KnobValue, Problem, Support, norm_eps
 
 from ._base import CpuEngine, FunctionPlan
 
@@ -152,6 +152,7 @@ class TorchCpuNorm(_TorchCpuEngine):
     def compute(self, problem: Problem) -> Callable[[dict[str, Any]], Any]:
         F = _torch().nn.functional
         shape = (problem.tensor("X").dims[-1],)
+        eps = norm_eps(problem.criteria_dict)
         if self.op == "layernorm":
-            return lambda t: F.layer_norm(t["X"], shape, t["scale"], t["bias"], EPS)
-        return lambda t: F.rms_norm(t["X"], shape, t["scale"], EPS)
+            return lambda t: F.layer_norm(t["X"], shape, t["scale"], t["bias"], eps)
+        return lambda t: F.rms_norm(t["X"], shape, t["scale"], eps)

@@ -44,6 +44,16 @@ CATEGORY_PRIORITY: dict[OpCategory, int] = {
     OpCategory.POINTWISE: 10,
 }
 
+# A norm's epsilon, integer-coded as criteria are: in units of 1e-12 (1e-5 is 10_000_000; BERT's 1e-12 is 1)
+EPS_CRITERION = "eps_e12"
+DEFAULT_EPS_E12 = 10_000_000
+
+
+def norm_eps(criteria: Mapping[str, int]) -> float:
+    """A norm problem's epsilon, from its criteria."""
+    return criteria.get(EPS_CRITERION, DEFAULT_EPS_E12) * 1e-12
+
+
 # infer(dims by tensor id, criteria) -> dims of each output the op can derive.
 InferFn = Callable[[Mapping[str, Dims], Mapping[str, int]], dict[str, Dims]]
 
@@ -58,6 +68,9 @@ class OpSpec:
     outputs: tuple[str, ...]
     optional_inputs: tuple[str, ...] = ()
     criteria: Mapping[str, int] = field(default_factory=dict)  # name -> default
+    # criteria added after problems of this op were keyed: in a problem's canonical form (its key) only where they
+    # differ from their default, so every problem of an earlier file keeps its key
+    late_criteria: tuple[str, ...] = ()
     infer: InferFn | None = None  # validates shapes and derives outputs
     given_outputs: tuple[str, ...] = ()  # outputs the shapes do not determine: the user gives them
     doc: str = ""
@@ -271,9 +284,11 @@ OPS: dict[str, OpSpec] = {
         OpSpec("rmsnorm_backward", OpCategory.NORM, ("dY", "X", "scale", "inv_rms"), ("dX", "dscale"),
                infer=_infer_rmsnorm_backward, doc="backward of rmsnorm (inv_rms: [rows])"),
         OpSpec("layernorm", OpCategory.NORM, ("X", "scale", "bias"), ("Y",), infer=_infer_norm,
-               doc="layer normalization over the last dim, eps 1e-5"),
+               criteria={EPS_CRITERION: DEFAULT_EPS_E12}, late_criteria=(EPS_CRITERION,),
+               doc="layer normalization over the last dim; eps in units of 1e-12 (eps_e12, default 1e-5)"),
         OpSpec("rmsnorm", OpCategory.NORM, ("X", "scale"), ("Y",), infer=_infer_norm,
-               doc="RMS normalization over the last dim, eps 1e-5"),
+               criteria={EPS_CRITERION: DEFAULT_EPS_E12}, late_criteria=(EPS_CRITERION,),
+               doc="RMS normalization over the last dim; eps in units of 1e-12 (eps_e12, default 1e-5)"),
         OpSpec("reduction", OpCategory.REDUCTION, ("X",), ("Y",), criteria={"mode": 0}, given_outputs=("Y",),
                doc="sum (mode 0) or max (mode 1) to the shape of Y"),
         OpSpec("resample", OpCategory.RESAMPLE, ("X",), ("Y",), criteria={"mode": 0}, given_outputs=("Y",),

@@ -219,11 +219,13 @@ class Problem:
         return self.tensor(self.spec.inputs[0]).dtype
 
     def canonical(self) -> dict[str, Any]:
+        spec = self.spec
         return {
             "version": CANONICAL_VERSION,
             "op": self.op,
             "tensors": [t.canonical() for t in self.tensors],
-            "criteria": dict(self.criteria),
+            # a criterion added later (a norm's eps) only where it is not its default: earlier keys stay
+            "criteria": {k: v for k, v in self.criteria if k not in spec.late_criteria or v != spec.criteria[k]},
             "compute_dtype": self.compute_dtype,
         }
 

@@ -24,6 +24,7 @@ from farm.model.problem import Problem
 from farm.model.model_steps import StepInfo, Use, bound_of
 from farm.nn.captured import CapturedProblem, CapturedWorkload, SkippedCall
 from farm.nn.coverage import StepCoverage, step_coverage
+from farm.nn.module_sites import NORM_KINDS, routable_norm
 from farm.nn.torch_calls import OpCall, Skipped, read_call, torch_module
 
 log = logging.getLogger("farm.nn.capturing")
@@ -74,7 +75,7 @@ class Capture:
         self._times: dict[str, float] = {}
         self._coverage: StepCoverage | None = None
         self._undo: list[Any] = []
-        self._stack: list[str] = []
+        self._stack: list[tuple[str, Any]] = []  # (the module's name, the module): innermost last
 
     # -- the block ------------------------------------------------------------------------------
     def __enter__(self) -> "Capture":
@@ -83,7 +84,7 @@ class Capture:
         stack = self._stack
 
         def pre(module: Any, _args: Any) -> None:
-            stack.append(names.get(id(module)) or type(module).__name__)
+            stack.append((names.get(id(module)) or type(module).__name__, module))
 
         def post(_module: Any, _args: Any, _out: Any) -> None:
             if stack:
@@ -105,7 +106,13 @@ class Capture:
         got = read_call(func, args, kwargs)
         if got is None:
             return
-        site = site_pattern(self._stack[-1]) if self._stack else "(no module)"
+        site = site_pattern(self._stack[-1][0]) if self._stack else "(no module)"
+        if isinstance(got, OpCall) and got.kind in NORM_KINDS:
+            caller = self._stack[-1][1] if self._stack else None
+            if not routable_norm(caller):  # farm.apply routes the norms of torch's own norm modules only
+                who = type(caller).__name__ if caller is not None else "no module"
+                got = Skipped(got.kind, f"a norm computed by {who} (farm.apply routes the calls of nn.LayerNorm and "
+                                        "nn.RMSNorm themselves)")
         if isinstance(got, Skipped):
             key = (got.kind, got.reason)
             old = self._skipped.get(key)

@@ -240,6 +240,16 @@ class ConvSite(ModuleSite):
         return _conv_call(route, x, w, b, self.plain)
 
 
+NORM_KINDS = ("layer_norm", "rms_norm")
+
+
+def routable_norm(module: Any) -> bool:
+    """A module whose norm farm.apply routes: torch's own nn.LayerNorm or nn.RMSNorm (a subclass with a forward of
+    its own computes its own way: timm's LayerNorm, a hand-written RMSNorm)."""
+    nn = torch_module().nn
+    return type(module) in (nn.LayerNorm, getattr(nn, "RMSNorm", nn.LayerNorm))
+
+
 class NormSite(ModuleSite):
     """nn.LayerNorm (``kind`` layer_norm) and nn.RMSNorm (rms_norm) over the last dim."""
 

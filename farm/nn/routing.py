@@ -20,7 +20,6 @@ applied model (``copy.deepcopy``, ``pickle``, ``torch.save``) are plain models.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import weakref
@@ -32,8 +31,8 @@ from farm.errors import UsageError
 from farm.model.problem import Problem
 from farm.nn.decided import Decisions, Route
 from farm.nn.function_scope import FunctionScope
-from farm.nn.module_sites import SITE_ATTR, ConvSite, LinearSite, ModuleSite, NormSite, Site, install
-from farm.nn.torch_calls import NORM_EPS, layout, torch_module
+from farm.nn.module_sites import SITE_ATTR, ConvSite, LinearSite, ModuleSite, NormSite, Site, install, routable_norm
+from farm.nn.torch_calls import layout, torch_module
 from farm.store.targets import resolve
 
 log = logging.getLogger("farm.nn.routing")
@@ -213,10 +212,8 @@ def _site_for(applied: Applied, module: Any, name: str) -> ModuleSite | None:
                                                                             w[2])) else None
     if isinstance(module, nn.Conv2d) and type(module).forward is nn.Conv2d.forward and module.padding_mode == "zeros":
         return ConvSite(applied, module, name) if d.may_route("conv_fprop", layout(weight)) else None
-    norms = {nn.LayerNorm: ("layernorm", "layer_norm"), getattr(nn, "RMSNorm", None): ("rmsnorm", "rms_norm")}
-    for cls, (op, kind) in norms.items():
-        eps = getattr(module, "eps", None)
-        if cls is not None and type(module) is cls and eps is not None and math.isclose(eps, NORM_EPS, rel_tol=1e-9) \
-                and d.may_route(op, layout(weight)):
+    if routable_norm(module) and getattr(module, "eps", None) is not None:
+        op, kind = ("layernorm", "layer_norm") if isinstance(module, nn.LayerNorm) else ("rmsnorm", "rms_norm")
+        if d.may_route(op, layout(weight)):
             return NormSite(applied, module, name, kind)
     return None

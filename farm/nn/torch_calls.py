@@ -6,8 +6,8 @@ A model's forward calls torch functions (``F.linear``, ``torch.matmul``, ``@``, 
 call into the farm's problem of it: the tensors the library kernel sees (``F.linear``'s weight as ``B = W.T``,
 ``[K, N]`` with strides ``(1, K)``; a 3-D input folded to ``[M, K]`` as torch folds it; an attention mask as
 the optional ``mask`` tensor), its criteria and compute type, and the output in the layout torch's own call
-gives it. A call the farm cannot run as written (dropout, a scale other than 1/sqrt(head dim), a norm's eps
-other than the farm's 1e-5, autocast, bf16 on a CPU) is a ``Skipped`` with the reason. Only metadata is read:
+gives it. A call the farm cannot run as written (dropout, a scale other than 1/sqrt(head dim), autocast, bf16 on a
+CPU) is a ``Skipped`` with the reason; a norm's eps is its problem's ``eps_e12`` criterion. Only metadata is read:
 tensors on the ``meta`` device describe the same problems.
 """
 
@@ -21,10 +21,10 @@ from typing import Any, Callable, Mapping
 from farm.dispatch.calls import conv_criteria, problem_for
 from farm.errors import InputError
 from farm.model.dtypes import canonical_dtype
+from farm.model.op_catalog import EPS_CRITERION
 from farm.model.problem import Problem, contiguous_strides
 
 Layout = tuple[tuple[int, ...], tuple[int, ...], str]  # dims, strides (elements), canonical dtype
-NORM_EPS = 1e-5  # the farm's layernorm and rmsnorm (farm/model/op_catalog.py)
 STRIDED_INPUT = ("a strided input (a transposed view): farm.apply routes a norm of a contiguous input only, so "
                  "this one is not tuned")
 
@@ -293,9 +293,10 @@ def _layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = N
         return why
     if weight is None or bias is None:
         return "no affine weight or bias"
-    if not math.isclose(eps, NORM_EPS, rel_tol=1e-9):
-        return f"eps {eps:g} (the farm's layernorm uses {NORM_EPS:g})"
-    return "layernorm", {"X": layout(x), "scale": layout(weight), "bias": layout(bias)}, (), None
+    coded = eps_criterion(eps)
+    if isinstance(coded, str):
+        return coded
+    return "layernorm", {"X": layout(x), "scale": layout(weight), "bias": layout(bias)}, coded, None
 
 
 def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Any:
@@ -305,10 +306,22 @@ def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None
     if weight is None:
         return "no affine weight"
     if eps is None:
-        return f"eps unset (torch then uses the dtype's machine epsilon; the farm's rmsnorm uses {NORM_EPS:g})"
-    if not math.isclose(eps, NORM_EPS, rel_tol=1e-9):
-        return f"eps {eps:g} (the farm's rmsnorm uses {NORM_EPS:g})"
-    return "rmsnorm", {"X": layout(x), "scale": layout(weight)}, (), None
+        return "eps unset (torch then uses the dtype's machine epsilon: give the model's eps)"
+    coded = eps_criterion(eps)
+    if isinstance(coded, str):
+        return coded
+    return "rmsnorm", {"X": layout(x), "scale": layout(weight)}, coded, None
+
+
+def eps_criterion(eps: Any) -> tuple[tuple[str, int], ...] | str:
+    """A norm's eps as its problem's criterion (an integer in units of 1e-12), or why it cannot be one."""
+    try:
+        e12 = round(float(eps) * 1e12)
+    except (TypeError, ValueError):
+        return f"eps {eps!r} is not a number"
+    if e12 < 1 or not math.isclose(e12 * 1e-12, float(eps), rel_tol=1e-9):
+        return f"eps {eps:g} is not a whole multiple of 1e-12 (the farm's norms take eps in those units)"
+    return ((EPS_CRITERION, e12),)
 
 
 @functools.lru_cache(maxsize=1)

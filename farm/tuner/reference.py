@@ -7,9 +7,10 @@ from typing import Callable, Mapping
 import numpy as np
 
 from farm.errors import UnknownNameError
+from farm.model.op_catalog import norm_eps
 from farm.model.problem import Problem
 
-EPS = 1e-5  # the norms' epsilon (DESIGN: fixed, not a criterion)
+EPS = 1e-5  # the norms' default epsilon (a problem's own: its eps_e12 criterion) and batchnorm's
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -145,12 +146,12 @@ def _layernorm(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
     xx = x["X"]
     mean = xx.mean(axis=-1, keepdims=True)
     var = ((xx - mean) ** 2).mean(axis=-1, keepdims=True)
-    return {"Y": (xx - mean) / np.sqrt(var + EPS) * x["scale"] + x["bias"]}
+    return {"Y": (xx - mean) / np.sqrt(var + norm_eps(p.criteria_dict)) * x["scale"] + x["bias"]}
 
 
 def _rmsnorm(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
     xx = x["X"]
-    rms = np.sqrt((xx * xx).mean(axis=-1, keepdims=True) + EPS)
+    rms = np.sqrt((xx * xx).mean(axis=-1, keepdims=True) + norm_eps(p.criteria_dict))
     return {"Y": xx / rms * x["scale"]}
 
 

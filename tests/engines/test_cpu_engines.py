@@ -39,11 +39,16 @@ PROBLEMS = {
         Problem.create("layernorm", {"X": [37, 64], "scale": [64], "bias": [64]}),
         Problem.create("layernorm", {"X": [3, 19, 40], "scale": [40], "bias": [40]}, dtype="fp16"),
         Problem.create("layernorm", {"X": {"dims": [16, 24], "strides": [1, 16]}, "scale": [24], "bias": [24]}),
+        # BERT's eps (1e-12) and a large one, which moves every output: the engine must use the problem's
+        Problem.create("layernorm", {"X": [8, 32], "scale": [32], "bias": [32]}, criteria={"eps_e12": 1}),
+        Problem.create("layernorm", {"X": [8, 32], "scale": [32], "bias": [32]}, criteria={"eps_e12": 10**12}),
     ],
     "rmsnorm": [
         Problem.create("rmsnorm", {"X": [50, 128], "scale": [128]}),
         Problem.create("rmsnorm", {"X": [2, 33, 48], "scale": [48]}, dtype="fp16"),
         Problem.create("rmsnorm", {"X": {"dims": [10, 12], "strides": [1, 10]}, "scale": [12]}),
+        Problem.create("rmsnorm", {"X": [8, 32], "scale": [32]}, criteria={"eps_e12": 10**6}),  # Qwen2's 1e-6
+        Problem.create("rmsnorm", {"X": [8, 32], "scale": [32]}, criteria={"eps_e12": 10**12}),
     ],
 }
 

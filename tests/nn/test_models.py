@@ -98,7 +98,9 @@ def test_capture_skips_what_the_farm_cannot_run_and_says_why(tmp_path):
     with farm.capture(label="s") as c:
         F.scaled_dot_product_attention(x, x, x, attn_mask=mask)  # 2-D: torch broadcasts it, the farm's is 4-D
         F.scaled_dot_product_attention(x, x, x, dropout_p=0.5)
-        F.rms_norm(x, (16,), torch.ones(16), eps=1e-6)
+        F.rms_norm(x, (16,), torch.ones(16), eps=3.3e-13)  # eps below the 1e-12 its criterion counts in
+        torch.nn.RMSNorm(16, eps=1e-6)(x)  # any eps a whole multiple of 1e-12: captured
+        F.layer_norm(x, (16,), torch.ones(16), torch.zeros(16), eps=1e-6)  # a norm outside a norm module: not routed
         torch.bmm(x[0], x[0].transpose(1, 2))
         torch.addmm(torch.zeros(8), x[0, 0], x[0, 0].t())
         F.conv2d(torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3), padding="same")
@@ -108,10 +110,13 @@ def test_capture_skips_what_the_farm_cannot_run_and_says_why(tmp_path):
     reasons = {s.kind: s.reason for s in w.skipped}
     assert {r for k, r in ((s.kind, s.reason) for s in w.skipped) if k == "sdpa"} == {
         "an attention mask that is not 4-D", "dropout"}
-    assert "eps 1e-06" in reasons["rms_norm"]
+    assert "eps 3.3e-13 is not a whole multiple of 1e-12" in reasons["rms_norm"]
+    assert "a norm computed by no module" in reasons["layer_norm"]
     assert "autocast" in reasons["linear"]
     kinds = sorted(p.kind for p in w.problems)
-    assert kinds == ["addmm", "bmm", "conv2d"]
+    assert kinds == ["addmm", "bmm", "conv2d", "rms_norm"]
+    norm = next(p for p in w.problems if p.kind == "rms_norm").problem
+    assert norm.criteria_dict["eps_e12"] == 1_000_000 and "eps_e12=1000000" in norm.label()
     conv = next(p for p in w.problems if p.kind == "conv2d").problem
     assert conv.criteria_dict["pad_h"] == conv.criteria_dict["pad_w"] == 1
     text = w.write(tmp_path / "w.yaml").read_text()
