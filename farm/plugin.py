@@ -33,6 +33,7 @@ from farm.model.engine import (
 )
 from farm.model.ids import engine_name_to_id, policy_name_to_id
 from farm.model.knobs import Knob, KnobType, KnobValue
+from farm.model.hand_norms import module_rmsnorm
 from farm.model.op_catalog import norm_eps
 from farm.model.problem import Problem, TensorDesc, contiguous_strides
 from farm.replay.selection import CONFIG, POLICY_API_VERSION, STATIC_ORDERING, Choice
@@ -48,7 +49,7 @@ __all__ = [
     # what an engine is given
     "Problem", "TensorDesc", "contiguous_strides", "itemsize", "Device", "DeviceProperties",
     # helpers engines use
-    "gil_heavy_section", "graph_pool_active", "unit_hash", "EPS", "norm_eps",
+    "gil_heavy_section", "graph_pool_active", "unit_hash", "EPS", "norm_eps", "module_rmsnorm",
     # the policy contract and what a policy reads
     "Choice", "POLICY_API_VERSION", "CONFIG", "STATIC_ORDERING", "policy_name_to_id", "OverrideFile",
     "load_overrides", "call_choice", "find_published", "FlatBufferError", "decode_device_properties", "decode_problem",

@@ -83,7 +83,7 @@ PLUGIN_NAMES = {
     "PlanListing", "Prioritized", "DirectCall", "DirectCallable", "engine_id", "engine_priority", "engine_name_to_id",
     "default_engine_registry", "file_knobs", "known_file_knobs",
     "Problem", "TensorDesc", "contiguous_strides", "itemsize", "Device", "DeviceProperties",
-    "gil_heavy_section", "graph_pool_active", "unit_hash", "EPS", "norm_eps",
+    "gil_heavy_section", "graph_pool_active", "unit_hash", "EPS", "norm_eps", "module_rmsnorm",
     "Choice", "POLICY_API_VERSION", "CONFIG", "STATIC_ORDERING", "policy_name_to_id", "OverrideFile",
     "load_overrides", "call_choice", "find_published", "FlatBufferError", "decode_device_properties", "decode_problem",
     "FarmError", "InputError",

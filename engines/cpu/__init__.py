@@ -5,7 +5,7 @@ from .conv import DirectConv, FftConv, Im2colConv
 from .matmul import BlasMatmul, BlockedMatmul, EinsumMatmul
 from .norms import EinsumRmsNorm, NumpyRmsNorm, OnePassLayerNorm, TwoPassLayerNorm
 from .sdpa import MaterializedSdpa, OnlineSoftmaxSdpa
-from .torch_ops import TorchCpuConv, TorchCpuMatmul, TorchCpuNorm, TorchCpuSdpa
+from .torch_ops import TorchCpuConv, TorchCpuMatmul, TorchCpuModuleRmsNorm, TorchCpuNorm, TorchCpuSdpa
 
 ENGINES = (
     BlasMatmul(),
@@ -25,6 +25,7 @@ ENGINES = (
     TorchCpuSdpa(),
     TorchCpuNorm("layernorm"),
     TorchCpuNorm("rmsnorm"),
+    TorchCpuModuleRmsNorm(),
 )
 
 __all__ = ["ENGINES"]

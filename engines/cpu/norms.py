@@ -60,10 +60,13 @@ class _RowEngine(CpuEngine):
         ct = compute_dtype(problem)
         kernel: Callable[..., None] = self.kernel
         eps = norm_eps(problem.criteria_dict)
+        offset = problem.criteria_dict.get("scale_offset", 0)  # rmsnorm's x / rms * (scale + offset)
 
         def run(tensors: Mapping[str, Any], workspace: Any) -> None:
             x, y = tensors["X"], tensors["Y"]
             params = {p: tensors[p].astype(ct, copy=False) for p in self.params}
+            if offset:
+                params["scale"] = params["scale"] + offset
             xr = _as_rows(x, n)
             if xr is None:
                 xr = np.ascontiguousarray(x).reshape(-1, n)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping
 
-from farm.plugin import Device, KnobValue, Problem, Support, norm_eps
+from farm.plugin import DirectCall, Device, KnobValue, Problem, Support, module_rmsnorm, norm_eps
 
 from ._base import CpuEngine, FunctionPlan
 
@@ -31,8 +31,10 @@ class _TorchCpuEngine(CpuEngine):
     priority = 5
     out = ""
 
+    libraries = ("torch",)
+
     def applicable(self, problem: Problem, device: Device) -> Support:
-        if problem.library != "torch":
+        if problem.library not in self.libraries:
             return Support.no("runs the calls of a torch model (problems of library torch) only")
         try:
             _torch()
@@ -135,9 +137,11 @@ class TorchCpuSdpa(_TorchCpuEngine):
 
 
 class TorchCpuNorm(_TorchCpuEngine):
-    """``F.layer_norm`` or ``F.rms_norm`` over the last dim, eps 1e-5 (the farm's norms)."""
+    """``F.layer_norm`` or ``F.rms_norm`` over the last dim, with the problem's eps; ``F.rms_norm`` is also a
+    candidate for a hand-written RMSNorm (library "module") of scale_offset 0."""
 
     out = "Y"
+    libraries = ("torch", "module")
 
     def __init__(self, op: str) -> None:
         self.op = op
@@ -147,6 +151,8 @@ class TorchCpuNorm(_TorchCpuEngine):
     def supports(self, problem: Problem) -> Support:
         if self.op == "rmsnorm" and not hasattr(_torch().nn.functional, "rms_norm"):
             return Support.no("this torch has no F.rms_norm (torch >= 2.4)")
+        if problem.criteria_dict.get("scale_offset"):
+            return Support.no("F.rms_norm scales by the weight, not by scale_offset + weight (Gemma's norm)")
         return Support.yes()
 
     def compute(self, problem: Problem) -> Callable[[dict[str, Any]], Any]:
@@ -156,3 +162,28 @@ class TorchCpuNorm(_TorchCpuEngine):
         if self.op == "layernorm":
             return lambda t: F.layer_norm(t["X"], shape, t["scale"], t["bias"], eps)
         return lambda t: F.rms_norm(t["X"], shape, t["scale"], eps)
+
+
+class TorchCpuModuleRmsNorm(_TorchCpuEngine):
+    """A hand-written RMSNorm's own computation (farm.model.hand_norms): the default of an ``rmsnorm`` problem of
+    library "module", what the model's module runs without the farm."""
+
+    name = "torch.cpu.rmsnorm_module"
+    ops = frozenset({"rmsnorm"})
+    library = "module"
+    libraries = ("module",)
+    priority = 4
+    out = "Y"
+
+    def compute(self, problem: Problem) -> Callable[[dict[str, Any]], Any]:
+        torch, eps = _torch(), norm_eps(problem.criteria_dict)
+        offset = problem.criteria_dict.get("scale_offset", 0)
+        return lambda t: module_rmsnorm(torch, t["X"], t["scale"], eps, offset)
+
+    def direct_call(self, problem: Problem, device: Device) -> DirectCall | None:
+        """The module's computation on the problem's tensors, as the model makes it."""
+        torch, eps = _torch(), norm_eps(problem.criteria_dict)
+        offset = problem.criteria_dict.get("scale_offset", 0)
+        views = _Views()
+        return DirectCall(lambda x, w: module_rmsnorm(torch, views(x), views(w), eps, offset), ("X", "scale"),
+                          label=f"the hand-written RMSNorm (eps {eps:g}{', 1 + weight' if offset else ''})")

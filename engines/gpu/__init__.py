@@ -11,6 +11,9 @@ triton.gemv    a Triton matrix-vector product for one row of A and nn.Linear's B
 cuda.decode_gemm  a CUDA C++ tensor-core GEMM (NVRTC, cuda-python) for A of at most 16 rows (decode), K split
                   over a thread-block cluster and summed in distributed shared memory
 torch.sdpa     attention with the backend forced (flash, efficient, cudnn, math) or auto
+torch.rmsnorm_module  a hand-written RMSNorm's own computation (the default of its problem, library "module")
+torch.rmsnorm  F.rms_norm
+triton.rmsnorm  a fused RMSNorm kernel, a row block a program, with the hand-written module's rounding
 triton.decode_attention  split-KV attention for at most 16 query tokens over a long KV cache (flash-decoding),
                          a program per cache chunk and key/value head with all its query heads (GQA)
 triton.conv    a Triton implicit-GEMM forward convolution: tiles and how the filter is walked (a tap at a time
@@ -28,6 +31,7 @@ from .cublaslt import CublasLt
 from .cuda_decode import CudaDecodeGemm
 from .cudnn_graph import CudnnGraph
 from .matmul import TorchBlas, TorchMatmul, TorchMatmulPadded
+from .norms import TorchModuleRmsNorm, TorchRmsNorm, TritonRmsNorm
 from .sdpa import TorchSdpa
 from .triton_conv import TritonConv
 from .triton_decode_attention import TritonDecodeAttention
@@ -39,6 +43,6 @@ _TRITON = TritonGemm()
 ENGINES = (TorchMatmul(), TorchBlas(), TorchMatmulPadded(), _TRITON, TritonGemmPadded(_TRITON.compile_pool),
            TritonSplitK(_TRITON.compile_pool), TritonGemv(_TRITON.compile_pool), CudaDecodeGemm(), TorchSdpa(),
            TritonDecodeAttention(_TRITON.compile_pool), TorchConv(), TritonConv(_TRITON.compile_pool),
-           CudnnGraph(), CublasLt())
+           CudnnGraph(), CublasLt(), TorchModuleRmsNorm(), TorchRmsNorm(), TritonRmsNorm(_TRITON.compile_pool))
 
 __all__ = ["ENGINES"]

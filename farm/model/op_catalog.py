@@ -49,6 +49,9 @@ EPS_CRITERION = "eps_e12"
 DEFAULT_EPS_E12 = 10_000_000
 
 
+OFFSET_CRITERION = "scale_offset"  # rmsnorm's output is x / rms * (scale + scale_offset): Gemma's norms add 1
+
+
 def norm_eps(criteria: Mapping[str, int]) -> float:
     """A norm problem's epsilon, from its criteria."""
     return criteria.get(EPS_CRITERION, DEFAULT_EPS_E12) * 1e-12
@@ -287,8 +290,10 @@ OPS: dict[str, OpSpec] = {
                criteria={EPS_CRITERION: DEFAULT_EPS_E12}, late_criteria=(EPS_CRITERION,),
                doc="layer normalization over the last dim; eps in units of 1e-12 (eps_e12, default 1e-5)"),
         OpSpec("rmsnorm", OpCategory.NORM, ("X", "scale"), ("Y",), infer=_infer_norm,
-               criteria={EPS_CRITERION: DEFAULT_EPS_E12}, late_criteria=(EPS_CRITERION,),
-               doc="RMS normalization over the last dim; eps in units of 1e-12 (eps_e12, default 1e-5)"),
+               criteria={EPS_CRITERION: DEFAULT_EPS_E12, OFFSET_CRITERION: 0},
+               late_criteria=(EPS_CRITERION, OFFSET_CRITERION),
+               doc="RMS normalization over the last dim, scaled by scale + scale_offset (Gemma's 1 + weight: 1); "
+                   "eps in units of 1e-12 (eps_e12, default 1e-5)"),
         OpSpec("reduction", OpCategory.REDUCTION, ("X",), ("Y",), criteria={"mode": 0}, given_outputs=("Y",),
                doc="sum (mode 0) or max (mode 1) to the shape of Y"),
         OpSpec("resample", OpCategory.RESAMPLE, ("X",), ("Y",), criteria={"mode": 0}, given_outputs=("Y",),

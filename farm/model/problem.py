@@ -17,7 +17,10 @@ from farm.model import dtypes
 from farm.model.op_catalog import OpSpec, infer_outputs, op_spec
 
 CANONICAL_VERSION = 1
-LIBRARIES = ("", "torch")  # Problem.library: "" is the framework-neutral call (numpy's on a CPU)
+# Problem.library: "" is the framework-neutral call (numpy's on a CPU); "torch" a torch model's call on a CPU (its
+# default: torch's own CPU kernel); "module" what a model's own module computes by hand (a hand-written RMSNorm: its
+# default is that computation, farm.model.hand_norms)
+LIBRARIES = ("", "torch", "module")
 
 
 def contiguous_strides(dims: Sequence[int]) -> tuple[int, ...]:

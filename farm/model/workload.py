@@ -42,7 +42,8 @@ from farm.model.tunableop_gemms import is_untuned_file, untuned_workload
 
 WORKLOAD_VERSION = 1
 _TOP_KEYS = {"version", "name", "description", "seed", "call", "autotune", "engines", "problems", "steps", "library"}
-_PROBLEM_KEYS = {"name", "op", "dtype", "compute_dtype", "tensors", "criteria", "engines", "call", "steps", "sites"}
+_PROBLEM_KEYS = {"name", "op", "dtype", "compute_dtype", "tensors", "criteria", "engines", "call", "steps", "sites",
+                 "library"}
 _ENGINE_KEYS = {"include", "exclude", "defaults", "sweep"}
 _CONFIG_KEYS = {f.name for f in fields(AutotuneConfig)} - {"ranking_fn", "engine_id_filter", "ranking", "storage"}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
@@ -239,10 +240,7 @@ def parse_workload(data: Any, *, source: str = "<workload>", registry: EngineReg
     calls = parse_calls(data["call"], "call") if "call" in data else (CallMode.EAGER,)
     steps = parse_steps(data["steps"]) if data.get("steps") is not None else ()
     base = _engine_selection(data.get("engines") or {}, "engines", registry, None)
-    library = data.get("library", "")
-    if library not in LIBRARIES:
-        raise InputError("the library whose calls the problems are: 'torch' (a captured torch model), or leave "
-                         "it out", field="library", value=library)
+    library = _library(data.get("library", ""), "library")
     problems_raw = data.get("problems")
     if not isinstance(problems_raw, list) or not problems_raw:
         raise InputError("expected a non-empty list of problems", field="problems", value=problems_raw)
@@ -364,6 +362,14 @@ def _sweeps(raw: Any, prefix: str, registry: EngineRegistry) -> tuple[EngineSwee
     return tuple(out)
 
 
+def _library(value: Any, field: str) -> str:
+    if value not in LIBRARIES:
+        raise InputError("the library whose calls the problems are: 'torch' (a captured torch model's calls), "
+                         "'module' (what a model's own module computes by hand), or leave it out", field=field,
+                         value=value)
+    return value
+
+
 def _problem(raw: Any, i: int, registry: EngineRegistry, base: EngineSelection,
              calls: tuple[CallMode, ...] = (CallMode.EAGER,), steps: tuple[StepInfo, ...] = (),
              library: str = "") -> WorkloadProblem:
@@ -375,6 +381,8 @@ def _problem(raw: Any, i: int, registry: EngineRegistry, base: EngineSelection,
         raise InputError("missing op", field=f"{prefix}.op")
     if not isinstance(raw.get("tensors"), Mapping) or not raw["tensors"]:
         raise InputError("expected a mapping of tensor id to {dims: [...]}", field=f"{prefix}.tensors", value=raw.get("tensors"))
+    if "library" in raw:  # a problem's own (a hand-written module's norm in a torch model's workload)
+        library = _library(raw["library"], f"{prefix}.library")
     try:
         problem = Problem.create(
             raw["op"],

@@ -132,9 +132,10 @@ def workload_dict(w: CapturedWorkload, template: Mapping[str, Any] | None = None
     doc: dict[str, Any] = {"version": 1, "name": w.name,
                            "description": template.get("description") or
                            f"captured from a model's steps ({', '.join(s.label for s in w.steps)}) by farm capture"}
-    if any(p.problem.library for p in w.problems):
+    top = ""
+    if any(p.problem.library == "torch" for p in w.problems):
         # a torch model's calls on a CPU: torch's own kernels are their default (engines.cpu.torch_ops)
-        doc["library"] = next(p.problem.library for p in w.problems if p.problem.library)
+        doc["library"] = top = "torch"
     for key in ("seed", "autotune", "engines"):
         if key in template:
             doc[key] = template[key]
@@ -153,6 +154,8 @@ def workload_dict(w: CapturedWorkload, template: Mapping[str, Any] | None = None
                             if x["id"] in p.problem.input_ids or not p.problem.tensor(x["id"]).is_contiguous}
         if c["criteria"]:
             entry["criteria"] = dict(c["criteria"])
+        if p.problem.library != top:  # a hand-written module's norm: its own library (its default: the module)
+            entry["library"] = p.problem.library
         if common is None and "call" not in template:
             entry["call"] = list(p.calls) if len(p.calls) > 1 else p.calls[0]
         entry["steps"] = {u.step: u.to_dict() for u in p.uses}

@@ -24,6 +24,7 @@ from farm.model.problem import Problem
 from farm.model.model_steps import StepInfo, Use, bound_of
 from farm.nn.captured import CapturedProblem, CapturedWorkload, SkippedCall
 from farm.nn.coverage import StepCoverage, step_coverage
+from farm.nn.hand_written import read_hand_rmsnorm
 from farm.nn.module_sites import NORM_KINDS, routable_norm
 from farm.nn.torch_calls import OpCall, Skipped, read_call, torch_module
 
@@ -86,9 +87,13 @@ class Capture:
         def pre(module: Any, _args: Any) -> None:
             stack.append((names.get(id(module)) or type(module).__name__, module))
 
-        def post(_module: Any, _args: Any, _out: Any) -> None:
+        def post(module: Any, args: Any, out: Any) -> None:
             if stack:
                 stack.pop()
+            got = read_hand_rmsnorm(module, args, out)  # a layer the model writes by hand, by what it computes
+            if got is not None:
+                with torch._C.DisableTorchFunction():  # nothing of the capture's own is recorded
+                    self._note(got, names.get(id(module)) or type(module).__name__, args[0])
 
         hooks = torch.nn.modules.module
         self._undo = [hooks.register_module_forward_pre_hook(pre), hooks.register_module_forward_hook(post)]
@@ -106,26 +111,29 @@ class Capture:
         got = read_call(func, args, kwargs)
         if got is None:
             return
-        site = site_pattern(self._stack[-1][0]) if self._stack else "(no module)"
         if isinstance(got, OpCall) and got.kind in NORM_KINDS:
             caller = self._stack[-1][1] if self._stack else None
             if not routable_norm(caller):  # farm.apply routes the norms of torch's own norm modules only
                 who = type(caller).__name__ if caller is not None else "no module"
                 got = Skipped(got.kind, f"a norm computed by {who} (farm.apply routes the calls of nn.LayerNorm and "
                                         "nn.RMSNorm themselves)")
+        self._note(got, self._stack[-1][0] if self._stack else "(no module)", args[0] if args else None)
+
+    def _note(self, got: OpCall | Skipped, where: str, first: Any) -> None:
+        """One call (of the module at ``where``): its problem counted, or why it is not taken."""
+        site = site_pattern(where)
         if isinstance(got, Skipped):
             key = (got.kind, got.reason)
             old = self._skipped.get(key)
             sites = tuple(dict.fromkeys((*(old.sites if old else ()), site)))
             self._skipped[key] = SkippedCall(got.kind, got.reason, (old.count if old else 0) + 1, sites)
             return
-        assert isinstance(got, OpCall)
         if not self._device:
-            self._device = _device_of(args[0])
+            self._device = _device_of(first)
         seen = self._seen.setdefault(got.problem.key, _Seen(got.problem, got.kind))
         seen.count += 1
         seen.sites[site] = None
-        seen.modes[_mode_now(args[0])] = None
+        seen.modes[_mode_now(first)] = None
 
     # -- timing ---------------------------------------------------------------------------------
     def time_step(self, step: Callable[[], Any], *, repeats: int = 7, coverage: bool = True) -> StepInfo:

@@ -27,7 +27,7 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from farm.nn.decided import Route
-from farm.nn.module_sites import (SITE_ATTR, InstalledSite, ModuleSite, Site, static_layouts, chooser, empty_like_layout,
+from farm.nn.module_sites import (SITE_ATTR, InstalledSite, ModuleSite, Site, static_layouts, chooser, dummy_like_layout,
                                   in_graph_pool, install, needs_grad, prime, real_tensors)
 from farm.nn.torch_calls import default_scale, read_call, read_matmul, torch_module, torch_output_layout
 
@@ -281,7 +281,7 @@ class FunctionScope(Site):
             if _sdpa_key(label, q, k, v, mask, is_causal, gqa) in self.table:
                 return
             with real_tensors():
-                q, k, v, mask = (None if t is None else empty_like_layout(t) for t in (q, k, v, mask))
+                q, k, v, mask = (None if t is None else dummy_like_layout(t) for t in (q, k, v, mask))
                 self.table[_sdpa_key(label, q, k, v, mask, is_causal, gqa)] = \
                     self._bind_sdpa(q, k, v, mask, is_causal, gqa, label)
         else:
@@ -289,7 +289,7 @@ class FunctionScope(Site):
             if _matmul_key(label, a, b, bias) in self.table:
                 return
             with real_tensors():
-                a, b, bias = (None if t is None else empty_like_layout(t) for t in (a, b, bias))
+                a, b, bias = (None if t is None else dummy_like_layout(t) for t in (a, b, bias))
                 self.table[_matmul_key(label, a, b, bias)] = self._bind_matmul(a, b, bias, label)
 
     def op_matmul(self, a: Any, b: Any, bias: Any) -> Any:

@@ -187,7 +187,7 @@ class ModuleSite(InstalledSite):
             return
         p = module._parameters
         with real_tensors():
-            dummy = empty_like_layout(x)
+            dummy = dummy_like_layout(x)
             self.table[self.key(x)] = self.bind(dummy, p["weight"], p.get("bias"))
 
     def plain(self, x: Any, w: Any, b: Any) -> Any:
@@ -272,7 +272,7 @@ class NormSite(ModuleSite):
         else:
             got = read_call(F.rms_norm, (x, m.normalized_shape, w, m.eps), {})
         route = self.route(got)
-        return _norm_call(route, x, w, b, self.plain) if route is not None else self.plain
+        return norm_call(route, x, w, b, self.plain) if route is not None else self.plain
 
 
 def in_graph_pool(t: Any) -> bool:
@@ -292,9 +292,18 @@ def real_tensors() -> Iterator[None]:
         yield
 
 
-def empty_like_layout(t: Any) -> Any:
-    """A real tensor of ``t``'s shape, strides, dtype and device (its values unset)."""
-    return torch_module().empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+def dummy_like_layout(t: Any) -> Any:
+    """A real tensor of ``t``'s shape, strides, dtype and device, of values a call can be checked on (normal
+    floats; an attention mask's True everywhere)."""
+    torch = torch_module()
+    shape, stride = tuple(t.shape), tuple(t.stride())
+    size = 1 + sum((d - 1) * s for d, s in zip(shape, stride)) if all(shape) else 0
+    memory = torch.empty(size, dtype=t.dtype, device=t.device)  # filled whole, then viewed (an expanded mask too)
+    if memory.is_floating_point():
+        memory.normal_()
+    else:
+        memory.fill_(True if memory.dtype == torch.bool else 0)
+    return memory.as_strided(shape, stride)
 
 
 def static_layouts(*tensors: Any) -> bool:
@@ -395,7 +404,7 @@ def _conv_call(route: Route, x: Any, w: Any, b: Any, plain: Callable[..., Any]) 
     return call
 
 
-def _norm_call(route: Route, x: Any, w: Any, b: Any, plain: Callable[..., Any]) -> Callable[..., Any]:
+def norm_call(route: Route, x: Any, w: Any, b: Any, plain: Callable[..., Any]) -> Callable[..., Any]:
     held = {"scale": w.detach(), **({"bias": b.detach()} if b is not None else {})}
     same, device = same_tensors(w, b), x.get_device()
     pick = chooser(route)

@@ -31,6 +31,7 @@ from farm.errors import UsageError
 from farm.model.problem import Problem
 from farm.nn.decided import Decisions, Route
 from farm.nn.function_scope import FunctionScope
+from farm.nn.hand_written import HandNormSite, rmsnorm_shaped
 from farm.nn.module_sites import SITE_ATTR, ConvSite, LinearSite, ModuleSite, NormSite, Site, install, routable_norm
 from farm.nn.torch_calls import layout, torch_module
 from farm.store.targets import resolve
@@ -216,4 +217,8 @@ def _site_for(applied: Applied, module: Any, name: str) -> ModuleSite | None:
         op, kind = ("layernorm", "layer_norm") if isinstance(module, nn.LayerNorm) else ("rmsnorm", "rms_norm")
         if d.may_route(op, layout(weight)):
             return NormSite(applied, module, name, kind)
+        return None
+    shaped = rmsnorm_shaped(module)  # a hand-written RMSNorm: checked against its own output on its first call
+    if shaped is not None and d.may_route("rmsnorm", layout(shaped[0])):
+        return HandNormSite(applied, module, name, shaped[1])
     return None

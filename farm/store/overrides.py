@@ -308,7 +308,9 @@ class OverrideEntry:
     @staticmethod
     def for_problem(problem: Problem, engine_name: str, knobs: KnobSettings = (),
                     metadata: Mapping[str, Any] | None = None) -> "OverrideEntry":
-        """An exact entry for ``problem``."""
+        """An exact entry for ``problem`` (its library, where it has one, in the metadata: what its default is)."""
+        if problem.library and (metadata is None or "library" not in metadata):
+            metadata = {**(metadata or {}), "library": problem.library}
         return OverrideEntry(
             op=problem.op,
             engine_name=engine_name,

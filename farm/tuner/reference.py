@@ -152,7 +152,7 @@ def _layernorm(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
 def _rmsnorm(p: Problem, x: Arrays) -> dict[str, np.ndarray]:
     xx = x["X"]
     rms = np.sqrt((xx * xx).mean(axis=-1, keepdims=True) + norm_eps(p.criteria_dict))
-    return {"Y": xx / rms * x["scale"]}
+    return {"Y": xx / rms * (x["scale"] + p.criteria_dict.get("scale_offset", 0))}
 
 
 def _batchnorm(p: Problem, x: Arrays) -> dict[str, np.ndarray]:

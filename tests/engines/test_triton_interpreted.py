@@ -109,3 +109,41 @@ def test_decode_attention_with_transformers_masks_matches_torch_under_the_interp
         assert got["err"] < 4e-3, (case["name"], got["err"])
         assert got["zeros_there"], case["name"]  # a row masked whole gives 0, as torch's math backend
     assert any(r["masked_rows"] for r in results)  # the padded case has a row masked whole
+
+
+RMSNORM = textwrap.dedent('''
+    import json, sys
+    import torch
+    from engines.gpu.norms import TritonRmsNorm
+    from farm.model.hand_norms import module_rmsnorm
+    from farm.model.problem import Problem
+
+    engine = TritonRmsNorm()
+    out = []
+    torch.manual_seed(0)
+    for case in json.loads(sys.argv[1]):
+        dims, offset, e12 = case["dims"], case["offset"], case["eps_e12"]
+        x = torch.randn(dims, dtype=torch.float16) * 3
+        w = torch.randn(dims[-1], dtype=torch.float16)
+        problem = Problem.create("rmsnorm", {"X": dims, "scale": [dims[-1]]}, dtype="fp16",
+                                 criteria={"eps_e12": e12, "scale_offset": offset}, library="module")
+        y = torch.empty_like(x)
+        engine.run_jit(problem, case["knobs"], {"X": x, "scale": w, "Y": y})
+        ref = module_rmsnorm(torch, x, w, e12 * 1e-12, offset)  # the hand-written module's own output
+        diff = (y.float() - ref.float()).abs()
+        out.append({"supported": bool(engine.supports(problem, None)), "max": float(diff.max()),
+                    "ulps": float((diff / ref.float().abs().clamp_min(1e-3)).max())})
+    print(json.dumps(out))
+''')
+
+NORM_CASES = [
+    {"dims": [1, 4096], "offset": 0, "eps_e12": 10**7, "knobs": {"ROWS_PER": 1, "num_warps": 8}},  # decode, Llama's
+    {"dims": [3, 5, 96], "offset": 0, "eps_e12": 10**6, "knobs": {"ROWS_PER": 4, "num_warps": 4}},  # a tail block
+    {"dims": [8, 200], "offset": 1, "eps_e12": 10**6, "knobs": {"ROWS_PER": 2, "num_warps": 2}},  # Gemma's 1 + w
+]
+
+
+def test_the_fused_rmsnorm_kernel_gives_the_hand_written_modules_output_under_the_interpreter():
+    for case, got in zip(NORM_CASES, _interpreted(RMSNORM, NORM_CASES)):
+        assert got["supported"], case
+        assert got["ulps"] < 2e-3, (case, got)  # fp16's own rounding: the row's sum in another order at most
