@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from farm.nn.hand_written import rmsnorm_shaped
 from farm.nn.torch_calls import OpCall, Skipped, read_call, torch_module
 
 log = logging.getLogger("farm.nn.coverage")
@@ -89,6 +90,8 @@ def kind_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], modules: S
         return f"not captured: {got.kind}"
     inner = type(modules[-1]).__name__.lower() if modules else ""
     torch_norms = {"layernorm", "rmsnorm", "groupnorm", "batchnorm1d", "batchnorm2d", "batchnorm3d"}
+    if modules and rmsnorm_shaped(modules[-1]) is not None:
+        return "tuned: norm (hand-written)"  # captured as a problem where it computes an RMSNorm (farm.nn.hand_written)
     if "norm" in inner and inner not in torch_norms:
         return "norms (hand-written)"
     callers = _callers()

@@ -259,7 +259,7 @@ def test_capture_reports_what_the_farm_covers_and_the_rest_by_kind():
     c.time_step(b.run, repeats=3)
     cov = c.workload().coverage[0]
     kinds = {k.kind for k in cov.kinds}
-    assert {"tuned: matmul", "tuned: attention", "norms (hand-written)", "rotary", "masks"} <= kinds
+    assert {"tuned: matmul", "tuned: attention", "tuned: norm (hand-written)", "rotary", "masks"} <= kinds
     assert 0 < cov.covered < 1 and abs(sum(k.share for k in cov.kinds) - 1) < 1e-6
 
 
