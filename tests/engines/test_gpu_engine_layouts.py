@@ -94,7 +94,7 @@ def test_split_output_applies_only_where_c_can_take_aligned_columns_in_place():
 
 
 def test_split_k_slices_and_scratch_follow_the_knobs():
-    from engines.gpu.triton_splitk import StreamScratch, TritonSplitK
+    from engines.gpu.triton_splitk import TritonSplitK
 
     engine = TritonSplitK()
     odd = Problem.create("matmul", {"A": [16, 1000], "B": [1000, 333]}, dtype="fp16")

@@ -5,7 +5,6 @@ eagerly and under torch.compile; a module shaped like an RMSNorm that computes s
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
