@@ -17,10 +17,10 @@ named steps, each leaving DIR/<part>.json:
 * ``apply``    farm apply: the model check of each config and calling mode (withdraws what slows a step);
 * ``steps``    per config, in paired interleaved rounds: eager torch, eager applied, one CUDA graph of the
                torch step and of the applied one (GPU); step ms, ratios with their 99 % intervals, and for
-               examples/models.py's decoder the share of the HBM floor (every weight and the KV cache read once,
-               at the copy bandwidth measured in the same run);
-* ``inductor`` per config: torch.compile(model, mode="max-autotune") (its own CUDA graphs; its compile time),
-               torch.compile(farm.apply(model)) with the graph decisions on a GPU, in each ``--apply-modes`` mode
+               a decoder the share of the HBM floor (every weight but the embedding table and the KV cache read
+               once, at the copy bandwidth measured in the same run);
+* ``inductor`` per config: torch.compile(model) in mode "max-autotune" and in "reduce-overhead" (their own CUDA
+               graphs; their compile times), torch.compile(farm.apply(model)) with the graph decisions on a GPU, in each ``--apply-modes`` mode
                ("reduce-overhead", "max-autotune"; ``--all-compiles`` adds max-autotune-no-cudagraphs in one CUDA
                graph and the default mode), graph breaks from the farm, beside the graphs of ``steps``;
 * ``cold``     Inductor max-autotune from nothing: a fresh process per decoder config, an empty cache (the
@@ -312,11 +312,19 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / best
 
 
-def step_bytes(model: Any) -> int:
-    """Bytes a decode step must read at least: every parameter but the embedding table (a row each), and every
-    buffer (the KV caches, read whole by attention)."""
+def step_bytes(built: Any) -> int:
+    """Bytes a decode step must read at least: every parameter but the embedding table (a row each), every buffer,
+    and the KV cache passed to the step (transformers' cache objects: each layer's keys and values, read whole by
+    attention over a static cache)."""
+    model = built.model
     total = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
-    return total + sum(b.numel() * b.element_size() for b in model.buffers())
+    total += sum(b.numel() * b.element_size() for b in model.buffers())
+    for value in (built.kwargs or {}).values():
+        for layer in getattr(value, "layers", None) or ():
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if hasattr(t, "element_size"):
+                    total += t.numel() * t.element_size()
+    return total
 
 
 def _applied(cfg: dict[str, Any], out: Path, call: str) -> Any:
@@ -352,9 +360,9 @@ def part_steps(args: argparse.Namespace, out: Path) -> None:
             row = summary(samples, [("eager applied", "eager torch"), ("graph applied", "graph torch"),
                                     ("graph torch", "eager torch")])
             row["routed"] = routed
-            if bw is not None and cfg["target"] == "models:decoder":
-                floor = step_bytes(base.model) / bw * 1e3
-                row.update(floor_ms=floor, bytes=step_bytes(base.model), copy_tb_s=bw / 1e12,
+            if bw is not None and cfg["decoder"]:
+                floor = step_bytes(base) / bw * 1e3
+                row.update(floor_ms=floor, bytes=step_bytes(base), copy_tb_s=bw / 1e12,
                            floor_share={k: floor / v for k, v in row["ms"].items()})
             result[cfg["name"]] = row
             save(out, "steps", result)
@@ -412,7 +420,8 @@ def _inductor_config(cfg: dict[str, Any], out: Path, args: argparse.Namespace) -
         compiled: list[tuple[str, Any, dict[str, Any], bool]] = [("inductor max-autotune", base, {"mode": "max-autotune"},
                                                                   False)]
         graphed = None
-        if gpu:
+        if gpu:  # Inductor's other CUDA-graph mode, on a model of its own (one model compiled once)
+            compiled.append(("inductor reduce-overhead", build(cfg), {"mode": "reduce-overhead"}, False))
             graphed = _applied(cfg, out, "graph")
             for mode in args.apply_modes:  # the graph decisions, compiled with Inductor's CUDA graphs
                 compiled.append((f"compile(apply(model)) {mode}", graphed if mode == args.apply_modes[0]
@@ -449,11 +458,13 @@ def _inductor_config(cfg: dict[str, Any], out: Path, args: argparse.Namespace) -
             variants["eager torch"] = base.step
         samples = measure(variants, args.rounds, args.sample_ms)
         ref = "graph torch" if gpu else "eager torch"
+        farm_side = ("graph applied", "compile(apply(model)) reduce-overhead", "compile(apply(model)) max-autotune",
+                     "compile(apply(model))")
         row.update(summary(samples, [(k, ref) for k in variants if k != ref] +
-                           [("graph applied", "inductor max-autotune"),
-                            ("compile(apply(model)) reduce-overhead", "inductor max-autotune"),
-                            ("compile(apply(model)) max-autotune", "inductor max-autotune"),
-                            ("compile(apply(model))", "inductor max-autotune")]))
+                           [(f, i) for f in farm_side for i in ("inductor max-autotune", "inductor reduce-overhead")]))
+        if gpu and cfg["decoder"]:
+            floor = step_bytes(base) / copy_bandwidth() * 1e3
+            row.update(floor_ms=floor, floor_share={k: floor / v for k, v in row["ms"].items()})
         log(f"inductor {cfg['name']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row["ms"].items()))
     return row
 
@@ -532,10 +543,10 @@ def table(out: Path) -> str:
     steps, ind, apply_, tune, cap, start, cold = (load(out, n) or {} for n in ("steps", "inductor", "apply", "tune",
                                                                                "capture", "start", "cold"))
     lines = ["| config | eager torch ms | eager applied | graph torch ms | graph applied | Inductor max-autotune ms "
-             "(compile s) | max-autotune-no-cudagraphs in a graph | compile(apply): default / reduce-overhead / "
-             "max-autotune | graph applied vs Inductor | compile(apply) reduce-overhead vs Inductor | "
-             "% of HBM floor (torch graph / applied graph) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(compile s) | Inductor reduce-overhead ms (compile s) | compile(apply) reduce-overhead ms | "
+             "compile(apply) vs the better Inductor | % of the HBM floor: torch graph / applied graph / Inductor "
+             "best / compile(apply) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in steps.items():
         ms, r = row["ms"], row["ratios"]
         i = ind.get(name, {})
@@ -545,20 +556,24 @@ def table(out: Path) -> str:
             x = d.get(key)
             return f"{x['speedup']:.3f}x ({x['low']:.3f}-{x['high']:.3f})" if x else "-"
 
-        share = row.get("floor_share", {})
+        def compiled(key: str) -> str:
+            secs = i.get("compile_s", {}).get(key)
+            return f"{ims[key]:.3f} ({secs:.0f} s)" if key in ims and isinstance(secs, float) else "-"
+
+        inductors = [k for k in ("inductor max-autotune", "inductor reduce-overhead") if k in ims]
+        better = min(inductors, key=lambda k: ims[k]) if inductors else None
+        share = {**row.get("floor_share", {}), **i.get("floor_share", {})}
+        pct = lambda k: f"{100 * share[k]:.0f}" if k in share else "-"  # noqa: E731
         lines.append("| " + " | ".join([
             name, f"{ms.get('eager torch', math.nan):.3f}", ratio(r, "eager applied / eager torch"),
             f"{ms['graph torch']:.3f}" if "graph torch" in ms else "-", ratio(r, "graph applied / graph torch"),
-            (f"{ims['inductor max-autotune']:.3f} ({i['compile_s'].get('inductor max-autotune', 0):.0f} s)"
-             if "inductor max-autotune" in ims else "-"),
-            f"{ims['inductor max-autotune-no-cudagraphs, in a graph']:.3f}"
-            if "inductor max-autotune-no-cudagraphs, in a graph" in ims else "-",
-            " / ".join(f"{ims[k]:.3f}" if k in ims else "-" for k in (
-                "compile(apply(model))", "compile(apply(model)) reduce-overhead", "compile(apply(model)) max-autotune")),
-            ratio(ir, "graph applied / inductor max-autotune"),
-            ratio(ir, "compile(apply(model)) reduce-overhead / inductor max-autotune"),
-            (f"{100 * share['graph torch']:.0f} % / {100 * share['graph applied']:.0f} %"
-             if "graph applied" in share else "-")]) + " |")
+            compiled("inductor max-autotune"), compiled("inductor reduce-overhead"),
+            f"{ims['compile(apply(model)) reduce-overhead']:.3f}"
+            if "compile(apply(model)) reduce-overhead" in ims else "-",
+            (ratio(ir, f"compile(apply(model)) reduce-overhead / {better}") + f" of {better.split()[-1]}")
+            if better else "-",
+            " / ".join([pct("graph torch"), pct("graph applied"), pct(better) if better else "-",
+                        pct("compile(apply(model)) reduce-overhead")]) + " %"]) + " |")
     lines.append("")
     for run, t in tune.items():
         c = cap.get(run, {})

@@ -26,6 +26,7 @@ DECODERS = {
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936),
     "qwen2.5-1.5b": (1536, 8960, 28, 12, 2, 151936),
     "qwen2.5-7b": (3584, 18944, 28, 28, 4, 152064),
+    "mistral-7b": (4096, 14336, 32, 32, 8, 32768),
 }
 
 
@@ -66,7 +67,7 @@ class SameSlot:
 
 
 def _decoder(kind: str, batch: int, context: int, size: str, device: str | None, dtype: str | None,
-             seed: int, layers: int = 0) -> tuple[Any, ...]:
+             seed: int, layers: int = 0, window: int = 0) -> tuple[Any, ...]:
     import transformers
 
     hidden, inter, all_layers, heads, kv, vocab = DECODERS[size]
@@ -78,6 +79,9 @@ def _decoder(kind: str, batch: int, context: int, size: str, device: str | None,
     if kind == "llama":
         config = transformers.LlamaConfig(**common)
         cls = transformers.LlamaForCausalLM
+    elif kind == "mistral":
+        config = transformers.MistralConfig(**common, sliding_window=window or None)
+        cls = transformers.MistralForCausalLM
     else:
         config = transformers.Qwen2Config(**common)
         cls = transformers.Qwen2ForCausalLM
@@ -99,6 +103,13 @@ def qwen2(batch: int = 1, context: int = 64, size: str = "tiny", device: str | N
     """transformers' Qwen2 (qkv projections with a bias, GQA) decoding one token a sequence (``layers``: as
     llama's)."""
     return _decoder("qwen2", batch, context, size, device, dtype, seed, layers)
+
+
+def mistral(batch: int = 1, context: int = 64, size: str = "tiny", device: str | None = None,
+            dtype: str | None = None, seed: int = 0, layers: int = 0, window: int = 0) -> tuple[Any, ...]:
+    """transformers' Mistral: Llama's layers, attention over a sliding ``window`` of the last tokens (0: none;
+    below ``context`` the mask transformers builds hides the cache's first slots)."""
+    return _decoder("mistral", batch, context, size, device, dtype, seed, layers, window)
 
 
 def gpt2(batch: int = 1, context: int = 64, size: str = "tiny", device: str | None = None,

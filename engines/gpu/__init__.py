@@ -14,6 +14,7 @@ torch.sdpa     attention with the backend forced (flash, efficient, cudnn, math)
 torch.rmsnorm_module  a hand-written RMSNorm's own computation (the default of its problem, library "module")
 torch.rmsnorm  F.rms_norm
 triton.rmsnorm  a fused RMSNorm kernel, a row block a program, with the hand-written module's rounding
+liger.rmsnorm  Liger-Kernel's fused RMSNorm (pip install 'tunefarm[liger]'), in the module's casting mode
 triton.decode_attention  split-KV attention for at most 16 query tokens over a long KV cache (flash-decoding),
                          a program per cache chunk and key/value head with all its query heads (GQA)
 triton.conv    a Triton implicit-GEMM forward convolution: tiles and how the filter is walked (a tap at a time
@@ -23,13 +24,14 @@ cudnn.graph    cuDNN's own execution plans (graph API, nvidia-cudnn-frontend): c
                forward attention; each listed plan a candidate, named by engine id and knobs
 cublaslt       cuBLASLt's algorithms (planned with nvmath-python): each listed algorithm a candidate
 
-torch, triton, cudnn, nvmath and cuda-python are imported only when an engine is used on a GPU device.
+torch, triton, cudnn, nvmath, liger_kernel and cuda-python are imported only when an engine is used on a GPU device.
 """
 
 from .conv import TorchConv
 from .cublaslt import CublasLt
 from .cuda_decode import CudaDecodeGemm
 from .cudnn_graph import CudnnGraph
+from .liger import LigerRmsNorm
 from .matmul import TorchBlas, TorchMatmul, TorchMatmulPadded
 from .norms import TorchModuleRmsNorm, TorchRmsNorm, TritonRmsNorm
 from .sdpa import TorchSdpa
@@ -43,6 +45,6 @@ _TRITON = TritonGemm()
 ENGINES = (TorchMatmul(), TorchBlas(), TorchMatmulPadded(), _TRITON, TritonGemmPadded(_TRITON.compile_pool),
            TritonSplitK(_TRITON.compile_pool), TritonGemv(_TRITON.compile_pool), CudaDecodeGemm(), TorchSdpa(),
            TritonDecodeAttention(_TRITON.compile_pool), TorchConv(), TritonConv(_TRITON.compile_pool),
-           CudnnGraph(), CublasLt(), TorchModuleRmsNorm(), TorchRmsNorm(), TritonRmsNorm(_TRITON.compile_pool))
+           CudnnGraph(), CublasLt(), TorchModuleRmsNorm(), TorchRmsNorm(), TritonRmsNorm(_TRITON.compile_pool), LigerRmsNorm())
 
 __all__ = ["ENGINES"]
