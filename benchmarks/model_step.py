@@ -351,15 +351,24 @@ def part_steps(args: argparse.Namespace, out: Path) -> None:
                               2 * args.rounds - 1, 2 * args.sample_ms)
             routed = _routed(eager.model)
             eager = None
+            graph_error = None
             if _gpu():
-                graph = _applied(cfg, out, "graph")
-                samples.update(measure({"graph torch": graph_of(base.step), "graph applied": graph_of(graph.step)},
-                                       args.rounds, args.sample_ms))
-                routed += _routed(graph.model)
-                graph = None
+                try:
+                    torch_graph = graph_of(base.step)
+                except Exception as exc:  # e.g. transformers' sliding-window static cache: a host copy a step
+                    graph_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    log(f"steps {cfg['name']}: the model's own step cannot be captured in a CUDA graph: {graph_error}")
+                else:
+                    graph = _applied(cfg, out, "graph")
+                    samples.update(measure({"graph torch": torch_graph, "graph applied": graph_of(graph.step)},
+                                           args.rounds, args.sample_ms))
+                    routed += _routed(graph.model)
+                    graph = None
             row = summary(samples, [("eager applied", "eager torch"), ("graph applied", "graph torch"),
                                     ("graph torch", "eager torch")])
             row["routed"] = routed
+            if graph_error:
+                row["graph_error"] = graph_error
             if bw is not None and cfg["decoder"]:
                 floor = step_bytes(base) / bw * 1e3
                 row.update(floor_ms=floor, bytes=step_bytes(base), copy_tb_s=bw / 1e12,
@@ -575,6 +584,10 @@ def table(out: Path) -> str:
             " / ".join([pct("graph torch"), pct("graph applied"), pct(better) if better else "-",
                         pct("compile(apply(model)) reduce-overhead")]) + " %"]) + " |")
     lines.append("")
+    for name, row in steps.items():
+        if row.get("graph_error"):
+            lines.append(f"- {name}: no graph rows: the model's own step cannot be captured in a CUDA graph "
+                         f"({row['graph_error']})")
     for run, t in tune.items():
         c = cap.get(run, {})
         applies = sum(v["seconds"] for k, v in apply_.items() if k.split(" ")[0] == run or k.startswith(run[:3]))

@@ -21,6 +21,7 @@ CANONICAL_VERSION = 1
 # default: torch's own CPU kernel); "module" what a model's own module computes by hand (a hand-written RMSNorm: its
 # default is that computation, farm.model.hand_norms)
 LIBRARIES = ("", "torch", "module")
+OPS_LIBRARIES = ("", "torch")  # the libraries of the problems farm.ops makes of a call's tensors (no "module")
 
 
 def contiguous_strides(dims: Sequence[int]) -> tuple[int, ...]:

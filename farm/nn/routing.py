@@ -96,6 +96,11 @@ class Applied:
         ops = self.decisions.ops_by_call
         if not any(op in FUNCTION_OPS for call in ops for op in ops[call]):
             return False
+        if self.enabled is not None and not any(r.problem.op in FUNCTION_OPS for key, r in self.routed.items()
+                                                if key in self.enabled):
+            # the model check's variants without a function decision: no scope's mode either, so the untouched
+            # step pays nothing of what routing a function costs (every torch call in a scoped forward)
+            return False
         eager = any(op in FUNCTION_OPS for op in ops.get("eager", ()))
         if eager and self.call != "graph":
             return True

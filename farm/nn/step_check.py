@@ -116,6 +116,15 @@ def check_step(step: Callable[[], Any], applied: Applied, *, call: str = "eager"
         ms = timer.once()
         return StepCheck(model, call, ms, ms, None, note="no call of the step has a decision other than the default: "
                                                          "nothing is routed, the step runs as it did")
+    unfit = timer.uncapturable() if call == "graph" else None
+    if unfit is not None:  # nobody can replay this step as a graph: its graph decisions have nothing to run in
+        applied.only(frozenset())
+        why = f"withdrawn: the model's own step cannot be captured in a CUDA graph ({unfit})"
+        judged = [Judged(r.problem, r.route.graph.bound.engine_name, tuple(r.route.graph.bound.knobs),
+                         applied.decisions.default_engine(r.problem), tuple(r.sites), None, (), (), False, why)
+                  for r in routed if r.route.graph is not None]
+        ms = timer.once()
+        return StepCheck(model, call, ms, ms, None, tuple(judged), note=why.removeprefix("withdrawn: "))
     keys = [r.problem.key for r in routed]
     variants: dict[str, frozenset[str]] = {"untouched": frozenset(), "all": frozenset(keys)}
     if len(keys) > 1:
@@ -245,6 +254,17 @@ class _StepTimer:
                 self.step()
             self.graphs[keys] = g
         return g
+
+    def uncapturable(self) -> str | None:
+        """Why the model's own step (nothing routed) cannot be captured in a CUDA graph (a host copy in its cache
+        update, a sync...), or None when it can."""
+        try:
+            self._graph(frozenset())
+        except Exception as exc:  # whatever torch refuses to capture: the reason, in its own words
+            self.graphs.pop(frozenset(), None)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            return f"{type(exc).__name__}: {first[:200]}"
+        return None
 
     def sampler(self, keys: frozenset[str], n: int) -> Callable[[], float]:
         """ms a step of ``n`` steps (synchronised at their ends) with ``keys`` routed: replays of the set's graph, or

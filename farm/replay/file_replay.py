@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 from farm.devices.device import Device
 from farm.dispatch.binding import Bound, Binding
 from farm.dispatch.calls import OpCalls
-from farm.dispatch.frameworks import NUMPY, Placement
+from farm.dispatch.frameworks import NUMPY, Placement, placement
 from farm.model.engine import EngineRegistry
 from farm.model.problem import Problem
 from farm.replay.tunable_runtime import TunableRuntime
@@ -59,16 +59,19 @@ class FileReplay:
     def binding_of(self, problem: Problem) -> Binding | None:
         return next((b for b in self.calls.bindings.values() if b.bound.problem.key == problem.key), None)
 
-    def host_binding(self, problem: Problem) -> Binding:
-        """The file's binding of ``problem`` itself on the host, called with numpy arrays: how farm.apply runs a
-        torch model's CPU call (a problem of library "torch", which farm.ops never makes of its tensors)."""
+    def own_binding(self, problem: Problem, like: object) -> Binding:
+        """The file's binding of ``problem`` itself, called with tensors like ``like`` (numpy arrays, or torch
+        tensors on their device): how farm.apply runs a model's call that farm.ops never makes of its tensors (a
+        torch model's CPU call, library "torch"; a hand-written layer's, library "module")."""
         bound, graph, capturing = self.bind_problem(problem)
         out = problem.output_ids[0]
         d = problem.tensor(out)
+        where = placement(like)
+        framework = where.framework if where.kind != "cpu" else NUMPY
 
         def binding(b: Bound, graph_binding: Binding | None = None) -> Binding:
-            return Binding(b, out, d.dims, d.dtype, d.strides, NUMPY, None, NUMPY.allocator(None, d.dims, d.dtype,
-                                                                                            d.strides),
+            return Binding(b, out, d.dims, d.dtype, d.strides, framework, None,
+                           framework.allocator(like, d.dims, d.dtype, d.strides),
                            graph=graph_binding, capturing=capturing if graph_binding is not None else None)
 
         return binding(bound, binding(graph) if graph is not None else None)

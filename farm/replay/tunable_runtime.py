@@ -34,9 +34,8 @@ import functools
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import yaml
 

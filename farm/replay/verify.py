@@ -37,7 +37,7 @@ from farm.devices.device import Device, eager_device
 from farm.devices.runtimes.cpu import host_cpu
 from farm.model.engine import EngineRegistry, default_engine_registry, settings_to_resolved
 from farm.model.knobs import candidate_label
-from farm.model.problem import Problem
+from farm.model.problem import OPS_LIBRARIES, Problem
 from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
 from farm.store.overrides import OverrideEntry, OverrideFile
 from farm.tuner.callers import (REPLAY, Caller, direct_caller, graph_sampler, estimate_ms, eager_sampler, input_set_cap,
@@ -206,10 +206,10 @@ def _verify_one(d: Decision, device: Device, replay: FileReplay, registry: Engin
 def _replayed(problem: Problem, replay: FileReplay, stage: Device, sets: Sequence[Mapping[str, Any]]
               ) -> tuple[Caller | None, Any]:
     """The decision's calls as production makes them, and the binding they run: farm.ops' entry point, or for a
-    torch model's call on a CPU (library "torch", which farm.ops never makes of its tensors) the file's own
-    binding of the problem, as farm.apply runs it."""
-    if problem.library and stage.vendor == "cpu":
-        binding = replay.host_binding(problem)
+    model's call that farm.ops never makes of its tensors (a torch model's call on a CPU, library "torch"; a
+    hand-written layer's anywhere, library "module") the file's own binding of the problem, as farm.apply runs it."""
+    if problem.library and (stage.vendor == "cpu" or problem.library not in OPS_LIBRARIES):
+        binding = replay.own_binding(problem, next(iter(sets[0].values())))
         return Caller(tuple(functools.partial(binding.call, s) for s in sets), REPLAY, "farm.apply's call"), binding
     caller = replay_caller(problem, replay.calls, sets)
     return caller, replay.binding_of(problem) if caller is not None else None

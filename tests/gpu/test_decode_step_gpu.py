@@ -195,3 +195,23 @@ def test_an_applied_8b_shaped_llama_with_the_decode_step_decided_gives_its_logit
     finally:
         torch._dynamo.reset()
         farm.unapply(model)
+
+
+def test_farm_verify_replays_a_hand_written_norms_decision_as_farm_apply_runs_it(dev, tmp_path):
+    """A hand-written RMSNorm's problem (library "module") is one farm.ops never makes of its tensors: farm verify
+    times the file's own binding of it, as farm.apply runs it, and names the candidate it ran (not "?")."""
+    from farm.devices.open import open_device
+    from farm.replay.verify import VerifySettings, verify_file
+    from farm.store.override_files import load_overrides, write_overrides
+    from farm.store.overrides import OverrideEntry
+
+    problem = Problem.create("rmsnorm", {"X": [8, 1, 4096], "scale": [4096]}, dtype="bf16",
+                             criteria={"eps_e12": 10**6, "scale_offset": 0}, library="module")
+    d = open_device("cuda", 0)
+    path = tmp_path / "norm.json"
+    write_overrides(str(path), [OverrideEntry.for_problem(problem, "triton.rmsnorm", ())],
+                    device={"signature": d.signature, "properties": d.properties.to_dict()}, mode="replace")
+    verified, skipped = verify_file(str(path), load_overrides(path), dev, settings=VerifySettings(calls=32, rounds=4))
+    assert not skipped and verified
+    for v in verified:
+        assert v.replayed.startswith("triton.rmsnorm"), (v.decision.call, v.replayed, v.flagged)

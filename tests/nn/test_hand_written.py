@@ -137,3 +137,17 @@ def test_a_module_shaped_like_a_norm_that_computes_something_else_is_listed_and_
         assert not [r for r in applied_to(module).routed.values() if r.route.routed]
     finally:
         farm.unapply(module)
+
+
+def test_farm_verify_names_what_a_hand_written_norms_decision_runs(tmp_path):
+    """farm.ops never makes a problem of library "module": verify times the file's own binding, as farm.apply runs
+    it, and names the candidate (tests/gpu/test_decode_step_gpu.py: the same on a GPU)."""
+    from farm.model.problem import Problem
+    from farm.replay.verify import VerifySettings, verify_file
+    from farm.store.override_files import load_overrides
+
+    problem = Problem.create("rmsnorm", {"X": [4, 64], "scale": [64]}, criteria={"eps_e12": 10**6},
+                             library="module")
+    path = _not_default_file(tmp_path / "o.json", [problem], "cpu.rmsnorm.numpy")
+    verified, skipped = verify_file(path, load_overrides(path), CPU, settings=VerifySettings(calls=16, rounds=4))
+    assert not skipped and [v.replayed for v in verified] == ["cpu.rmsnorm.numpy[default]"]

@@ -508,3 +508,35 @@ def test_a_masked_attention_decision_survives_verify_reaches_the_file_and_is_rou
         assert _same(got, ref)
     finally:
         farm.unapply(model)
+
+
+def test_the_model_checks_untouched_step_runs_no_scope_mode_the_attention_decision_alone_does(tmp_path):
+    """Routing attention costs every torch call inside a scoped forward a trip through the scope's mode; the
+    model check's untouched step must not pay it, or a decision slower than the model's own call looks free."""
+    torch.manual_seed(0)
+    model = _WithHelper(_Helper()).eval()
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    problems = [p for p in _captured(model, q, k, v) if p.op == "sdpa_fwd"]
+    farm.apply(model, _decide(tmp_path / "o.json", problems, {"sdpa_fwd": "cpu.sdpa.online"}))
+    entered = []
+    original = farm.nn.function_scope.FunctionScope.entered
+
+    def spy(self, kinds, run):
+        entered.append(kinds)
+        return original(self, kinds, run)
+
+    farm.nn.function_scope.FunctionScope.entered = spy
+    try:
+        applied = applied_to(model)
+        with torch.no_grad():
+            model(q, k, v)  # discovery: the model's scoped modules found
+            applied.only(frozenset())  # the model check's untouched step
+            entered.clear()
+            model(q, k, v)
+            assert entered == []
+            applied.only(frozenset(r.problem.key for r in applied.routed.values() if r.problem.op == "sdpa_fwd"))
+            model(q, k, v)
+            assert entered, "the attention decision alone enters the scope"
+    finally:
+        farm.nn.function_scope.FunctionScope.entered = original
+        farm.unapply(model)

@@ -41,3 +41,39 @@ def test_when_every_variant_decides_the_rounds_end_there():
     samples, _ = steps.rounds({"untouched": frozenset(), "faster": frozenset({"a"})}, CheckSettings(rounds=30))
     assert len(samples["untouched"]) == len(samples["faster"]) == 8
     assert steps.calls[frozenset()] == 8 + 2  # the 8 rounds, and the probe: a warm-up, then the one that sizes a sample
+
+
+def test_a_step_that_cannot_be_captured_in_a_graph_withdraws_its_graph_decisions_with_the_reason(monkeypatch):
+    """transformers' sliding-window static cache copies from the host in its update: torch refuses to capture the
+    model's own step, so the graph check has nothing to compare; it says why and routes nothing in graphs."""
+    from types import SimpleNamespace
+
+    import farm.nn.step_check as step_check
+    from farm.model.problem import Problem
+    from farm.nn.routing import Routed
+
+    problem = Problem.create("matmul", {"A": [1, 64], "B": [64, 64]}, dtype="bf16")
+    bound = SimpleNamespace(engine_name="triton.gemv", knobs=(("BLOCK_K", 64),))
+    routed = Routed(problem, SimpleNamespace(graph=SimpleNamespace(bound=bound), eager=None), ["layers.0.q_proj"])
+    why = "RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph capture"
+
+    class Uncapturable:
+        def __init__(self, step, applied, call):
+            pass
+
+        def warm(self):
+            return [routed]
+
+        def uncapturable(self):
+            return why
+
+        def once(self):
+            return 5.0
+
+    only = []
+    applied = SimpleNamespace(only=only.append, decisions=SimpleNamespace(default_engine=lambda p: "torch.matmul"))
+    monkeypatch.setattr(step_check, "_StepTimer", Uncapturable)
+    check = step_check.check_step(lambda: None, applied, call="graph")
+    assert only == [frozenset()]  # nothing routed in graphs
+    assert [j.kept for j in check.judged] == [False] and why in check.judged[0].verdict
+    assert why in check.note and check.untouched_ms == check.applied_ms == 5.0
