@@ -72,11 +72,11 @@ def cmd_reduce(args: argparse.Namespace) -> int:
     from farm.store.dataset import results_folder
     from farm.store.reduce import reduce_results
 
-    args.results = results_folder(args.results)  # a run folder (farm tune --out) works too
+    results = results_folder(args.results)  # a run folder (farm tune --out) works too
     if args.ray:
-        report = _reduce_on_ray(args)
+        report = _reduce_on_ray(args, results)
     else:
-        report = reduce_results(args.results, args.out, top_k=args.top_k, mode=args.mode,
+        report = reduce_results(results, args.out, top_k=args.top_k, mode=args.mode,
                                 tunableop_csv=args.tunableop_csv, incumbents=args.incumbents,
                                 unreadable="set_aside" if args.set_aside_unreadable else "refuse")
     if args.json:
@@ -93,7 +93,7 @@ def cmd_reduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reduce_on_ray(args: argparse.Namespace) -> Any:
+def _reduce_on_ray(args: argparse.Namespace, results: Any) -> Any:
     import ray
 
     from farm.fleet.distributed_reduce import reduce_on_ray
@@ -104,7 +104,7 @@ def _reduce_on_ray(args: argparse.Namespace) -> Any:
         address = args.address or (None if os.environ.get("RAY_ADDRESS") else "local")
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
-        return reduce_on_ray(args.results, args.out, top_k=args.top_k, mode=args.mode,
+        return reduce_on_ray(results, args.out, top_k=args.top_k, mode=args.mode,
                              tunableop_csv=args.tunableop_csv, incumbents=args.incumbents,
                              unreadable="set_aside" if args.set_aside_unreadable else "refuse")
     finally:
@@ -330,8 +330,10 @@ def _add_publish(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # for a restart (farm tune --in-process)
+    # the command line as given, for a restart (farm tune --in-process) and a resume line: in the namespace before
+    # parsing, so that nothing is set on the parsed arguments afterwards
+    given = argparse.Namespace(argv=list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(argv, namespace=given)
     setup_logging(verbose_level(args))
     from farm.tuner.interrupts import SIGINTS
 

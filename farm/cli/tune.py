@@ -25,52 +25,64 @@ def cmd_tune(args: argparse.Namespace) -> int:
     registry = default_engine_registry()
     workload = load_workload(args.workload, registry)  # every input error surfaces here, before any device time
     out = args.out or f"runs/{_folder_name(workload.name)}"
-    if getattr(args, "retune_decided", False) and not args.history:
-        raise InputError("--retune-decided needs --history naming a published root", field="--retune-decided")
-    if args.history and not args.dry_run:
-        workload = _with_history(args, workload, out)
-    else:
-        workload = _with_pruning(args, workload)
-    if getattr(args, "reconfirm", False):  # both executors read it from the workload's confirmation settings
-        import dataclasses
-
-        auto = workload.autotune
-        workload = dataclasses.replace(workload, autotune=dataclasses.replace(
-            auto, confirm=dataclasses.replace(auto.confirm, redo_undecided=True)))
+    settings = tune_settings(args, workload, out)
+    workload = settings.workload_for(workload)  # both executors read pruning and reconfirming from the workload
     if args.dry_run:
         history = _history_results(args.history) if args.history else \
             (_earlier_runs(workload.name, out) if not args.out else [])
         return _dry_run(workload, local_device(args.devices), registry, args.json, out, history)
     if args.in_process:
-        return _tune_in_process(args, workload, out, registry)
-    return _tune_on_ray(args, workload, out)
+        return _tune_in_process(args, settings, workload, out, registry)
+    return _tune_on_ray(args, settings, workload, out)
 
 
-def _with_pruning(args: argparse.Namespace, workload: Any) -> Any:
-    """--prune MODEL (and its settings) over the workload's autotune.prune; --no-prune drops it. Both executors
-    read (and refuse) the model file before the job folder or a device is touched; --dry-run reads it here."""
+def tune_settings(args: argparse.Namespace, workload: Any, out: str) -> Any:
+    """The tune's settings (farm.fleet.options.TuneSettings), built once from the command line: pruning or the
+    history (trained here, before any device time), incumbents, checks, sharding, budgets."""
+    from farm.fleet.options import KEEP, FarmOptions, TuneSettings
+
+    if args.retune_decided and not args.history:
+        raise InputError("--retune-decided needs --history naming a published root", field="--retune-decided")
+    incumbents, check_decided = args.incumbents, False
+    if args.history and not args.dry_run:
+        history = _history(args, workload, out)
+        prune, incumbents, check_decided = history.prune or KEEP, history.incumbents, history.check_decided
+    else:
+        prune = _pruning(args, workload)
+    options = FarmOptions(shard_size=args.shard_size, finalist_k=args.finalist_k,
+                          candidate_timeout_s=args.candidate_timeout, cpu_threads=args.cpu_threads,
+                          reduce=not args.no_reduce, top_k=args.top_k, keep_results=True, incumbents=incumbents,
+                          check_decided=check_decided, log_level=logging.getLogger("farm").getEffectiveLevel(),
+                          verifier=_verifier(args), device_wait_s=args.device_wait, max_devices=args.max_devices)
+    return TuneSettings(options, prune, args.reconfirm)
+
+
+def _pruning(args: argparse.Namespace, workload: Any) -> Any:
+    """--prune MODEL (and its settings) over the workload's autotune.prune, --no-prune (None), or KEEP. Both
+    executors read (and refuse) the model file before the job folder or a device is touched; --dry-run reads it
+    here."""
     import dataclasses
 
+    from farm.fleet.options import KEEP
     from farm.model.records import PruneSettings
 
     config = workload.autotune
     if args.no_prune:
-        prune = None
-    elif args.prune or config.prune is not None:
-        base = PruneSettings(model=args.prune) if args.prune else config.prune
-        given = {k: v for k, v in (("top_k", args.prune_top_k), ("explore", args.prune_explore),
-                                   ("seed", args.prune_seed)) if v is not None}
-        prune = dataclasses.replace(base, **given)
-    else:
+        return None
+    if not (args.prune or config.prune is not None):
         if any(v is not None for v in (args.prune_top_k, args.prune_explore, args.prune_seed)):
             raise InputError("--prune-top-k, --prune-explore and --prune-seed need --prune MODEL, --history or "
                              "autotune.prune in the workload", field="--prune")
-        return workload
-    if prune is not None and args.dry_run:
+        return KEEP
+    base = PruneSettings(model=args.prune) if args.prune else config.prune
+    given = {k: v for k, v in (("top_k", args.prune_top_k), ("explore", args.prune_explore),
+                               ("seed", args.prune_seed)) if v is not None}
+    prune = dataclasses.replace(base, **given)
+    if args.dry_run:
         from farm.costmodel.model import CostModel
 
         CostModel.load(prune.model)
-    return dataclasses.replace(workload, autotune=dataclasses.replace(config, prune=prune))
+    return prune
 
 
 def _history_results(sources: Sequence[str]) -> list[str]:
@@ -80,43 +92,25 @@ def _history_results(sources: Sequence[str]) -> list[str]:
     return list(read_history(sources).datasets)
 
 
-def _with_history(args: argparse.Namespace, workload: Any, out: str) -> Any:
-    """--history: prune with a cost model trained on those results (kept in the run folder); where a source is a
-    published root, its decisions are the incumbents and a problem it decides is only checked."""
-    import dataclasses
+def _history(args: argparse.Namespace, workload: Any, out: str) -> Any:
+    """--history: the cost model trained on those results (kept in the run folder: a job folder on object storage
+    keeps it in a local cache instead), the incumbents and the checks (farm.costmodel.history.set_up_history)."""
     import tempfile
 
-    from farm.costmodel.history import bound_line, model_for, read_history
-    from farm.costmodel.model import require_lightgbm
-    from farm.model.records import PruneSettings
+    from farm.costmodel.history import set_up_history
     from farm.store.location import is_uri
 
     if args.prune or args.no_prune:
         raise InputError("--history trains the cost model it prunes with: give --history or --prune/--no-prune, "
                          "not both", field="--history")
-    history = read_history(args.history)
-    if args.incumbents is None and history.published is not None:
-        args.incumbents = history.published
-    args.check_decided = history.published is not None and not args.retune_decided
-    if not history.datasets:
-        return workload
-    require_lightgbm()  # before any training: one line naming the extra to install
-    defaults = PruneSettings(model="-")
-    top_k = args.prune_top_k or defaults.top_k
-    explore = defaults.explore if args.prune_explore is None else args.prune_explore
-    seed = defaults.seed if args.prune_seed is None else args.prune_seed
-    # the model lives beside the run's results; a job folder on object storage keeps it in a local cache instead
     folder = Path(tempfile.gettempdir(), "tunefarm-history", _folder_name(workload.name)) if is_uri(out) else Path(out)
     err = make_console(stderr=True)
-    trained = model_for(history, folder, top_k=top_k, explore=explore, seed=seed,
-                        progress=None if args.json else (lambda line: err.print(f"history: {escape(line)}")))
-    if trained is None:
-        return workload
-    if not args.json:
-        err.print(f"history: {trained.problems} problem(s) learned ({escape(str(trained.path))}); "
-                  f"{escape(bound_line(trained.held_out, top_k))}", soft_wrap=True)
-    prune = PruneSettings(model=str(trained.path), top_k=top_k, explore=explore, seed=seed)
-    return dataclasses.replace(workload, autotune=dataclasses.replace(workload.autotune, prune=prune))
+    history = set_up_history(args.history, folder, incumbents=args.incumbents, retune_decided=args.retune_decided,
+                             top_k=args.prune_top_k, explore=args.prune_explore, seed=args.prune_seed,
+                             progress=None if args.json else (lambda line: err.print(f"history: {escape(line)}")))
+    if history.learned and not args.json:
+        err.print(f"history: {escape(history.learned)}", soft_wrap=True)
+    return history
 
 
 def _check_fits(workload: Any, props: Any) -> None:
@@ -145,16 +139,16 @@ def local_device(spec: str) -> Any:
     return open_device("cpu" if request.kind == "cpu" else "auto")
 
 
-def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry: Any) -> int:
+def _tune_in_process(args: argparse.Namespace, settings: Any, workload: Any, out: str, registry: Any) -> int:
     from farm.cli.render import host_load, local_dict, query_line, results_table, summary_table, where_table
     from farm.cli.render_farm import pruning_table
     from farm.cli.render_verify import verified_table
     from farm.fleet.local_run import run_local
 
-    if args.cpu_threads is not None:
+    if settings.options.cpu_threads is not None:
         from farm.devices.runtimes.cpu import set_blas_threads
 
-        set_blas_threads(args.cpu_threads)  # before the device opens: the count is part of its signature
+        set_blas_threads(settings.options.cpu_threads)  # before the device opens: the count is part of its signature
     device = local_device(args.devices)
     _check_fits(workload, device.properties)
     console = make_console()
@@ -171,11 +165,8 @@ def _tune_in_process(args: argparse.Namespace, workload: Any, out: str, registry
             console.print(results_table(outcome, f"[{done}/{total}]"))
             console.print()
 
-    report = run_local(workload, out, device, registry, on_problem=show, reduce=not args.no_reduce, top_k=args.top_k,
-                       incumbents=args.incumbents, check_decided=getattr(args, "check_decided", False),
-                       candidate_timeout_s=args.candidate_timeout,
-                       on_hang=lambda message, _out=real_stdout(): _restart(args, message, _out),
-                       verifier=_verifier(args))
+    report = run_local(workload, out, device, registry, options=settings.options, on_problem=show,
+                       on_hang=lambda message, _out=real_stdout(): _restart(args, message, _out))
     if args.json:
         print_json(local_dict(workload, out, device, report))
     else:
@@ -263,22 +254,17 @@ def _finish(args: argparse.Namespace, summary: Any, warning: str = "") -> int:
     return code
 
 
-def _tune_on_ray(args: argparse.Namespace, workload: Any, out: str) -> int:
+def _tune_on_ray(args: argparse.Namespace, settings: Any, workload: Any, out: str) -> int:
     from farm.cli.progress import ProgressView
     from farm.cli.render import host_load, query_line, where_table
     from farm.cli.render_farm import farm_dict, farm_tables
-    from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
+    from farm.fleet.cluster import DeviceRequest, run_farm
 
     request = DeviceRequest.parse(args.devices)
     if request.kind == "cpu" and not (args.address or os.environ.get("RAY_ADDRESS")):
         _check_fits(workload, local_device("cpu").properties)  # the workers run on this host
         _warn_oversubscribed(request.count or 1)
-    options = FarmOptions(shard_size=args.shard_size, finalist_k=args.finalist_k,
-                          candidate_timeout_s=args.candidate_timeout, cpu_threads=args.cpu_threads,
-                          reduce=not args.no_reduce, top_k=args.top_k, keep_results=True, incumbents=args.incumbents,
-                          check_decided=getattr(args, "check_decided", False),
-                          log_level=logging.getLogger("farm").getEffectiveLevel(), verifier=_verifier(args),
-                          device_wait_s=args.device_wait, max_devices=args.max_devices)
+    options = settings.options
     if not sys.stderr.isatty():
         # the workers' lines Ray forwards here go to a file or a pipe: no colour codes in their prefix, and no
         # "[repeated Nx across cluster]" summaries (which carry colour codes of their own)

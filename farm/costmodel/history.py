@@ -198,3 +198,41 @@ def bound_line(held_out: dict[str, Any] | None, top_k: int) -> str:
             f"published within 1.02 of the best on {100 * held_out['within_1_02']:.0f} % of "
             f"{held_out['problems']} problems (worst {worst.get('regret', float('nan')):.3f}, "
             f"{worst.get('problem', '-')})")
+
+
+@dataclass(frozen=True)
+class HistorySetup:
+    """What ``--history`` gives a tune: the cost model it prunes with (None: nothing to learn from, every candidate
+    is measured), the incumbents (the published root among the sources, unless others were named) and whether a
+    problem they decide is only checked; ``learned`` says what the model learned (a line for a person)."""
+
+    prune: Any  # farm.model.records.PruneSettings | None
+    incumbents: str | None
+    check_decided: bool
+    learned: str = ""
+
+
+def set_up_history(sources: Sequence[str], folder: Path, *, incumbents: str | None = None, retune_decided: bool = False,
+                   top_k: int | None = None, explore: float | None = None, seed: int | None = None,
+                   progress: Callable[[str], None] | None = None) -> HistorySetup:
+    """Read ``sources``, train (or reuse) the model kept in ``folder`` with the given pruning settings (None: the
+    defaults), and say what the tune does with it (farm tune --history)."""
+    from farm.costmodel.model import require_lightgbm
+    from farm.model.records import PruneSettings
+
+    history = read_history(sources)
+    check_decided = history.published is not None and not retune_decided
+    incumbents = incumbents if incumbents is not None else history.published
+    if not history.datasets:
+        return HistorySetup(None, incumbents, check_decided)
+    require_lightgbm()  # before any training: one line naming the extra to install
+    defaults = PruneSettings(model="-")
+    top_k = top_k or defaults.top_k
+    explore = defaults.explore if explore is None else explore
+    seed = defaults.seed if seed is None else seed
+    trained = model_for(history, folder, top_k=top_k, explore=explore, seed=seed, progress=progress)
+    if trained is None:
+        return HistorySetup(None, incumbents, check_decided)
+    learned = (f"{trained.problems} problem(s) learned ({trained.path}); {bound_line(trained.held_out, top_k)}")
+    return HistorySetup(PruneSettings(model=str(trained.path), top_k=top_k, explore=explore, seed=seed), incumbents,
+                        check_decided, learned)

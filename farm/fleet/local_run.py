@@ -75,29 +75,29 @@ def run_local(
     device: Device,
     registry: EngineRegistry,
     *,
+    options: FarmOptions | None = None,
     config: AutotuneConfig | None = None,
     on_problem: Callable[[ProblemOutcome], None] | None = None,
-    reduce: bool = True,
-    top_k: int = 3,
-    incumbents: str | None = None,
-    check_decided: bool = False,
-    candidate_timeout_s: float | None = None,
     on_hang: Callable[[str], None] | None = None,
-    verifier: Callable[..., Any] | None = None,
 ) -> LocalRunReport:
     """Tune every problem on one in-process device into ``out``; resume what is there.
 
-    ``incumbents``: an override file or published root whose winners are kept within noise; ``check_decided``: a
-    problem they decide has its winner and the default measured, nothing else.
-    ``candidate_timeout_s``: a candidate compiling or measured for longer gets a ``timed_out`` row
-    (written at once, with every row before it), then ``on_hang(message)`` is called from the watch's
-    thread: the process cannot take the candidate back, so the caller ends or restarts it, and a
-    resume goes on after the candidate. ``verifier(device, override file text, problem keys)``: after the
-    reduce, the decisions are replayed beside the direct call on ``device`` (farm.replay.verify.verify_for_job).
+    ``options``: the tune's settings, as the Ray farm reads them (farm.fleet.options.FarmOptions; None: the
+    defaults, and no candidate timeout). Of them this executor reads ``reduce`` and ``top_k``; ``incumbents``
+    (an override file or published root whose winners are kept within noise) and ``check_decided`` (a problem
+    they decide has its winner and the default measured, nothing else); ``candidate_timeout_s``: a candidate
+    compiling or measured for longer gets a ``timed_out`` row (written at once, with every row before it), then
+    ``on_hang(message)`` is called from the watch's thread: the process cannot take the candidate back, so the
+    caller ends or restarts it, and a resume goes on after the candidate; ``verifier(device, override file text,
+    problem keys)``: after the reduce, the decisions are replayed beside the direct call on ``device``
+    (farm.replay.verify.verify_for_job).
     """
+    candidate_timeout_s = options.candidate_timeout_s if options is not None else None
+    options = options or FarmOptions()
+    incumbents, verifier = options.incumbents, options.verifier
     # a candidate measured past its budget ends there (a hang past the timeout is the watch's): as on Ray
     config = (config or workload.autotune).bounded_by(candidate_timeout_s)
-    pruning = PlanPruning.of(config, check_decided=check_decided and bool(incumbents))
+    pruning = PlanPruning.of(config, check_decided=options.check_decided and bool(incumbents))
     jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents,
                                 "candidate_timeout_s": candidate_timeout_s,
                                 "prune": pruning.settings_record() if pruning else None})
@@ -110,7 +110,7 @@ def run_local(
     watch = _hang_watch(jr, current, config, candidate_timeout_s, on_hang, journal) \
         if candidate_timeout_s or journal is not None else None
     try:
-        outcomes = _tune(jr, workload, DeviceWorkerImpl.in_process_on(device, registry, watch), config, incumbents,
+        outcomes = _tune(jr, workload, DeviceWorkerImpl.in_process_on(device, registry, watch), config, options,
                          pruning, current, on_problem)
     except BaseException as exc:
         jr.fail(exc)
@@ -122,17 +122,18 @@ def run_local(
             journal.settle(None)
             journal.close()
     check = None if verifier is None else (lambda sig, text, keys: verifier(device, text, keys))
-    summary = jr.finish(reduce=reduce, top_k=top_k, verify=check, device=device.properties.to_dict(),
+    summary = jr.finish(reduce=options.reduce, top_k=options.top_k, verify=check, device=device.properties.to_dict(),
                         **({"pruning": pruning.tally()} if pruning else {}))
     return LocalRunReport(outcomes, summary, pruning.record() if pruning else None)
 
 
-def _tune(jr: JobRun, workload: Workload, worker: DeviceWorkerImpl, config: AutotuneConfig, incumbents: str | None,
+def _tune(jr: JobRun, workload: Workload, worker: DeviceWorkerImpl, config: AutotuneConfig, settings: FarmOptions,
           pruning: PlanPruning | None, current: dict[str, Any],
           on_problem: Callable[[ProblemOutcome], None] | None) -> list[ProblemOutcome]:
     """The Ray farm's planning, scheduling and driving, with ``worker`` the only device."""
     handle = worker_handle(0, worker.info(), worker)
-    options = FarmOptions(shard_size=ONE_SHARD, keep_results=True, incumbents=incumbents)
+    incumbents = settings.incumbents
+    options = dataclasses.replace(settings, shard_size=ONE_SHARD, keep_results=True)
     sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes,
                       confirm=config.confirm)
     planner = InProcessPlanner(workload, jr, sched, [handle], incumbents, pruning)

@@ -96,3 +96,30 @@ class FarmOptions:
         if self.cpu_threads is not None and (isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int)
                                              or self.cpu_threads < 1):
             raise InputError("must be an integer >= 1 (or None)", field="cpu_threads", value=self.cpu_threads)
+
+
+KEEP = "keep"  # TuneSettings.prune: the workload's own autotune.prune stays
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """One ``farm tune``'s settings, built once from the command line (farm.cli.tune.tune_settings) and passed
+    down: how either executor runs (``options``: sharding, the candidate budget, the reduce, incumbents and which
+    problems are only checked, the check after the reduce), the pruning the workload's autotune config gets
+    (``prune``: a PruneSettings, None for none, KEEP for the workload's own) and whether confirmations left
+    undecided are redone (``reconfirm``)."""
+
+    options: FarmOptions = FarmOptions()
+    prune: Any = KEEP
+    reconfirm: bool = False
+
+    def workload_for(self, workload: Any) -> Any:
+        """``workload`` with these settings in its autotune config (what the workers read)."""
+        import dataclasses
+
+        auto = workload.autotune
+        if self.prune != KEEP:
+            auto = dataclasses.replace(auto, prune=self.prune)
+        if self.reconfirm:
+            auto = dataclasses.replace(auto, confirm=dataclasses.replace(auto.confirm, redo_undecided=True))
+        return workload if auto is workload.autotune else dataclasses.replace(workload, autotune=auto)

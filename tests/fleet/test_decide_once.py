@@ -11,6 +11,7 @@ import functools
 import farm.store.reduce as reduce_module
 from farm.devices.device import cpu_device
 from farm.fleet.local_run import run_local
+from farm.fleet.options import FarmOptions
 from farm.model.engine import default_engine_registry
 from farm.model.workload import parse_workload
 from farm.replay.verify import verify_for_job
@@ -33,7 +34,7 @@ def test_each_override_file_is_written_once_though_the_check_wrote_rows(tmp_path
     registry = default_engine_registry()
     wl = parse_workload(WORKLOAD, registry=registry)
     report = run_local(wl, tmp_path / "run", cpu_device(), registry,
-                       verifier=functools.partial(verify_for_job, only_losers=True))
+                       options=FarmOptions(verifier=functools.partial(verify_for_job, only_losers=True)))
     summary = report.summary
     assert summary.verified and len(summary.verified) == 2  # the check ran on both decisions and wrote its rows
     [path] = list((tmp_path / "run" / "overrides").glob("*.json"))
