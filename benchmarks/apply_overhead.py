@@ -24,8 +24,8 @@ import torch  # noqa: E402
 import farm  # noqa: E402
 from farm.devices.device import cpu_device  # noqa: E402
 from farm.nn.torch_calls import read_call  # noqa: E402
-from farm.store.override_files import write_overrides  # noqa: E402
-from farm.store.overrides import OverrideEntry  # noqa: E402
+from farm.store.overrides.files import write_overrides  # noqa: E402
+from farm.store.overrides.entries import OverrideEntry  # noqa: E402
 
 LAYERS, WIDTH = 16, 64
 DECISION = ("cpu.matmul.blas", (("order", "transposed"),))  # not the default, old code and new

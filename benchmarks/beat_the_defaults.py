@@ -123,8 +123,8 @@ def main() -> int:
     from farm import AutotuneConfig, Autotuner, EngineSweep, Problem
     from farm.devices.device import gpu_device
     from farm.plugin import default_engine_registry
-    from farm.store.override_files import write_overrides
-    from farm.store.overrides import OverrideEntry
+    from farm.store.overrides.files import write_overrides
+    from farm.store.overrides.entries import OverrideEntry
 
     torch._dynamo.config.cache_size_limit = 1024
     torch._dynamo.config.accumulated_cache_size_limit = 4096

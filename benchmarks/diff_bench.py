@@ -28,8 +28,8 @@ def main() -> None:
 
     from farm.devices.device import cpu_device
     from farm.model.problem import Problem
-    from farm.store.override_files import write_overrides
-    from farm.store.overrides import OverrideEntry
+    from farm.store.overrides.files import write_overrides
+    from farm.store.overrides.entries import OverrideEntry
 
     dev = cpu_device()
     device = {"signature": dev.signature, "properties": dev.properties.to_dict()}

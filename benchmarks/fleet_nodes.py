@@ -2,7 +2,7 @@
 
     python benchmarks/fleet_nodes.py [--nodes 4] [--per-node 4] [--problems 48] [--sleep 200]
 
-Each node carries ``--per-node`` simulated devices (a ``sim:<kind>`` resource, farm.fleet.nodes); the driver runs
+Each node carries ``--per-node`` simulated devices (a ``sim:<kind>`` resource, farm.fleet.on_ray.nodes); the driver runs
 on the head, as ``ray job submit`` runs it. Side by side in one run, on the same workload:
 
 * 1 device; 1 node x per-node devices; the same devices on one node; nodes x per-node devices: tuning time,
@@ -32,7 +32,7 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from farm.devices.sim import SimConfig  # noqa: E402
-from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm  # noqa: E402
+from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from farm_sim_scaling import winners, workload  # noqa: E402

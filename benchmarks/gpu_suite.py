@@ -91,7 +91,7 @@ def run_suite(out: Path, shapes: tuple[str, ...] = ()) -> None:
         t0 = time.perf_counter()
         results = tuner.autotune(config=wl.autotune, seed=wl.seed)
         tune_s = time.perf_counter() - t0
-        ok = [r for r in results if r.succeeded]  # ranked by the farm's winner rule (farm.tuner.winner)
+        ok = [r for r in results if r.succeeded]  # ranked by the farm's winner rule (farm.tuner.judging.winner)
         winner, default = ok[0], min((r for r in ok if not r.knobs), key=lambda r: r.candidate)
         tensors = _operands(torch, p, dev)
         plans = {}

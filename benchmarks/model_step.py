@@ -283,7 +283,7 @@ def summary(samples: dict[str, list[float]], pairs: list[tuple[str, str]]) -> di
     """Each variant's median ms, and each (variant, reference) pair's paired speed-up with its 99 % interval."""
     import numpy as np
 
-    from farm.tuner.paired import paired_ratio
+    from farm.tuner.judging.paired import paired_ratio
 
     out: dict[str, Any] = {"ms": {k: float(np.median(v)) for k, v in samples.items()}, "ratios": {}}
     for a, b in pairs:

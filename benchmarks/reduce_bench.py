@@ -8,7 +8,7 @@ The rows are written in the real schema and layout (hive partitions, 40 files pe
 signature, 5 samples per row, a third of candidates with knobs, 2 % failures).
 The reduce runs in a fresh subprocess, so its peak RSS is the reducer's own.
 Target on a 2-core machine: under 10 s and under 2 GB for 1,000,000 rows.
-With ``--ray`` the same data is also reduced by ``farm.fleet.distributed_reduce`` on a local Ray
+With ``--ray`` the same data is also reduced by ``farm.fleet.on_ray.distributed_reduce`` on a local Ray
 instance (one task per signature, as many at a time as there are cores), in a fresh process: its wall
 time, each task's peak RSS (every task in a fresh worker process), and whether the override files and
 winners tables are byte for byte the single process's.
@@ -150,7 +150,7 @@ def ray_child(work: Path) -> None:
     t0 = time.perf_counter()
     import ray
 
-    from farm.fleet.distributed_reduce import reduce_on_ray, reduce_signature
+    from farm.fleet.on_ray.distributed_reduce import reduce_on_ray, reduce_signature
     from farm.store.dataset import partition_signatures
 
     ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR")

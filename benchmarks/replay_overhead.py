@@ -157,8 +157,8 @@ def run_gpu(workload_path: str, published: str, results: str | None, rounds: int
     import farm.ops as ops
     from farm.devices.device import gpu_device
     from farm.model.engine import default_engine_registry
-    from farm.store.override_files import load_overrides
-    from farm.store.published import find_published
+    from farm.store.overrides.files import load_overrides
+    from farm.store.publish.published import find_published
     from farm.model.knobs import candidate_label
     from farm.model.workload import load_workload
 
@@ -249,8 +249,8 @@ def run_engines(shapes: list[tuple[int, int, int]], rounds: int, calls: int = 40
     from farm.devices.device import gpu_device
     from farm.model.engine import default_engine_registry
     from farm.model.problem import Problem
-    from farm.store.override_files import write_overrides
-    from farm.store.overrides import OverrideEntry
+    from farm.store.overrides.files import write_overrides
+    from farm.store.overrides.entries import OverrideEntry
 
     device = gpu_device("cuda", 0)
     registry = default_engine_registry()

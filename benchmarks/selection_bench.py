@@ -29,8 +29,8 @@ TARGET_US = 20.0
 
 
 def _files(n: int, tmp: Path, device) -> tuple[Path, Path]:
-    from farm.store.overrides import OverrideEntry, TensorRule
-    from farm.store.override_files import write_overrides
+    from farm.store.overrides.entries import OverrideEntry, TensorRule
+    from farm.store.overrides.files import write_overrides
     from farm.model.problem import Problem
 
     dev = {"signature": device.signature, "properties": device.properties.to_dict()}

@@ -29,8 +29,8 @@ import library_models  # noqa: E402
 import farm  # noqa: E402
 from farm.devices.open import open_device  # noqa: E402
 from farm.model.engine import default_engine_registry, settings_to_resolved  # noqa: E402
-from farm.store.override_files import write_overrides  # noqa: E402
-from farm.store.overrides import OverrideEntry  # noqa: E402
+from farm.store.overrides.files import write_overrides  # noqa: E402
+from farm.store.overrides.entries import OverrideEntry  # noqa: E402
 
 LINEAR_KINDS = (("cudnn.graph", ()), ("triton.gemm_splitk", (("REDUCTION", "serial"), ("SPLIT_K", 8))),
                 ("cublaslt", ()), ("triton.gemm_splitk", (("REDUCTION", "parallel"), ("SPLIT_K", 2))),

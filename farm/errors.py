@@ -10,8 +10,8 @@
     │   └── NoDeviceError     the runtime loads but sees no device
     ├── RuntimeCallError      a runtime call that failed (farm.devices.runtimes.base)
     ├── NoSelection           no policy chose an engine (farm.replay.selection)
-    ├── WorkerFailed          a farm worker could not open its device (farm.fleet.worker)
-    └── FarmFailed            the farm could not run: no devices, workers that never start (farm.fleet.launcher)
+    ├── WorkerFailed          a farm worker could not open its device (farm.fleet.on_ray.worker)
+    └── FarmFailed            the farm could not run: no devices, workers that never start (farm.fleet.on_ray.launcher)
 
 The CLI prints a FarmError as one line and exits non-zero; anything else is a bug
 and keeps its traceback.

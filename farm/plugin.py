@@ -37,9 +37,9 @@ from farm.model.hand_norms import module_rmsnorm
 from farm.model.op_catalog import norm_eps
 from farm.model.problem import Problem, TensorDesc, contiguous_strides
 from farm.replay.selection import CONFIG, POLICY_API_VERSION, STATIC_ORDERING, Choice
-from farm.store.override_files import call_choice, load_overrides
-from farm.store.overrides import OverrideFile
-from farm.store.published import find_published
+from farm.store.overrides.files import call_choice, load_overrides
+from farm.store.overrides.entries import OverrideFile
+from farm.store.publish.published import find_published
 from farm.tuner.reference import EPS
 
 __all__ = [

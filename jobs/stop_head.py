@@ -2,13 +2,13 @@
 
 DIR is the ``--temp-dir`` the head was started with (``ray start --head --temp-dir=DIR``). ``ray stop`` would stop
 every Ray process of this user on the machine (a developer's own cluster, another job's head); this stops the
-processes of that one instance (farm.fleet.ray_instance).
+processes of that one instance (farm.fleet.on_ray.ray_instance).
 """
 
 import sys
 
 from farm.errors import FarmError
-from farm.fleet.ray_instance import stop_instance
+from farm.fleet.on_ray.ray_instance import stop_instance
 
 
 def main(argv: list[str]) -> int:

@@ -100,7 +100,7 @@ def bystander_ray(request):
             or not Path("/proc").is_dir():
         yield None
         return
-    from farm.fleet.ray_instance import instance_processes, stop_instance
+    from farm.fleet.on_ray.ray_instance import instance_processes, stop_instance
 
     _stop_orphaned_bystanders(stop_instance)
     temp = f"/tmp/rayb{os.getpid()}"  # Ray's socket paths must stay short

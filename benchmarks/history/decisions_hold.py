@@ -44,7 +44,7 @@ from farm.model.engine import default_engine_registry, settings_to_resolved
 from farm.model.problem import Problem
 from farm.replay.tunable_runtime import TunableRuntime
 from farm.tuner.callers import eager_call
-from farm.tuner.paired import paired_ratio
+from farm.tuner.judging.paired import paired_ratio
 
 problem = Problem.from_canonical(json.loads(sys.argv[2]))
 default_engine, rounds = sys.argv[3], int(sys.argv[4])
@@ -97,7 +97,7 @@ def recheck(out: Path, rounds: int) -> list[dict]:
 
     (overrides,) = list((out / "overrides").glob("*.json"))
     (table,) = list((out / "overrides").glob("*.winners.parquet"))
-    from farm.store.override_files import load_overrides
+    from farm.store.overrides.files import load_overrides
 
     entries = {(e.metadata or {}).get("problem_key"): e for e in load_overrides(overrides).entries}
     env = dict(os.environ, FARM_HEUR_CONFIG_PATH=str(overrides),

@@ -4,7 +4,7 @@
     farm diff old/<sig>.json new/<sig>.json              # override files, by match key
     farm diff runs/before/overrides runs/after/overrides # folders of override files (or two published roots)
 
-Both kinds compare the same thing, the reducer's decision (farm.tuner.winner): a results folder is
+Both kinds compare the same thing, the reducer's decision (farm.tuner.judging.winner): a results folder is
 decided the way ``farm tune`` decided it (with its job's incumbents), an override file holds the
 decision already. So the diff of two run folders and the diff of their override files agree.
 """
@@ -141,9 +141,9 @@ def _both_overrides(a: Path, b: Path) -> tuple[dict[Hashable, _Side], dict[Hasha
 
 
 def _from_overrides(path: Path) -> dict[Hashable, _Side]:
-    from farm.store.hipdnn_dialect import shared_key
-    from farm.store.override_files import load_overrides
-    from farm.store.publish import entry_desc, entry_label, entry_ms, check_knobs
+    from farm.store.overrides.hipdnn_dialect import shared_key
+    from farm.store.overrides.files import load_overrides
+    from farm.store.publish.root import entry_desc, entry_label, entry_ms, check_knobs
 
     f = load_overrides(path)
     check_knobs(f, str(path))  # a knob value of the wrong type is an error here as in farm publish

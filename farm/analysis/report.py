@@ -5,7 +5,7 @@
 Per device signature: problems, candidates measured, failures by disposition,
 tuning time, the winner's speed-up over the default engine (geomean and worst),
 the noisiest problems, and where devices of one signature disagree. The winner
-and the default are the reducer's (farm.tuner.winner: the override file's entry, with
+and the default are the reducer's (farm.tuner.judging.winner: the override file's entry, with
 its reason when it is not the fastest); the default is the earliest-discovered
 candidate with default knobs, what the runtime runs with nothing tuned.
 """
@@ -23,7 +23,7 @@ from farm.analysis.phases import RunPhases, run_phases
 from farm.store.dataset import ResultsDataset, results_folder
 from farm.store.deciding import CONFIRM, VERIFY, Decisions, Winner
 from farm.store.deciding.model_checks import MODEL
-from farm.tuner.winner import NOISE_SIGMAS, NOISY_RELATIVE, RELATIVE_FLOOR, noise_sigma
+from farm.tuner.judging.winner import NOISE_SIGMAS, NOISY_RELATIVE, RELATIVE_FLOOR, noise_sigma
 
 _COLUMNS = ["device_signature", "device_name", "host", "device_index", "problem_key", "problem_name", "problem_label",
             "candidate_key", "candidate_index", "engine_name", "knobs", "disposition", "succeeded", "median_ms",
@@ -60,7 +60,7 @@ class ProblemSummary:
     winner_knobs: dict[str, Any] = field(default_factory=dict)
     round: str = "main"  # the round winner_ms, default_ms, speedup, noise and samples come from (Parquet's ``round``)
     short_where_replayed: str = ""  # farm verify's verdict where it delivers less than published (Winner's)
-    rule: str = ""  # the winner rule that decided (farm.tuner.winner: Rule or ConfirmedRule value)
+    rule: str = ""  # the winner rule that decided (farm.tuner.judging.winner: Rule or ConfirmedRule value)
 
     @property
     def untrusted(self) -> bool:

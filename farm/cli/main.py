@@ -26,7 +26,7 @@ from farm.cli.verify import add_verify_parser
 # -- farm engines ---------------------------------------------------------------------------
 def cmd_engines(args: argparse.Namespace) -> int:
     from farm.cli.engines_here import local_devices, runs_here
-    from farm.cli.render_engines import engine_dict, engines_table
+    from farm.cli.tables.engines import engine_dict, engines_table
     from farm.model.engine import default_engine_registry, engine_priority
 
     registry = default_engine_registry()
@@ -52,7 +52,7 @@ def cmd_engines(args: argparse.Namespace) -> int:
 
 # -- farm devices ---------------------------------------------------------------------------
 def cmd_devices(args: argparse.Namespace) -> int:
-    from farm.cli.render_engines import devices_table
+    from farm.cli.tables.engines import devices_table
     from farm.devices.device import probe
 
     probes = probe()
@@ -68,7 +68,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 # -- farm reduce ----------------------------------------------------------------------------
 def cmd_reduce(args: argparse.Namespace) -> int:
-    from farm.cli.render import reduce_dict, reduce_table
+    from farm.cli.tables.runs import reduce_dict, reduce_table
     from farm.store.dataset import results_folder
     from farm.store.reduce import reduce_results
 
@@ -96,7 +96,7 @@ def cmd_reduce(args: argparse.Namespace) -> int:
 def _reduce_on_ray(args: argparse.Namespace, results: Any) -> Any:
     import ray
 
-    from farm.fleet.distributed_reduce import reduce_on_ray
+    from farm.fleet.on_ray.distributed_reduce import reduce_on_ray
 
     started = not ray.is_initialized()
     if started:
@@ -114,7 +114,7 @@ def _reduce_on_ray(args: argparse.Namespace, results: Any) -> Any:
 
 # -- farm policies --------------------------------------------------------------------------
 def cmd_policies(args: argparse.Namespace) -> int:
-    from farm.cli.render_engines import policies_table
+    from farm.cli.tables.engines import policies_table
     from farm.replay.selection import DEFAULT_ORDER, ORDER_ENV, PolicyRegistry, resolve_order
 
     registry = PolicyRegistry.default()
@@ -156,14 +156,14 @@ def _config_status(registry: Any) -> list[dict[str, Any]]:
 
 # -- farm publish ---------------------------------------------------------------------------
 def cmd_publish(args: argparse.Namespace) -> int:
-    from farm.cli.render_reports import publish_dict, publish_tables
-    from farm.store.publish import publish
+    from farm.cli.tables.reports import publish_dict, publish_tables
+    from farm.store.publish.root import publish
 
     if not args.to.strip():
         raise InputError("the publishing root must not be empty", field="--to", value=args.to)
     history = None
     if args.history:  # checked before anything is written at the root
-        from farm.store.publish_history import copy_history, plan_history
+        from farm.store.publish.history import copy_history, plan_history
 
         history = plan_history(args.overrides, args.to)
     reports = publish(args.overrides, args.to, force=args.force, replace=args.replace, dry_run=args.dry_run,
@@ -200,7 +200,7 @@ def _not_an_overrides_folder(path: str) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from farm.analysis.report import build_report, report_dict
     from farm.analysis.report_html import write_html
-    from farm.cli.render_reports import report_tables
+    from farm.cli.tables.reports import report_tables
 
     _not_an_overrides_folder(args.results)
     report = build_report(args.results)
@@ -220,7 +220,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 # -- farm diff ------------------------------------------------------------------------------
 def cmd_diff(args: argparse.Namespace) -> int:
     from farm.analysis.diff import diff_dict, diff_paths
-    from farm.cli.render_reports import diff_table
+    from farm.cli.tables.reports import diff_table
 
     rows = diff_paths(args.a, args.b)
     if args.json:

@@ -140,9 +140,9 @@ def local_device(spec: str) -> Any:
 
 
 def _tune_in_process(args: argparse.Namespace, settings: Any, workload: Any, out: str, registry: Any) -> int:
-    from farm.cli.render import host_load, local_dict, query_line, results_table, summary_table, where_table
-    from farm.cli.render_farm import pruning_table
-    from farm.cli.render_verify import verified_table
+    from farm.cli.tables.runs import host_load, local_dict, query_line, results_table, summary_table, where_table
+    from farm.cli.tables.farm import pruning_table
+    from farm.cli.tables.verify import verified_table
     from farm.fleet.local_run import run_local
 
     if settings.options.cpu_threads is not None:
@@ -256,9 +256,9 @@ def _finish(args: argparse.Namespace, summary: Any, warning: str = "") -> int:
 
 def _tune_on_ray(args: argparse.Namespace, settings: Any, workload: Any, out: str) -> int:
     from farm.cli.progress import ProgressView
-    from farm.cli.render import host_load, query_line, where_table
-    from farm.cli.render_farm import farm_dict, farm_tables
-    from farm.fleet.cluster import DeviceRequest, run_farm
+    from farm.cli.tables.runs import host_load, query_line, where_table
+    from farm.cli.tables.farm import farm_dict, farm_tables
+    from farm.fleet.on_ray.cluster import DeviceRequest, run_farm
 
     request = DeviceRequest.parse(args.devices)
     if request.kind == "cpu" and not (args.address or os.environ.get("RAY_ADDRESS")):
@@ -301,7 +301,7 @@ def _tune_on_ray(args: argparse.Namespace, settings: Any, workload: Any, out: st
         console.print(where_table(out, report.summary))
         if report.summary.reduce is not None:
             console.print(query_line(out, console.width), soft_wrap=True)
-    from farm.fleet.cluster import oversubscribed_cpu
+    from farm.fleet.on_ray.cluster import oversubscribed_cpu
 
     return _finish(args, report.summary, oversubscribed_cpu(request, address))
 
@@ -392,7 +392,7 @@ def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool, out: str,
                      "estimate": [cost.to_json()]})
         return 0
     console = _print_candidates(workload, device, registry, rows, reasons, applies)
-    from farm.cli.render import estimate_table
+    from farm.cli.tables.runs import estimate_table
 
     console.print(estimate_table([cost]))
     return 0

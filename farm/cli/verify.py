@@ -20,10 +20,10 @@ from farm.store.targets import Target, resolve, rewrite_entries
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from farm.cli.render_verify import verified_table
+    from farm.cli.tables.verify import verified_table
     from farm.cli.tune import local_device
     from farm.replay.verify import VerifySettings, mark_fixes, verify_file
-    from farm.store.override_files import load_overrides
+    from farm.store.overrides.files import load_overrides
 
     calls = (args.call,) if args.call else ("eager", "graph")
     settings = VerifySettings(calls=args.calls or 400, rounds=args.rounds, calls_given=args.calls is not None,

@@ -124,10 +124,10 @@ def replay_pruned(p: ProblemTimes, pruner: Pruner, group: str) -> HeldOut:
 
 
 def _rule_pick(p: ProblemTimes, measured: Sequence[int]) -> int:
-    """The main round's winner rule over the candidates a pruned tune measured (farm.tuner.winner)."""
+    """The main round's winner rule over the candidates a pruned tune measured (farm.tuner.judging.winner)."""
     import numpy as np
 
-    from farm.tuner.winner import decide_groups
+    from farm.tuner.judging.winner import decide_groups
 
     c = [p.candidates[i] for i in measured]
     first_default = next((j for j, x in enumerate(c) if x.is_default), -1)

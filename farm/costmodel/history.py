@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from farm.errors import InputError
 from farm.fsutil import atomic_write_bytes, atomic_write_text
 from farm.store.location import Location
-from farm.store.publish_history import HISTORY_FOLDER, history_files_within
+from farm.store.publish.history import HISTORY_FOLDER, history_files_within
 
 log = logging.getLogger("farm.costmodel")
 

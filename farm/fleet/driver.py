@@ -1,6 +1,6 @@
 """The farm driver's decisions, without Ray: which worker runs what, and what each event means.
 
-The Ray shell (farm.fleet.cluster) starts tasks and waits on the workers' streams; every event it sees
+The Ray shell (farm.fleet.on_ray.cluster) starts tasks and waits on the workers' streams; every event it sees
 goes to a :class:`Driver` method, which updates the scheduler, writes rows and says what to do next:
 
     for worker, task in driver.assignments(): ...start the task on worker.actor...
@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
-from farm.fleet.nodes import NodeRecord, NodeTable
+from farm.fleet.on_ray.nodes import NodeRecord, NodeTable
 from farm.fleet.options import FarmOptions
 from farm.fleet.scheduler import CONFIRM, FINALIST, Scheduler, Task
-from farm.fleet.worker import TaskEnd, WorkerInfo
+from farm.fleet.on_ray.worker import TaskEnd, WorkerInfo
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import WorkloadProblem
 from farm.store.results import MeasurementContext, new_id

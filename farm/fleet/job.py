@@ -3,7 +3,7 @@ rows streamed into the results, problems skipped or waiting, then the decisions 
 
 Running a workload into a folder that already has results measures only the (problem, device signature, plan
 spec) combinations that are missing (``prior_rows``). The executors: farm.fleet.local_run (in-process) and
-farm.fleet.cluster (Ray).
+farm.fleet.on_ray.cluster (Ray).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class JobRun:
     """One run of a job in an output folder: the lifecycle both executors share.
 
     ``JobRun(...)`` opens (or resumes) the job record and the results writer; ``write`` streams rows;
-    ``skip`` notes problems that could not be tuned; ``finish`` decides the winners (farm.tuner.winner, via the
+    ``skip`` notes problems that could not be tuned; ``finish`` decides the winners (farm.tuner.judging.winner, via the
     reducer), writes the override files and winners tables, and closes the record; ``fail`` records a crash.
     """
 

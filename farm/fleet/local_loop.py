@@ -1,6 +1,6 @@
 """The in-process executor's event loop: the Ray farm's driver and scheduler (farm.fleet.driver), with one worker
-in this process. Each task the driver assigns runs on that worker (farm.fleet.worker.DeviceWorkerImpl, the code a
-Ray actor runs) and every item of its stream goes to the driver as the Ray event loop (farm.fleet.event_loop)
+in this process. Each task the driver assigns runs on that worker (farm.fleet.on_ray.worker.DeviceWorkerImpl, the code a
+Ray actor runs) and every item of its stream goes to the driver as the Ray event loop (farm.fleet.on_ray.event_loop)
 hands them over: the same rounds, stages, rows and ranks on both executors. What the Ray loop does beyond this
 (workers starting, dying, going silent, nodes coming and going) has no in-process counterpart: a hang here is
 the hang watch's (farm.fleet.local_run), a native crash the journal's."""
@@ -12,14 +12,14 @@ import time
 from typing import Any, Callable
 
 from farm.fleet.driver import Driver, WorkerHandle
-from farm.fleet.launcher import FarmFailed
+from farm.fleet.on_ray.launcher import FarmFailed
 from farm.fleet.planner import InProcessPlanner
 from farm.fleet.scheduler import CONFIRM, Task
-from farm.fleet.worker import DeviceWorkerImpl, TaskEnd, TaskStarted
+from farm.fleet.on_ray.worker import DeviceWorkerImpl, TaskEnd, TaskStarted
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload
 from farm.store.results import candidate_key
-from farm.tuner.confirm import ConfirmRun
+from farm.tuner.judging.confirm import ConfirmRun
 from farm.tuner.problem_tuning import ProblemOutcome
 
 

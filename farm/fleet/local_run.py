@@ -20,14 +20,14 @@ from farm.model.workload import Workload
 from farm.store.reduce import ReduceReport
 from farm.store.results import MeasurementContext, now_iso, spec_of
 from farm.fleet.driver import Driver
-from farm.fleet.event_loop import worker_handle
+from farm.fleet.on_ray.event_loop import worker_handle
 from farm.fleet.job import JobRun, JobSummary
 from farm.fleet.local_loop import LocalLoop
 from farm.fleet.options import FarmOptions
 from farm.fleet.planner import InProcessPlanner
 from farm.fleet.pruning import PlanPruning
 from farm.fleet.scheduler import CONFIRM, Scheduler
-from farm.fleet.worker import DeviceWorkerImpl
+from farm.fleet.on_ray.worker import DeviceWorkerImpl
 from farm.tuner.journal import InFlightJournal
 from farm.tuner.problem_tuning import ProblemOutcome
 from farm.tuner.watchdog import HangWatch

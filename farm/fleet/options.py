@@ -65,7 +65,7 @@ class FarmOptions:
     # after the reduce: ``verifier(device, override file text, problem keys)`` runs on a worker of each signature
     # and returns rows to record and decisions' records (farm.replay.verify.verify_for_job); None: no check
     verifier: Callable[..., Any] | None = None
-    # a fleet that comes and goes (farm.fleet.nodes): how often the driver lists the cluster's nodes (to start
+    # a fleet that comes and goes (farm.fleet.on_ray.nodes): how often the driver lists the cluster's nodes (to start
     # workers on nodes that join and to notice lost ones); how long a signature with work left and no device
     # waits for a node of its kind before the job finishes without it; at most this many device workers
     node_poll_s: float = 2.0

@@ -7,7 +7,7 @@ Pure Python (no Ray), so it can be tested alone. For every (signature, problem):
 * devices of the signature pull tasks as they free up (finalists first, then
   retries, then the rest in workload order, except that a device passes over
   problems of a kernel family another device is running now: see ``kernel_family``);
-* when every candidate has a row, the confirmation stage (farm.tuner.confirm) re-measures the leader,
+* when every candidate has a row, the confirmation stage (farm.tuner.judging.confirm) re-measures the leader,
   its near rivals, the default and the incumbent together on one device, in paired rounds: one
   ``confirm`` task per calling mode of the problem (a resumed job runs again a stage cut short, one that
   ended undecided with ``--reconfirm``, and every stage again when it measured new candidates). With the stage off, a problem whose successful
@@ -35,8 +35,8 @@ from typing import Any, Iterable, Sequence
 from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, AutotuneResult, CallMode, ConfirmSettings, Disposition
 from farm.model.workload import WorkloadProblem
-from farm.tuner.confirm import Measured, participants
-from farm.tuner.winner import is_noisy
+from farm.tuner.judging.confirm import Measured, participants
+from farm.tuner.judging.winner import is_noisy
 from farm.fleet.tasks import (CONFIRM, FINALIST, MAIN, Candidate, PriorRow, Task, confirmed_calls, failed_in_stage,
                               kernel_family)
 
@@ -395,7 +395,7 @@ class Scheduler:
         """What a finalist round measures again, in discovery order; None when one session measured everything.
 
         Per session its ``finalist_k`` fastest and its fastest stable candidate, and the default: every
-        candidate the winner rule (farm.tuner.winner) could pick, so the round decides as one session would.
+        candidate the winner rule (farm.tuner.judging.winner) could pick, so the round decides as one session would.
         """
         sessions: dict[str, list[tuple[float, int, PlanSpec]]] = {}
         for spec, (session, median, _) in state.successes.items():

@@ -68,7 +68,7 @@ def parse_calls(value: Any, field_name: str = "call") -> tuple[CallMode, ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class ConfirmSettings:
-    """The confirmation stage (farm.tuner.confirm): who is re-measured, how long, when it stops.
+    """The confirmation stage (farm.tuner.judging.confirm): who is re-measured, how long, when it stops.
 
     Per problem and calling mode it costs at most ``budget_ms`` of timed rounds, or the 8 rounds a 99 %
     interval needs when those take longer; ``max_candidates`` bounds who is in it.
@@ -318,7 +318,7 @@ class AutotuneConfig:
         """This config with each candidate's measuring ending within the candidate timeout: its warm-up, its timed
         runs and a noisy candidate's second round of them each within a quarter of it (the last quarter for its
         compile and check), so a workload asking for a billion iterations gets a result in bounded time, not a
-        hang, on both executors (farm.fleet.local_run.run_local and farm.fleet.cluster.run_farm apply it)."""
+        hang, on both executors (farm.fleet.local_run.run_local and farm.fleet.on_ray.cluster.run_farm apply it)."""
         if not candidate_timeout_s:
             return self
         budget = candidate_timeout_s * 1e3 / 4

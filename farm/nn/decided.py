@@ -24,8 +24,8 @@ from farm.model.engine import settings_to_resolved
 from farm.model.knobs import candidate_label
 from farm.model.problem import Problem
 from farm.replay.file_replay import FileReplay
-from farm.store.override_files import call_choice, load_overrides
-from farm.store.overrides import OverrideEntry, TensorRule
+from farm.store.overrides.files import call_choice, load_overrides
+from farm.store.overrides.entries import OverrideEntry, TensorRule
 
 CALLS = ("eager", "graph")
 

@@ -36,7 +36,7 @@ from farm.model.knobs import candidate_label
 from farm.model.problem import Problem
 from farm.nn.routing import Applied, Routed
 from farm.nn.torch_calls import torch_module
-from farm.tuner.paired import PairedRatio, min_rounds, paired_ratio
+from farm.tuner.judging.paired import PairedRatio, min_rounds, paired_ratio
 
 log = logging.getLogger("farm.nn.step_check")
 MODES = ("eager", "graph")

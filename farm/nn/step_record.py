@@ -21,11 +21,11 @@ from farm.model.measurement import summarize
 from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
 from farm.nn.step_check import Judged, StepCheck
 from farm.store.deciding.model_checks import MODEL, ModelCheck
-from farm.store.overrides import OverrideEntry, OverrideFile
+from farm.store.overrides.entries import OverrideEntry, OverrideFile
 from farm.store.results import MeasurementContext, new_id
 from farm.store.run_records import Row, record_in_run
 from farm.store.targets import Target, rewrite_entries
-from farm.tuner.winner import ConfirmedRule
+from farm.tuner.judging.winner import ConfirmedRule
 
 
 def record_check(check: StepCheck, target: Target, f: OverrideFile, device: Device) -> list[str]:

@@ -39,13 +39,13 @@ from farm.model.engine import EngineRegistry, default_engine_registry, settings_
 from farm.model.knobs import candidate_label
 from farm.model.problem import OPS_LIBRARIES, Problem
 from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
-from farm.store.overrides import OverrideEntry, OverrideFile
+from farm.store.overrides.entries import OverrideEntry, OverrideFile
 from farm.tuner.callers import (REPLAY, Caller, direct_caller, graph_sampler, estimate_ms, eager_sampler, input_set_cap,
                                 input_set_count, input_sets, plan_caller, replay_caller)
 from farm.tuner.interrupts import reraise_user_interrupt
-from farm.tuner.paired import PairedRatio, paired_ratio
+from farm.tuner.judging.paired import PairedRatio, paired_ratio
 from farm.tuner.session import ENGINE_ERRORS
-from farm.tuner.winner import ConfirmedRule
+from farm.tuner.judging.winner import ConfirmedRule
 from farm.replay.file_replay import FileReplay
 from farm.replay.verified import CALLS, Decision, Verified, VerifySettings, canonical_knobs, decisions_in, median_of
 
@@ -426,7 +426,7 @@ def verify_for_job(device: Device, text: str, keys: Sequence[str] | None = None,
     """farm tune's check after its reduce, run where the device is (in-process, or on a farm worker): the override
     file's decisions of the problems ``keys`` replayed beside the direct call; a decision that loses to the direct
     call is fixed (``only_losers``: a figure off the published one is flagged only)."""
-    from farm.store.override_files import parse_overrides
+    from farm.store.overrides.files import parse_overrides
 
     path = write_temp_file(text)
     try:

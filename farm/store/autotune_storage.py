@@ -9,8 +9,8 @@ from typing import Any, Sequence
 from farm.errors import InputError
 from farm.model.problem import Problem
 from farm.model.records import AutotuneResult
-from farm.store.override_files import autotune_metadata, write_overrides
-from farm.store.overrides import OverrideEntry
+from farm.store.overrides.files import autotune_metadata, write_overrides
+from farm.store.overrides.entries import OverrideEntry
 
 
 def winner_entry(problem: Problem, winner: AutotuneResult, *, device_arch: str, **extra: Any) -> OverrideEntry:

@@ -2,7 +2,7 @@
 
 Per (device signature, problem), among the successful measurements (the latest
 row of each candidate; only the finalist round's rows when the problem had one),
-the winner is decided by :mod:`farm.tuner.winner` (the one rule every surface shows):
+the winner is decided by :mod:`farm.tuner.judging.winner` (the one rule every surface shows):
 the faster median wins, except that the default candidate or the incumbent (the
 winner already in the override file being appended to) is kept when a faster one
 is within measurement noise, and a noisy candidate loses ties.
@@ -33,10 +33,10 @@ from farm._version import __version__
 from farm.errors import InputError
 from farm.fsutil import fsync_dir, remove_stale_temps, temp_path
 from farm.store.dataset import ResultsDataset, safe_signature
-from farm.store.override_files import ISO_SECONDS_FORMAT, WriteReport, autotune_metadata, render, write_overrides
-from farm.store.overrides import OVERRIDE_VERSION, OverrideEntry, OverrideFile, knob_list
+from farm.store.overrides.files import ISO_SECONDS_FORMAT, WriteReport, autotune_metadata, render, write_overrides
+from farm.store.overrides.entries import OVERRIDE_VERSION, OverrideEntry, OverrideFile, knob_list
 from farm.store.results import KNOB_TYPE, knobs_to_structs
-from farm.store.tunableop_csv import write_tunableop_csv
+from farm.store.overrides.tunableop_csv import write_tunableop_csv
 
 log = logging.getLogger("farm.store.reduce")
 
@@ -82,7 +82,7 @@ def reduce_results(results_dir: Any, out_dir: str | Path, *, top_k: int = 3, mod
     ``incumbents`` (an override file, folder or published root): winners there are kept when a new
     candidate is faster only within noise (see :func:`load_incumbents`). ``measurement_warning`` (e.g. more CPU
     workers than cores) goes into each file's ``generated_by``; ``farm publish`` refuses such a file unless forced.
-    ``unreadable``: what an existing file's entries no reader can read do to an append (farm.store.override_files:
+    ``unreadable``: what an existing file's entries no reader can read do to an append (farm.store.overrides.files:
     ``refuse``, or ``set_aside``).
     """
     out = Path(out_dir)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import InputError
-from farm.store.override_files import write_overrides
-from farm.store.overrides import OverrideEntry, OverrideFile
+from farm.store.overrides.files import write_overrides
+from farm.store.overrides.entries import OverrideEntry, OverrideFile
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Target:
 
 def resolve(given: str, device: Any) -> Target:
     """The override file a production process on ``device`` would replay from ``given``."""
-    from farm.store.published import find_published
+    from farm.store.publish.published import find_published
 
     sig = device.signature
     if "://" not in given and os.path.isfile(given):
@@ -60,7 +60,7 @@ def rewrite_entries(target: Target, f: OverrideFile, entries: list[OverrideEntry
     replaces, which is the point of a check's fix). -> the paths written."""
     import tempfile
 
-    from farm.store.publish import publish
+    from farm.store.publish.root import publish
 
     if target.kind == "file":
         write_overrides(target.path, entries, device=f.device, mode="append")

@@ -51,7 +51,7 @@ from farm.tuner.candidate import CandidateRun, close_plan, error_text
 from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.journal import InFlight
 from farm.tuner.phases import PhaseClock
-from farm.tuner.ranking import rank_results
+from farm.tuner.judging.ranking import rank_results
 from farm.tuner.session import TuningRun
 
 log = logging.getLogger("farm.tuner.autotuner")

@@ -1,6 +1,6 @@
 """A workload problem on one device: its candidates (plan specs) there, and what tuning it produced.
 
-Discovery (farm.fleet.worker.expand_problems) and the crash journal's attribution call ``plan_specs_for``; both
+Discovery (farm.fleet.on_ray.worker.expand_problems) and the crash journal's attribution call ``plan_specs_for``; both
 executors report a problem's ``ProblemOutcome``.
 """
 
@@ -16,7 +16,7 @@ from farm.model.problem import Problem
 from farm.model.records import AutotuneResult
 from farm.model.workload import WorkloadProblem
 from farm.tuner.autotuner import Autotuner
-from farm.tuner.confirm import ConfirmRun
+from farm.tuner.judging.confirm import ConfirmRun
 
 log = logging.getLogger("farm.tune")
 

@@ -27,7 +27,7 @@ from farm.tuner.check import OutputCheck
 from farm.tuner.compile_claims import CompileQueue
 from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.phases import COMPILE, MEASURE, PhaseClock, timed
-from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, is_noisy, noise_sigma
+from farm.tuner.judging.winner import NOISE_SIGMAS, RELATIVE_FLOOR, is_noisy, noise_sigma
 
 if TYPE_CHECKING:
     from farm.tuner.autotuner import Autotuner

@@ -16,9 +16,9 @@ from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, CallMode, ConfirmSettings, Disposition
 from farm.model.workload import EngineSelection, WorkloadProblem
 from farm.store.deciding import decide_results
-from farm.store.override_files import call_choice, load_overrides
+from farm.store.overrides.files import call_choice, load_overrides
 from farm.store.reduce import reduce_results
-from farm.tuner.winner import ConfirmedRule
+from farm.tuner.judging.winner import ConfirmedRule
 from tests.fakes import fake_props, fake_result, matmul_problem, write_results
 
 P1, P2 = matmul_problem(8, 8, 8), matmul_problem(16, 16, 16)
@@ -256,7 +256,7 @@ def test_replay_runs_the_graph_decision_only_while_a_graph_is_being_captured(tmp
 
 
 def test_a_malformed_graph_record_names_its_path():
-    from farm.store.overrides import OverrideEntry
+    from farm.store.overrides.entries import OverrideEntry
 
     e = OverrideEntry.for_problem(P1, "x", (), {"calls": {"graph": {"engine_name": 3}}})
     with pytest.raises(Exception, match="autotune_metadata.calls.graph.engine_name"):

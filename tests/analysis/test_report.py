@@ -122,8 +122,8 @@ def test_diff_of_two_result_sets(tmp_path, capsys):
 
 
 def test_diff_of_two_override_files(tmp_path, capsys):
-    from farm.store.overrides import OverrideEntry
-    from farm.store.override_files import write_overrides
+    from farm.store.overrides.entries import OverrideEntry
+    from farm.store.overrides.files import write_overrides
 
     dev = {"signature": GPU0.signature, "properties": GPU0.to_dict()}
 
@@ -187,8 +187,8 @@ def test_report_never_cuts_a_name_short_at_common_widths(tmp_path, repo_root, co
 def test_diffs_headline_counts_every_changed_winner_ties_included(tmp_path, capsys):
     """Two files selecting other kernels for three problems: the headline counts all three, saying which were a tie
     (the default published); "no change" only where both select the same for every problem."""
-    from farm.store.overrides import OverrideEntry
-    from farm.store.override_files import write_overrides
+    from farm.store.overrides.entries import OverrideEntry
+    from farm.store.overrides.files import write_overrides
 
     dev = {"signature": GPU0.signature, "properties": GPU0.to_dict()}
     p3, p4 = matmul_problem(3, 3, 3), matmul_problem(5, 5, 5)

@@ -16,8 +16,8 @@ import pytest
 
 import farm.ops as ops
 from farm.devices.device import cpu_device
-from farm.store.overrides import OverrideEntry
-from farm.store.override_files import write_overrides
+from farm.store.overrides.entries import OverrideEntry
+from farm.store.overrides.files import write_overrides
 from farm.model.problem import Problem
 
 PROBLEM = Problem.create("matmul", {"A": [48, 40], "B": [40, 24]}, dtype="fp32")
@@ -110,7 +110,7 @@ def test_farm_publish_refuses_a_file_with_a_bad_knob(tmp_path, repo_root):
                                       "C:/x.json", "a\\\\..\\\\b.json"])
 def test_a_published_index_cannot_point_the_config_policy_outside_its_root(tmp_path, monkeypatch, caplog, bad_path):
     """index.json's `path` was followed as given: `../x.json`, absolute paths and /etc/passwd were applied."""
-    from farm.store.publish import publish
+    from farm.store.publish.root import publish
 
     dev = cpu_device()
     good = tmp_path / "good"
@@ -133,7 +133,7 @@ def test_a_published_index_cannot_point_the_config_policy_outside_its_root(tmp_p
 
 
 def test_an_arch_named_dot_dot_publishes_inside_the_root(tmp_path):
-    from farm.store.published import arch_dir
+    from farm.store.publish.published import arch_dir
 
     assert arch_dir("..") == "_.." and arch_dir(".") == "_." and arch_dir("../../etc") == "_.._.._etc"
     assert arch_dir("sm_90") == "sm_90" and arch_dir("gfx942:sramecc+:xnack-") == "gfx942"
@@ -248,7 +248,7 @@ def test_nan_or_negative_times_never_win_a_reduce(tmp_path):
         fake_result(p, "negative", (-5.0, -5.0, -5.0), candidate=1),
         fake_result(p, "nan", (float("nan"),) * 3, candidate=2)])]})
     reduce_results(tmp_path / "results", tmp_path / "out")
-    from farm.store.override_files import load_overrides
+    from farm.store.overrides.files import load_overrides
 
     assert load_overrides(tmp_path / "out" / f"{gpu.signature}.json").match(p).engine_name == "honest"
 

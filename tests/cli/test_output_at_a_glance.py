@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from farm.cli import main
-from farm.store.override_files import load_overrides
+from farm.store.overrides.files import load_overrides
 from tests.end_to_end.test_stage_failures import _plugin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ def test_the_advice_for_an_undecided_problem_does_what_it_says_the_same_command_
 
 
 def _entry(problem, engine, ms, name, knobs=(), trusted=None, mad=None):
-    from farm.store.overrides import OverrideEntry
+    from farm.store.overrides.entries import OverrideEntry
 
     selection = {"rule": "confirmed", "why": ""}
     if trusted is not None:
@@ -114,7 +114,7 @@ def _entry(problem, engine, ms, name, knobs=(), trusted=None, mad=None):
 
 def test_an_untrusted_figure_is_no_baseline_for_the_next_publish(tmp_path, capsys):
     from farm.devices.device import cpu_device
-    from farm.store.override_files import write_overrides
+    from farm.store.overrides.files import write_overrides
     from tests.fakes import matmul_problem
 
     dev = cpu_device()
@@ -138,7 +138,7 @@ def test_an_untrusted_figure_is_no_baseline_for_the_next_publish(tmp_path, capsy
 
 def test_diff_shows_a_same_winner_whose_time_changed_and_labels_whole_at_100_columns(tmp_path):
     from farm.devices.device import cpu_device
-    from farm.store.override_files import write_overrides
+    from farm.store.overrides.files import write_overrides
     from tests.fakes import matmul_problem
 
     dev = cpu_device()
@@ -164,7 +164,7 @@ def test_diff_shows_a_same_winner_whose_time_changed_and_labels_whole_at_100_col
 
 def test_diff_and_reduce_refuse_or_keep_an_entry_with_a_knob_of_the_wrong_type(tmp_path, capsys):
     from farm.devices.device import cpu_device
-    from farm.store.override_files import write_overrides
+    from farm.store.overrides.files import write_overrides
     from tests.fakes import matmul_problem
 
     dev = cpu_device()
@@ -251,7 +251,7 @@ def test_the_final_progress_line_is_printed_once(tmp_path):
 
 
 def test_the_measured_cause_names_the_hosts_load_and_the_blas_threads():
-    from farm.cli.render import HostLoad
+    from farm.cli.tables.runs import HostLoad
 
     busy = HostLoad(peak=3.9, cores=2, workers=1, blas_threads=2).cause()
     assert busy.startswith("Measured: the load reached 3.9 on 2 core(s)") and "other work ran" in busy
@@ -262,7 +262,7 @@ def test_the_measured_cause_names_the_hosts_load_and_the_blas_threads():
 
 
 def test_the_next_step_offers_what_the_run_did_not_do_already():
-    from farm.cli.render import HostLoad, next_step
+    from farm.cli.tables.runs import HostLoad, next_step
 
     one_thread = next_step(HostLoad(peak=1.0, cores=2, workers=1, blas_threads=1), budget_ms=2000)
     assert "--cpu-threads 1" not in one_thread and "budget_ms: 8000" in one_thread  # it ran one thread already
@@ -277,7 +277,7 @@ def test_large_override_files_are_read_side_by_side_with_the_same_rows_and_error
     import farm.analysis.diff as diff
     from farm.devices.device import cpu_device
     from farm.errors import InputError
-    from farm.store.override_files import write_overrides
+    from farm.store.overrides.files import write_overrides
     from tests.fakes import matmul_problem
 
     dev = cpu_device()
@@ -304,8 +304,8 @@ def test_verify_and_report_decision_tables_keep_each_winner_whole_on_one_line_at
     the figures keep their width, a verdict's reason goes below the table; nothing wider than 100 columns."""
     from rich.console import Console
 
-    from farm.cli.render_reports import _decisions_table
-    from farm.cli.render_verify import verified_table
+    from farm.cli.tables.reports import _decisions_table
+    from farm.cli.tables.verify import verified_table
 
     winners = ["cpu.rmsnorm.einsum[row_block=64]", "cpu.layernorm.onepass[default]"]
     reason = "flagged: delivers 0.980x of the direct call cpu.layernorm.twopass's plan (below 0.99)"
@@ -331,7 +331,7 @@ def test_diff_of_two_folders_of_override_files_compares_their_files_and_an_empty
     """A run's overrides/ or a published root is a folder of override files, not of results: its diff compares the
     files (it once read them as an empty results folder and said "no change"); a folder with neither is exit 2."""
     from farm.devices.device import cpu_device
-    from farm.store.override_files import write_overrides
+    from farm.store.overrides.files import write_overrides
     from tests.fakes import matmul_problem
 
     dev = cpu_device()
@@ -369,7 +369,7 @@ def test_farm_tunes_verify_lines_are_one_line_each_and_at_most_five_below_the_su
     plan and the others are in -v's table); beyond four, the rest are counted, so the summary stays short whatever the machine did."""
     from rich.console import Console
 
-    from farm.cli.render_verify import verified_lines
+    from farm.cli.tables.verify import verified_lines
 
     checks = [{"problem": f"problem-number-{i}", "call": "eager", "direct": "cpu.sdpa.materialized's plan",
                "verdict": "flagged: delivers 0.978x of the direct call cpu.sdpa.materialized's plan (below 0.99); "
@@ -394,7 +394,7 @@ def test_json_output_is_strict_json_a_time_that_is_not_finite_is_null(capsys):
 
 def test_trusted_only_with_replace_keeps_what_was_published_for_a_problem_now_untrusted(tmp_path, capsys):
     from farm.devices.device import cpu_device
-    from farm.store.override_files import write_overrides
+    from farm.store.overrides.files import write_overrides
     from tests.fakes import matmul_problem
 
     dev = cpu_device()
@@ -430,7 +430,7 @@ def test_trusted_only_with_replace_keeps_what_was_published_for_a_problem_now_un
 def test_verify_table_says_what_published_and_delivered_mean():
     from rich.console import Console
 
-    from farm.cli.render_verify import verified_table
+    from farm.cli.tables.verify import verified_table
 
     rec = {"problem": "mm", "call": "eager", "published_winner": "cpu.matmul.blas[order=transposed]",
            "direct": "np.matmul(A, B)", "published": 1.2, "delivered": 1.1, "delivered_interval": (1.05, 1.15),
@@ -469,8 +469,8 @@ def test_at_80_columns_the_report_and_verify_tables_break_names_only_at_their_jo
     from rich.console import Console
 
     from farm.cli.names import Name
-    from farm.cli.render_reports import _decisions_table, _problems_table
-    from farm.cli.render_verify import verified_table
+    from farm.cli.tables.reports import _decisions_table, _problems_table
+    from farm.cli.tables.verify import verified_table
 
     class Problem:  # what farm.analysis.report gives the per-problem table
         def __init__(self, name, winner, default):
@@ -503,7 +503,7 @@ def test_at_80_columns_farm_reduces_table_keeps_the_signature_and_every_path_who
     from rich.console import Console
 
     from farm.cli.names import Name
-    from farm.cli.render import reduce_table
+    from farm.cli.tables.runs import reduce_table
     from farm.devices.device import cpu_device
     from farm.store.reduce import reduce_results
     from tests.fakes import fake_result, matmul_problem, write_results
@@ -531,7 +531,7 @@ def test_at_80_columns_farm_diff_all_and_farm_captures_tables_break_names_only_a
     from farm.analysis.diff import DiffRow
     from farm.cli.capture import _coverage_table, _problems_table
     from farm.cli.names import Name
-    from farm.cli.render_reports import diff_table
+    from farm.cli.tables.reports import diff_table
     from farm.model.model_steps import StepInfo, Use
     from farm.nn.captured import CapturedProblem, CapturedWorkload
     from farm.nn.coverage import KindShare, StepCoverage

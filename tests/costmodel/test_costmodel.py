@@ -137,7 +137,7 @@ def test_a_resume_without_prune_measures_what_was_pruned(trained, tmp_path):
 
 @pytest.mark.slow
 def test_the_farm_prunes_on_ray_and_records_the_seed_in_job_json(trained, tmp_path):
-    from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
+    from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm
     from farm.model.engine import default_engine_registry
     from farm.model.workload import load_workload
 

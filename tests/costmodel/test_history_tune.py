@@ -258,7 +258,7 @@ def test_publish_history_checks_everything_before_writing_and_never_leaves_the_r
 def test_two_publishers_of_one_run_use_temp_names_of_their_own(history, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from farm.store.publish_history import publish_history
+    from farm.store.publish.history import publish_history
 
     root = tmp_path / "root"
     with ThreadPoolExecutor(4) as pool:

@@ -5,7 +5,7 @@ import pytest
 
 from tests.fakes import tune_in_process
 
-from farm.tuner.winner import decide
+from farm.tuner.judging.winner import decide
 
 from farm import AutotuneConfig, Autotuner, EngineSweep, Problem, TuneMode
 from farm.devices.arrays import make_tensors, relative_error

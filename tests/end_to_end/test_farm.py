@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
+from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm
 from farm.model.engine import default_engine_registry
-from farm.store.override_files import load_overrides
+from farm.store.overrides.files import load_overrides
 from farm.store.dataset import ResultsDataset
 from farm.devices.sim import SimConfig
 from farm.model.workload import parse_workload
@@ -39,7 +39,7 @@ def workload_dict(n_mm=5, sweep=SWEEP):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from farm.fleet.cluster import _init_ray
+    from farm.fleet.on_ray.cluster import _init_ray
 
     if not ray.is_initialized():
         _init_ray(None, DeviceRequest("sim"))
@@ -149,9 +149,9 @@ def test_every_worker_prepares_the_engines_its_tasks_use(monkeypatch):
     at each task (idempotent); engines learn the worker's device kind."""
     from fakes import FakeEngine, registry_of
 
-    import farm.fleet.worker as cluster
+    import farm.fleet.on_ray.worker as cluster
     from farm.model.records import AutotuneConfig
-    from farm.fleet.worker import DeviceWorkerImpl
+    from farm.fleet.on_ray.worker import DeviceWorkerImpl
     from farm.fleet.scheduler import Task
 
     prepared = []

@@ -1,6 +1,6 @@
 """A fleet that comes and goes, on a real multi-node Ray cluster (ray.cluster_utils.Cluster: a head and worker
 nodes with their own raylets and object stores, on this host). Simulated devices live on nodes (a ``sim:<kind>``
-resource per node, farm.fleet.nodes); the driver runs on the head as ``ray job submit`` runs it; the workers write
+resource per node, farm.fleet.on_ray.nodes); the driver runs on the head as ``ray job submit`` runs it; the workers write
 their results parts to a shared folder (a ``file://`` URI) as they measure. Each case is checked against an
 uninterrupted run: the same rows (none lost, none twice) and the same winners."""
 
@@ -19,7 +19,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from farm.devices.sim import SimConfig  # noqa: E402
-from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm  # noqa: E402
+from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm  # noqa: E402
 from farm.fleet.job import WAITING_EXIT  # noqa: E402
 from farm.model.engine import default_engine_registry  # noqa: E402
 from farm.model.workload import parse_workload  # noqa: E402

@@ -66,7 +66,7 @@ def test_parts_on_s3_are_read_back_as_a_dataset(s3_bucket):
 
 def test_a_worker_reports_a_result_only_once_its_row_is_in_a_part(tmp_path):
     """What a killed worker can lose: rows it had not reported (they are measured again), never reported ones."""
-    from farm.fleet.worker import PartSink, _TaskRows
+    from farm.fleet.on_ray.worker import PartSink, _TaskRows
     from farm.model.engine import default_engine_registry
     from farm.model.workload import WorkloadProblem, parse_workload
 
@@ -93,7 +93,7 @@ ray = pytest.importorskip("ray", reason="the farm needs ray[default]")
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray instance whose workers have the test bucket's credentials (workers write to S3 themselves)."""
-    from farm.fleet.cluster import DeviceRequest, _init_ray
+    from farm.fleet.on_ray.cluster import DeviceRequest, _init_ray
 
     keys = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
     saved = {k: os.environ.get(k) for k in keys}
@@ -112,10 +112,10 @@ def local_ray():
 
 def test_a_farm_run_into_s3_workers_write_and_a_crash_costs_no_row(s3_bucket, local_ray, tmp_path):
     from farm.devices.sim import SimConfig
-    from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
+    from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm
     from farm.model.engine import default_engine_registry
     from farm.model.workload import parse_workload
-    from farm.store.override_files import load_overrides
+    from farm.store.overrides.files import load_overrides
 
     fs, query = s3_bucket
     sweep = {"sim.gemm": {"block": [16, 32, 64, 128], "stages": [1, 2, 3]}}
@@ -164,7 +164,7 @@ def test_a_farm_run_into_s3_workers_write_and_a_crash_costs_no_row(s3_bucket, lo
 
 def test_the_reduce_on_ray_writes_the_single_process_files_byte_for_byte(tmp_path, local_ray):
     from fakes import write_results
-    from farm.fleet.distributed_reduce import reduce_on_ray
+    from farm.fleet.on_ray.distributed_reduce import reduce_on_ray
     from farm.store.reduce import reduce_results
 
     devices = [fake_props(), fake_props(name="Other GPU"), fake_props(name="Third GPU", arch="sm_80")]
@@ -194,7 +194,7 @@ def test_a_reduce_task_returns_the_files_it_wrote_not_the_corrupt_copy_it_set_as
     # The driver sets the original aside; the task's own copy, set aside in its scratch folder, is not an output
     # (it came back beside the driver's whenever the two were set aside in different seconds).
     from fakes import write_results
-    from farm.fleet.distributed_reduce import reduce_signature
+    from farm.fleet.on_ray.distributed_reduce import reduce_signature
 
     dev = fake_props(name="Third GPU", arch="sm_80")
     problem = matmul_problem(8, 6, 5)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from farm.store.override_files import load_overrides
+from farm.store.overrides.files import load_overrides
 from farm.model.knobs import candidate_label
-from farm.cli.render import winners_query
+from farm.cli.tables.runs import winners_query
 
 WORKLOAD = """
 name: one-winner
@@ -123,7 +123,7 @@ def test_a_cpu_worker_runs_with_the_threads_it_is_given_or_the_hosts_cores(repo_
     """What DeviceWorkerImpl does first in a Ray actor (which starts with OMP_NUM_THREADS=1), in a subprocess."""
     script = (
         "import os\n"
-        "from farm.fleet.worker import DeviceWorkerImpl\n"
+        "from farm.fleet.on_ray.worker import DeviceWorkerImpl\n"
         "from farm.devices.runtimes.cpu import usable_cores, blas_threads_in_force\n"
         "w = DeviceWorkerImpl('cpu', 0, cpu_threads=int(os.environ['WANT']) or None)\n"
         "print(blas_threads_in_force(), w.device.properties.compute_units, usable_cores())\n")

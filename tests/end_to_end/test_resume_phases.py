@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from farm.fleet.ray_instance import stop_instance
-from farm.store.override_files import load_overrides
+from farm.fleet.on_ray.ray_instance import stop_instance
+from farm.store.overrides.files import load_overrides
 from farm.store.dataset import ResultsDataset
 from tests.fakes import SIM_GEMM_SWEEP
 

@@ -24,7 +24,7 @@ import pytest
 
 from farm.errors import InputError
 from farm.store.dataset import ResultsDataset
-from farm.store.override_files import load_json, load_overrides
+from farm.store.overrides.files import load_json, load_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT, FAST = {}, {"variant": 3}  # the default's knobs, the real winner's
@@ -196,8 +196,8 @@ def test_a_part_with_a_negative_main_round_median_is_no_fastest_and_no_tie(tmp_p
 
 
 def test_an_override_file_holds_no_non_finite_number_and_publish_refuses_one(tmp_path):
-    from farm.store.override_files import render
-    from farm.store.overrides import OverrideFile
+    from farm.store.overrides.files import render
+    from farm.store.overrides.entries import OverrideFile
 
     text = render(OverrideFile(2, [], extra={"generated_by": {"x": math.nan, "y": [math.inf, 1.0]}}))
     assert json.loads(text)["generated_by"] == {"x": None, "y": [None, 1.0]}

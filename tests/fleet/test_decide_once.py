@@ -52,9 +52,9 @@ def test_a_first_run_on_simulated_devices_expands_its_problems_on_the_workers_on
     import pytest
 
     pytest.importorskip("ray", reason="the farm needs ray[default]")
-    import farm.fleet.worker as worker_module
+    import farm.fleet.on_ray.worker as worker_module
     from farm.devices.sim import SimConfig
-    from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
+    from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm
 
     calls: list[int] = []
     real = worker_module.expand_problems
@@ -77,7 +77,7 @@ def test_a_first_run_on_simulated_devices_expands_its_problems_on_the_workers_on
 
 def test_in_process_each_problem_is_expanded_once(tmp_path, monkeypatch):
     """The in-process executor discovers through the farm's planner on its one worker: each problem once."""
-    import farm.fleet.worker as worker_module
+    import farm.fleet.on_ray.worker as worker_module
 
     expanded: list[int] = []
     real = worker_module.expand_problems

@@ -1,7 +1,7 @@
 """The farm's view of the cluster's nodes without Ray: which devices a node offers, joins and losses, the cap."""
 
 from farm.devices.sim import SimConfig
-from farm.fleet.nodes import NodeTable, NodeView, Slot, placed_sim, sim_resource, slots_of
+from farm.fleet.on_ray.nodes import NodeTable, NodeView, Slot, placed_sim, sim_resource, slots_of
 from farm.fleet.options import FarmOptions
 
 SIM = SimConfig.parse({"devices": [{"name": "Sim A"}, {"name": "Sim B", "speed": 2.0}]})
@@ -40,7 +40,7 @@ def test_the_table_says_which_nodes_joined_and_which_were_lost_once_each():
 
 
 def test_max_devices_leaves_devices_spare_and_a_lost_worker_s_place_goes_to_one():
-    from farm.fleet.launcher import WorkerLauncher
+    from farm.fleet.on_ray.launcher import WorkerLauncher
 
     launcher = object.__new__(WorkerLauncher)  # its Ray parts (actor class, cluster) are not used here
     launcher.options = FarmOptions(max_devices=3)
@@ -64,7 +64,7 @@ def test_max_devices_leaves_devices_spare_and_a_lost_worker_s_place_goes_to_one(
 def test_progress_says_when_nodes_join_or_go_and_what_waits_for_a_device():
     from farm.cli.progress import node_events, nodes_part, progress_line
     from farm.fleet.driver import FarmStatus, WorkerStatus
-    from farm.fleet.nodes import NodeRecord
+    from farm.fleet.on_ray.nodes import NodeRecord
 
     a = NodeRecord("a" * 16, "h1", "", workers=["sim:0"])
     b = NodeRecord("b" * 16, "h2", "", workers=["sim:1"])

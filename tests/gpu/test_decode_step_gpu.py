@@ -135,8 +135,8 @@ def test_an_applied_8b_shaped_llama_with_the_decode_step_decided_gives_its_logit
     import farm
     from farm.devices.open import open_device
     from farm.nn.routing import applied_to
-    from farm.store.override_files import write_overrides
-    from farm.store.overrides import OverrideEntry
+    from farm.store.overrides.files import write_overrides
+    from farm.store.overrides.entries import OverrideEntry
 
     pytest.importorskip("transformers", reason="needs transformers (pip install 'tunefarm[models]')")
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -202,8 +202,8 @@ def test_farm_verify_replays_a_hand_written_norms_decision_as_farm_apply_runs_it
     times the file's own binding of it, as farm.apply runs it, and names the candidate it ran (not "?")."""
     from farm.devices.open import open_device
     from farm.replay.verify import VerifySettings, verify_file
-    from farm.store.override_files import load_overrides, write_overrides
-    from farm.store.overrides import OverrideEntry
+    from farm.store.overrides.files import load_overrides, write_overrides
+    from farm.store.overrides.entries import OverrideEntry
 
     problem = Problem.create("rmsnorm", {"X": [8, 1, 4096], "scale": [4096]}, dtype="bf16",
                              criteria={"eps_e12": 10**6, "scale_offset": 0}, library="module")

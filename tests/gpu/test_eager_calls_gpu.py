@@ -14,7 +14,7 @@ from farm.model.ids import engine_name_to_id  # noqa: E402
 from farm.model.plans import PlanSpec  # noqa: E402
 from farm.model.problem import Problem  # noqa: E402
 from farm.model.records import AutotuneConfig, CallMode  # noqa: E402
-from farm.tuner.confirm import run_confirmation  # noqa: E402
+from farm.tuner.judging.confirm import run_confirmation  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -52,8 +52,8 @@ def test_the_stage_times_torch_matmul_direct_and_challengers_through_farm_ops(ca
 
 def test_verify_replays_both_decisions_of_a_file_beside_torch_matmul(tmp_path):
     from farm.replay.verify import VerifySettings, verify_file
-    from farm.store.override_files import load_overrides, write_overrides
-    from farm.store.overrides import OverrideEntry
+    from farm.store.overrides.files import load_overrides, write_overrides
+    from farm.store.overrides.entries import OverrideEntry
 
     dev = gpu_device("cuda", 0)
     meta = {"rank": 0, "problem_name": "mm16", "call": "eager",

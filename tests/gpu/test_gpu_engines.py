@@ -94,8 +94,8 @@ def test_matmul_engines_correct_and_ranked(dev, problem):
     assert bool(split) == bool(odd and ldc_aligned)  # split only where C takes aligned columns in place
     bad = [(r.label, r.disposition.value, r.error) for r in results if not r.succeeded]
     assert not bad, bad
-    # ranked by the farm's winner rule (farm.tuner.winner): the same order the reducer would give
-    from farm.tuner.winner import decide
+    # ranked by the farm's winner rule (farm.tuner.judging.winner): the same order the reducer would give
+    from farm.tuner.judging.winner import decide
 
     d = decide([r.median_ms for r in results], [r.mad_ms for r in results], [r.candidate for r in results],
                default=[not r.knobs and r.candidate == min(x.candidate for x in results if not x.knobs) for r in results])

@@ -190,8 +190,8 @@ def test_library_engines_say_why_they_do_not_apply(dev):
 def test_farm_ops_replays_a_listed_conv_plan_from_an_override_file(dev, tmp_path, monkeypatch, engine):
     """The published winner replays through farm.ops: the plan is built once and each call runs it."""
     import farm.ops as ops
-    from farm.store.override_files import write_overrides
-    from farm.store.overrides import OverrideEntry
+    from farm.store.overrides.files import write_overrides
+    from farm.store.overrides.entries import OverrideEntry
 
     problem = Problem.create("conv_fprop", {"X": nhwc(4, 16, 32, 32), "W": nhwc(32, 16, 3, 3),
                                             "Y": nhwc(4, 32, 32, 32)}, dtype="fp16", criteria=CONV)
@@ -247,8 +247,8 @@ def test_a_plan_called_on_two_streams_at_once_keeps_a_set_of_copies_per_stream(d
     """Replayed through farm.ops on two streams at once (a server's two request streams): neither call reads
     the other's copies of its inputs (they were one set per plan: a race, wrong answers)."""
     import farm.ops as ops
-    from farm.store.override_files import write_overrides
-    from farm.store.overrides import OverrideEntry
+    from farm.store.overrides.files import write_overrides
+    from farm.store.overrides.entries import OverrideEntry
 
     props = dev.properties
     path = tmp_path / "overrides.json"

@@ -17,8 +17,8 @@ pytest.importorskip("transformers", reason="the library model tests need transfo
 import farm  # noqa: E402
 from farm.devices.open import open_device  # noqa: E402
 from farm.nn.routing import applied_to  # noqa: E402
-from farm.store.override_files import write_overrides  # noqa: E402
-from farm.store.overrides import OverrideEntry  # noqa: E402
+from farm.store.overrides.files import write_overrides  # noqa: E402
+from farm.store.overrides.entries import OverrideEntry  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import library_models  # noqa: E402

@@ -18,8 +18,8 @@ from farm.nn.routing import applied_to  # noqa: E402
 from farm.nn.captured import workload_dict  # noqa: E402
 from farm.nn.step_check import CheckSettings, check_step  # noqa: E402
 from farm.nn.torch_calls import read_call  # noqa: E402
-from farm.store.override_files import write_overrides  # noqa: E402
-from farm.store.overrides import OverrideEntry  # noqa: E402
+from farm.store.overrides.files import write_overrides  # noqa: E402
+from farm.store.overrides.entries import OverrideEntry  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import models  # noqa: E402

@@ -125,8 +125,8 @@ def test_replaying_a_triton_winner_on_a_cold_cache_starts_no_process(tmp_path, r
     import sys
 
     from farm.devices.device import gpu_device
-    from farm.store.overrides import OverrideEntry
-    from farm.store.override_files import write_overrides
+    from farm.store.overrides.entries import OverrideEntry
+    from farm.store.overrides.files import write_overrides
     from farm.model.problem import Problem
 
     pytest.importorskip("triton")

@@ -13,7 +13,7 @@ RT, COUNT = cuda_or_skip()
 pytest.importorskip("torch", reason="PyTorch TunableOp needs torch")
 
 from farm.model.problem import Problem  # noqa: E402
-from farm.store.tunableop_csv import load_tunableop_csv  # noqa: E402
+from farm.store.overrides.tunableop_csv import load_tunableop_csv  # noqa: E402
 
 # in a process of its own: TunableOp writes its file as it tunes and at exit
 TUNE = """

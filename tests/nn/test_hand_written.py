@@ -16,8 +16,8 @@ import farm  # noqa: E402
 from farm.devices.device import cpu_device  # noqa: E402
 from farm.model.engine import default_engine_registry  # noqa: E402
 from farm.nn.routing import applied_to  # noqa: E402
-from farm.store.override_files import write_overrides  # noqa: E402
-from farm.store.overrides import OverrideEntry  # noqa: E402
+from farm.store.overrides.files import write_overrides  # noqa: E402
+from farm.store.overrides.entries import OverrideEntry  # noqa: E402
 
 CPU = cpu_device()
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -144,7 +144,7 @@ def test_farm_verify_names_what_a_hand_written_norms_decision_runs(tmp_path):
     it, and names the candidate (tests/gpu/test_decode_step_gpu.py: the same on a GPU)."""
     from farm.model.problem import Problem
     from farm.replay.verify import VerifySettings, verify_file
-    from farm.store.override_files import load_overrides
+    from farm.store.overrides.files import load_overrides
 
     problem = Problem.create("rmsnorm", {"X": [4, 64], "scale": [64]}, criteria={"eps_e12": 10**6},
                              library="module")

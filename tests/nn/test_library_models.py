@@ -23,8 +23,8 @@ import farm  # noqa: E402
 from farm.devices.device import cpu_device  # noqa: E402
 from farm.model.engine import default_engine_registry  # noqa: E402
 from farm.nn.routing import applied_to  # noqa: E402
-from farm.store.override_files import write_overrides  # noqa: E402
-from farm.store.overrides import OverrideEntry  # noqa: E402
+from farm.store.overrides.files import write_overrides  # noqa: E402
+from farm.store.overrides.entries import OverrideEntry  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import library_models  # noqa: E402

@@ -25,8 +25,8 @@ from farm.nn.routing import applied_to  # noqa: E402
 from farm.nn.step_check import CheckSettings, check_step  # noqa: E402
 from farm.nn.step_record import record_check  # noqa: E402
 from farm.nn.torch_calls import read_call  # noqa: E402
-from farm.store.override_files import load_overrides, write_overrides  # noqa: E402
-from farm.store.overrides import OverrideEntry  # noqa: E402
+from farm.store.overrides.files import load_overrides, write_overrides  # noqa: E402
+from farm.store.overrides.entries import OverrideEntry  # noqa: E402
 from farm.store.targets import resolve  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -346,7 +346,7 @@ def test_an_eager_stage_of_a_host_bound_step_ranks_by_host_time_and_records_it()
     from farm.model.ids import engine_name_to_id
     from farm.model.problem import Problem
     from farm.model.records import AutotuneConfig, CallMode, ConfirmSettings
-    from farm.tuner.confirm import run_confirmation
+    from farm.tuner.judging.confirm import run_confirmation
 
     problem = Problem.create("matmul", {"A": {"dims": [64, 64]}, "B": {"dims": [64, 64]}})
     specs = [(PlanSpec(engine_name_to_id("cpu.matmul.blas"), ()), 0), (PlanSpec(engine_name_to_id("cpu.matmul.einsum"),

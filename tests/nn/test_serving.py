@@ -18,8 +18,8 @@ from farm.model.engine import default_engine_registry  # noqa: E402
 from farm.nn.routing import applied_to  # noqa: E402
 from farm.nn.torch_calls import read_call  # noqa: E402
 from farm.replay.file_replay import FileReplay  # noqa: E402
-from farm.store.override_files import write_overrides  # noqa: E402
-from farm.store.overrides import OverrideEntry, TensorRule  # noqa: E402
+from farm.store.overrides.files import write_overrides  # noqa: E402
+from farm.store.overrides.entries import OverrideEntry, TensorRule  # noqa: E402
 
 nn, F = torch.nn, torch.nn.functional
 CPU = cpu_device()

@@ -6,7 +6,7 @@ import numpy as np
 
 from farm.model.problem import Problem
 from farm.nn.step_check import CheckSettings, Judged, _with_small_gains
-from farm.tuner.paired import paired_ratio
+from farm.tuner.judging.paired import paired_ratio
 
 ROUNDS = 11
 

@@ -10,8 +10,8 @@ import pytest
 from farm.devices.device import cpu_device
 from farm.devices.fb import encode_device_properties, encode_problem
 from farm.model.ids import engine_name_to_id
-from farm.store.overrides import OverrideEntry, OverrideFile, TensorRule
-from farm.store.override_files import write_overrides
+from farm.store.overrides.entries import OverrideEntry, OverrideFile, TensorRule
+from farm.store.overrides.files import write_overrides
 from farm.model.problem import Problem
 from policies.config import ConfigPolicy
 from tests.fakes import fake_props, matmul_problem
@@ -215,7 +215,7 @@ def test_unchanged_file_is_not_read_again(session, device, monkeypatch, tmp_path
 
 
 def test_a_published_root_is_a_valid_config_path(session, device, monkeypatch, tmp_path):
-    from farm.store.publish import publish
+    from farm.store.publish.root import publish
 
     p = matmul_problem()
     src = tmp_path / "overrides"
@@ -234,7 +234,7 @@ def test_a_published_root_is_a_valid_config_path(session, device, monkeypatch, t
 def test_a_published_root_falls_back_to_the_same_arch_with_a_note(device, monkeypatch, tmp_path, caplog):
     import dataclasses
 
-    from farm.store.publish import publish
+    from farm.store.publish.root import publish
 
     other = dataclasses.replace(device.properties, driver_version="999.1", name=device.properties.name)
     assert other.signature != device.signature and other.arch == device.properties.arch

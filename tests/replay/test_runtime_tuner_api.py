@@ -110,8 +110,8 @@ def test_layernorm_and_rmsnorm_replay_through_farm_ops():
 def test_a_published_norm_winner_is_what_farm_ops_runs(tmp_path, monkeypatch):
     from farm.devices.device import cpu_device
     from farm.model.problem import Problem
-    from farm.store.override_files import write_overrides
-    from farm.store.overrides import OverrideEntry
+    from farm.store.overrides.files import write_overrides
+    from farm.store.overrides.entries import OverrideEntry
 
     device = cpu_device()
     p = Problem.create("rmsnorm", {"X": [8, 64], "scale": [64]})

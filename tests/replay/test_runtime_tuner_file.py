@@ -11,8 +11,8 @@ from farm.devices.device import cpu_device
 from farm.model.problem import Problem
 from farm.replay.tunable_runtime import TunableRuntime
 from farm.replay.tunable_settings import TunableSettings
-from farm.store.overrides import OverrideEntry
-from farm.store.tunableop_csv import (
+from farm.store.overrides.entries import OverrideEntry
+from farm.store.overrides.tunableop_csv import (
     device_validators,
     load_tunableop_csv,
     parse_tunableop_csv,

@@ -5,12 +5,12 @@ import dataclasses
 import logging
 
 from farm.devices.device import cpu_device
-from farm.store.override_files import write_overrides
-from farm.store.published import find_published
-from farm.store.publish import publish
+from farm.store.overrides.files import write_overrides
+from farm.store.publish.published import find_published
+from farm.store.publish.root import publish
 from farm.store.targets import resolve
 from tests.fakes import fake_props, matmul_problem
-from farm.store.overrides import OverrideEntry
+from farm.store.overrides.entries import OverrideEntry
 
 
 def write(folder, props, engine="cpu.matmul.blas"):
@@ -29,7 +29,7 @@ def test_a_run_tuned_with_other_blas_threads_is_used_on_this_cpu_with_a_note(tmp
     three = dataclasses.replace(here, compute_units=here.compute_units + 3)
     write(tmp_path / "overrides", three, "far")
     near = write(tmp_path / "overrides", one, "near")
-    with caplog.at_level(logging.WARNING, logger="farm.store.publish"):
+    with caplog.at_level(logging.WARNING, logger="farm.store.publish.root"):
         path, note = find_published(str(tmp_path / "overrides"), here)
     assert path == str(near)  # the nearest thread count
     assert f"{here.compute_units + 1} BLAS thread(s)" in note and f"OMP_NUM_THREADS={here.compute_units + 1}" in note

@@ -16,9 +16,9 @@ from farm.model.ids import engine_name_to_id
 from farm.model.problem import Problem
 from farm.replay.tunable_runtime import TunableRuntime
 from farm.replay.tunable_settings import TunableSettings
-from farm.store.hipdnn_names import POINTWISE_MODES, REDUCTION_MODES, RESAMPLE_MODES
-from farm.store.override_files import load_overrides, merge_entries, parse_overrides, render, write_overrides
-from farm.store.overrides import OverrideEntry
+from farm.store.overrides.hipdnn_names import POINTWISE_MODES, REDUCTION_MODES, RESAMPLE_MODES
+from farm.store.overrides.files import load_overrides, merge_entries, parse_overrides, render, write_overrides
+from farm.store.overrides.entries import OverrideEntry
 from policies.config import ConfigPolicy
 
 MIOPEN = engine_name_to_id("MIOPEN_ENGINE")
@@ -222,7 +222,7 @@ def test_the_replay_runtime_applies_the_known_knobs_of_a_hipdnn_file(tmp_path, c
 
 # -- the writer appends where hipDNN's writer appends -------------------------------------------------------------
 def ours():
-    from farm.store.override_files import autotune_metadata
+    from farm.store.overrides.files import autotune_metadata
 
     meta = autotune_metadata(rank=0, min_ms=0.5, avg_ms=0.5, stddev_ms=0.0, workspace=0, mode="standard",
                              ran_exhaustive=False, strategy="fixed_average", iterations=3, converged=False,
@@ -242,7 +242,7 @@ def test_a_file_with_entries_no_reader_can_read_is_refused_or_they_are_set_aside
     """hipDNN's writer keeps such entries and its reader then refuses the whole file, the winners just written
     included: our writer refuses (nothing written, the entry named, what to do said), or with set_aside leaves them
     out, the file as it was copied beside byte for byte."""
-    from farm.store.override_files import load_overrides
+    from farm.store.overrides.files import load_overrides
 
     path = tmp_path / "hipdnn_autotune.json"
     text = hipdnn_text(UNREADABLE + [GOOD])

@@ -8,10 +8,10 @@ import pytest
 from farm.cli import main
 from farm.devices.device import cpu_device
 from farm.errors import InputError
-from farm.store.overrides import OverrideEntry
-from farm.store.override_files import load_overrides, write_overrides
-from farm.store.publish import publish
-from farm.store.published import find_published
+from farm.store.overrides.entries import OverrideEntry
+from farm.store.overrides.files import load_overrides, write_overrides
+from farm.store.publish.root import publish
+from farm.store.publish.published import find_published
 from tests.fakes import fake_props, matmul_problem
 
 
@@ -203,7 +203,7 @@ def test_a_publish_with_an_invalid_file_writes_nothing(tmp_path, capsys):
 
 
 def test_a_write_that_fails_half_way_is_rolled_back(tmp_path, monkeypatch, capsys):
-    from farm.store import publish as publishing
+    import farm.store.publish.root as publishing
 
     root = tmp_path / "root"
     src, a, b = _two_devices(tmp_path)

@@ -11,7 +11,7 @@ import pytest
 
 from fakes import fake_props, fake_result, matmul_problem, write_results
 from farm.model.records import Disposition
-from farm.store.override_files import load_overrides
+from farm.store.overrides.files import load_overrides
 from farm.store.reduce import reduce_results
 
 P1, P2, P3 = matmul_problem(8), matmul_problem(16), matmul_problem(32)
@@ -203,7 +203,7 @@ def test_metadata_says_whether_exhaustive_applies_and_stamps_whole_seconds(tmp_p
     meta = load_overrides(tmp_path / "out" / f"{GPU_A.signature}.json").match(P2).metadata
     assert meta["supports_exhaustive"] is False and meta["exhaustive_not_run_reason"] == ""
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta["timestamp"]), meta["timestamp"]
-    from farm.store.override_files import autotune_metadata
+    from farm.store.overrides.files import autotune_metadata
 
     exhaustive = dict(rank=0, min_ms=1.0, avg_ms=1.0, stddev_ms=0.0, workspace=0, mode="exhaustive", strategy="single_shot",
                       iterations=1, converged=True, device="sm_90", timestamp="2026-04-21T10:30:00.123+00:00")
@@ -215,7 +215,7 @@ def test_metadata_says_whether_exhaustive_applies_and_stamps_whole_seconds(tmp_p
 
 def test_the_tuners_reason_for_not_priming_reaches_the_override_file(tmp_path):
     """BENCHMARK_UNPRIMED and a priming workspace skip record why in the row; the reducer writes that reason."""
-    from farm.store.override_files import autotune_metadata
+    from farm.store.overrides.files import autotune_metadata
 
     exhaustive = dict(rank=0, min_ms=1.0, avg_ms=1.0, stddev_ms=0.0, workspace=0, mode="exhaustive", strategy="single_shot",
                       iterations=1, converged=True, device="sm_90", timestamp="2026-04-21T10:30:00Z")

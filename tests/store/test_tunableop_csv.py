@@ -12,9 +12,9 @@ from farm.errors import InputError
 from farm.model.problem import Problem
 from farm.replay.tunable_runtime import TunableRuntime
 from farm.replay.tunable_settings import TunableSettings
-from farm.store.override_files import autotune_metadata
-from farm.store.overrides import OverrideEntry
-from farm.store.tunableop_csv import (
+from farm.store.overrides.files import autotune_metadata
+from farm.store.overrides.entries import OverrideEntry
+from farm.store.overrides.tunableop_csv import (
     gemm_signature,
     load_tunableop_csv,
     parse_tunableop_csv,

@@ -18,9 +18,9 @@ from farm.model.engine import EngineRegistry, Support
 from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, CallMode, ConfirmSettings
 from farm.model.workload import EngineSelection, WorkloadProblem
-from farm.tuner.confirm import Measured, participants, run_confirmation
-from farm.tuner.paired import CONFIDENCE, median_interval, min_rounds, order_statistic_rank, paired_ratio
-from farm.tuner.winner import ConfirmedRule, confirmed_why, decide_confirmed
+from farm.tuner.judging.confirm import Measured, participants, run_confirmation
+from farm.tuner.judging.paired import CONFIDENCE, median_interval, min_rounds, order_statistic_rank, paired_ratio
+from farm.tuner.judging.winner import ConfirmedRule, confirmed_why, decide_confirmed
 from farm.tuner.problem_tuning import ProblemOutcome
 from tests.fakes import fake_device, matmul_problem, tune_in_process
 

@@ -10,11 +10,11 @@ import pytest
 
 from farm.analysis.report import build_report
 from farm.cli import main
-from farm.cli.render import round_cells
+from farm.cli.tables.runs import round_cells
 from farm.store.deciding import decide_results
-from farm.store.override_files import load_overrides
+from farm.store.overrides.files import load_overrides
 from farm.store.reduce import reduce_results
-from farm.tuner.winner import noise_sigma
+from farm.tuner.judging.winner import noise_sigma
 from tests.fakes import fake_props, fake_result, matmul_problem, write_results
 
 P = matmul_problem(8, 8, 8)

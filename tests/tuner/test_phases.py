@@ -8,7 +8,7 @@ import os
 import pytest
 
 from farm.analysis.phases import run_phases
-from farm.fleet.worker import TaskEnd
+from farm.fleet.on_ray.worker import TaskEnd
 from farm.tuner.phases import COMPILE, CONFIRM, DISCOVER, IDLE, LOST, MEASURE, PHASES, SETUP, PhaseClock, PhaseSplit
 from tests.fleet.test_driver import result, setup
 
@@ -93,7 +93,7 @@ ray = pytest.importorskip("ray", reason="the farm needs ray[default]")
 def test_a_farm_run_on_simulated_devices_reports_where_its_device_time_went(tmp_path, capsys):
     from farm.cli.main import main
     from farm.devices.sim import SimConfig
-    from farm.fleet.cluster import DeviceRequest, FarmOptions, run_farm
+    from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm
     from farm.model.engine import default_engine_registry
     from farm.model.workload import parse_workload
 

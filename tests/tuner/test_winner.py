@@ -1,9 +1,9 @@
-"""The one winner rule (farm.tuner.winner): noise never helps a candidate win; only the default and the incumbent
+"""The one winner rule (farm.tuner.judging.winner): noise never helps a candidate win; only the default and the incumbent
 get the benefit of the doubt."""
 
 import numpy as np
 
-from farm.tuner.winner import NOISY_RELATIVE, Rule, decide, decide_groups, why
+from farm.tuner.judging.winner import NOISY_RELATIVE, Rule, decide, decide_groups, why
 
 
 def test_noisy_slow_early_loses_to_stable_fast_late():

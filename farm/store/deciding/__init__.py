@@ -2,7 +2,7 @@
 
 records       the values: Winner, Confirmation, Verification, StageFailure, Decisions; round names, calling-mode order
 loading       the rows a decision reads (latest successful per candidate; whole stage and verify sessions)
-rule          decide_results / decide_folder: farm.tuner.winner's rule over the main (or finalist) round, then
+rule          decide_results / decide_folder: farm.tuner.judging.winner's rule over the main (or finalist) round, then
 confirmations each problem's confirmation stage per calling mode,
 verifications farm verify's checks (a fixed decision publishes the default),
 model_checks  the model checks of farm apply (a withdrawn decision publishes the default),

@@ -1,5 +1,5 @@
 """The confirmation stage's rows read into the decisions: each problem with a stage is decided from its latest
-whole session per calling mode (farm.tuner.winner.decide_stage), and the stage's rows join the decided table so
+whole session per calling mode (farm.tuner.judging.winner.decide_stage), and the stage's rows join the decided table so
 the winner's row is there."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from farm.store.dataset import ResultsDataset
 from farm.store.deciding.loading import COLUMNS, key_at, knobs_of, label_of, load_confirmations, strings
 from farm.model.records import CALL_ORDER
 from farm.store.deciding.records import CONFIRM, Confirmation, StageFailure, Winner
-from farm.tuner.paired import paired_ratio
-from farm.tuner.winner import confirmed_why, decide_stage, is_noisy
+from farm.tuner.judging.paired import paired_ratio
+from farm.tuner.judging.winner import confirmed_why, decide_stage, is_noisy
 
 if TYPE_CHECKING:
     from farm.store.deciding.rule import Compared
@@ -61,7 +61,7 @@ class StageDecision:
     """One problem's stage in one calling mode, decided: its rows in ranking order and what they say."""
 
     rows: list[int]  # StageRows rows, in decide_stage's order
-    dec: Any  # farm.tuner.winner.StageDecision
+    dec: Any  # farm.tuner.judging.winner.StageDecision
     median: list[float]
     mad: list[float]
     samples: list[np.ndarray]

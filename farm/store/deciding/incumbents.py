@@ -14,8 +14,8 @@ import pyarrow as pa
 
 from farm.model.ids import engine_name_to_id
 from farm.store.dataset import ResultsDataset
-from farm.store.override_files import load_overrides
-from farm.store.overrides import OverrideEntry
+from farm.store.overrides.files import load_overrides
+from farm.store.overrides.entries import OverrideEntry
 from farm.store.results import candidate_key
 
 log = logging.getLogger("farm.store.deciding")
@@ -88,7 +88,7 @@ def incumbent_file(source: str | Path | None, props: Any) -> Any:
     ``props`` describes, from one file, a folder of ``<signature>.json`` files or a published root; None
     when there is none for that exact signature (or it cannot be read: a warning says so)."""
     from farm.errors import FarmError
-    from farm.store.published import find_published
+    from farm.store.publish.published import find_published
 
     if not source:
         return None

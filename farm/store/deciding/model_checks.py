@@ -23,8 +23,8 @@ import pyarrow.dataset as ds
 from farm.model.ids import engine_name_to_id
 from farm.model.plans import candidate_key, spec_of
 from farm.store.dataset import ResultsDataset
-from farm.tuner.paired import CONFIDENCE, paired_ratio
-from farm.tuner.winner import ConfirmedRule
+from farm.tuner.judging.paired import CONFIDENCE, paired_ratio
+from farm.tuner.judging.winner import ConfirmedRule
 
 __all__ = ["MODEL", "ModelCheck", "apply_model_checks"]
 

@@ -10,10 +10,10 @@ from typing import Any
 import pyarrow as pa
 
 from farm.model.knobs import KnobSettings, candidate_label
-from farm.tuner.paired import CONFIDENCE
-from farm.tuner.winner import ConfirmedRule, Rule
+from farm.tuner.judging.paired import CONFIDENCE
+from farm.tuner.judging.winner import ConfirmedRule, Rule
 
-CONFIRM = "confirm"  # the round of the confirmation stage's rows (farm.tuner.confirm)
+CONFIRM = "confirm"  # the round of the confirmation stage's rows (farm.tuner.judging.confirm)
 VERIFY = "verify"  # the round of farm verify's rows (farm.replay.verify)
 # a round as the tables name it: the figures of a row come from one round, and the tables say which
 ROUND_NAMES = {"main": "main", "finalist": "finalist", CONFIRM: "stage", VERIFY: "verify"}
@@ -21,7 +21,7 @@ ROUND_NAMES = {"main": "main", "finalist": "finalist", CONFIRM: "stage", VERIFY:
 
 @dataclass(frozen=True)
 class Confirmation:
-    """How a problem's confirmation stage (farm.tuner.confirm) decided, for one calling mode."""
+    """How a problem's confirmation stage (farm.tuner.judging.confirm) decided, for one calling mode."""
 
     call: str  # eager | graph
     rounds: int  # paired rounds

@@ -1,4 +1,4 @@
-"""The reducer's decisions: the winner of every (signature, problem) in a results dataset, by farm.tuner.winner's
+"""The reducer's decisions: the winner of every (signature, problem) in a results dataset, by farm.tuner.judging.winner's
 rule over the main (or latest finalist) round, then each problem's confirmation stage, farm verify's checks and
 the model checks, in that order (farm.store.deciding's modules, one each)."""
 
@@ -22,7 +22,7 @@ from farm.store.deciding.loading import as_float, changes, knobs_of, label_of, s
 from farm.store.deciding.model_checks import apply_model_checks
 from farm.store.deciding.records import Decisions, StageFailure, Winner
 from farm.store.deciding.verifications import apply_verifications
-from farm.tuner.winner import Rule, decide_groups, is_noisy, noise_sigma, why
+from farm.tuner.judging.winner import Rule, decide_groups, is_noisy, noise_sigma, why
 
 log = logging.getLogger("farm.store.deciding")
 

@@ -17,8 +17,8 @@ from farm.store.dataset import ResultsDataset
 from farm.store.deciding.loading import COLUMNS, key_at, knobs_of, label_of, load_confirmations, strings
 from farm.store.deciding.records import VERIFY, Verification, Winner
 from farm.store.results import candidate_key
-from farm.tuner.paired import paired_ratio
-from farm.tuner.winner import ConfirmedRule
+from farm.tuner.judging.paired import paired_ratio
+from farm.tuner.judging.winner import ConfirmedRule
 
 Key = tuple[str, str]  # (signature, problem key)
 Pair = tuple[int, int]  # a check's (replay row, direct row)

@@ -16,11 +16,11 @@ from farm.fsutil import read_text_file
 from farm.model.dtypes import canonical_dtype
 from farm.model.knobs import KnobSettings, KnobType
 from farm.model.problem import INT64_MAX
-from farm.store.hipdnn_names import (HIPDNN_CRITERIA, HIPDNN_OPS, IMPLIED_CRITERIA, IMPLIED_TENSORS, mode_from_hipdnn,
+from farm.store.overrides.hipdnn_names import (HIPDNN_CRITERIA, HIPDNN_OPS, IMPLIED_CRITERIA, IMPLIED_TENSORS, mode_from_hipdnn,
                                      tensor_id_of)
-from farm.store.overrides import OverrideEntry, OverrideFile, TensorRule
+from farm.store.overrides.entries import OverrideEntry, OverrideFile, TensorRule
 
-log = logging.getLogger("farm.store.overrides")
+log = logging.getLogger("farm.store.overrides.entries")
 
 
 def load_overrides(path: str | Path, *, strict: bool = True, invalid_rule: str | None = None) -> OverrideFile:

@@ -3,7 +3,7 @@
     report = run_farm(workload, "runs/x")                  # embedded local Ray, GPUs or the CPU
     report = run_farm(workload, "runs/x", address="auto")  # an existing cluster (ray job submit)
 
-This module is the Ray shell: it starts the workers (farm.fleet.launcher, on the nodes that have devices and on
+This module is the Ray shell: it starts the workers (farm.fleet.on_ray.launcher, on the nodes that have devices and on
 those that join), runs discovery, starts the tasks the driver assigns and passes every event of the workers'
 streams and of the cluster's nodes to the Ray-free driver (farm.fleet.driver), which schedules
 (farm.fleet.scheduler), writes rows as they arrive and decides what a crash, a silence or a lost node means.
@@ -24,21 +24,21 @@ from typing import Any, Callable, Sequence
 from farm.errors import FarmError
 from farm.fleet.driver import Driver, FarmStatus, WorkerState, WorkerStatus
 from farm.fleet.job import JobRun, JobSummary
-from farm.fleet.launcher import FarmFailed, WorkerLauncher
-from farm.fleet.event_loop import EventLoop, first_line, worker_handle
+from farm.fleet.on_ray.launcher import FarmFailed, WorkerLauncher
+from farm.fleet.on_ray.event_loop import EventLoop, first_line, worker_handle
 from farm.fleet.planner import Planner, record_plan, schedule_problems, worker_gone
 from farm.fleet.options import DeviceRequest, FarmOptions
 from farm.fleet.pruning import PlanPruning
-from farm.fleet.reaper import Reaper
+from farm.fleet.on_ray.reaper import Reaper
 from farm.fleet.scheduler import Scheduler
-from farm.fleet.worker import PartSink, WorkerInfo
+from farm.fleet.on_ray.worker import PartSink, WorkerInfo
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload
 from farm.store.dataset import ResultsDataset
 from farm.store.reduce import ReduceReport
 from farm.tuner.phases import PhaseSplit
 
-log = logging.getLogger("farm.fleet.cluster")
+log = logging.getLogger("farm.fleet.on_ray.cluster")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 __all__ = ["DeviceRequest", "FarmFailed", "FarmOptions", "FarmReport", "FarmStatus", "WorkerStatus", "run_farm"]
@@ -347,7 +347,7 @@ def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, optio
     the devices are GPUs, which only Ray's workers open)."""
     from farm.devices.open import open_device
     from farm.devices.runtimes import RuntimeUnavailable, runtime_for
-    from farm.fleet.worker import expand_problems
+    from farm.fleet.on_ray.worker import expand_problems
     from farm.model.engine import default_engine_registry
 
     # the run's results writer makes the folder at once: a folder without a results file is a first run, whose

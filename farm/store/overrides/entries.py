@@ -26,7 +26,7 @@ Knobs live in ``autotune_metadata.knobs`` as the RFC lays them out (an entry-lev
 files of older tunefarm versions carry, is still read). Fields this build does not know, at any level,
 are kept and written back unchanged.
 
-Reading and writing the files: farm.store.override_files. Writes are atomic
+Reading and writing the files: farm.store.overrides.files. Writes are atomic
 (temp file + rename) and serialised across processes by a file lock, so
 concurrent appenders lose no entry.
 """
@@ -43,9 +43,9 @@ from farm.model.ids import engine_name_to_id
 from farm.model.knobs import KnobSettings, knob_type_of
 from farm.model.op_catalog import OPS
 from farm.model.problem import LIBRARIES, Problem
-from farm.store.hipdnn_names import mode_name, mode_to_hipdnn
+from farm.store.overrides.hipdnn_names import mode_name, mode_to_hipdnn
 
-log = logging.getLogger("farm.store.overrides")
+log = logging.getLogger("farm.store.overrides.entries")
 
 OVERRIDE_VERSION = 2
 WRITE_MODES = ("new", "append", "replace")

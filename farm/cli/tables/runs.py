@@ -284,7 +284,7 @@ def outcome_dict(o: ProblemOutcome, winner: Any = None) -> dict[str, Any]:
         "wall_ms": o.wall_ms,
         "skipped": o.skipped,
         "pruned": o.pruned,
-        "winner": winner.as_dict() if winner is not None else None,  # the reducer's decision (farm.tuner.winner)
+        "winner": winner.as_dict() if winner is not None else None,  # the reducer's decision (farm.tuner.judging.winner)
         "results": results,
         "confirmation": [{"call": run.call.value, "rounds": run.rounds, "settled": run.settled,
                           "wall_ms": run.wall_ms, "results": [_result_dict(r) for r in run.results]}

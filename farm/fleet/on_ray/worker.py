@@ -30,14 +30,14 @@ from farm.model.records import AutotuneConfig, AutotuneResult, CallMode
 from farm.model.workload import WorkloadProblem
 from farm.store.results import MeasurementContext, ResultWriter, RunContext, candidate_key, new_id, result_row
 from farm.tuner.autotuner import Autotuner
-from farm.tuner.confirm import run_confirmation
+from farm.tuner.judging.confirm import run_confirmation
 from farm.tuner.session import ENGINE_ERRORS
 from farm.tuner.phases import COMPILE, DISCOVER, MEASURE, SETUP, PhaseClock, PhaseSplit
 from farm.tuner.phases import CONFIRM as PHASE_CONFIRM
 from farm.tuner.problem_tuning import plan_specs_for
 from farm.tuner.watchdog import HangWatch
 
-log = logging.getLogger("farm.fleet.worker")
+log = logging.getLogger("farm.fleet.on_ray.worker")
 
 
 class WorkerFailed(FarmError, RuntimeError):
@@ -418,7 +418,7 @@ class _TaskWork:
         items.put(TaskEnd(self.session, ranks, error, (time.perf_counter() - self.t0) * 1e3))
 
     def confirm(self) -> None:
-        """The confirmation stage (farm.tuner.confirm): its rows all come at its end (paired samples)."""
+        """The confirmation stage (farm.tuner.judging.confirm): its rows all come at its end (paired samples)."""
         task, w, error = self.task, self.worker, ""
         try:
             run = run_confirmation(self.wp.problem, w.device, w.registry, [(s, self.index[s]) for s in task.specs],

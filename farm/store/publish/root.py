@@ -27,13 +27,13 @@ from typing import Any, Iterable, Sequence
 from farm.devices.properties import DeviceProperties
 from farm.errors import FarmError, InputError
 from farm.fsutil import read_text_file
-from farm.store.override_files import merge_entries, parse_overrides, render
-from farm.store.overrides import OverrideEntry, OverrideFile
+from farm.store.overrides.files import merge_entries, parse_overrides, render
+from farm.store.overrides.entries import OverrideEntry, OverrideFile
 
-log = logging.getLogger("farm.store.publish")
+log = logging.getLogger("farm.store.publish.root")
 
 NOISE_FLOOR = 0.03  # relative; below this a slower re-measurement is noise
-from farm.store.published import INDEX, Store, arch_dir, now_stamp, read_index
+from farm.store.publish.published import INDEX, Store, arch_dir, now_stamp, read_index
 
 
 @dataclass
@@ -170,9 +170,9 @@ def publish(overrides_dir: str | Path, root: str, *, force: bool = False, replac
     Every file is read, validated and merged before anything is written; one that is invalid (an
     error) or refused (a regression, a foreign file in its place) means nothing is published. A write
     that fails half-way is rolled back (the files written are restored) before the error is raised.
-    ``dialect="hipdnn"`` writes the published files in hipDNN's spelling (farm.store.hipdnn_dialect).
+    ``dialect="hipdnn"`` writes the published files in hipDNN's spelling (farm.store.overrides.hipdnn_dialect).
     """
-    from farm.store.hipdnn_dialect import DIALECTS
+    from farm.store.overrides.hipdnn_dialect import DIALECTS
 
     if dialect not in DIALECTS:
         raise InputError(f"expected one of {', '.join(DIALECTS)}", field="--dialect", value=dialect)
@@ -279,7 +279,7 @@ def _in_hipdnns_spelling(new: OverrideFile, old: list[OverrideEntry], shaky: lis
                          rep: PublishedFile) -> tuple[OverrideFile, list[OverrideEntry], list[OverrideEntry]]:
     """Both sides of a publish in hipDNN's spelling, so a rule and its respelled twin share a match key; what the
     respelling did goes in the report."""
-    from farm.store.hipdnn_dialect import to_hipdnn
+    from farm.store.overrides.hipdnn_dialect import to_hipdnn
 
     entries, rep.dialect_notes = to_hipdnn(new.entries, [entry_label(e) for e in new.entries])
     rep.dialect = "hipdnn"

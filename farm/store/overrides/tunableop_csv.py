@@ -47,10 +47,10 @@ from farm.model import dtypes
 from farm.model.knobs import KnobSettings, value_from_text
 from farm.model.op_catalog import OPS
 from farm.model.tunableop_gemms import TYPE_NAMES, gemm_tensors
-from farm.store.override_files import lock_path, merge_entries
-from farm.store.overrides import OVERRIDE_VERSION, OverrideEntry, OverrideFile, TensorRule
+from farm.store.overrides.files import lock_path, merge_entries
+from farm.store.overrides.entries import OVERRIDE_VERSION, OverrideEntry, OverrideFile, TensorRule
 
-log = logging.getLogger("farm.store.tunableop_csv")
+log = logging.getLogger("farm.store.overrides.tunableop_csv")
 
 DEFAULT_KERNEL = "Default"  # TunableOp's name for the library's own (heuristic) choice
 VALIDATORS = "tunableop_validators"  # OverrideFile.extra keys: what is kept for the rewrite

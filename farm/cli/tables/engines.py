@@ -7,7 +7,7 @@ from typing import Any, Iterable, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from farm.cli.render import fmt_bytes
+from farm.cli.tables.runs import fmt_bytes
 from farm.model.engine import Engine, EngineRegistry, engine_id, user_knobs
 
 

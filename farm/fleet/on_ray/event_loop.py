@@ -9,14 +9,14 @@ import time
 from typing import Any, Callable
 
 from farm.fleet.driver import Driver, FarmStatus, RunningTask, WorkerHandle, WorkerState, WorkerStatus
-from farm.fleet.launcher import FarmFailed, WorkerLauncher
+from farm.fleet.on_ray.launcher import FarmFailed, WorkerLauncher
 from farm.fleet.options import FarmOptions
 from farm.fleet.planner import Planner, worker_gone
-from farm.fleet.worker import PartSink, TaskEnd, TaskStarted, WorkerInfo
+from farm.fleet.on_ray.worker import PartSink, TaskEnd, TaskStarted, WorkerInfo
 from farm.model.records import AutotuneConfig
 from farm.model.workload import Workload
 
-log = logging.getLogger("farm.fleet.cluster")
+log = logging.getLogger("farm.fleet.on_ray.cluster")
 
 
 class EventLoop:

@@ -18,7 +18,7 @@ from farm.devices.properties import DeviceProperties
 from farm.errors import FarmError, InputError
 from farm.fsutil import PathLock
 
-log = logging.getLogger("farm.store.publish")
+log = logging.getLogger("farm.store.publish.root")
 
 
 INDEX = "index.json"

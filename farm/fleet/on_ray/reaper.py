@@ -17,7 +17,7 @@ import sys
 import uuid
 from typing import Any
 
-log = logging.getLogger("farm.fleet.reaper")
+log = logging.getLogger("farm.fleet.on_ray.reaper")
 OWNER_ENV = "FARM_RAY_OWNER"  # the token of the embedded instance this driver started
 
 _WATCHER = r"""

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from farm.tuner.paired import CONFIDENCE, PairedRatio, paired_ratio
+from farm.tuner.judging.paired import CONFIDENCE, PairedRatio, paired_ratio
 
 NOISE_SIGMAS = 2.0
 RELATIVE_FLOOR = 0.005
@@ -194,7 +194,7 @@ def why(rule: Rule | str, *, winner_ms: float, fastest_ms: float, fastest_label:
     return f"{who} kept: {fastest_label} {gain:.1f} % faster is within noise (±{band:.1f} %)"
 
 
-# -- the confirmation stage's decision (paired rounds: farm.tuner.confirm) ---------------------------------
+# -- the confirmation stage's decision (paired rounds: farm.tuner.judging.confirm) ---------------------------------
 CONFIRM_MARGIN = RELATIVE_FLOOR  # a challenger must be faster than the default by more than this, at the confidence
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from farm.errors import FarmError
 
-log = logging.getLogger("farm.fleet.ray_instance")
+log = logging.getLogger("farm.fleet.on_ray.ray_instance")
 
 
 def _processes() -> dict[int, tuple[int, list[str]]]:

@@ -1,6 +1,6 @@
 """The order an autotune() call returns its results in.
 
-Successes first, ranked by the winner rule (farm.tuner.winner) or by a user's ranking
+Successes first, ranked by the winner rule (farm.tuner.judging.winner) or by a user's ranking
 function, then the failures.
 """
 
@@ -11,13 +11,13 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from farm.model.records import AutotuneResult
-from farm.tuner.winner import decide
+from farm.tuner.judging.winner import decide
 
 log = logging.getLogger("farm.tuner.autotuner")  # the tuner's lines
 
 
 def _default_order(results: list[AutotuneResult]) -> list[AutotuneResult]:
-    """The farm's winner rule (farm.tuner.winner): the faster median wins; the default candidate is kept within noise."""
+    """The farm's winner rule (farm.tuner.judging.winner): the faster median wins; the default candidate is kept within noise."""
     if not results:
         return []
     med = [r.median_ms if r.median_ms is not None else (r.min_ms if r.min_ms is not None else float("inf"))

@@ -8,9 +8,9 @@ from typing import Any, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from farm.cli.render import HostLoad, outcome_dict, ranked_by_decision, reduce_dict, summary_table, to_jsonable
+from farm.cli.tables.runs import HostLoad, outcome_dict, ranked_by_decision, reduce_dict, summary_table, to_jsonable
 from farm.model.records import AutotuneResult
-from farm.tuner.confirm import ConfirmRun
+from farm.tuner.judging.confirm import ConfirmRun
 from farm.tuner.problem_tuning import ProblemOutcome
 
 
@@ -59,7 +59,7 @@ def farm_tables(workload: Any, report: Any, verbose: bool = False, load: HostLoa
     if report.pruning:
         tables.append(pruning_table(report.pruning))
     if report.summary is not None and report.summary.verified:
-        from farm.cli.render_verify import verified_lines, verified_table
+        from farm.cli.tables.verify import verified_lines, verified_table
 
         tables.append(verified_table(report.summary.verified, title="Verified where replayed") if verbose
                       else verified_lines(report.summary.verified, title="Verified where replayed"))

@@ -2,9 +2,9 @@
 together, in rounds, before a winner is published.
 
 Every round times each participant once, in a fresh random order, on one device, so drift and contention
-hit them all alike; the samples are paired by round (farm.tuner.paired). The rounds stop when the paired
+hit them all alike; the samples are paired by round (farm.tuner.judging.paired). The rounds stop when the paired
 test separates the leader from the default at 99 % (or shows that nothing can beat the default by the
-margin), or when the budget ends. The decision itself is farm.tuner.winner.decide_confirmed, which the
+margin), or when the budget ends. The decision itself is farm.tuner.judging.winner.decide_confirmed, which the
 reducer runs on the stage's rows, so every surface shows it.
 
 What a sample times depends on how production calls the op (``CallMode``):
@@ -41,10 +41,10 @@ from farm.tuner.callers import (Caller, calls_per_sample, estimate_ms, eager_sam
 from farm.tuner.candidate import CandidateRun, close_plan, error_text, started_iso
 from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.session import ENGINE_ERRORS
-from farm.tuner.paired import CONFIDENCE, min_rounds
+from farm.tuner.judging.paired import CONFIDENCE, min_rounds
 from farm.tuner.phases import COMPILE, CONFIRM, PhaseClock, timed
 from farm.tuner.watchdog import HangWatch
-from farm.tuner.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide_confirmed, noise_sigma
+from farm.tuner.judging.winner import NOISE_SIGMAS, RELATIVE_FLOOR, decide_confirmed, noise_sigma
 
 log = logging.getLogger("farm.tuner.autotuner")  # the tuner's lines
 

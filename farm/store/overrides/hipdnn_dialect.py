@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from farm.store.hipdnn_names import HIPDNN_CRITERIA, HIPDNN_KEY, HIPDNN_OP_NAMES, IMPLIED_CRITERIA, mode_to_hipdnn
-from farm.store.overrides import OverrideEntry, TensorRule
+from farm.store.overrides.hipdnn_names import HIPDNN_CRITERIA, HIPDNN_KEY, HIPDNN_OP_NAMES, IMPLIED_CRITERIA, mode_to_hipdnn
+from farm.store.overrides.entries import OverrideEntry, TensorRule
 
 DIALECTS = ("farm", "hipdnn")
 

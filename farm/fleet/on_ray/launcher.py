@@ -1,6 +1,6 @@
 """Starting the device workers (Ray actors): one per device, pinned to its node where devices belong to nodes.
 
-GPUs, and simulated devices a node declares (farm.fleet.nodes), get one worker per device pinned to that node
+GPUs, and simulated devices a node declares (farm.fleet.on_ray.nodes), get one worker per device pinned to that node
 (a hard node affinity), so the fleet follows the cluster's nodes as they join and go; ``poll`` lists the nodes
 and ``fill`` starts workers on the devices of nodes that joined (within ``--max-devices``). CPU workers
 (``cpu:N``) and simulated devices no node declares run where Ray places them, started once.
@@ -15,12 +15,12 @@ import time
 from typing import Any, Sequence
 
 from farm.errors import FarmError
-from farm.fleet.nodes import LOST, NodeTable, Slot, cluster_nodes, placed_sim, slots_of
+from farm.fleet.on_ray.nodes import LOST, NodeTable, Slot, cluster_nodes, placed_sim, slots_of
 from farm.fleet.options import DeviceRequest, FarmOptions
-from farm.fleet.worker import DeviceWorkerImpl, WorkerInfo
+from farm.fleet.on_ray.worker import DeviceWorkerImpl, WorkerInfo
 from farm.model.workload import WorkloadProblem
 
-log = logging.getLogger("farm.fleet.launcher")
+log = logging.getLogger("farm.fleet.on_ray.launcher")
 
 
 class FarmFailed(FarmError, RuntimeError):
@@ -38,7 +38,7 @@ def _niceness() -> int:
 
 
 class WorkerLauncher:
-    """Starts the device workers (Ray actors). GPUs and simulated devices placed on nodes (farm.fleet.nodes) get
+    """Starts the device workers (Ray actors). GPUs and simulated devices placed on nodes (farm.fleet.on_ray.nodes) get
     one worker per device, pinned to its node: the fleet follows the cluster's nodes as they join and go. CPU
     workers (``cpu:N``) and simulated devices no node declares run where Ray puts them, started once."""
 

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 from farm.errors import InputError
 from farm.store.location import Location
 
-log = logging.getLogger("farm.store.publish")
+log = logging.getLogger("farm.store.publish.root")
 
 HISTORY_FOLDER = "history"
 

@@ -1,4 +1,4 @@
-"""Override files: reading them (farm.store.override_parsing, whose names are here too) and writing them: the
+"""Override files: reading them (farm.store.overrides.parsing, whose names are here too) and writing them: the
 renderer, and append/replace writes under a lock that never lose or corrupt what is there."""
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from farm.errors import InputError
 from farm.fsutil import MAX_TEXT_BYTES, PathLock, atomic_write_text, copy_aside, move_aside, read_text_file
-from farm.store.hipdnn_dialect import hipdnn_spelled, shared_key, spelled_like_twin
-from farm.store.override_parsing import (INVALID_RULE_ENV, UnusableRule, call_choice, load_json, load_overrides, need,
+from farm.store.overrides.hipdnn_dialect import hipdnn_spelled, shared_key, spelled_like_twin
+from farm.store.overrides.parsing import (INVALID_RULE_ENV, UnusableRule, call_choice, load_json, load_overrides, need,
                                          parse_entry, parse_knobs, parse_overrides)
-from farm.store.overrides import (
+from farm.store.overrides.entries import (
     OVERRIDE_VERSION,
     WRITE_MODES,
     OverrideEntry,
     OverrideFile,
 )
 
-log = logging.getLogger("farm.store.overrides")
+log = logging.getLogger("farm.store.overrides.entries")
 
 __all__ = ["INVALID_RULE_ENV", "ISO_SECONDS_FORMAT", "UnusableRule", "WriteReport", "autotune_metadata", "call_choice",
            "iso_seconds", "load_json", "load_overrides", "lock_path", "merge_entries", "parse_overrides", "render",

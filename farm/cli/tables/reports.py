@@ -9,8 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from farm.cli.names import Name
-from farm.cli.render import fmt_ms, fmt_speedup, round_cells
-from farm.cli.render_farm import phases_table
+from farm.cli.tables.runs import fmt_ms, fmt_speedup, round_cells
+from farm.cli.tables.farm import phases_table
 
 
 def _change_line(c: Any) -> str:
