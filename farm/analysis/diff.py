@@ -18,6 +18,7 @@ from typing import Any, Hashable
 from farm.errors import InputError
 from farm.store.dataset import results_folder
 from farm.store.location import Location
+from farm.store.publish.published import INDEX
 
 NEAR_TIE = 0.03  # a changed winner within 3 % of the old one's time counts as a near tie
 # a same winner whose time moved by more than this (or than 3 sigma of both sides' noise, where larger)
@@ -88,7 +89,7 @@ def _override_files(folder: Path) -> list[Path]:
     """The override files of a folder: ``<signature>.json`` in it (a run's overrides/) or one level down (a
     published root, ROOT/<arch>/<signature>.json); hidden files and the root's index.json are not."""
     found = [*folder.glob("*.json"), *folder.glob("*/*.json")]
-    return sorted(p for p in found if not p.name.startswith(".") and p.name != "index.json")
+    return sorted(p for p in found if not p.name.startswith(".") and p.name != INDEX)
 
 
 def _folder_kind(loc: Location) -> str:

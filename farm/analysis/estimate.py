@@ -11,7 +11,6 @@ workload's ``prune``), only the candidates it keeps are counted.
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -77,7 +76,7 @@ class Estimate:
 MAX_TUNING_MS = 7 * 86_400_000.0  # a candidate tuned for a week is no measurement: NaN, inf and 1e308 are not history
 
 
-class History:
+class EarlierTimes:
     """Main-round and confirmation-stage times of earlier runs, per signature (results folders, read once)."""
 
     def __init__(self, folders: Sequence[str]) -> None:
@@ -115,7 +114,7 @@ class History:
         return statistics.median(times) if times else None
 
 
-def estimate(signature: str, plans: Sequence[ProblemPlan], history: History, *, measured: Mapping[str, set[str]],
+def estimate(signature: str, plans: Sequence[ProblemPlan], history: EarlierTimes, *, measured: Mapping[str, set[str]],
              confirm_budget_ms: float, confirm: bool = True) -> Estimate:
     """The cost of tuning ``plans`` on ``signature``; ``measured``: problem key -> candidate keys the run folder has
     already (a resume skips them)."""

@@ -356,7 +356,7 @@ def _earlier_runs(name: str, out: str) -> list[str]:
 def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool, out: str, history: Sequence[str] = ()) -> int:
     """The candidates of every problem on this host's device, their total and an estimate of the device time (from
     the run folder's results and ``history``; none where there is none), measuring nothing."""
-    from farm.analysis.estimate import History, already_measured, estimate
+    from farm.analysis.estimate import EarlierTimes, already_measured, estimate
     from farm.tuner.autotuner import Autotuner
     from farm.tuner.problem_tuning import plan_specs_for
 
@@ -382,7 +382,7 @@ def _dry_run(workload: Any, device: Any, registry: Any, as_json: bool, out: str,
     sig = device.signature
     plans = _plans(workload, device, registry, [(wp, specs) for wp, specs, _ in rows])
     results = f"{out.rstrip('/')}/results"
-    cost = estimate(sig, plans, History([results, *history]), measured=already_measured(results, sig),
+    cost = estimate(sig, plans, EarlierTimes([results, *history]), measured=already_measured(results, sig),
                     confirm_budget_ms=workload.autotune.confirm.budget_ms, confirm=workload.autotune.confirm.enabled)
     if as_json:
         print_json({"problems": [{"name": wp.name, "problem_key": wp.problem.key, "label": wp.problem.label(),

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from farm.errors import InputError
 from farm.fsutil import atomic_write_bytes, atomic_write_text
 from farm.store.location import Location
+from farm.store.publish.published import INDEX
 from farm.store.publish.history import HISTORY_FOLDER, history_files_within
 
 log = logging.getLogger("farm.costmodel")
@@ -50,7 +51,7 @@ class History:
 
 
 def is_published_root(source: str | Path) -> bool:
-    return Location.of(source).join("index.json").exists()
+    return Location.of(source).join(INDEX).exists()
 
 
 def read_history(sources: Sequence[str | Path]) -> History:

@@ -25,7 +25,7 @@ from farm.fleet.job import JobRun, JobSummary
 from farm.fleet.local_loop import LocalLoop
 from farm.fleet.options import FarmOptions
 from farm.fleet.planner import InProcessPlanner
-from farm.fleet.pruning import PlanPruning
+from farm.fleet.plan_pruning import PlanPruning
 from farm.fleet.scheduler import CONFIRM, Scheduler
 from farm.fleet.on_ray.worker import DeviceWorkerImpl
 from farm.tuner.journal import InFlightJournal

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from farm.fleet.driver import WorkerHandle
 from farm.fleet.job import JobRun, prior_rows
-from farm.fleet.pruning import PlanPruning
+from farm.fleet.plan_pruning import PlanPruning
 from farm.fleet.scheduler import PriorRow, Scheduler
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset

@@ -12,6 +12,7 @@ registry of them (farm.nn.module_sites and farm.nn.function_scope fill it; farm.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import weakref
@@ -24,23 +25,32 @@ log = logging.getLogger("farm.nn.compiled")
 
 class SiteRegistry:
     """Every routed call site by number: what a custom op runs and its fake result. A site is held weakly: a
-    model dropped without ``farm.unapply`` takes its sites with it."""
+    model dropped without ``farm.unapply`` takes its sites with it. Numbers are never given twice (a graph compiled
+    for a removed site must fail, not run another), and the registry holds only the sites alive."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sites: list[Callable[[], Any] | None] = []
+        self._lock = threading.RLock()  # a weak reference's callback may run in a collection inside ``add``
+        self._sites: dict[int, Callable[[], Any]] = {}
+        self._next = itertools.count()
 
     def add(self, site: Any) -> int:
         with self._lock:
-            self._sites.append(weakref.ref(site))
-            return len(self._sites) - 1
+            number = next(self._next)
+            self._sites[number] = weakref.ref(site, functools.partial(self._gone, number))
+            return number
+
+    def _gone(self, number: int, _ref: Any = None) -> None:
+        with self._lock:
+            self._sites.pop(number, None)
 
     def remove(self, number: int) -> None:
-        with self._lock:
-            self._sites[number] = None
+        self._gone(number)
+
+    def __len__(self) -> int:
+        return len(self._sites)
 
     def __getitem__(self, number: int) -> Any:
-        ref = self._sites[number]
+        ref = self._sites.get(number)
         site = ref() if ref is not None else None
         if site is None:
             raise RuntimeError(f"farm site {number} was removed (farm.unapply, or its model is gone): compile the "

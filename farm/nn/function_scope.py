@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterable, Mapping
 from farm.nn.decided import Route
 from farm.nn.module_sites import (SITE_ATTR, InstalledSite, ModuleSite, Site, static_layouts, chooser, dummy_like_layout,
                                   in_graph_pool, install, needs_grad, prime, real_tensors)
-from farm.nn.torch_calls import default_scale, read_call, read_matmul, torch_module, torch_output_layout
+from farm.nn.torch_calls import (default_scale, graph_capturing, read_call, read_matmul, torch_module,
+                                  torch_output_layout)
 
 log = logging.getLogger("farm.nn.function_scope")
 SDPA = "sdpa"
@@ -422,7 +423,7 @@ class ScopeSite(InstalledSite):
             return run()
         if self.discovering:  # with a function decision in any calling mode (a graph's is found eagerly too)
             shapes = _shapes(args, kwargs)
-            if shapes not in self.seen and not self.scope.depth() and not _capturing():
+            if shapes not in self.seen and not self.scope.depth() and not graph_capturing():
                 with self.lock:
                     fresh = shapes not in self.seen
                     self.seen.add(shapes)
@@ -440,6 +441,3 @@ def _shapes(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]
     return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))
 
 
-def _capturing() -> bool:
-    torch = torch_module()
-    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())

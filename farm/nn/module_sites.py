@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Mapping
 from farm.devices.device import graph_pool_active
 from farm.nn.compiled import SITES, compiling, custom_ops
 from farm.nn.decided import Route
-from farm.nn.torch_calls import OpCall, read_call, torch_module, torch_output_layout
+from farm.nn.torch_calls import OpCall, graph_capturing, read_call, torch_module, torch_output_layout
 
 log = logging.getLogger("farm.nn.module_sites")
 SITE_ATTR = "_farm_site"
@@ -349,8 +349,7 @@ def prime(route: Route, tensors: dict[str, Any]) -> None:
     graph = route.graph
     if graph is None or graph is route.eager:
         return
-    torch = torch_module()
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if graph_capturing():
         return
     graph.call(tensors)
 

@@ -33,7 +33,7 @@ from farm.nn.decided import Decisions, Route
 from farm.nn.function_scope import FunctionScope
 from farm.nn.hand_written import HandNormSite, rmsnorm_shaped
 from farm.nn.module_sites import SITE_ATTR, ConvSite, LinearSite, ModuleSite, NormSite, Site, install, routable_norm
-from farm.nn.torch_calls import layout, torch_module
+from farm.nn.torch_calls import graph_capturing, layout, torch_module
 from farm.store.targets import resolve
 
 log = logging.getLogger("farm.nn.routing")
@@ -104,8 +104,7 @@ class Applied:
         eager = any(op in FUNCTION_OPS for op in ops.get("eager", ()))
         if eager and self.call != "graph":
             return True
-        torch = torch_module()
-        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        return graph_capturing()
 
     def remove(self) -> None:
         for s in self.sites:

@@ -331,6 +331,12 @@ def torch_module() -> Any:
     return torch
 
 
+def graph_capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream (False where torch has no CUDA)."""
+    torch = torch_module()
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
 @functools.lru_cache(maxsize=1)
 def tunable_functions() -> dict[Any, tuple[str, Callable[..., Any]]]:
     """Each torch function a model calls for a tunable operation (every spelling of it), and its reader."""

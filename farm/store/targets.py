@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import InputError
+from farm.store.publish.published import INDEX
 from farm.store.overrides.files import write_overrides
 from farm.store.overrides.entries import OverrideEntry, OverrideFile
 
@@ -50,7 +51,7 @@ def resolve(given: str, device: Any) -> Target:
     if found is None:
         raise InputError(f"holds no override file for this device ({sig}) nor one of its arch", source=given)
     path, note = found
-    kind = "root" if "://" in given or os.path.isfile(os.path.join(given, "index.json")) else "file"
+    kind = "root" if "://" in given or os.path.isfile(os.path.join(given, INDEX)) else "file"
     return Target(kind, path, given if kind == "root" else path, note)
 
 

@@ -540,3 +540,29 @@ def test_the_model_checks_untouched_step_runs_no_scope_mode_the_attention_decisi
     finally:
         farm.nn.function_scope.FunctionScope.entered = original
         farm.unapply(model)
+
+
+def test_the_registry_of_routed_sites_shrinks_when_models_are_unapplied_or_dropped(tmp_path):
+    import gc
+
+    from farm.nn.compiled import SITES
+
+    model = _WithHelper(_Helper()).eval()
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    path = _decide(tmp_path / "o.json", [p for p in _captured(model, q, k, v) if p.op == "sdpa_fwd"],
+                   {"sdpa_fwd": "cpu.sdpa.online"})
+    gc.collect()  # earlier tests' models, dropped but not yet collected
+    before = len(SITES)
+    for _ in range(5):
+        farm.apply(model, path)
+        farm.unapply(model)
+    assert len(SITES) == before
+    other = _WithHelper(_Helper()).eval()
+    farm.apply(other, path)
+    assert len(SITES) > before
+    numbers = [s.number for s in applied_to(other).all_sites()]
+    del other
+    gc.collect()
+    assert len(SITES) == before  # a model dropped without unapply takes its sites with it
+    with pytest.raises(RuntimeError, match="was removed"):
+        SITES[numbers[0]]

@@ -28,7 +28,7 @@ from farm.fleet.on_ray.launcher import FarmFailed, WorkerLauncher
 from farm.fleet.on_ray.event_loop import EventLoop, first_line, worker_handle
 from farm.fleet.planner import Planner, record_plan, schedule_problems, worker_gone
 from farm.fleet.options import DeviceRequest, FarmOptions
-from farm.fleet.pruning import PlanPruning
+from farm.fleet.plan_pruning import PlanPruning
 from farm.fleet.on_ray.reaper import Reaper
 from farm.fleet.scheduler import Scheduler
 from farm.fleet.on_ray.worker import PartSink, WorkerInfo
