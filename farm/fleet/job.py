@@ -21,11 +21,12 @@ import pyarrow as pa
 from farm.errors import FarmError, InputError
 from farm.model.records import AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
-from farm.store.dataset import ResultsDataset, fenced_sessions, partition_signatures
+from farm.store.dataset import ResultsDataset, partition_signatures
 from farm.store.deciding import Decisions, Winner, decide_results, load_incumbents
 from farm.store.reduce import ReduceReport, reduce_results, relocated, rendered
 from farm.store.results import CHECK_ROUNDS, MeasurementContext, ResultWriter, result_row, spec_of
 from farm.fleet.job_folder import JobDir, lock_job_folder
+from farm.fleet.late_parts import LateParts
 from farm.fleet.scheduler import PriorRow
 
 log = logging.getLogger("farm.fleet.job")
@@ -107,8 +108,7 @@ class JobRun:
         self._signatures: set[str] = set()
         self.measurement_warning = ""  # why these measurements are not production's (written into the override files)
         self.waiting: dict[str, list[str]] = {}  # signature -> problems no device of it was left to measure
-        self._fenced: list[tuple[str, str, str]] = []  # (signature, op, session) of lost nodes' tasks run again
-        self._counted_parts: dict[str, set[str]] = {}  # session -> the parts of it counted as reported
+        self.late = LateParts(self.job, self.run.run_id)  # lost nodes' sessions and the parts they write late
         self._skipped_files: list[tuple[str, str]] = []  # results files the last decision could not read
 
     def tuning(self, signature: str) -> None:
@@ -134,104 +134,12 @@ class JobRun:
         self.parts.extend(parts)
 
     def results_of_session(self, signature: str, op: str, session_id: str) -> list[AutotuneResult]:
-        """What a worker wrote of one session before it went (shared storage): rows it flushed into a part and
-        could not report any more. Counted as reported, they are not measured (and written) again."""
-        from farm.model.measurement import Strategy
-        from farm.model.records import Disposition, TuneMode
-        from farm.store.results import spec_of
-
-        out = []
-        for path, rows, _mixed in self._session_parts(signature, op, {session_id}):
-            self._counted_parts.setdefault(session_id, set()).add(path)
-            for row in rows:
-                spec = spec_of(row["candidate_key"])
-                out.append(AutotuneResult(
-                    problem_key=row["problem_key"], engine_id=spec.engine_id, engine_name=row["engine_name"],
-                    knobs=spec.knobs, disposition=Disposition(row["disposition"]), mode=TuneMode(row["mode"]),
-                    strategy=Strategy(row["strategy"]), candidate=row["candidate_index"], error=row["error"] or "",
-                    median_ms=row["median_ms"], mad_ms=row["mad_ms"], min_ms=row["min_ms"], avg_ms=row["avg_ms"]))
-        return out
+        """What a worker wrote of one session before it went (farm.fleet.late_parts.LateParts)."""
+        return self.late.results_of_session(signature, op, session_id)
 
     def fence(self, signature: str, op: str, session_id: str) -> None:
-        """A lost node's session runs again elsewhere: a part its worker writes late (a node dies over a second or
-        so, and a worker cut off may go on) is set aside when the run ends, not read as data."""
-        self._fenced.append((signature, op, session_id))
-
-    def _session_parts(self, signature: str, op: str, sessions: set[str]
-                       ) -> list[tuple[str, list[dict[str, Any]], bool]]:
-        """This run's parts of (signature, op) holding rows of ``sessions``: (path, those rows, whether the part
-        holds rows of other sessions too)."""
-        import pyarrow.parquet as pq
-
-        if not self.job.results.exists():
-            return []
-        data = ResultsDataset(self.job.results, signatures=[signature])
-        cols = ["session_id", "problem_key", "candidate_key", "candidate_index", "engine_name", "disposition", "mode",
-                "strategy", "median_ms", "mad_ms", "min_ms", "avg_ms", "error"]
-        out = []
-        for path in data.files:
-            folder, _, name = path.replace("\\", "/").rpartition("/")
-            if not folder.endswith(f"/op={op}") or not name.startswith(f"part-{self.run.run_id}-"):
-                continue
-            rows = pq.read_table(path, columns=cols, filesystem=data.location.fs).to_pylist()
-            hits = [r for r in rows if r["session_id"] in sessions]
-            if hits:
-                out.append((path, hits, len(hits) < len(rows)))
-        return out
-
-    def _set_aside_late_parts(self) -> list[dict[str, Any]]:
-        """Parts of fenced sessions (``fence``) that were not counted: set aside (renamed, so no reader lists them);
-        a part holding other sessions' rows too is written again without the fenced session's (those kept, the
-        part as it was set aside)."""
-        out = self._set_aside_earlier_late_parts()
-        for sig, op, session in self._fenced:
-            for path, rows, mixed in self._session_parts(sig, op, {session}):
-                if path in self._counted_parts.get(session, set()):
-                    continue
-                kept = self._without_session(path, session) if mixed else ""
-                moved = self.job.location.set_aside(path, "lost-worker")
-                log.warning("farm: a part a lost node's worker wrote after its task ran again elsewhere (%d rows of "
-                            "session %s) set aside: %s%s", len(rows), session, moved,
-                            f"; its other sessions' rows kept in {kept}" if kept else "")
-                out.append({"session_id": session, "rows": len(rows), "path": str(moved),
-                            **({"kept_in": kept} if kept else {})})
-        return out
-
-    def _set_aside_earlier_late_parts(self) -> list[dict[str, Any]]:
-        """Parts an earlier run's lost node wrote after that run had ended (its readers skip them already): set
-        aside now, so a plain Parquet query does not read them either."""
-        if not self.job.results.exists() or not fenced_sessions(self.job.results):  # (the record alone, read cheaply)
-            return []
-        out = []
-        for skipped in ResultsDataset(self.job.results).skipped:
-            if "after its run ended" in skipped.reason:
-                moved = self.job.location.set_aside(skipped.path, "lost-worker")
-                log.warning("farm: a part a lost node's worker wrote after an earlier run ended set aside: %s", moved)
-                out.append({"session_id": "", "rows": None, "path": str(moved), "after_its_run": True})
-        return out
-
-    def _without_session(self, path: str, session: str) -> str:
-        """A copy of the part at ``path`` without ``session``'s rows, beside it (written under a temp name, then
-        renamed: a reader never lists half of it) -> its path."""
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
-        fs = self.job.location.fs
-        table = pq.read_table(path, filesystem=fs)
-        table = table.filter(pc.not_equal(table["session_id"], session))
-        head, _, name = path.rpartition("/")
-        target = f"{head}/{name[:-len('.parquet')]}-kept.parquet"
-        temp = f"{head}/_{name}.kept-tmp"
-        pq.write_table(table, temp, filesystem=fs)
-        fs.move(temp, target)
-        return target
-
-    def fenced_record(self) -> list[dict[str, Any]]:
-        """The fenced sessions with the parts counted of each: what a reader skips of them later (a part landing
-        after the run's end, farm.store.dataset)."""
-        return [{"signature": sig, "op": op, "session_id": session,
-                 "counted": sorted(p.rpartition("/")[2] for p in self._counted_parts.get(session, set()))}
-                for sig, op, session in self._fenced]
+        """A lost node's session runs again elsewhere (farm.fleet.late_parts.LateParts)."""
+        self.late.fence(signature, op, session_id)
 
     @property
     def rows_written(self) -> int:
@@ -253,11 +161,11 @@ class JobRun:
         given and the files were written, replays each signature's decisions where they run (farm verify): its
         rows join the results and the winners are decided again, so a decision it fixed is not published."""
         self.writer.flush()  # every row measured is on disk before the decision reads them
-        set_aside = self._set_aside_late_parts()
+        set_aside = self.late.set_aside()
         if set_aside:
             fields["set_aside"] = set_aside
-        if self._fenced:
-            fields["fenced"] = self.fenced_record()
+        if self.late.any:
+            fields["fenced"] = self.late.record()
         per_sig = self._decisions(top_k)
         verification: dict[str, Any] | None = None
         if verify is not None and reduce:
