@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import cuda_or_skip
+from .conftest import captured, cuda_or_skip
 
 pytestmark = pytest.mark.gpu
 RT, COUNT = cuda_or_skip()
@@ -169,14 +169,7 @@ def test_an_applied_8b_shaped_llama_with_the_decode_step_decided_gives_its_logit
                 close(step())
             else:
                 step()
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    step()
-                torch.cuda.current_stream().wait_stream(side)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    out = step()
+                g, out = captured(step)
                 g.replay()
                 torch.cuda.synchronize()
                 close(out)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import cuda_or_skip
+from .conftest import captured, cuda_or_skip
 
 pytestmark = pytest.mark.gpu
 RT, COUNT = cuda_or_skip()
@@ -29,18 +29,6 @@ def _file(path, problems, engine, knobs):
     write_overrides(str(path), [OverrideEntry.for_problem(p, engine, knobs) for p in problems],
                     device={"signature": d.signature, "properties": d.properties.to_dict()}, mode="replace")
     return str(path)
-
-
-def _graph(step):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = step()
-    return g, out
 
 
 def _close(a, b, tol=2e-2):
@@ -65,7 +53,7 @@ def test_a_library_decoders_masked_attention_is_routed_eagerly_in_a_graph_and_co
             f"model.layers.{i}.self_attn" for i in range(len(model.model.layers))]
         routed = [r for r in applied_to(model).routed.values() if r.route.routed]
         assert [r.route.labels["eager"] for r in routed] == ["torch.sdpa[backend=math]"]
-        g, static = _graph(step)
+        g, static = captured(step)
         g.replay()
         torch.cuda.synchronize()
         assert _close(static, ref)
@@ -100,7 +88,7 @@ def test_a_graph_only_attention_decision_finds_its_modules_on_an_eager_call(tmp_
         assert [s.name for s in scope.sites] == [f"model.layers.{i}.self_attn" for i in range(len(model.model.layers))]
         route = next(r.route for r in applied_to(model).routed.values() if r.problem.op == "sdpa_fwd")
         assert route.eager is None and route.labels["graph"] == "torch.sdpa[backend=math]"
-        g, static = _graph(step)
+        g, static = captured(step)
         g.replay()
         torch.cuda.synchronize()
         assert _close(static, ref)
