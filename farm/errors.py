@@ -96,3 +96,9 @@ class AutotuneError(FarmError, RuntimeError):
     def __init__(self, message: str, results: Any = ()) -> None:
         super().__init__(message)
         self.results = list(results)
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line of text (200 characters at most), or its type's name when it says nothing."""
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__

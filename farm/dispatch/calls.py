@@ -267,18 +267,8 @@ class OpCalls:
         if causal:
             raise InputError("a mask and causal=True together (torch refuses them too): put the causal part in "
                              "the mask", field="causal", value=causal)
-        tensors = {"Q": q, "K": k, "V": v, "mask": unexpanded(mask)}
-        if out is None:
-            try:
-                key = ("mask", *[_layout(t) for t in tensors.values()])
-                hit = self._sdpa.get(key)
-            except (AttributeError, TypeError):
-                key, hit = None, None
-            if hit is not None:
-                return hit(tensors)
-            if key is not None:
-                return self._miss(self._sdpa, key, "sdpa_fwd", tensors, functools.partial(_causal, False), None)
-        return self._general("sdpa_fwd", tensors, "mask", functools.partial(_causal, False), None, out)
+        return self._by_layouts(self._sdpa, "mask", "sdpa_fwd", {"Q": q, "K": k, "V": v, "mask": unexpanded(mask)},
+                                functools.partial(_causal, False), "mask", out)
 
     def conv2d(self, x: Any, w: Any, *, stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
                dilation: int | tuple[int, int] = 1, groups: int = 1, out: Any = None) -> Any:
@@ -325,17 +315,23 @@ class OpCalls:
         return self._norm_call("rmsnorm", {"X": x, "scale": scale}, out)
 
     def _norm_call(self, op: str, tensors: dict[str, Any], out: Any) -> Any:
+        return self._by_layouts(self._norm, op, op, tensors, _no_criteria, (), out)
+
+    def _by_layouts(self, cache: dict[tuple[Any, ...], Callable[[Mapping[str, Any]], Any]], head: str, op: str,
+                    tensors: dict[str, Any], criteria: Callable[[], Criteria], params: Any, out: Any) -> Any:
+        """A call whose flat key is ``head`` and its tensors' layouts (the general path for ``out=`` and for
+        what has no layout)."""
         if out is None:
             try:
-                key: tuple[Any, ...] | None = (op, *[_layout(t) for t in tensors.values()])
-                hit = self._norm.get(key)  # type: ignore[arg-type]
+                key: tuple[Any, ...] | None = (head, *[_layout(t) for t in tensors.values()])
+                hit = cache.get(key)  # type: ignore[arg-type]
             except (AttributeError, TypeError):
                 key, hit = None, None
             if hit is not None:
                 return hit(tensors)
             if key is not None:
-                return self._miss(self._norm, key, op, tensors, _no_criteria, None)
-        return self._general(op, tensors, (), _no_criteria, None, out)
+                return self._miss(cache, key, op, tensors, criteria, None)
+        return self._general(op, tensors, params, criteria, None, out)
 
     # -- bound callables for hot loops ---------------------------------------------------------
     def bind_matmul(self, a: Any, b: Any, bias: Any = None, *, compute_dtype: str | None = None,
@@ -366,52 +362,59 @@ class OpCalls:
 
     def _bound_callable(self, op: str, names: tuple[str, ...], given: tuple[Any, ...], criteria: Criteria,
                         compute_dtype: str | None, check: bool) -> Callable[..., Any]:
-        binding = self.bind(op, dict(zip(names, given)), criteria, compute_dtype)
-        call = binding.call
-        shapes = tuple(t.shape for t in given)
-        guard = layout_check(*given) if check and _all_torch(given) else None  # shapes, strides, dtypes at once
-        if len(names) == 2:
-            n0, n1 = names
-            s0, s1 = shapes
+        return bound_callable(op, names, given, self.bind(op, dict(zip(names, given)), criteria, compute_dtype).call,
+                              check)
 
-            if guard is not None:
-                def guarded2(x: Any, y: Any) -> Any:
-                    if not guard(x, y) and not _same_layouts((x, y), given):  # the guard's no: checked field by field
-                        _wrong_layout(op, names, given, (x, y))
-                    return call({n0: x, n1: y})
 
-                return guarded2
-            if check:
-                def bound2(x: Any, y: Any) -> Any:
-                    if x.shape != s0 or y.shape != s1:
-                        _wrong_layout(op, names, given, (x, y))
-                    return call({n0: x, n1: y})
+def bound_callable(op: str, names: tuple[str, ...], given: tuple[Any, ...], call: Callable[[Mapping[str, Any]], Any],
+                   check: bool) -> Callable[..., Any]:
+    """``call`` taking the tensors as arguments (named ``names``, laid out as ``given``); ``check``: each call's
+    layouts are compared with the bound ones."""
+    shapes = tuple(t.shape for t in given)
+    guard = layout_check(*given) if check and _all_torch(given) else None  # shapes, strides, dtypes at once
+    if len(names) == 2:
+        n0, n1 = names
+        s0, s1 = shapes
 
-                return bound2
-            return lambda x, y: call({n0: x, n1: y})
+        if guard is not None:
+            def guarded2(x: Any, y: Any) -> Any:
+                if not guard(x, y) and not _same_layouts((x, y), given):  # the guard's no: checked field by field
+                    _wrong_layout(op, names, given, (x, y))
+                return call({n0: x, n1: y})
 
-        if len(names) == 3 and not check:
-            m0, m1, m2 = names
-            return lambda x, y, z: call({m0: x, m1: y, m2: z})
-        if len(names) == 3 and guard is not None:
-            m0, m1, m2 = names
+            return guarded2
+        if check:
+            def bound2(x: Any, y: Any) -> Any:
+                if x.shape != s0 or y.shape != s1:
+                    _wrong_layout(op, names, given, (x, y))
+                return call({n0: x, n1: y})
 
-            def guarded3(x: Any, y: Any, z: Any) -> Any:
-                if not guard(x, y, z) and not _same_layouts((x, y, z), given):
-                    _wrong_layout(op, names, given, (x, y, z))
-                return call({m0: x, m1: y, m2: z})
+            return bound2
+        return lambda x, y: call({n0: x, n1: y})
 
-            return guarded3
+    if len(names) == 3 and not check:
+        m0, m1, m2 = names
+        return lambda x, y, z: call({m0: x, m1: y, m2: z})
+    if len(names) == 3 and guard is not None:
+        m0, m1, m2 = names
 
-        def bound(*args: Any) -> Any:
-            if len(args) != len(names):
-                raise InputError(f"expected {len(names)} tensors ({', '.join(names)})", field=op, value=len(args))
-            if check and (not guard(*args) and not _same_layouts(args, given) if guard is not None
-                          else tuple(t.shape for t in args) != shapes):
-                _wrong_layout(op, names, given, args)
-            return call(dict(zip(names, args)))
+        def guarded3(x: Any, y: Any, z: Any) -> Any:
+            if not guard(x, y, z) and not _same_layouts((x, y, z), given):
+                _wrong_layout(op, names, given, (x, y, z))
+            return call({m0: x, m1: y, m2: z})
 
-        return bound
+        return guarded3
+
+    def bound(*args: Any) -> Any:
+        if len(args) != len(names):
+            raise InputError(f"expected {len(names)} tensors ({', '.join(names)})", field=op, value=len(args))
+        if check and (not guard(*args) and not _same_layouts(args, given) if guard is not None
+                      else tuple(t.shape for t in args) != shapes):
+            _wrong_layout(op, names, given, args)
+        return call(dict(zip(names, args)))
+
+    return bound
+
 
 
 def _same_layouts(args: tuple[Any, ...], bound: tuple[Any, ...]) -> bool:

@@ -28,7 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
-from farm.fleet.on_ray.nodes import NodeRecord, NodeTable
+from farm.fleet.on_ray.nodes import DeviceWaits, NodeRecord, NodeTable
+from farm.fleet.late_parts import written_unreported
 from farm.fleet.options import FarmOptions
 from farm.fleet.scheduler import CONFIRM, FINALIST, Scheduler, Task
 from farm.fleet.on_ray.worker import TaskEnd, WorkerInfo
@@ -160,7 +161,7 @@ class RowSink(Protocol):
         """A lost node's session runs again: a part of it written from now on is not data."""
 
 
-class Planner(Protocol):
+class ProblemSource(Protocol):
     """Where more problems come from (farm.fleet.planner.Planner: discovery on the workers, in windows)."""
 
     @property
@@ -178,7 +179,7 @@ class Planner(Protocol):
 class Driver:
     def __init__(self, scheduler: Scheduler, workers: Sequence[WorkerHandle], sink: RowSink, config: AutotuneConfig,
                  options: FarmOptions, *, clock: Callable[[], float] = time.perf_counter,
-                 workers_write: bool = False, planner: Planner | None = None, nodes: NodeTable | None = None) -> None:
+                 workers_write: bool = False, planner: ProblemSource | None = None, nodes: NodeTable | None = None) -> None:
         self.sched = scheduler
         self.planner = planner  # discovery in windows: more problems as the queues run short
         self.workers_write = workers_write  # workers write their rows (shared storage); the driver only counts
@@ -194,8 +195,7 @@ class Driver:
         self.confirmations: dict[tuple[str, str, str], list[AutotuneResult]] = {}
         self.signatures = sorted({w.info.signature for w in self.workers})
         self.nodes = nodes if nodes is not None else NodeTable()
-        self._waiting_since: dict[str, float] = {}  # signature -> when its last device went
-        self.given_up: dict[str, list[int]] = {}  # signature -> problems (workload indices) left for a device
+        self.waits = DeviceWaits(options.device_wait_s)  # kinds of device the cluster lost, waited for
 
     # -- what to do next -------------------------------------------------------------------
     @property
@@ -364,41 +364,21 @@ class Driver:
         return gone
 
     def check_waits(self) -> list[str]:
-        """Signatures with work left and no device up: each waits up to ``device_wait_s`` for a node of its kind
-        to join, then its work is given up (the job finishes what it can; a resume measures the rest).
-        -> the signatures given up now."""
-        now = self.clock()
-        out = []
-        for sig in self.signatures:
-            if sig in self.given_up or any(w.info.signature == sig and not w.lost for w in self.workers):
-                self._waiting_since.pop(sig, None)
-                continue
-            if not self.sched.pending_tasks(sig) and not (self.planner is not None and self.planner.open_for(sig)):
-                continue
-            since = self._waiting_since.setdefault(sig, now)
-            if since == now:
-                log.warning("farm: no device of %s is left; waiting up to %.0f s for a node with one", sig,
-                            self.options.device_wait_s)
-            if now - since >= self.options.device_wait_s:
-                left = set(self.sched.abandon(sig))
-                if self.planner is not None:
-                    left |= set(self.planner.abandon(sig))
-                self.given_up[sig] = sorted(left)
-                self._waiting_since.pop(sig, None)
-                log.warning("farm: no device of %s joined within %.0f s: %d problem(s) wait for one (a resume "
-                            "measures them)", sig, self.options.device_wait_s, len(left))
-                out.append(sig)
-        return out
+        """Signatures with work left and no device up wait up to ``device_wait_s`` for a node of their kind
+        (farm.fleet.on_ray.nodes.DeviceWaits); -> the signatures given up now."""
+        return self.waits.check(
+            self.clock(), self.signatures, lambda sig: any(w.info.signature == sig and not w.lost for w in self.workers),
+            lambda sig: bool(self.sched.pending_tasks(sig)) or (self.planner is not None and self.planner.open_for(sig)),
+            lambda sig: set(self.sched.abandon(sig)) | set(self.planner.abandon(sig) if self.planner else ()))
 
     # -- reporting -------------------------------------------------------------------------------
     def status(self, phase: str = "tuning") -> FarmStatus:
         failed = sum(v for k, v in self.counts.items() if k != "succeeded")
         now = self.clock()
-        waiting = {s: max(0.0, self.options.device_wait_s - (now - t)) for s, t in self._waiting_since.items()}
-        given_up = {s: [self.sched.problem_name(s, i) for i in ix] for s, ix in self.given_up.items()}
+        given_up = {s: [self.sched.problem_name(s, i) for i in ix] for s, ix in self.waits.given_up.items()}
         return FarmStatus(self.sched.total, self.sched.finished, self.sched.remeasured, failed, now - self.t0,
                           [w.status for w in self.workers], self.signatures, phase, self.nodes.with_workers(),
-                          waiting, given_up)
+                          self.waits.left_s(now), given_up)
 
     # -- inside ----------------------------------------------------------------------------------
     def _write(self, w: WorkerHandle, r: RunningTask, rows: Sequence[AutotuneResult], *, by_worker: bool = False) -> None:
@@ -427,32 +407,16 @@ class Driver:
         if w.status.state == WorkerState.BUSY.value:
             w.status.state, w.status.problem = WorkerState.IDLE.value, ""
 
-    def add_phases(self, w: WorkerHandle, split: PhaseSplit) -> None:
-        """Time a worker reported outside a TaskEnd (its discovery after its last task)."""
-        w.status.phases = w.status.phases + split
-
-    def finish_phases(self, window_s: float) -> PhaseSplit:
-        """Every worker's split over the tuning window (idle: what its phases leave of it); -> the sum."""
-        total = PhaseSplit()
-        for w in self.workers:
-            w.status.phases = w.status.phases.with_idle(window_s)
-            total = total + w.status.phases
-        return total
-
     def _reported_on_storage(self, w: WorkerHandle, r: RunningTask) -> None:
         """A worker that went between writing a part and reporting it (shared storage): the rows it wrote in the
-        task's session are counted as reported, so they are not measured (and written) twice. A stage's rows go in
-        one part at its end: all of them are there, or none."""
-        seen = {x.spec for x in r.reported}
-        found = [x for x in self.sink.results_of_session(r.task.signature, self.sched.problem_of(r.task).problem.op,
-                                                         r.where.session_id)
-                 if x.spec in r.task.specs and x.spec not in seen]
-        if not found or (r.task.round == CONFIRM and len(found) + len(seen) < r.task.size):
-            return
-        log.info("farm: %d result(s) %s wrote but never reported are on the storage: counted", len(found),
-                 w.status.name)
-        r.reported.extend(found)
-        self._write(w, r, found, by_worker=True)
+        task's session count as reported, so they are not measured (and written) twice."""
+        found = written_unreported(self.sink, r.task, self.sched.problem_of(r.task).problem.op, r.where.session_id,
+                                   r.reported)
+        if found:
+            log.info("farm: %d result(s) %s wrote but never reported are on the storage: counted", len(found),
+                     w.status.name)
+            r.reported.extend(found)
+            self._write(w, r, found, by_worker=True)
 
     def _lose(self, w: WorkerHandle, kind: LossKind, detail: str) -> None:
         r = w.task
@@ -479,3 +443,12 @@ class Driver:
             w.restarting = True
             w.status.state = WorkerState.RESTARTING.value
             w.status.restarts += r.on_device
+
+
+def finish_phases(workers: Sequence[WorkerHandle], window_s: float) -> PhaseSplit:
+    """Every worker's split over the tuning window (idle: what its phases leave of it); -> the sum."""
+    total = PhaseSplit()
+    for w in workers:
+        w.status.phases = w.status.phases.with_idle(window_s)
+        total = total + w.status.phases
+    return total

@@ -4,11 +4,12 @@ such a worker writes late, set aside when the run ends (farm.fleet.job.JobRun ke
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 from farm.model.records import AutotuneResult
 from farm.store.dataset import ResultsDataset, fenced_sessions
 from farm.fleet.job_folder import JobDir
+from farm.fleet.scheduler import CONFIRM
 
 log = logging.getLogger("farm.fleet.job")
 
@@ -126,3 +127,15 @@ class LateParts:
         return [{"signature": sig, "op": op, "session_id": session,
                  "counted": sorted(p.rpartition("/")[2] for p in self._counted_parts.get(session, set()))}
                 for sig, op, session in self._fenced]
+
+
+def written_unreported(sink: Any, task: Any, op: str, session_id: str,
+                       reported: Sequence[AutotuneResult]) -> list[AutotuneResult]:
+    """The rows of ``task``'s session on the storage (``sink.results_of_session``) that its worker never reported.
+    A stage's rows go in one part at its end: all of them are there, or none is counted."""
+    seen = {x.spec for x in reported}
+    found = [x for x in sink.results_of_session(task.signature, op, session_id)
+             if x.spec in task.specs and x.spec not in seen]
+    if task.round == CONFIRM and len(found) + len(seen) < task.size:
+        return []
+    return found

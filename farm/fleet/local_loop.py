@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from farm.fleet.driver import Driver, WorkerHandle
 from farm.fleet.on_ray.launcher import FarmFailed
-from farm.fleet.planner import InProcessPlanner
+from farm.fleet.planner import Planner
 from farm.fleet.scheduler import CONFIRM, Task
 from farm.fleet.on_ray.worker import DeviceWorkerImpl, TaskEnd, TaskStarted
 from farm.model.records import AutotuneConfig, AutotuneResult
@@ -28,7 +28,7 @@ class LocalLoop:
     the task running (its problem, where its rows go, its candidates' indices) for the hang watch;
     ``flush`` puts the rows written so far on disk (before a stage); ``on_problem`` gets each problem's outcome once it is settled."""
 
-    def __init__(self, driver: Driver, planner: InProcessPlanner, worker: DeviceWorkerImpl, workload: Workload,
+    def __init__(self, driver: Driver, planner: Planner, worker: DeviceWorkerImpl, workload: Workload,
                  config: AutotuneConfig, current: dict[str, Any], flush: Callable[[], None],
                  on_problem: Callable[[ProblemOutcome], None] | None = None) -> None:
         self.driver, self.planner, self.worker, self.workload, self.config = driver, planner, worker, workload, config

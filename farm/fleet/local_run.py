@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,15 +17,15 @@ from farm.errors import FarmError
 from farm.model.engine import EngineRegistry
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload
-from farm.store.reduce import ReduceReport
 from farm.store.results import MeasurementContext, now_iso, spec_of
 from farm.fleet.driver import Driver
 from farm.fleet.on_ray.event_loop import worker_handle
-from farm.fleet.job import JobRun, JobSummary
+from farm.fleet.executor import InProcessCalls, StartedJob, finish_job, start_job, verify_on_workers
+from farm.fleet.job import JobRun
 from farm.fleet.local_loop import LocalLoop
 from farm.fleet.options import FarmOptions
-from farm.fleet.planner import InProcessPlanner
-from farm.fleet.plan_pruning import PlanPruning
+from farm.fleet.planner import Planner
+from farm.fleet.report import TuneReport
 from farm.fleet.scheduler import CONFIRM, Scheduler
 from farm.fleet.on_ray.worker import DeviceWorkerImpl
 from farm.tuner.journal import InFlightJournal
@@ -38,37 +38,6 @@ JOURNAL = ".in-flight"  # farm.tuner.journal's file in an in-process run's outpu
 ONE_SHARD = 1 << 30  # one device: a problem is not split into shards (they spread a problem over devices)
 
 
-@dataclass
-class LocalRunReport:
-    outcomes: list[ProblemOutcome]
-    summary: JobSummary
-    pruning: dict[str, Any] | None = None  # farm tune --prune: settings, measured and pruned counts
-
-    @property
-    def job_id(self) -> str:
-        return self.summary.job_id
-
-    @property
-    def run_id(self) -> str:
-        return self.summary.run_id
-
-    @property
-    def rows_written(self) -> int:
-        return self.summary.rows_written
-
-    @property
-    def reduce(self) -> ReduceReport | None:
-        return self.summary.reduce
-
-    @property
-    def wall_s(self) -> float:
-        return self.summary.wall_s
-
-    @property
-    def counts(self) -> dict[str, int]:
-        return self.summary.counts
-
-
 def run_local(
     workload: Workload,
     out: str | Path,
@@ -79,7 +48,7 @@ def run_local(
     config: AutotuneConfig | None = None,
     on_problem: Callable[[ProblemOutcome], None] | None = None,
     on_hang: Callable[[str], None] | None = None,
-) -> LocalRunReport:
+) -> TuneReport:
     """Tune every problem on one in-process device into ``out``; resume what is there.
 
     ``options``: the tune's settings, as the Ray farm reads them (farm.fleet.options.FarmOptions; None: the
@@ -94,24 +63,18 @@ def run_local(
     """
     candidate_timeout_s = options.candidate_timeout_s if options is not None else None
     options = options or FarmOptions()
-    incumbents, verifier = options.incumbents, options.verifier
-    # a candidate measured past its budget ends there (a hang past the timeout is the watch's): as on Ray
-    config = (config or workload.autotune).bounded_by(candidate_timeout_s)
-    pruning = PlanPruning.of(config, check_decided=options.check_decided and bool(incumbents))
-    jr = JobRun(out, workload, {"executor": "in-process", "device": device.signature, "incumbents": incumbents,
-                                "candidate_timeout_s": candidate_timeout_s,
-                                "prune": pruning.settings_record() if pruning else None})
-    if pruning is not None:
-        pruning.write = jr.write
+    job = start_job(workload, out, options, config, {"executor": "in-process", "device": device.signature},
+                    timeout_s=candidate_timeout_s)
+    jr, config = job.run, job.config
     journal = InFlightJournal(jr.job.root / JOURNAL) if not jr.job.remote else None
     if journal is not None:
         _after_an_unfinished_run(jr, journal, workload, device, registry, config)
     current: dict[str, Any] = {}  # the task running, for the hang watch
     watch = _hang_watch(jr, current, config, candidate_timeout_s, on_hang, journal) \
         if candidate_timeout_s or journal is not None else None
+    worker = DeviceWorkerImpl.in_process_on(device, registry, watch)
     try:
-        outcomes = _tune(jr, workload, DeviceWorkerImpl.in_process_on(device, registry, watch), config, options,
-                         pruning, current, on_problem)
+        report = _tune(job, workload, worker, options, current, on_problem)
     except BaseException as exc:
         jr.fail(exc)
         raise
@@ -121,27 +84,32 @@ def run_local(
         if journal is not None:  # this run ended in Python (finished, an error, a Ctrl-C): nothing to attribute
             journal.settle(None)
             journal.close()
-    check = None if verifier is None else (lambda sig, text, keys: verifier(device, text, keys))
-    summary = jr.finish(reduce=options.reduce, top_k=options.top_k, verify=check, device=device.properties.to_dict(),
-                        **({"pruning": pruning.tally()} if pruning else {}))
-    return LocalRunReport(outcomes, summary, pruning.record() if pruning else None)
+    verify = verify_on_workers(report.handles, InProcessCalls(), options.verifier) if options.verifier else None
+    report.summary = finish_job(job, options, verify, device=device.properties.to_dict())
+    report.pruning = job.pruning.record() if job.pruning else None
+    report.reduce, report.wall_s = report.summary.reduce, report.summary.wall_s
+    return report
 
 
-def _tune(jr: JobRun, workload: Workload, worker: DeviceWorkerImpl, config: AutotuneConfig, settings: FarmOptions,
-          pruning: PlanPruning | None, current: dict[str, Any],
-          on_problem: Callable[[ProblemOutcome], None] | None) -> list[ProblemOutcome]:
+def _tune(job: StartedJob, workload: Workload, worker: DeviceWorkerImpl, settings: FarmOptions,
+          current: dict[str, Any], on_problem: Callable[[ProblemOutcome], None] | None) -> TuneReport:
     """The Ray farm's planning, scheduling and driving, with ``worker`` the only device."""
+    jr, config = job.run, job.config
     handle = worker_handle(0, worker.info(), worker)
-    incumbents = settings.incumbents
     options = dataclasses.replace(settings, shard_size=ONE_SHARD, keep_results=True)
     sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes,
                       confirm=config.confirm)
-    planner = InProcessPlanner(workload, jr, sched, [handle], incumbents, pruning)
+    planner = Planner(workload, jr, sched, [handle], InProcessCalls(), settings.incumbents, job.pruning)
     driver = Driver(sched, [handle], jr, config, options, planner=planner)
     try:
-        return LocalLoop(driver, planner, worker, workload, config, current, jr.writer.flush, on_problem).run()
+        outcomes = LocalLoop(driver, planner, worker, workload, config, current, jr.writer.flush, on_problem).run()
     finally:
         jr.writer.flush()
+    tuning = time.perf_counter() - driver.t0
+    return TuneReport(jr.run.job_id, jr.run.run_id, [handle.info], [handle.status], planner.skipped, jr.counts,
+                      wall_s=tuning, total=sched.total, remeasured=sched.remeasured, tuning_s=tuning,
+                      results=driver.results, confirmations=driver.confirmations, handles=[handle],
+                      outcomes=outcomes)
 
 
 def _hang_watch(jr: JobRun, current: dict[str, Any], config: AutotuneConfig, timeout_s: float | None,

@@ -1,12 +1,14 @@
-"""Discovery in windows for the Ray farm: each signature's next problems are expanded on one of its workers when
-its queue runs short, and the candidates found go to the scheduler (with the rows of earlier runs, the
-incumbents, and what the cost model prunes). The driver (farm.fleet.driver) asks it to top up between events."""
+"""Discovery in windows, for both executors: each signature's next problems are expanded on one of its workers
+when its queue runs short, and the candidates found go to the scheduler (with the rows of earlier runs, the
+incumbents, and what the cost model prunes). The driver (farm.fleet.driver) asks it to top up between events; the
+workers are reached through the executor's seam (farm.fleet.executor.WorkerCalls)."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from farm.fleet.driver import WorkerHandle
+from farm.fleet.executor import WorkerCalls
 from farm.fleet.job import JobRun, prior_rows
 from farm.fleet.plan_pruning import PlanPruning
 from farm.fleet.scheduler import PriorRow, Scheduler
@@ -18,11 +20,13 @@ from farm.store.deciding import incumbent_file, incumbent_spec
 class Planner:
     """Discovery in windows: each signature's next problems are expanded (on one of its workers) when its
     queue runs short, so the driver holds the candidates of the problems in flight, not of the whole workload.
-    ``skipped``: signature -> problem name -> why it has no candidates."""
+    ``skipped``: signature -> problem name -> why it has no candidates; ``found``: (signature, workload index) ->
+    the candidates discovery found, before a cost model's pruning; ``discovered``: (signature, workload index) in
+    the order discovered."""
 
     def __init__(self, workload: Workload, jr: JobRun, sched: Scheduler, workers: Sequence[WorkerHandle],
-                 incumbents: str | None = None, pruning: PlanPruning | None = None) -> None:
-        self.jr, self.sched, self.pruning = jr, sched, pruning
+                 calls: WorkerCalls, incumbents: str | None = None, pruning: PlanPruning | None = None) -> None:
+        self.jr, self.sched, self.calls, self.pruning = jr, sched, calls, pruning
         self.props = {w.info.signature: w.info.properties for w in workers}
         # the incumbents' override file per signature: its winners join the confirmation stage
         self.incumbents_source = incumbents
@@ -38,6 +42,8 @@ class Planner:
         self.inflight: dict[str, tuple[Any, list[tuple[int, WorkloadProblem]]]] = {}  # sig -> (expand ref, chunk)
         self.again: dict[str, list[tuple[int, WorkloadProblem]]] = {}  # sig -> a window whose worker died under it
         self.skipped: dict[str, dict[str, str]] = {}
+        self.found: dict[tuple[str, int], int] = {}
+        self.discovered: list[tuple[str, int]] = []
         for sig in self.by_sig:
             jr.tuning(sig)
 
@@ -70,22 +76,9 @@ class Planner:
     def top_up(self) -> None:
         """Take in finished discoveries; start the next window where a signature has fewer queued tasks than
         four per device (the queue keeps a choice of kernel families: farm.fleet.scheduler.kernel_family).
-        Discovery runs on a worker while the devices work: nothing here waits for it."""
-        import ray
-
+        On Ray, discovery runs on a worker while the devices work: nothing here waits for it."""
         for sig, members in self.by_sig.items():
-            if sig in self.inflight:
-                ref, chunk = self.inflight[sig]
-                ready, _ = ray.wait([ref], timeout=0)
-                if not ready:
-                    continue
-                del self.inflight[sig]
-                try:
-                    self._take(sig, chunk, ray.get(ref))
-                except worker_gone():
-                    # its worker died (a killed worker takes the discovery queued behind its task with it): the
-                    # window is asked again of a worker that is up, once one is
-                    self.again[sig] = chunk
+            self._collect(sig)
             if sig in self.inflight:
                 continue
             # an idle worker answers at once (an actor runs one call at a time); else one that is up
@@ -94,7 +87,24 @@ class Planner:
                 continue  # every worker of the signature is restarting: discovery waits for one
             chunk = self.again.pop(sig, None) or self._next_window(sig, len(members))
             if chunk is not None:
-                self.inflight[sig] = (worker.actor.expand.remote(chunk), chunk)
+                self.inflight[sig] = (self.calls.expand(worker, chunk), chunk)
+                self._collect(sig)  # in-process, the answer is there already
+
+    def _collect(self, sig: str) -> None:
+        """The signature's discovery under way, taken in if it has answered."""
+        if sig not in self.inflight or not self.calls.ready(self.inflight[sig][0]):
+            return
+        pending, chunk = self.inflight.pop(sig)
+        try:
+            expanded = self.calls.result(pending)
+        except self.calls.gone:
+            # its worker died (a killed worker takes the discovery queued behind its task with it): the window is
+            # asked again of a worker that is up, once one is
+            self.again[sig] = chunk
+            return
+        self.found.update({(sig, i): len(c) for i, c in expanded.items() if not isinstance(c, str)})
+        self._take(sig, chunk, expanded)
+        self.discovered += [(sig, i) for i, _ in chunk]
 
     def _next_window(self, sig: str, devices: int) -> list[tuple[int, WorkloadProblem]] | None:
         """The signature's next problems to discover, when its queue holds fewer than four tasks a device (the queue
@@ -148,32 +158,3 @@ def record_plan(jr: JobRun, plans: dict[str, Any], skipped: dict[str, dict[str, 
         jr.tuning(sig)
         for name, why in skipped.get(sig, {}).items():
             jr.skip(sig, name, why)
-
-
-def worker_gone() -> tuple[type[BaseException], ...]:
-    """Ray's errors for a call to a worker that died, is restarting, or cannot be placed again (its node is gone)."""
-    import ray
-
-    return (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
-            ray.exceptions.ActorUnschedulableError)
-
-
-class InProcessPlanner(Planner):
-    """Discovery for ``farm tune --in-process``: on its one worker, in this process, a window at a time as the queue
-    runs short (the worker is idle then: nothing waits on it). ``found``: (signature, workload index) -> the
-    candidates discovery found, before a cost model's pruning."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.found: dict[tuple[str, int], int] = {}
-        self.discovered: list[tuple[str, int]] = []  # in the order discovered: what the executor reports on
-
-    def top_up(self) -> None:
-        for sig, members in self.by_sig.items():
-            chunk = self._next_window(sig, len(members))
-            if chunk is None:
-                continue
-            expanded = members[0].actor.expand(chunk)
-            self.found.update({(sig, i): len(c) for i, c in expanded.items() if not isinstance(c, str)})
-            self._take(sig, chunk, expanded)
-            self.discovered += [(sig, i) for i, _ in chunk]

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from farm.analysis.phases import run_phases
+from farm.fleet.driver import finish_phases
 from farm.fleet.on_ray.worker import TaskEnd
 from farm.tuner.phases import COMPILE, CONFIRM, DISCOVER, IDLE, LOST, MEASURE, PHASES, SETUP, PhaseClock, PhaseSplit
 from tests.fleet.test_driver import result, setup
@@ -55,7 +56,7 @@ def test_the_driver_adds_each_tasks_split_counts_a_dead_workers_task_as_lost_and
     driver.on_batch(w, [result(c) for c in cs[1:]])
     driver.on_end(w, TaskEnd("s", {}, phases=PhaseSplit.of({SETUP: 0.5, COMPILE: 1.0, MEASURE: 1.5})))
     driver.on_stream_end(w)
-    total = driver.finish_phases(10.0)
+    total = finish_phases(driver.workers, 10.0)
     assert w.status.phases.get(LOST) == 2.0 and w.status.phases.get(MEASURE) == 1.5
     assert w.status.phases.get(IDLE) == pytest.approx(5.0) and total.total == pytest.approx(10.0)
 

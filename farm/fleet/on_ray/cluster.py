@@ -17,60 +17,30 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from farm.errors import FarmError
-from farm.fleet.driver import Driver, FarmStatus, WorkerState, WorkerStatus
-from farm.fleet.job import JobRun, JobSummary
+from farm.fleet.driver import Driver, FarmStatus, WorkerState, WorkerStatus, finish_phases
+from farm.fleet.job import JobRun
 from farm.fleet.on_ray.launcher import FarmFailed, WorkerLauncher
-from farm.fleet.on_ray.event_loop import EventLoop, first_line, worker_handle
-from farm.fleet.planner import Planner, record_plan, schedule_problems, worker_gone
+from farm.fleet.executor import InProcessCalls, finish_job, start_job, verify_on_workers
+from farm.fleet.on_ray.calls import RayCalls
+from farm.fleet.on_ray.event_loop import EventLoop, worker_handle
+from farm.fleet.planner import Planner, record_plan, schedule_problems
+from farm.fleet.report import TuneReport
 from farm.fleet.options import DeviceRequest, FarmOptions
 from farm.fleet.plan_pruning import PlanPruning
 from farm.fleet.on_ray.reaper import Reaper
 from farm.fleet.scheduler import Scheduler
 from farm.fleet.on_ray.worker import PartSink, WorkerInfo
-from farm.model.records import AutotuneConfig, AutotuneResult
+from farm.model.records import AutotuneConfig
 from farm.model.workload import Workload
 from farm.store.dataset import ResultsDataset
-from farm.store.reduce import ReduceReport
-from farm.tuner.phases import PhaseSplit
 
 log = logging.getLogger("farm.fleet.on_ray.cluster")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["DeviceRequest", "FarmFailed", "FarmOptions", "FarmReport", "FarmStatus", "WorkerStatus", "run_farm"]
-
-
-@dataclass
-class FarmReport:
-    job_id: str
-    run_id: str
-    workers: list[WorkerInfo]
-    statuses: list[WorkerStatus]
-    problems_skipped: dict[str, dict[str, str]]  # signature -> problem name -> why it was not tuned
-    counts: dict[str, int]
-    wall_s: float
-    total: int
-    remeasured: int
-    tuning_s: float = 0.0  # from the workers' start to the last result (busy fractions are of this)
-    phases: PhaseSplit = PhaseSplit()  # every worker's time by phase, summed (each worker's is in its status)
-    results: dict[tuple[str, str], list[AutotuneResult]] = field(default_factory=dict)  # (signature, problem name)
-    pruning: dict[str, Any] | None = None  # farm tune --prune: the settings and what was measured and pruned
-    # (signature, problem name, calling mode) -> the confirmation stage's rows
-    confirmations: dict[tuple[str, str, str], list[AutotuneResult]] = field(default_factory=dict)
-    workers_started: bool = True  # False: a resume with nothing to measure, found without Ray
-    summary: JobSummary | None = None  # how the run ended (set once it has)
-    reduce: ReduceReport | None = None
-    nodes: list[dict[str, Any]] = field(default_factory=list)  # the nodes with device workers (NodeRecord.to_json)
-    waiting: dict[str, list[str]] = field(default_factory=dict)  # signature -> problems left for a device of it
-    handles: list[Any] = field(default_factory=list, repr=False)  # the workers' Ray handles, as ``workers``
-
-    @property
-    def rows_written(self) -> int:
-        return self.summary.rows_written if self.summary else 0
+__all__ = ["DeviceRequest", "FarmFailed", "FarmOptions", "TuneReport", "FarmStatus", "WorkerStatus", "run_farm"]
 
 
 def run_farm(
@@ -83,21 +53,15 @@ def run_farm(
     config: AutotuneConfig | None = None,
     progress: Callable[[FarmStatus], None] | None = None,
     job_id: str | None = None,
-) -> FarmReport:
+) -> TuneReport:
     """Tune ``workload`` on every device of the cluster (or a local one) into ``out``."""
     options = options or FarmOptions()
     request = DeviceRequest.parse(devices) if isinstance(devices, str) else devices
-    # a candidate measured past its budget ends there, as in-process (farm.fleet.local_run.run_local): the same bound
-    # on both executors, so a workload asking for a billion iterations gets a result, not a worker killed as hung
-    config = (config or workload.autotune).bounded_by(options.candidate_timeout_s)
-    # a model file is read (and refused) before the job folder or Ray is touched
-    pruner = PlanPruning.of(config, check_decided=options.check_decided and bool(options.incumbents))
-    jr = JobRun(out, workload, {"executor": "ray", "devices": request.kind, "shard_size": options.shard_size,
-                                "finalist_k": options.finalist_k, "candidate_timeout_s": options.candidate_timeout_s,
-                                "address": address or "local", "incumbents": options.incumbents,
-                                "prune": pruner.settings_record() if pruner else None}, job_id)
-    if pruner is not None:
-        pruner.write = jr.write
+    job = start_job(workload, out, options, config, {
+        "executor": "ray", "devices": request.kind, "shard_size": options.shard_size,
+        "finalist_k": options.finalist_k, "address": address or "local"}, job_id,
+        timeout_s=options.candidate_timeout_s)
+    jr, config, pruner = job.run, job.config, job.pruning
     jr.measurement_warning = oversubscribed_cpu(request, address)
     ray_up = _RayInstance()
     try:
@@ -108,8 +72,7 @@ def run_farm(
             options = dataclasses.replace(options, cpu_threads=blas_threads_in_force())
         report, verify = _tune(workload, jr, request, options, config, pruner, address, progress, ray_up)
         # the workers are still up: the reduce's decisions are replayed on them before they stop
-        report.summary = jr.finish(reduce=options.reduce, top_k=options.top_k, verify=verify,
-                                   **_run_record(report, pruner))
+        report.summary = finish_job(job, options, verify, **_run_record(report))
     except BaseException as exc:
         jr.fail(exc)
         raise
@@ -151,7 +114,7 @@ class _RayInstance:
 
 def _tune(workload: Workload, jr: JobRun, request: DeviceRequest, options: FarmOptions, config: AutotuneConfig,
           pruner: PlanPruning | None, address: str | None, progress: Callable[[FarmStatus], None] | None,
-          ray_up: _RayInstance) -> tuple[FarmReport, Callable[[str, str, list[str]], Any] | None]:
+          ray_up: _RayInstance) -> tuple[TuneReport, Callable[[str, str, list[str]], Any] | None]:
     """The workload tuned on the cluster's workers, or found measured already (no Ray started): the report, and
     how the decisions are verified (on the workers while they are up, or in this process)."""
     import ray
@@ -159,7 +122,9 @@ def _tune(workload: Workload, jr: JobRun, request: DeviceRequest, options: FarmO
     finished = _finished_here(workload, jr, request, options, config, pruner) \
         if address is None and not ray.is_initialized() else None
     if finished is not None:
-        return finished, _local_verify(request, options)
+        # verified here, on a device of each kind opened in this process
+        verify = verify_on_workers(finished.handles, InProcessCalls(), options.verifier) if options.verifier else None
+        return finished, verify
     if progress is not None:
         progress(FarmStatus(0, 0, 0, 0, 0.0, [], [], phase="starting"))
     ray_up.start(address, request)
@@ -173,10 +138,10 @@ def _tune(workload: Workload, jr: JobRun, request: DeviceRequest, options: FarmO
     if progress is not None:
         progress(FarmStatus(report.total, report.total, report.remeasured, 0, report.tuning_s, report.statuses, [],
                             phase="verifying"))
-    return report, _worker_verify(report.handles, report.workers, options.verifier)
+    return report, verify_on_workers(report.handles, RayCalls(), options.verifier)
 
 
-def _run_record(report: FarmReport, pruner: PlanPruning | None) -> dict[str, Any]:
+def _run_record(report: TuneReport) -> dict[str, Any]:
     """What the job record keeps of a Ray run: its devices, nodes, workers, skipped problems and phases."""
     return {"devices": [{"name": w.name, "host": w.host, "node_id": w.node_id, "gpu_ids": list(w.gpu_ids),
                          "signature": w.signature, "niceness": w.niceness, "properties": w.properties.to_dict()}
@@ -184,53 +149,7 @@ def _run_record(report: FarmReport, pruner: PlanPruning | None) -> dict[str, Any
             **({"nodes": report.nodes} if report.nodes else {}),
             "workers": [s.to_json() for s in report.statuses], "skipped_problems": report.problems_skipped,
             "phases": {"tuning_s": round(report.tuning_s, 3), "devices": len(report.statuses),
-                       "total": report.phases.to_json()},
-            **({"pruning": pruner.tally()} if pruner else {})}
-
-
-def _worker_verify(handles: Sequence[Any], infos: Sequence[WorkerInfo],
-                   verifier: Callable[..., Any]) -> Callable[[str, str, list[str]], Any]:
-    """``verify(signature, text, keys)``: ``verifier`` run on a live worker of that signature (where the decisions
-    are replayed, as production on that kind of device would); a worker that died is passed over."""
-    import ray
-
-    def verify(signature: str, text: str, keys: list[str]) -> Any:
-        errors = []
-        for h, info in zip(handles, infos):
-            if info.signature != signature:
-                continue
-            try:
-                return ray.get(h.with_device.remote(verifier, text, keys))
-            except worker_gone() as exc:
-                errors.append(f"{info.name}: {first_line(exc)}")
-            except ray.exceptions.RayTaskError as exc:
-                cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-                raise FarmFailed(f"verifying on {info.name} failed: {type(cause).__name__}: {first_line(cause)}") \
-                    from None
-        raise FarmError(f"no worker of {signature} is up to verify its decisions ({'; '.join(errors) or 'none started'})")
-
-    return verify
-
-
-def _local_verify(request: DeviceRequest, options: FarmOptions) -> Callable[[str, str, list[str]], Any] | None:
-    """A resume with nothing to measure on local devices (the CPU, simulated ones) verifies here, on a device of
-    that kind opened in this process."""
-    if options.verifier is None:
-        return None
-    from farm.devices.open import open_device
-
-    def verify(signature: str, text: str, keys: list[str]) -> Any:
-        if request.kind == "sim" and request.sim is not None:
-            slots = [open_device("sim", i, sim=request.sim) for i in range(request.sim.device_count)]
-            device = next((d for d in slots if d.signature == signature), None)
-        else:
-            device = open_device("cpu", 0)
-            device = device if device.signature == signature else None
-        if device is None:
-            raise FarmError(f"no device of {signature} here to verify its decisions")
-        return options.verifier(device, text, keys)  # type: ignore[misc]
-
-    return verify
+                       "total": report.phases.to_json()}}
 
 
 def oversubscribed_cpu(request: DeviceRequest, address: str | None) -> str:
@@ -298,13 +217,13 @@ def _stop_workers(handles: Sequence[Any]) -> None:
 
 def _drive(workload: Workload, jr: JobRun, launcher: WorkerLauncher, options: FarmOptions,
            config: AutotuneConfig, progress: Callable[[FarmStatus], None] | None,
-           pruning: PlanPruning | None = None) -> FarmReport:
+           pruning: PlanPruning | None = None) -> TuneReport:
     """Start the workers, plan the work, then pass every worker and node event to the driver until it is done."""
     handles, infos = launcher.start_initial()
     workers = [worker_handle(i, info, h) for i, (info, h) in enumerate(zip(infos, handles))]
     sched = Scheduler(shard_size=options.shard_size, finalist_k=options.finalist_k, max_strikes=options.max_strikes,
                       confirm=config.confirm)
-    planner = Planner(workload, jr, sched, workers, options.incumbents, pruning)
+    planner = Planner(workload, jr, sched, workers, RayCalls(), options.incumbents, pruning)
     # on shared storage (a URI) the workers write their own rows; the driver gets what scheduling needs
     driver = Driver(sched, workers, jr, config, options, workers_write=jr.job.shared, planner=planner,
                     nodes=launcher.nodes)
@@ -318,12 +237,12 @@ def _drive(workload: Workload, jr: JobRun, launcher: WorkerLauncher, options: Fa
     tuning = time.perf_counter() - driver.t0
     _collect_phases(driver)
     status = driver.status("done")
-    return FarmReport(jr.run.job_id, jr.run.run_id, [w.info for w in driver.workers],
+    return TuneReport(jr.run.job_id, jr.run.run_id, [w.info for w in driver.workers],
                       [w.status for w in driver.workers], planner.skipped, jr.counts, wall_s=tuning, total=sched.total,
-                      remeasured=sched.remeasured, tuning_s=tuning, phases=driver.finish_phases(tuning),
+                      remeasured=sched.remeasured, tuning_s=tuning, phases=finish_phases(driver.workers, tuning),
                       results=driver.results, confirmations=driver.confirmations,
                       nodes=[n.to_json() for n in status.nodes], waiting=status.given_up,
-                      handles=[w.actor for w in driver.workers])
+                      handles=list(driver.workers))
 
 
 def _collect_phases(driver: Driver) -> None:
@@ -335,19 +254,19 @@ def _collect_phases(driver: Driver) -> None:
     refs = [w.actor.take_phases.remote() for w in live]
     for w, ref in zip(live, refs):
         try:
-            driver.add_phases(w, ray.get(ref, timeout=10))
+            w.status.phases = w.status.phases + ray.get(ref, timeout=10)  # its discovery after its last task
         except Exception as exc:  # a dead or slow worker: its discovery time is not counted
             log.debug("farm: no phase split from %s: %s", w.status.name, exc)
 
 
 def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, options: FarmOptions,
-                   config: AutotuneConfig, pruning: PlanPruning | None = None) -> FarmReport | None:
+                   config: AutotuneConfig, pruning: PlanPruning | None = None) -> TuneReport | None:
     """A resume with nothing left to measure, on local devices (the CPU, simulated ones): found by the
     workers' own planning, run here, so no Ray instance starts to do nothing. None: there is work (or
     the devices are GPUs, which only Ray's workers open)."""
     from farm.devices.open import open_device
     from farm.devices.runtimes import RuntimeUnavailable, runtime_for
-    from farm.fleet.on_ray.worker import expand_problems
+    from farm.fleet.on_ray.worker import DeviceWorkerImpl, expand_problems
     from farm.model.engine import default_engine_registry
 
     # the run's results writer makes the folder at once: a folder without a results file is a first run, whose
@@ -385,5 +304,7 @@ def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, optio
     infos = [WorkerInfo(f"{kind}:{d.properties.index}", "", "", socket.gethostname(), os.getpid(), d.properties)
              for d in by_sig.values()]
     statuses = [WorkerStatus(i.name, i.signature, i.properties.name, i.host, WorkerState.IDLE.value) for i in infos]
-    return FarmReport(jr.run.job_id, jr.run.run_id, infos, statuses, skipped, jr.counts, wall_s=0.0, total=0,
-                      remeasured=0, workers_started=False)
+    handles = [worker_handle(n, info, DeviceWorkerImpl.in_process_on(d, registry))
+               for n, (info, d) in enumerate(zip(infos, by_sig.values()))]
+    return TuneReport(jr.run.job_id, jr.run.run_id, infos, statuses, skipped, jr.counts, wall_s=0.0, total=0,
+                      remeasured=0, workers_started=False, handles=handles)

@@ -8,10 +8,12 @@ import logging
 import time
 from typing import Any, Callable
 
+from farm.errors import first_line
 from farm.fleet.driver import Driver, FarmStatus, RunningTask, WorkerHandle, WorkerState, WorkerStatus
 from farm.fleet.on_ray.launcher import FarmFailed, WorkerLauncher
 from farm.fleet.options import FarmOptions
-from farm.fleet.planner import Planner, worker_gone
+from farm.fleet.on_ray.calls import worker_gone
+from farm.fleet.planner import Planner
 from farm.fleet.on_ray.worker import PartSink, TaskEnd, TaskStarted, WorkerInfo
 from farm.model.records import AutotuneConfig
 from farm.model.workload import Workload
@@ -204,8 +206,3 @@ def _next_item(driver: Driver, launcher: WorkerLauncher, streams: dict[Any, tupl
         driver.on_end(w, item)
     else:
         driver.on_batch(w, item)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__

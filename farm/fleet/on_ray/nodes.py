@@ -11,11 +11,13 @@ Ray-free except :func:`cluster_nodes`, so the bookkeeping is tested alone (tests
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from farm.devices.sim import SimConfig, SimGroup
 
+log = logging.getLogger("farm.fleet.driver")
 ACTIVE, LOST = "active", "lost"
 SIM_RESOURCE_PREFIX = "sim:"
 
@@ -155,3 +157,38 @@ def cluster_nodes() -> list[NodeView]:
     import ray
 
     return [NodeView.of(n) for n in ray.nodes()]
+
+
+class DeviceWaits:
+    """Signatures with work left and no device up: each waits up to ``wait_s`` for a node of its kind to join,
+    then its work is given up (the job finishes what it can; a resume measures the rest)."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
+        self.since: dict[str, float] = {}  # signature -> when its last device went
+        self.given_up: dict[str, list[int]] = {}  # signature -> problems (workload indices) left for a device
+
+    def check(self, now: float, signatures: Sequence[str], has_device: Callable[[str], bool],
+              has_work: Callable[[str], bool], abandon: Callable[[str], set[int]]) -> list[str]:
+        """-> the signatures given up now (``abandon(signature)``: their problems left, taken from the queues)."""
+        out = []
+        for sig in signatures:
+            if sig in self.given_up or has_device(sig):
+                self.since.pop(sig, None)
+                continue
+            if not has_work(sig):
+                continue
+            since = self.since.setdefault(sig, now)
+            if since == now:
+                log.warning("farm: no device of %s is left; waiting up to %.0f s for a node with one", sig, self.wait_s)
+            if now - since >= self.wait_s:
+                self.given_up[sig] = sorted(abandon(sig))
+                self.since.pop(sig, None)
+                log.warning("farm: no device of %s joined within %.0f s: %d problem(s) wait for one (a resume "
+                            "measures them)", sig, self.wait_s, len(self.given_up[sig]))
+                out.append(sig)
+        return out
+
+    def left_s(self, now: float) -> dict[str, float]:
+        """Signature -> seconds it waits yet for a device."""
+        return {s: max(0.0, self.wait_s - (now - t)) for s, t in self.since.items()}
