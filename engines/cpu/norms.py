@@ -14,14 +14,6 @@ ROW_BLOCK = Knob.int("row_block", 0, choices=(0, 16, 64, 256, 1024, 4096),
                      doc="rows normalised per step (0 = all rows at once)")
 
 
-def _rows(problem: Problem) -> tuple[int, int]:
-    dims = problem.tensor("X").dims
-    rows = 1
-    for d in dims[:-1]:
-        rows *= d
-    return rows, dims[-1]
-
-
 def _as_rows(arr: np.ndarray, n: int) -> np.ndarray | None:
     """A (rows, n) view of ``arr`` when one exists without copying, else None."""
     try:
@@ -42,7 +34,7 @@ class _RowEngine(CpuEngine):
     params: tuple[str, ...] = ()
 
     def _block(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> tuple[int, int, int]:
-        rows, n = _rows(problem)
+        rows, n = problem.tensor("X").rows
         blk = rows if int(knobs["row_block"]) <= 0 else min(rows, int(knobs["row_block"]))
         return rows, n, blk
 

@@ -18,7 +18,6 @@ from ._common import (
     TorchPlan,
     ZeroPaddedAB,
     elements,
-    flags,
     gemm_mkn,
     round_up,
     torch_dtype,

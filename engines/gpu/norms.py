@@ -21,14 +21,6 @@ from .triton_gemm import CompilePool, direct_launcher
 MAX_WIDTH = 65536  # a row a program: its registers
 
 
-def _rows(problem: Problem) -> tuple[int, int]:
-    dims = problem.tensor("X").dims
-    rows = 1
-    for d in dims[:-1]:
-        rows *= d
-    return rows, dims[-1]
-
-
 class _RmsNormEngine(GpuEngine):
     ops = frozenset({"rmsnorm"})
     storage_dtypes = frozenset({"fp32", "fp16", "bf16"})
@@ -152,13 +144,14 @@ class TritonRmsNorm(_RmsNormEngine):
             import triton  # noqa: F401
         except ImportError:
             return Support.no("triton is not installed (pip install 'tunefarm[triton]')")
-        if _rows(problem)[1] > MAX_WIDTH:
-            return Support.no(f"rows of {_rows(problem)[1]}: at most {MAX_WIDTH} a program")
+        width = problem.tensor("X").rows[1]
+        if width > MAX_WIDTH:
+            return Support.no(f"rows of {width}: at most {MAX_WIDTH} a program")
         return Support.yes()
 
     def _launch(self, problem: Problem, knobs: Mapping[str, KnobValue]) -> tuple[tuple[Any, ...], dict[str, Any],
                                                                                   tuple[int, int, int]]:
-        rows, n = _rows(problem)
+        rows, n = problem.tensor("X").rows
         per = int(knobs.get("ROWS_PER", 1))
         meta = {"OFFSET": int(problem.criteria_dict.get("scale_offset", 0)), "BLOCK": max(16, 1 << (n - 1).bit_length()),
                 "ROWS_PER": per, "num_warps": int(knobs.get("num_warps", 4))}

@@ -101,6 +101,12 @@ class TensorDesc:
         return n
 
     @property
+    def rows(self) -> tuple[int, int]:
+        """(rows, width): the tensor as rows of its last dim (what a norm normalizes)."""
+        width = self.dims[-1] if self.dims else 1
+        return (self.numel // width if width else 0), width
+
+    @property
     def storage_elements(self) -> int:
         """Elements the strided layout spans (at least numel)."""
         return 1 + sum((d - 1) * s for d, s in zip(self.dims, self.strides))
