@@ -90,6 +90,7 @@ class HandNormSite(ModuleSite):
     first call of each input layout checked against the module's own forward."""
 
     kind = "hand_rmsnorm"
+    farm_op = "rmsnorm"
 
     def __init__(self, applied: Any, module: Any, name: str, eps: float) -> None:
         super().__init__(applied, module, name)

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Mapping
 from farm.devices.device import graph_pool_active
 from farm.nn.compiled import SITES, compiling, custom_ops
 from farm.nn.decided import Route
-from farm.nn.torch_calls import OpCall, graph_capturing, read_call, torch_module, torch_output_layout
+from farm.nn.torch_calls import OpCall, capture_check, graph_capturing, read_call, torch_module, torch_output_layout
 
 log = logging.getLogger("farm.nn.module_sites")
 SITE_ATTR = "_farm_site"
@@ -139,12 +139,17 @@ class ModuleSite(InstalledSite):
     """A routed module's forward: the module's own call, or the bound decision for its input's layout."""
 
     strided_key = True  # keyed by the input's shape, strides and dtype
+    farm_op = ""  # the op of the problems its calls make (farm.model's: matmul, conv_fprop, rmsnorm, layernorm)
 
     def __init__(self, applied: Any, module: Any, name: str) -> None:
         super().__init__(applied, module, name)
         self.op = getattr(self.ops, {"linear": "linear", "conv2d": "conv2d"}.get(self.kind, "norm"))
+        self.capturing = capture_check()
 
     def forward(self, module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        if self.farm_op not in self.applied.eager_ops and not self.compiling() and not self.capturing():
+            # no decision of its op runs in eager now: the module's own call, paying none of routing's checks
+            return self.base.forward(module, *args, **kwargs)
         p = module._parameters
         if kwargs or len(args) != 1 or "weight" not in p or not self.enabled:
             return self.base.forward(module, *args, **kwargs)  # module(input=x) and the like: its own call
@@ -198,6 +203,7 @@ class ModuleSite(InstalledSite):
 
 
 class LinearSite(ModuleSite):
+    farm_op = "matmul"
     kind = "linear"
     strided_key = False  # a contiguous input keyed by its shape: the bound call checks dtype, layout and device
 
@@ -213,6 +219,7 @@ class LinearSite(ModuleSite):
 
 
 class ConvSite(ModuleSite):
+    farm_op = "conv_fprop"
     kind = "conv2d"
 
     def _args(self) -> tuple[Any, Any, Any, int]:
@@ -255,6 +262,7 @@ class NormSite(ModuleSite):
 
     def __init__(self, applied: Any, module: Any, name: str, kind: str) -> None:
         self.kind = kind
+        self.farm_op = "layernorm" if kind == "layer_norm" else "rmsnorm"
         super().__init__(applied, module, name)
 
     def plain(self, x: Any, w: Any, b: Any) -> Any:
@@ -337,8 +345,7 @@ def chooser(route: Route) -> Callable[[], Callable[..., Any] | None]:
     graph = route.graph.call if route.graph is not None else None
     if eager is graph or graph is None and eager is None:
         return lambda: eager
-    torch = torch_module()
-    capturing = torch.cuda.is_current_stream_capturing if torch.cuda.is_available() else (lambda: False)
+    capturing = capture_check()
     return lambda: graph if capturing() else eager
 
 

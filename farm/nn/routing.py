@@ -64,6 +64,7 @@ class Applied:
         self.sites: list[Site] = []
         self.scope: FunctionScope | None = None
         self._lock = threading.Lock()
+        self.eager_ops = self._eager_ops()  # what a call out of any graph may route (read on every routed call)
 
     @property
     def model(self) -> Any:
@@ -85,8 +86,21 @@ class Applied:
     def only(self, keys: Iterable[str] | None) -> None:
         """Route only these problems (None: all); every site binds its calls again (cheap: routes are kept)."""
         self.enabled = None if keys is None else frozenset(keys)
+        self.eager_ops = self._eager_ops()
         for s in self.all_sites():
             s.forget()
+
+    def _eager_ops(self) -> frozenset[str]:
+        """The ops whose calls may run a decision in eager now: a module site of another op runs its module's own
+        call there at once (conservative: an op is in unless no decision of it can be routed)."""
+        if self.call == "graph":
+            return frozenset()
+        ops = frozenset(self.decisions.ops_by_call.get("eager", ()))
+        if self.enabled is None or not ops:
+            return ops
+        if all(key in self.routed for key in self.enabled):
+            return ops & {self.routed[key].problem.op for key in self.enabled}
+        return ops
 
     def all_sites(self) -> list[Site]:
         return [*self.sites, *([self.scope, *self.scope.sites, self.scope.root] if self.scope else [])]

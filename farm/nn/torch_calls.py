@@ -337,6 +337,16 @@ def graph_capturing() -> bool:
     return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
+def capture_check() -> Callable[[], bool]:
+    """:func:`graph_capturing` for a hot path: one C call a check (always False where torch has no CUDA)."""
+    torch = torch_module()
+    return torch.cuda.is_current_stream_capturing if torch.cuda.is_available() else _never
+
+
+def _never() -> bool:
+    return False
+
+
 @functools.lru_cache(maxsize=1)
 def tunable_functions() -> dict[Any, tuple[str, Callable[..., Any]]]:
     """Each torch function a model calls for a tunable operation (every spelling of it), and its reader."""

@@ -542,6 +542,49 @@ def test_the_model_checks_untouched_step_runs_no_scope_mode_the_attention_decisi
         farm.unapply(model)
 
 
+def test_a_module_whose_op_has_no_eager_decision_runs_its_own_forward_without_routings_checks(tmp_path):
+    """A host-bound eager step pays each routed module's checks (its layout key, the chooser, whether a graph is
+    captured); where nothing of the module's op runs in eager (graph decisions only, the model check's untouched
+    step) the module's own forward runs at once, with the same output."""
+    from farm.nn.module_sites import LinearSite
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8)).eval()
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        ref = model(x)
+    path = _decide(tmp_path / "o.json", _captured(model, x))
+    runs = []
+    original = LinearSite.run
+
+    def spy(self, *args):
+        runs.append(self.name)
+        return original(self, *args)
+
+    LinearSite.run = spy
+    try:
+        for call, routed_in_eager in (("graph", False), ("auto", True)):
+            farm.apply(model, path, call=call)
+            runs.clear()
+            with torch.no_grad():
+                assert _same(model(x), ref)
+            assert bool(runs) == routed_in_eager, (call, runs)
+            if routed_in_eager:
+                applied_to(model).only(frozenset())  # the model check's untouched step
+                runs.clear()
+                with torch.no_grad():
+                    assert _same(model(x), ref)
+                assert runs == []
+                applied_to(model).only(None)
+                with torch.no_grad():
+                    model(x)
+                assert runs
+            farm.unapply(model)
+    finally:
+        LinearSite.run = original
+        farm.unapply(model)
+
+
 def test_the_registry_of_routed_sites_shrinks_when_models_are_unapplied_or_dropped(tmp_path):
     import gc
 
