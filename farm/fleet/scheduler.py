@@ -29,14 +29,12 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from farm.model.plans import PlanSpec
-from farm.model.records import AutotuneConfig, AutotuneResult, CallMode, ConfirmSettings, Disposition
+from farm.model.records import AutotuneConfig, AutotuneResult, ConfirmSettings
 from farm.model.workload import WorkloadProblem
-from farm.tuner.judging.confirm import Measured, participants
-from farm.tuner.judging.winner import is_noisy
+from farm.fleet.problem_rounds import ConfirmStages, ProblemState, failure_row, finalists
 from farm.fleet.tasks import (CONFIRM, FINALIST, MAIN, Candidate, PriorRow, Task, confirmed_calls, failed_in_stage,
                               kernel_family)
 
@@ -44,9 +42,6 @@ log = logging.getLogger("farm.fleet.scheduler")
 
 __all__ = ["CONFIRM", "FINALIST", "MAIN", "Candidate", "PriorRow", "Scheduler", "Task", "confirmed_calls",
            "failed_in_stage", "kernel_family"]
-
-MAX_STAGE_PROBES = 2  # a stage that loses its worker has its participants run alone, at most this many times
-
 
 def _take_first(tasks: collections.deque[Task] | None, problems: Any) -> Task | None:
     """Remove and return the first of ``tasks`` whose (signature, problem) is in ``problems``; None if none is."""
@@ -56,33 +51,6 @@ def _take_first(tasks: collections.deque[Task] | None, problems: Any) -> Task | 
     task = tasks[pick]
     del tasks[pick]
     return task
-
-
-@dataclass
-class _StageProbe:
-    """A stage whose worker died or hung: each participant runs alone (a probe) to find which one did it."""
-
-    stage: Task
-    left: int  # probes not finished
-    culprits: set[PlanSpec] = field(default_factory=set)
-
-
-@dataclass
-class _Problem:
-    wp: WorkloadProblem
-    candidates: dict[PlanSpec, Candidate]
-    pending: set[PlanSpec]  # main round: no row yet
-    outstanding: int = 0  # tasks queued or running
-    successes: dict[PlanSpec, tuple[str, float, float]] = field(default_factory=dict)  # main: session, median, MAD
-    finalist: str = "none"  # none | queued | done
-    strikes: collections.Counter = field(default_factory=collections.Counter)
-    calls: tuple[str, ...] = ()  # calling modes the confirmation stage runs for ((): off)
-    confirmed: set[str] = field(default_factory=set)  # calling modes whose stage is current
-    incumbent: PlanSpec | None = None
-    measured_now: bool = False  # main-round rows arrived in this run (an earlier stage is stale then)
-    probes: dict[str, _StageProbe] = field(default_factory=dict)  # calling mode -> its stage's probes in flight
-    planned: int = 0  # candidates given for it (after a cost model's pruning)
-    measured_before: int = 0  # of those, with a main-round row of an earlier run (not measured again)
 
 
 class Scheduler:
@@ -97,13 +65,14 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._queues: dict[str, collections.deque[Task]] = {}
         self._urgent: dict[str, collections.deque[Task]] = {}
-        self._problems: dict[tuple[str, int], _Problem] = {}
+        self._problems: dict[tuple[str, int], ProblemState] = {}
         # task id: (device, kernel family, (signature, problem))
         self._running: dict[int, tuple[object, tuple[str, ...], tuple[str, int]]] = {}
         self._set_up: dict[object, set[tuple[str, int]]] = {}  # device: the (signature, problem)s it has run
         self.total = 0  # candidates to measure in the main round
         self.finished = 0  # of those, with a final row
         self.remeasured = 0  # finalist measurements
+        self.stages = ConfirmStages(self.confirm, self._push, self._maybe_finalist)
 
     # -- building ------------------------------------------------------------------------
     def add_problem(self, signature: str, index: int, wp: WorkloadProblem, candidates: Sequence[Candidate],
@@ -113,7 +82,7 @@ class Scheduler:
         self._queues.setdefault(signature, collections.deque())
         self._urgent.setdefault(signature, collections.deque())
         by_spec = {c.spec: c for c in candidates}
-        state = _Problem(wp, by_spec, set(by_spec), incumbent=incumbent if incumbent in by_spec else None)
+        state = ProblemState(wp, by_spec, set(by_spec), incumbent=incumbent if incumbent in by_spec else None)
         prior = list(prior)
         if self.confirm.enabled:
             state.calls = tuple(c.value for c in wp.calls)
@@ -131,7 +100,7 @@ class Scheduler:
             state.pending.discard(row.spec)
             if row.succeeded and row.median_ms is not None and row.spec not in dropped:
                 state.successes[row.spec] = (row.session, row.median_ms, row.mad_ms or 0.0)
-        wanted = set(self._finalists(state) or ())
+        wanted = set(finalists(state, self.finalist_k) or ())
         if not state.pending and any(wanted <= done for done in final_rounds.values()):
             # a complete finalist round of these main-round rows exists; a partial one (a driver
             # killed during the round) or one from before more candidates were measured is run again
@@ -273,7 +242,7 @@ class Scheduler:
         left = [s for s in task.specs if s not in seen]
         rows: list[AutotuneResult] = []
         if task.round == CONFIRM:
-            return self._stage_lost(task, state, kind, config, detail)
+            return self.stages.lost(task, state, kind, config, detail)
         if kind == "not_started":
             if left:  # queued again as it was
                 self._push(task.signature, task.problem, tuple(left), round=task.round, careful=task.careful,
@@ -290,7 +259,7 @@ class Scheduler:
             culprit, left = left[0], left[1:]
             state.strikes[culprit] += 1
             if kind == "timeout" or state.strikes[culprit] >= self.max_strikes:
-                rows.append(self._failure_row(state, culprit, kind, config, detail))
+                rows.append(failure_row(state, culprit, kind, config, detail))
                 if task.round == MAIN and culprit in state.pending:
                     state.pending.discard(culprit)
                     self.finished += 1
@@ -302,117 +271,16 @@ class Scheduler:
             self._settle(task)
         return rows
 
-    def _stage_lost(self, task: Task, state: "_Problem", kind: str, config: AutotuneConfig, detail: str
-                    ) -> list[AutotuneResult]:
-        """A confirmation stage's task lost: run again (not started), its probe's participant out, its participants
-        probed one at a time, or (lost again) the problem decided on its main round."""
-        rows: list[AutotuneResult] = []
-        if kind == "not_started":  # again, as it was (its rows come at its end)
-            self._push(task.signature, task.problem, task.specs, round=CONFIRM, urgent=True, call=task.call,
-                       reference=task.reference, incumbent=task.incumbent, attempt=task.attempt, probe=task.probe,
-                       careful=task.careful)
-        elif task.probe:  # this participant, alone, killed or hung its worker: it is out of the stage
-            culprit = task.specs[0]
-            rows.append(self._failure_row(state, culprit, kind, config, detail, stage=task.call))
-            self._probe_done(task, culprit)
-        elif task.attempt <= MAX_STAGE_PROBES:
-            # the stage lost its worker: which participant did it is unknown (its rows come at its end), so
-            # each runs alone; the stage then runs again without those that failed
-            state.probes[task.call] = _StageProbe(task, len(task.specs))
-            log.warning("farm: the %s confirmation stage of %s lost its worker (%s): running its %d "
-                        "participant(s) one at a time to find which", task.call, state.wp.name, detail or kind,
-                        len(task.specs))
-            for spec in task.specs:
-                self._push(task.signature, task.problem, (spec,), round=CONFIRM, urgent=True, careful=True,
-                           call=task.call, reference=task.reference, incumbent=task.incumbent,
-                           attempt=task.attempt, probe=True)
-        else:  # lost again: the problem is decided on its main round (without what failed in a probe)
-            log.warning("farm: the %s confirmation stage of %s lost its worker again (%s): decided on the main "
-                        "round", task.call, state.wp.name, detail or kind)
-            state.confirmed.add(task.call)
-            self._settle(task)
-        return rows
-
     def _settle(self, task: Task) -> None:
         state = self._problems[(task.signature, task.problem)]
         if task.round == FINALIST and state.outstanding == 0:
             state.finalist = "done"
         if task.probe:
-            self._probe_done(task, None)
+            self.stages.probe_done(task, state, None)
             return
         if task.round == CONFIRM:
             state.confirmed.add(task.call)
         self._maybe_finalist(task.signature, task.problem)
-
-    def _probe_done(self, task: Task, culprit: PlanSpec | None) -> None:
-        """A probe ended (``culprit``: its participant failed it). After the last one the stage runs again
-        without the participants that failed, or, with fewer than two left, the main round decides."""
-        state = self._problems[(task.signature, task.problem)]
-        probing = state.probes.get(task.call)
-        if probing is None:
-            return
-        if culprit is not None:
-            probing.culprits.add(culprit)
-            state.successes.pop(culprit, None)  # in no later stage either
-        probing.left -= 1
-        if probing.left > 0:
-            return
-        del state.probes[task.call]
-        stage = probing.stage
-        rest = tuple(s for s in stage.specs if s not in probing.culprits)
-        if len(rest) >= 2:
-            log.warning("farm: the %s confirmation stage of %s runs again without %d participant(s) that failed alone",
-                        task.call, state.wp.name, len(stage.specs) - len(rest))
-            self._push(task.signature, task.problem, rest, round=CONFIRM, urgent=True, call=stage.call,
-                       reference=stage.reference, incumbent=stage.incumbent, attempt=stage.attempt + 1)
-            return
-        state.confirmed.add(task.call)  # nothing left to compare: the main round decides
-        self._maybe_finalist(task.signature, task.problem)
-
-    def _failure_row(self, state: _Problem, spec: PlanSpec, kind: str, config: AutotuneConfig,
-                     detail: str, stage: str = "") -> AutotuneResult:
-        cand = state.candidates[spec]
-        if stage:  # a confirmation stage's participant, run alone after its stage lost its worker
-            disposition = Disposition.TIMED_OUT if kind in ("timeout", "silent") else Disposition.CRASHED
-            what = ("no result within the candidate timeout; its worker was restarted" if kind in ("timeout", "silent")
-                    else "killed its worker" if kind == "crash" else "failed its task")
-            short = detail.split(": ")[0]  # 'worker sim:0 died' (Ray's account of it is for its log)
-            error = f"confirmation ({stage}): {what}, run alone after its stage lost its worker{': ' + short if short else ''}"
-        elif kind == "timeout":
-            disposition = Disposition.TIMED_OUT
-            error = f"no result within the candidate timeout; its worker was restarted{': ' + detail if detail else ''}"
-        else:
-            disposition = Disposition.CRASHED
-            error = (f"killed its worker {state.strikes[spec]} times; quarantined"
-                     f"{': ' + detail if detail else ''}")
-        return AutotuneResult(
-            problem_key=state.wp.problem.key, engine_id=spec.engine_id, engine_name=cand.engine_name, knobs=spec.knobs,
-            disposition=disposition, mode=config.mode, strategy=config.strategy, candidate=cand.index, error=error,
-            supports_exhaustive=cand.supports_exhaustive, estimated_workspace=cand.estimated_workspace,
-        )
-
-    def _finalists(self, state: _Problem) -> tuple[PlanSpec, ...] | None:
-        """What a finalist round measures again, in discovery order; None when one session measured everything.
-
-        Per session its ``finalist_k`` fastest and its fastest stable candidate, and the default: every
-        candidate the winner rule (farm.tuner.judging.winner) could pick, so the round decides as one session would.
-        """
-        sessions: dict[str, list[tuple[float, int, PlanSpec]]] = {}
-        for spec, (session, median, _) in state.successes.items():
-            sessions.setdefault(session, []).append((median, state.candidates[spec].index, spec))
-        if len(sessions) < 2:
-            return None  # measured together already
-        finalists: list[PlanSpec] = []
-        for rows in sessions.values():
-            rows.sort()
-            finalists += [spec for _, _, spec in rows[:self.finalist_k]]
-            stable = next((spec for median, _, spec in rows if not is_noisy(median, state.successes[spec][2])), None)
-            if stable is not None:
-                finalists.append(stable)
-        defaults = [s for s in state.successes if not s.knobs]
-        if defaults:  # the default is compared in the final round too: it gets the benefit of the doubt there
-            finalists.append(min(defaults, key=lambda s: state.candidates[s].index))
-        return tuple(sorted(set(finalists), key=lambda s: state.candidates[s].index))
 
     def _maybe_finalist(self, signature: str, index: int) -> None:
         """The next round of a problem whose candidates all have rows: its confirmation stage (or, with the
@@ -421,12 +289,12 @@ class Scheduler:
         if state.pending or state.outstanding:
             return
         if state.calls:
-            if self._queue_confirmations(signature, index, state):
+            if self.stages.queue(signature, index, state):
                 return
             self._retire(state, (signature, index))
             return
         if state.finalist == "none":
-            order = self._finalists(state)
+            order = finalists(state, self.finalist_k)
             if order is not None:
                 state.finalist = "queued"
                 self._push(signature, index, order, round=FINALIST, urgent=True)
@@ -434,31 +302,7 @@ class Scheduler:
         if state.finalist != "queued":
             self._retire(state, (signature, index))
 
-    def _queue_confirmations(self, signature: str, index: int, state: _Problem) -> bool:
-        """Queue a confirm task per calling mode that needs one; False when there is none to run."""
-        if state.measured_now:
-            state.confirmed, state.measured_now = set(), False  # new rows: every stage again
-        todo = [c for c in state.calls if c not in state.confirmed]
-        if not todo:
-            return False
-        measured = [Measured(spec, state.candidates[spec].index, session, median, mad)
-                    for spec, (session, median, mad) in state.successes.items()]
-        defaults = [m for m in measured if not m.spec.knobs]
-        default = min(defaults, key=lambda m: m.index).spec if defaults else None
-        leader = min(measured, key=lambda m: (m.median_ms, m.index)).spec if measured else None
-        queued = False
-        for call in todo:
-            state.confirmed.add(call)  # queued: settled when its task ends (or is given up); nothing to compare: none
-            chosen = participants(measured, default=default, incumbent=state.incumbent,
-                                  max_candidates=self.confirm.max_candidates, runners_up=self.confirm.runners_up,
-                                  engine_leaders=call == CallMode.EAGER.value)
-            if chosen:
-                self._push(signature, index, chosen, round=CONFIRM, urgent=True, call=call,
-                           reference=default or leader, incumbent=state.incumbent)
-                queued = True
-        return queued
-
-    def _retire(self, state: _Problem, where: tuple[str, int]) -> None:
+    def _retire(self, state: ProblemState, where: tuple[str, int]) -> None:
         """A settled problem keeps only what ``done`` reads: its per-candidate state goes, and no device holds it as
         set up (the driver's memory follows the problems in flight, not every candidate ever measured)."""
         for problems in self._set_up.values():
