@@ -44,7 +44,7 @@ def main() -> int:
 
     import farm.ops as ops
     from farm.model.problem import Problem
-    from farm.store.deciding import decide_folder
+    from farm.store.deciding.rule import decide_folder
 
     decisions = decide_folder(run / "results")
     rows = []

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from farm.store.dataset import ResultsDataset  # noqa: E402
 from farm.model.knobs import candidate_label  # noqa: E402
-from farm.store.deciding import decide_results  # noqa: E402
+from farm.store.deciding.rule import decide_results  # noqa: E402
 from farm.store.results import knobs_from_structs  # noqa: E402
 
 

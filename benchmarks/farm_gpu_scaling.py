@@ -48,7 +48,7 @@ def run(n: int, workload: str, out: Path, log: Path, devices: str = "gpu") -> di
 
 
 def agree(a: Path, b: Path) -> tuple[int, int, list[str]]:
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
 
     fa, fb = load_overrides(next(a.glob("*.json"))), load_overrides(next(b.glob("*.json")))
     same = close = 0

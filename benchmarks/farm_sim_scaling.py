@@ -31,7 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm  # noqa: E402
+from farm.fleet.options import DeviceRequest, FarmOptions  # noqa: E402
+from farm.fleet.on_ray.cluster import run_farm  # noqa: E402
 from farm.model.engine import default_engine_registry  # noqa: E402
 from farm.devices.sim import SimConfig  # noqa: E402
 from farm.model.workload import parse_workload  # noqa: E402

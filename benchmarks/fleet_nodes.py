@@ -32,7 +32,8 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from farm.devices.sim import SimConfig  # noqa: E402
-from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm  # noqa: E402
+from farm.fleet.options import DeviceRequest, FarmOptions  # noqa: E402
+from farm.fleet.on_ray.cluster import run_farm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from farm_sim_scaling import winners, workload  # noqa: E402

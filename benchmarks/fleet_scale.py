@@ -41,7 +41,8 @@ def rss_mb() -> float:
 
 def one(candidates: int, devices: int, signatures: int, out: str) -> dict:
     from farm.devices.sim import SimConfig
-    from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm
+    from farm.fleet.options import DeviceRequest, FarmOptions
+    from farm.fleet.on_ray.cluster import run_farm
     from farm.model.engine import default_engine_registry
     from farm.model.workload import parse_workload
     from farm.store.dataset import ResultsDataset

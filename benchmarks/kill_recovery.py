@@ -83,7 +83,7 @@ def counts(out: Path) -> dict:
 
 
 def winners(out: Path) -> dict:
-    from farm.store.deciding import decide_folder
+    from farm.store.deciding.rule import decide_folder
 
     return {k: (w.label, w.confirmed.ties if w.confirmed else ()) for k, w in decide_folder(out / "results").winners.items()}
 

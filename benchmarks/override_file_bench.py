@@ -29,7 +29,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from farm.model.problem import Problem
-    from farm.store.overrides.files import load_overrides, write_overrides
+    from farm.store.overrides.parsing import load_overrides
+    from farm.store.overrides.files import write_overrides
     from farm.store.overrides.entries import OverrideEntry
 
     meta = {"rank": 0, "min_time_ms": 0.041, "avg_time_ms": 0.043, "stddev_ms": 0.001, "iterations_run": 37,

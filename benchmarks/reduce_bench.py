@@ -32,10 +32,11 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from farm.devices.device import DeviceProperties  # noqa: E402
+from farm.devices.properties import DeviceProperties  # noqa: E402
 from farm.model.ids import engine_name_to_id  # noqa: E402
 from farm.model.problem import Problem  # noqa: E402
-from farm.store.results import FILE_SCHEMA, KNOB_TYPE, NAMED_INT, NAMED_STR, TENSOR_TYPE, candidate_key  # noqa: E402
+from farm.store.results import FILE_SCHEMA, KNOB_TYPE, NAMED_INT, NAMED_STR, TENSOR_TYPE  # noqa: E402
+from farm.model.plans import candidate_key  # noqa: E402
 
 ENGINES = ["blas", "cublaslt", "triton.gemm", "einsum", "blocked"]
 

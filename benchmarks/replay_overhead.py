@@ -157,7 +157,7 @@ def run_gpu(workload_path: str, published: str, results: str | None, rounds: int
     import farm.ops as ops
     from farm.devices.device import gpu_device
     from farm.model.engine import default_engine_registry
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
     from farm.store.publish.published import find_published
     from farm.model.knobs import candidate_label
     from farm.model.workload import load_workload
@@ -168,7 +168,7 @@ def run_gpu(workload_path: str, published: str, results: str | None, rounds: int
     entries = load_overrides(hit[0]) if hit else None
     winners = {}
     if results:
-        from farm.store.deciding import decide_folder
+        from farm.store.deciding.rule import decide_folder
 
         winners = {key: w for (sig, key), w in decide_folder(results).winners.items() if sig == props.signature}
     rows = []

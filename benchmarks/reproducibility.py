@@ -43,7 +43,7 @@ def tune(workload: str, out: Path, devices: str) -> float:
 
 def decisions(out: Path) -> dict:
     """(signature, problem key, call) -> (problem name, winner label, its ties, its speed-up)."""
-    from farm.store.deciding import decide_folder
+    from farm.store.deciding.rule import decide_folder
 
     found = {}
     for (sig, key), w in decide_folder(out / "results").winners.items():

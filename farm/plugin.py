@@ -8,7 +8,8 @@ tests/test_architecture.py pins its names and checks that. Anything else inside
 """
 
 from farm.devices.device import Device, graph_pool_active
-from farm.devices.fb import FlatBufferError, decode_device_properties, decode_problem
+from farm.devices.fb.verify import FlatBufferError
+from farm.devices.fb import decode_device_properties, decode_problem
 from farm.devices.properties import DeviceProperties
 from farm.devices.sim import unit_hash
 from farm.devices.timing import gil_heavy_section
@@ -37,7 +38,7 @@ from farm.model.hand_norms import module_rmsnorm
 from farm.model.op_catalog import norm_eps
 from farm.model.problem import Problem, TensorDesc, contiguous_strides
 from farm.replay.selection import CONFIG, POLICY_API_VERSION, STATIC_ORDERING, Choice
-from farm.store.overrides.files import call_choice, load_overrides
+from farm.store.overrides.parsing import call_choice, load_overrides
 from farm.store.overrides.entries import OverrideFile
 from farm.store.publish.published import find_published
 from farm.tuner.reference import EPS

@@ -167,3 +167,52 @@ def test_no_module_imports_another_modules_private_names():
                     private += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module or '.'}.{a.name}"
                                 for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
     assert private == []
+
+
+# packages whose __init__ is their public API (farm: farm.apply, farm.capture; farm.plugin: what engines import)
+FACADES = {"farm", "farm.plugin", "farm.nn", "farm.costmodel", "farm.store.deciding", "farm.devices.runtimes",
+           "farm.devices.fb", "farm.cli", "farm.ops"}
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """What a module defines itself: functions, classes and assigned names at its top level (under if/try too)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        for sub in [node, *(ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else ())]:
+            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(sub.name)
+            elif isinstance(sub, ast.Assign):
+                names |= {x.id for t in sub.targets for x in ast.walk(t) if isinstance(x, ast.Name)}
+            elif isinstance(sub, ast.AnnAssign) and isinstance(sub.target, ast.Name):
+                names.add(sub.target.id)
+    return names
+
+
+def test_an_import_names_the_module_that_defines_the_name():
+    """``from farm.x import name`` names the file where ``name`` is defined, not one that imports it from elsewhere
+    (a re-export): a newcomer following an import lands on the definition. The packages' public faces are the
+    exception (FACADES)."""
+    import ast
+
+    def module_file(module: str) -> Path | None:
+        base = ROOT / Path(*module.split("."))
+        return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.exists()), None)
+
+    through = []
+    for package in ("farm", "engines", "policies", "jobs", "tests", "benchmarks", "examples"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "generated" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("farm.")
+                        and node.module not in FACADES):
+                    continue
+                target = module_file(node.module)
+                if target is None:
+                    continue
+                defined = _top_level_names(target)
+                through += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{a.name}" for a in node.names
+                            if a.name not in defined and module_file(f"{node.module}.{a.name}") is None]
+    assert through == []

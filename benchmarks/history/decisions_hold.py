@@ -97,7 +97,7 @@ def recheck(out: Path, rounds: int) -> list[dict]:
 
     (overrides,) = list((out / "overrides").glob("*.json"))
     (table,) = list((out / "overrides").glob("*.winners.parquet"))
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
 
     entries = {(e.metadata or {}).get("problem_key"): e for e in load_overrides(overrides).entries}
     env = dict(os.environ, FARM_HEUR_CONFIG_PATH=str(overrides),

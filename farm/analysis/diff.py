@@ -143,7 +143,7 @@ def _both_overrides(a: Path, b: Path) -> tuple[dict[Hashable, _Side], dict[Hasha
 
 def _from_overrides(path: Path) -> dict[Hashable, _Side]:
     from farm.store.overrides.hipdnn_dialect import shared_key
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
     from farm.store.publish.root import entry_desc, entry_label, entry_ms, check_knobs
 
     f = load_overrides(path)
@@ -196,7 +196,7 @@ def _ties(e: Any) -> tuple[str, ...]:
 
 
 def _from_results(folder: Location) -> dict[Hashable, _Side]:
-    from farm.store.deciding import decide_folder
+    from farm.store.deciding.rule import decide_folder
 
     d = decide_folder(folder)
     return {key: _Side(w.signature, w.problem_name, w.label, w.median_ms, w.confirmed.ties if w.confirmed else (),

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from farm.analysis.phases import RunPhases, run_phases
 from farm.store.dataset import ResultsDataset, results_folder
-from farm.store.deciding import CONFIRM, VERIFY, Decisions, Winner
+from farm.store.deciding.records import CONFIRM, VERIFY, Decisions, Winner
 from farm.store.deciding.model_checks import MODEL
 from farm.tuner.judging.winner import NOISE_SIGMAS, NOISY_RELATIVE, RELATIVE_FLOOR, noise_sigma
 
@@ -189,7 +189,7 @@ class Report:
 
 def _candidate(row: dict[str, Any]) -> str:
     from farm.model.knobs import candidate_label
-    from farm.store.results import spec_of
+    from farm.model.plans import spec_of
 
     return candidate_label(row["engine_name"], spec_of(row["candidate_key"]).knobs)
 
@@ -203,7 +203,8 @@ def _noise(row: dict[str, Any]) -> float:
 
 
 def build_report(results_dir: str | Path, decisions: Decisions | None = None) -> Report:
-    from farm.store.deciding import decide_folder, job_record
+    from farm.store.deciding.rule import decide_folder
+    from farm.store.deciding.incumbents import job_record
 
     results_dir = results_folder(results_dir)  # a run folder (farm tune --out) works too
     data = ResultsDataset(results_dir)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.analysis.report import ProblemSummary, Report, SignatureSummary
-from farm.store.deciding import CONFIRM, VERIFY
+from farm.store.deciding.records import CONFIRM, VERIFY
 
 def write_html(report: Report, path: str | Path, *, max_problems: int = 24) -> list[str]:
     """A self-contained HTML page (PNG plots embedded); returns the figure titles."""

@@ -210,7 +210,7 @@ def _verifier(args: argparse.Namespace) -> Any:
         return None
     import functools
 
-    from farm.replay.verify import VerifySettings
+    from farm.replay.verified import VerifySettings
     from farm.replay.verify_process import verify_in_new_process
 
     # a replay that hangs is bounded as a candidate is: flagged, fixed, and the job ends
@@ -258,7 +258,8 @@ def _tune_on_ray(args: argparse.Namespace, settings: Any, workload: Any, out: st
     from farm.cli.progress import ProgressView
     from farm.cli.tables.runs import host_load, query_line, where_table
     from farm.cli.tables.farm import farm_dict, farm_tables
-    from farm.fleet.on_ray.cluster import DeviceRequest, run_farm
+    from farm.fleet.options import DeviceRequest
+    from farm.fleet.on_ray.cluster import run_farm
 
     request = DeviceRequest.parse(args.devices)
     if request.kind == "cpu" and not (args.address or os.environ.get("RAY_ADDRESS")):

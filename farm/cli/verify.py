@@ -22,8 +22,9 @@ from farm.store.targets import Target, resolve, rewrite_entries
 def cmd_verify(args: argparse.Namespace) -> int:
     from farm.cli.tables.verify import verified_table
     from farm.cli.tune import local_device
-    from farm.replay.verify import VerifySettings, mark_fixes, verify_file
-    from farm.store.overrides.files import load_overrides
+    from farm.replay.verified import VerifySettings
+    from farm.replay.verify import mark_fixes, verify_file
+    from farm.store.overrides.parsing import load_overrides
 
     calls = (args.call,) if args.call else ("eager", "graph")
     settings = VerifySettings(calls=args.calls or 400, rounds=args.rounds, calls_given=args.calls is not None,
@@ -124,7 +125,7 @@ def _record_in_run(target: Target, verified: list[Any], device: Any) -> tuple[li
     import dataclasses
 
     from farm.replay.verify import result_rows
-    from farm.store.deciding import decide_folder
+    from farm.store.deciding.rule import decide_folder
     from farm.store.run_records import record_in_run
 
     rows = [(r, d.problem, d.name, where) for r, d, where in result_rows(verified, device)]

@@ -115,7 +115,7 @@ def load_training_set(sources: Sequence[str | Path]) -> TrainingSet:
     """Every problem of the results datasets ``sources`` (run folders, results folders or pyarrow.fs URIs)."""
     import pyarrow.dataset as ds
 
-    from farm.store.deciding import decide_results
+    from farm.store.deciding.rule import decide_results
 
     by_problem: dict[tuple[str, str], dict] = {}
     published: dict[tuple[str, str], str] = {}  # the reducer's winner per problem; a later source's decision counts

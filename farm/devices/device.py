@@ -224,7 +224,8 @@ class RuntimeProbe:
 
 def probe(kinds: tuple[str, ...] = ("cuda", "hip")) -> list[RuntimeProbe]:
     """Every GPU runtime's devices (properties only; nothing is allocated), then the CPU."""
-    from farm.devices.runtimes import RuntimeUnavailable, runtime_for
+    from farm.devices.runtimes.base import RuntimeUnavailable
+    from farm.devices.runtimes import runtime_for
 
     out = []
     for kind in kinds:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from farm.devices.device import Device, cpu_device, gpu_device
-from farm.devices.runtimes import RuntimeUnavailable
+from farm.devices.runtimes.base import RuntimeUnavailable
 from farm.devices.sim import SimConfig, sim_device
 from farm.errors import InputError
 

@@ -31,7 +31,8 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 from farm.fleet.on_ray.nodes import DeviceWaits, NodeRecord, NodeTable
 from farm.fleet.late_parts import written_unreported
 from farm.fleet.options import FarmOptions
-from farm.fleet.scheduler import CONFIRM, FINALIST, Scheduler, Task
+from farm.fleet.tasks import CONFIRM, FINALIST, Task
+from farm.fleet.scheduler import Scheduler
 from farm.fleet.on_ray.worker import TaskEnd, WorkerInfo
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import WorkloadProblem

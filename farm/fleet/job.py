@@ -22,12 +22,15 @@ from farm.errors import FarmError, InputError
 from farm.model.records import AutotuneResult
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset, partition_signatures
-from farm.store.deciding import Decisions, Winner, decide_results, load_incumbents
+from farm.store.deciding.records import Decisions, Winner
+from farm.store.deciding.rule import decide_results
+from farm.store.deciding.incumbents import load_incumbents
 from farm.store.reduce import ReduceReport, reduce_results, relocated, rendered
-from farm.store.results import CHECK_ROUNDS, MeasurementContext, ResultWriter, result_row, spec_of
+from farm.store.results import CHECK_ROUNDS, MeasurementContext, ResultWriter, result_row
+from farm.model.plans import spec_of
 from farm.fleet.job_folder import JobDir, lock_job_folder
 from farm.fleet.late_parts import LateParts
-from farm.fleet.scheduler import PriorRow
+from farm.fleet.tasks import PriorRow
 
 log = logging.getLogger("farm.fleet.job")
 

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from farm.model.records import AutotuneResult
 from farm.store.dataset import ResultsDataset, fenced_sessions
 from farm.fleet.job_folder import JobDir
-from farm.fleet.scheduler import CONFIRM
+from farm.fleet.tasks import CONFIRM
 
 log = logging.getLogger("farm.fleet.job")
 
@@ -33,7 +33,7 @@ class LateParts:
         could not report any more. Counted as reported, they are not measured (and written) again."""
         from farm.model.measurement import Strategy
         from farm.model.records import Disposition, TuneMode
-        from farm.store.results import spec_of
+        from farm.model.plans import spec_of
 
         out = []
         for path, rows, _mixed in self._session_parts(signature, op, {session_id}):

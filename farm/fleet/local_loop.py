@@ -14,11 +14,11 @@ from typing import Any, Callable
 from farm.fleet.driver import Driver, WorkerHandle
 from farm.fleet.on_ray.launcher import FarmFailed
 from farm.fleet.planner import Planner
-from farm.fleet.scheduler import CONFIRM, Task
+from farm.fleet.tasks import CONFIRM, Task
 from farm.fleet.on_ray.worker import DeviceWorkerImpl, TaskEnd, TaskStarted
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload
-from farm.store.results import candidate_key
+from farm.model.plans import candidate_key
 from farm.tuner.judging.confirm import ConfirmRun
 from farm.tuner.problem_tuning import ProblemOutcome
 

@@ -17,7 +17,8 @@ from farm.errors import FarmError
 from farm.model.engine import EngineRegistry
 from farm.model.records import AutotuneConfig, AutotuneResult
 from farm.model.workload import Workload
-from farm.store.results import MeasurementContext, now_iso, spec_of
+from farm.store.results import MeasurementContext, now_iso
+from farm.model.plans import spec_of
 from farm.fleet.driver import Driver
 from farm.fleet.on_ray.event_loop import worker_handle
 from farm.fleet.executor import InProcessCalls, StartedJob, finish_job, start_job, verify_on_workers
@@ -26,7 +27,8 @@ from farm.fleet.local_loop import LocalLoop
 from farm.fleet.options import FarmOptions
 from farm.fleet.planner import Planner
 from farm.fleet.report import TuneReport
-from farm.fleet.scheduler import CONFIRM, Scheduler
+from farm.fleet.tasks import CONFIRM
+from farm.fleet.scheduler import Scheduler
 from farm.fleet.on_ray.worker import DeviceWorkerImpl
 from farm.tuner.journal import InFlightJournal
 from farm.tuner.problem_tuning import ProblemOutcome

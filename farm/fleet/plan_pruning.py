@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 from farm.costmodel.pruning import PruneChoice, Pruner, default_position, pruned_result
 from farm.devices.properties import DeviceProperties
-from farm.fleet.scheduler import Candidate, PriorRow
+from farm.fleet.tasks import Candidate, PriorRow
 from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PruneSettings
 from farm.model.workload import WorkloadProblem
-from farm.store.deciding import decided_keys
+from farm.store.deciding.incumbents import decided_keys
 from farm.store.results import MeasurementContext, now_iso
 
 Write = Callable[[Sequence[tuple[AutotuneResult, WorkloadProblem, MeasurementContext]]], None]

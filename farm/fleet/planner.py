@@ -11,10 +11,11 @@ from farm.fleet.driver import WorkerHandle
 from farm.fleet.executor import WorkerCalls
 from farm.fleet.job import JobRun, prior_rows
 from farm.fleet.plan_pruning import PlanPruning
-from farm.fleet.scheduler import PriorRow, Scheduler
+from farm.fleet.tasks import PriorRow
+from farm.fleet.scheduler import Scheduler
 from farm.model.workload import Workload, WorkloadProblem
 from farm.store.dataset import ResultsDataset
-from farm.store.deciding import incumbent_file, incumbent_spec
+from farm.store.deciding.incumbents import incumbent_file, incumbent_spec
 
 
 class Planner:
@@ -75,7 +76,7 @@ class Planner:
 
     def top_up(self) -> None:
         """Take in finished discoveries; start the next window where a signature has fewer queued tasks than
-        four per device (the queue keeps a choice of kernel families: farm.fleet.scheduler.kernel_family).
+        four per device (the queue keeps a choice of kernel families: farm.fleet.tasks.kernel_family).
         On Ray, discovery runs on a worker while the devices work: nothing here waits for it."""
         for sig, members in self.by_sig.items():
             self._collect(sig)

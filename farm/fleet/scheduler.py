@@ -40,8 +40,7 @@ from farm.fleet.tasks import (CONFIRM, FINALIST, MAIN, Candidate, PriorRow, Task
 
 log = logging.getLogger("farm.fleet.scheduler")
 
-__all__ = ["CONFIRM", "FINALIST", "MAIN", "Candidate", "PriorRow", "Scheduler", "Task", "confirmed_calls",
-           "failed_in_stage", "kernel_family"]
+__all__ = ["Scheduler"]
 
 def _take_first(tasks: collections.deque[Task] | None, problems: Any) -> Task | None:
     """Remove and return the first of ``tasks`` whose (signature, problem) is in ``problems``; None if none is."""

@@ -1,6 +1,6 @@
 """One override file's decisions on one device, as farm.apply routes a model's calls to them.
 
-The file is read and chosen from exactly as production does it (farm.replay.verify.FileReplay: the Config
+The file is read and chosen from exactly as production does it (farm.replay.file_replay.FileReplay: the Config
 policy over the file, StaticOrdering behind it), so a routed call runs what ``farm.ops`` would. What apply adds:
 whether a decision is the *default* (the first engine a problem discovers, with default knobs: what the plain
 library call runs), since a call whose decision is the default is not intercepted at all; and which weights
@@ -24,7 +24,7 @@ from farm.model.engine import settings_to_resolved
 from farm.model.knobs import candidate_label
 from farm.model.problem import Problem
 from farm.replay.file_replay import FileReplay
-from farm.store.overrides.files import call_choice, load_overrides
+from farm.store.overrides.parsing import call_choice, load_overrides
 from farm.store.overrides.entries import OverrideEntry, TensorRule
 
 CALLS = ("eager", "graph")

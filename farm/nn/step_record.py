@@ -18,7 +18,8 @@ from typing import Any, Mapping
 from farm.devices.device import Device
 from farm.model.ids import engine_name_to_id
 from farm.model.measurement import summarize
-from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
+from farm.model.records import AutotuneResult, Disposition, TuneMode
+from farm.model.measurement import Strategy
 from farm.nn.step_check import Judged, StepCheck
 from farm.store.deciding.model_checks import MODEL, ModelCheck
 from farm.store.overrides.entries import OverrideEntry, OverrideFile

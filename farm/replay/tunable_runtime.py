@@ -49,7 +49,8 @@ from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig
 from farm.replay.selection import Selector
 from farm.store.autotune_storage import winner_entry
-from farm.store.overrides.files import call_choice, load_overrides, merge_entries, write_overrides
+from farm.store.overrides.parsing import call_choice, load_overrides
+from farm.store.overrides.files import merge_entries, write_overrides
 from farm.store.overrides.entries import OverrideEntry, OverrideFile
 from farm.store.overrides.tunableop_csv import (DEFAULT_KERNEL, VALIDATORS, is_tunableop_csv, load_tunableop_csv,
                                      result_line, validator_mismatch, write_tunableop_csv)

@@ -12,7 +12,7 @@ import numpy as np
 from farm.errors import FarmError
 from farm.model.knobs import KnobSettings, candidate_label
 from farm.model.problem import Problem
-from farm.store.overrides.files import call_choice
+from farm.store.overrides.parsing import call_choice
 from farm.store.overrides.entries import OverrideFile
 from farm.tuner.judging.paired import CONFIDENCE, PairedRatio
 

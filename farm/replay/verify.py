@@ -38,7 +38,8 @@ from farm.devices.runtimes.cpu import host_cpu
 from farm.model.engine import EngineRegistry, default_engine_registry, settings_to_resolved
 from farm.model.knobs import candidate_label
 from farm.model.problem import OPS_LIBRARIES, Problem
-from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
+from farm.model.records import AutotuneResult, Disposition, TuneMode
+from farm.model.measurement import Strategy
 from farm.store.overrides.entries import OverrideEntry, OverrideFile
 from farm.tuner.callers import (REPLAY, Caller, direct_caller, graph_sampler, estimate_ms, eager_sampler, input_set_cap,
                                 input_set_count, input_sets, plan_caller, replay_caller)
@@ -51,8 +52,7 @@ from farm.replay.verified import CALLS, Decision, Verified, VerifySettings, cano
 
 log = logging.getLogger("farm.replay.verify")
 
-__all__ = ["CALLS", "Decision", "FileReplay", "VerifyOutcome", "Verified", "VerifySettings", "decisions_in",
-           "fixed_entries", "judge", "mark_fixes", "result_rows", "verify_file", "verify_for_job"]
+__all__ = ["VerifyOutcome", "fixed_entries", "judge", "mark_fixes", "result_rows", "verify_file", "verify_for_job"]
 
 # -- measuring --------------------------------------------------------------------------------------
 def verify_file(path: str, f: OverrideFile, device: Device, *, keys: Sequence[str] | None = None,
@@ -426,7 +426,7 @@ def verify_for_job(device: Device, text: str, keys: Sequence[str] | None = None,
     """farm tune's check after its reduce, run where the device is (in-process, or on a farm worker): the override
     file's decisions of the problems ``keys`` replayed beside the direct call; a decision that loses to the direct
     call is fixed (``only_losers``: a figure off the published one is flagged only)."""
-    from farm.store.overrides.files import parse_overrides
+    from farm.store.overrides.parsing import parse_overrides
 
     path = write_temp_file(text)
     try:

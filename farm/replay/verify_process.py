@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 from farm.devices.device import Device
 from farm.errors import FarmError
-from farm.replay.verify import VerifyOutcome, VerifySettings, verify_for_job
+from farm.replay.verify import VerifyOutcome, verify_for_job
+from farm.replay.verified import VerifySettings
 
 
 def verify_in_new_process(device: Device, text: str, keys: Sequence[str] | None = None, *,

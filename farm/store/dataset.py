@@ -22,7 +22,8 @@ from farm.devices.properties import DeviceProperties
 from farm.errors import InputError
 from farm.model.problem import Problem
 from farm.store.location import Location
-from farm.store.results import CHECK_ROUNDS, DATASET_SCHEMA, FILE_SCHEMA, PARTITIONING, SCHEMA_VERSION, spec_of
+from farm.store.results import CHECK_ROUNDS, DATASET_SCHEMA, FILE_SCHEMA, PARTITIONING, SCHEMA_VERSION
+from farm.model.plans import spec_of
 
 log = logging.getLogger("farm.store.dataset")
 

@@ -41,7 +41,10 @@ from farm.store.overrides.tunableop_csv import write_tunableop_csv
 log = logging.getLogger("farm.store.reduce")
 
 WINNERS_SUFFIX = ".winners.parquet"
-from farm.store.deciding import Decisions, Winner, knobs_of, decide_results, load_incumbents
+from farm.store.deciding.records import Decisions, Winner
+from farm.store.deciding.loading import knobs_of
+from farm.store.deciding.rule import decide_results
+from farm.store.deciding.incumbents import load_incumbents
 
 
 @dataclass

@@ -15,7 +15,7 @@ from farm.errors import InputError
 from farm.fsutil import LockTimeout, PathLock
 from farm.model.problem import Problem
 from farm.model.records import AutotuneResult
-from farm.store.overrides.files import load_overrides
+from farm.store.overrides.parsing import load_overrides
 from farm.store.reduce import ReduceReport, reduce_results
 from farm.store.results import MeasurementContext, ResultWriter, RunContext, new_id, result_row
 

@@ -10,13 +10,14 @@ import pytest
 
 from farm.cli import main
 from farm.devices.device import cpu_device
-from farm.fleet.scheduler import CONFIRM, Candidate, PriorRow, Scheduler
+from farm.fleet.tasks import CONFIRM, Candidate, PriorRow
+from farm.fleet.scheduler import Scheduler
 from farm.model.engine import default_engine_registry
 from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, CallMode, ConfirmSettings, Disposition
 from farm.model.workload import EngineSelection, WorkloadProblem
-from farm.store.deciding import decide_results
-from farm.store.overrides.files import call_choice, load_overrides
+from farm.store.deciding.rule import decide_results
+from farm.store.overrides.parsing import call_choice, load_overrides
 from farm.store.reduce import reduce_results
 from farm.tuner.judging.winner import ConfirmedRule
 from tests.fakes import fake_props, fake_result, matmul_problem, write_results

@@ -155,7 +155,7 @@ def test_entrypoints_name_modules_and_files_that_exist(repo_root):
         assert (root / Path(*module.split("."))).with_suffix(".py").exists(), module
         workload = argv[argv.index("-m") + 2]
         assert (root / workload.replace("/opt/tunefarm/", "")).exists(), workload
-        from farm.cli import build_parser
+        from farm.cli.main import build_parser
 
         build_parser().parse_args(["tune", *argv[argv.index("-m") + 2:]])  # the flags are real
 

@@ -183,7 +183,7 @@ def test_the_quick_starts_summary_fits_40_lines_at_100_columns_with_every_winner
     lines = printed.splitlines()
     assert len(lines) <= 40, f"{len(lines)} lines:\n{printed}"
     assert max(len(line) for line in lines) <= 100, printed
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
     from farm.store.publish.root import entry_desc
 
     labels = [entry_desc(e) for e in load_overrides(checkout / "quick-overrides.json").entries]

@@ -248,7 +248,7 @@ def test_nan_or_negative_times_never_win_a_reduce(tmp_path):
         fake_result(p, "negative", (-5.0, -5.0, -5.0), candidate=1),
         fake_result(p, "nan", (float("nan"),) * 3, candidate=2)])]})
     reduce_results(tmp_path / "results", tmp_path / "out")
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
 
     assert load_overrides(tmp_path / "out" / f"{gpu.signature}.json").match(p).engine_name == "honest"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from farm.cli import main
-from farm.store.overrides.files import load_overrides
+from farm.store.overrides.parsing import load_overrides
 from tests.end_to_end.test_stage_failures import _plugin
 
 REPO = Path(__file__).resolve().parents[2]

@@ -137,7 +137,8 @@ def test_a_resume_without_prune_measures_what_was_pruned(trained, tmp_path):
 
 @pytest.mark.slow
 def test_the_farm_prunes_on_ray_and_records_the_seed_in_job_json(trained, tmp_path):
-    from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm
+    from farm.fleet.options import DeviceRequest, FarmOptions
+    from farm.fleet.on_ray.cluster import run_farm
     from farm.model.engine import default_engine_registry
     from farm.model.workload import load_workload
 
@@ -176,7 +177,7 @@ def test_eval_holds_each_family_out_and_reports_measurements_and_regret(trained,
     out = json.loads(capsys.readouterr().out)
     assert out["holdout"] == "family" and out["groups"] == 3 and len(out["problems"]) == 9
     from farm.store.dataset import results_folder
-    from farm.store.deciding import decide_results
+    from farm.store.deciding.rule import decide_results
 
     published = {(w.signature, w.problem_name): w.label
                  for w in decide_results(results_folder(trained / "train")).winners.values()}

@@ -12,8 +12,8 @@ import pytest
 
 from fakes import fake_props
 from farm.devices.device import cpu_device
-from farm.devices.fb import (FlatBufferError, decode_device_properties, decode_problem, encode_device_properties,
-                     encode_problem)
+from farm.devices.fb.verify import FlatBufferError
+from farm.devices.fb import decode_device_properties, decode_problem, encode_device_properties, encode_problem
 from farm.devices.fb import verify as fbv
 from farm.model.problem import Problem
 

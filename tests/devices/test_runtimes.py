@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from farm.devices.runtimes import NoDeviceError, RuntimeCallError, RuntimeUnavailable, runtime_for
+from farm.devices.runtimes.base import NoDeviceError, RuntimeCallError, RuntimeUnavailable
+from farm.devices.runtimes import runtime_for
 from farm.devices.runtimes.cpu import CpuRuntime
 from farm.devices.runtimes.cuda import CudaBindings
 from farm.devices.runtimes.gpu import GpuRuntime

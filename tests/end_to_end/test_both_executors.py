@@ -20,7 +20,7 @@ import time
 import pytest
 
 from farm.store.dataset import ResultsDataset
-from farm.store.overrides.files import load_overrides
+from farm.store.overrides.parsing import load_overrides
 from tests.end_to_end.test_stage_failures import REPO, _tune
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="the Ray farm needs ray[default]")

@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm
+from farm.fleet.options import DeviceRequest, FarmOptions
+from farm.fleet.on_ray.cluster import run_farm
 from farm.model.engine import default_engine_registry
-from farm.store.overrides.files import load_overrides
+from farm.store.overrides.parsing import load_overrides
 from farm.store.dataset import ResultsDataset
 from farm.devices.sim import SimConfig
 from farm.model.workload import parse_workload
@@ -152,7 +153,7 @@ def test_every_worker_prepares_the_engines_its_tasks_use(monkeypatch):
     import farm.fleet.on_ray.worker as cluster
     from farm.model.records import AutotuneConfig
     from farm.fleet.on_ray.worker import DeviceWorkerImpl
-    from farm.fleet.scheduler import Task
+    from farm.fleet.tasks import Task
 
     prepared = []
 

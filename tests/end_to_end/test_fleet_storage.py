@@ -93,7 +93,8 @@ ray = pytest.importorskip("ray", reason="the farm needs ray[default]")
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray instance whose workers have the test bucket's credentials (workers write to S3 themselves)."""
-    from farm.fleet.on_ray.cluster import DeviceRequest, _init_ray
+    from farm.fleet.options import DeviceRequest
+    from farm.fleet.on_ray.cluster import _init_ray
 
     keys = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
     saved = {k: os.environ.get(k) for k in keys}
@@ -112,10 +113,11 @@ def local_ray():
 
 def test_a_farm_run_into_s3_workers_write_and_a_crash_costs_no_row(s3_bucket, local_ray, tmp_path):
     from farm.devices.sim import SimConfig
-    from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm
+    from farm.fleet.options import DeviceRequest, FarmOptions
+    from farm.fleet.on_ray.cluster import run_farm
     from farm.model.engine import default_engine_registry
     from farm.model.workload import parse_workload
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
 
     fs, query = s3_bucket
     sweep = {"sim.gemm": {"block": [16, 32, 64, 128], "stages": [1, 2, 3]}}

@@ -148,7 +148,7 @@ def test_publish_to_a_file_uri_whose_root_does_not_exist_yet(tmp_path):
 def test_config_says_under_verbose_which_fields_keep_the_nearest_entry_from_matching(tmp_path, caplog):
     import logging
 
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
 
     props = fake_props()
     path = overrides(tmp_path / "o", props, [entry(matmul_problem(8, 8, 8), "torch.matmul", 1.0, "p1"),
@@ -428,9 +428,10 @@ def test_the_tune_summary_flags_a_noisy_winner_that_no_stage_confirmed():
     import dataclasses
 
     from farm.cli.tables.runs import summary_table
-    from farm.model.records import AutotuneResult, Disposition, Strategy, TuneMode
+    from farm.model.records import AutotuneResult, Disposition, TuneMode
+    from farm.model.measurement import Strategy
     from farm.model.workload import WorkloadProblem
-    from farm.store.deciding import Winner
+    from farm.store.deciding.records import Winner
     from farm.tuner.problem_tuning import ProblemOutcome
     from farm.tuner.judging.winner import Rule
 

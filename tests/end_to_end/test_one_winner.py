@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.store.overrides.files import load_overrides
+from farm.store.overrides.parsing import load_overrides
 from farm.model.knobs import candidate_label
 from farm.cli.tables.runs import winners_query
 

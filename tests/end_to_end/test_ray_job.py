@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from farm.fleet.on_ray.ray_instance import instance_processes, stop_instance
-from farm.store.overrides.files import load_overrides
+from farm.store.overrides.parsing import load_overrides
 from tests.cli.test_docs_commands import RAY_JOB, REPO, blocks
 
 pytestmark = pytest.mark.slow  # an end-to-end test of the farm: Ray, a cluster, the docs run whole

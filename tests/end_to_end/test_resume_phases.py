@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from farm.fleet.on_ray.ray_instance import stop_instance
-from farm.store.overrides.files import load_overrides
+from farm.store.overrides.parsing import load_overrides
 from farm.store.dataset import ResultsDataset
 from tests.fakes import SIM_GEMM_SWEEP
 

@@ -24,7 +24,7 @@ import pytest
 
 from farm.errors import InputError
 from farm.store.dataset import ResultsDataset
-from farm.store.overrides.files import load_json, load_overrides
+from farm.store.overrides.parsing import load_json, load_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT, FAST = {}, {"variant": 3}  # the default's knobs, the real winner's
@@ -162,7 +162,7 @@ def _stage_rows(tmp_path, default_samples):
 
 @pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, 0.0])
 def test_a_stage_part_whose_default_has_unusable_times_publishes_the_real_winner_and_no_such_number(tmp_path, bad):
-    from farm.store.deciding import decide_results
+    from farm.store.deciding.rule import decide_results
     from farm.store.reduce import reduce_results
 
     p, props = _stage_rows(tmp_path, [bad] * 16)
@@ -180,7 +180,7 @@ def test_a_stage_part_whose_default_has_unusable_times_publishes_the_real_winner
 
 
 def test_a_part_with_a_negative_main_round_median_is_no_fastest_and_no_tie(tmp_path):
-    from farm.store.deciding import decide_results
+    from farm.store.deciding.rule import decide_results
     from tests.fakes import fake_props, fake_result, matmul_problem, write_results
 
     p, props = matmul_problem(), fake_props()
@@ -212,7 +212,8 @@ def test_an_override_file_holds_no_non_finite_number_and_publish_refuses_one(tmp
 
 
 def test_a_resume_never_counts_a_lone_failed_stage_row_as_a_stage_and_drops_its_candidate():
-    from farm.fleet.scheduler import Candidate, PriorRow, Scheduler, confirmed_calls, failed_in_stage
+    from farm.fleet.tasks import Candidate, PriorRow, confirmed_calls, failed_in_stage
+    from farm.fleet.scheduler import Scheduler
     from farm.model.plans import PlanSpec
     from farm.model.records import ConfirmSettings
     from farm.model.workload import EngineSelection, WorkloadProblem

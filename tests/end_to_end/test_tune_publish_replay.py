@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 from farm.cli import main
-from farm.store.overrides.files import load_overrides
+from farm.store.overrides.parsing import load_overrides
 
 WORKLOAD = """
 name: e2e

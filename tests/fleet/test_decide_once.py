@@ -54,7 +54,8 @@ def test_a_first_run_on_simulated_devices_expands_its_problems_on_the_workers_on
     pytest.importorskip("ray", reason="the farm needs ray[default]")
     import farm.fleet.on_ray.worker as worker_module
     from farm.devices.sim import SimConfig
-    from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm
+    from farm.fleet.options import DeviceRequest, FarmOptions
+    from farm.fleet.on_ray.cluster import run_farm
 
     calls: list[int] = []
     real = worker_module.expand_problems

@@ -3,7 +3,8 @@
 from fakes import fake_props, fake_result, matmul_problem
 from farm.fleet.driver import Driver, LossKind, WorkerHandle, WorkerState, WorkerStatus
 from farm.fleet.options import FarmOptions
-from farm.fleet.scheduler import Candidate, Scheduler
+from farm.fleet.tasks import Candidate
+from farm.fleet.scheduler import Scheduler
 from farm.fleet.on_ray.worker import TaskEnd, WorkerInfo
 from farm.model.ids import engine_name_to_id
 from farm.model.plans import PlanSpec

@@ -6,7 +6,8 @@ from fakes import fake_result, matmul_problem
 from farm.model.records import AutotuneConfig, ConfirmSettings, Disposition
 from farm.model.ids import engine_name_to_id
 from farm.model.plans import PlanSpec
-from farm.fleet.scheduler import FINALIST, MAIN, Candidate, PriorRow, Scheduler
+from farm.fleet.tasks import FINALIST, MAIN, Candidate, PriorRow
+from farm.fleet.scheduler import Scheduler
 from farm.model.workload import EngineSelection, WorkloadProblem
 
 CFG = AutotuneConfig()

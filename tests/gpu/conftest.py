@@ -4,7 +4,8 @@ import pytest
 
 
 def cuda_or_skip():
-    from farm.devices.runtimes import RuntimeUnavailable, runtime_for
+    from farm.devices.runtimes.base import RuntimeUnavailable
+    from farm.devices.runtimes import runtime_for
 
     rt = runtime_for("cuda")
     try:

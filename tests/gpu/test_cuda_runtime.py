@@ -82,7 +82,7 @@ def test_event_timing_of_a_device_copy_agrees_with_the_host_clock():
 
 
 def test_bad_calls_come_back_as_clear_exceptions():
-    from farm.devices.runtimes import RuntimeCallError
+    from farm.devices.runtimes.base import RuntimeCallError
 
     with pytest.raises(RuntimeCallError) as info:
         RT.properties(COUNT + 7)

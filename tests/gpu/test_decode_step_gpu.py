@@ -194,8 +194,10 @@ def test_farm_verify_replays_a_hand_written_norms_decision_as_farm_apply_runs_it
     """A hand-written RMSNorm's problem (library "module") is one farm.ops never makes of its tensors: farm verify
     times the file's own binding of it, as farm.apply runs it, and names the candidate it ran (not "?")."""
     from farm.devices.open import open_device
-    from farm.replay.verify import VerifySettings, verify_file
-    from farm.store.overrides.files import load_overrides, write_overrides
+    from farm.replay.verified import VerifySettings
+    from farm.replay.verify import verify_file
+    from farm.store.overrides.parsing import load_overrides
+    from farm.store.overrides.files import write_overrides
     from farm.store.overrides.entries import OverrideEntry
 
     problem = Problem.create("rmsnorm", {"X": [8, 1, 4096], "scale": [4096]}, dtype="bf16",

@@ -51,8 +51,10 @@ def test_the_stage_times_torch_matmul_direct_and_challengers_through_farm_ops(ca
 
 
 def test_verify_replays_both_decisions_of_a_file_beside_torch_matmul(tmp_path):
-    from farm.replay.verify import VerifySettings, verify_file
-    from farm.store.overrides.files import load_overrides, write_overrides
+    from farm.replay.verified import VerifySettings
+    from farm.replay.verify import verify_file
+    from farm.store.overrides.parsing import load_overrides
+    from farm.store.overrides.files import write_overrides
     from farm.store.overrides.entries import OverrideEntry
 
     dev = gpu_device("cuda", 0)

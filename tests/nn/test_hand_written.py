@@ -143,8 +143,9 @@ def test_farm_verify_names_what_a_hand_written_norms_decision_runs(tmp_path):
     """farm.ops never makes a problem of library "module": verify times the file's own binding, as farm.apply runs
     it, and names the candidate (tests/gpu/test_decode_step_gpu.py: the same on a GPU)."""
     from farm.model.problem import Problem
-    from farm.replay.verify import VerifySettings, verify_file
-    from farm.store.overrides.files import load_overrides
+    from farm.replay.verified import VerifySettings
+    from farm.replay.verify import verify_file
+    from farm.store.overrides.parsing import load_overrides
 
     problem = Problem.create("rmsnorm", {"X": [4, 64], "scale": [64]}, criteria={"eps_e12": 10**6},
                              library="module")

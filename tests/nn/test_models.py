@@ -25,7 +25,8 @@ from farm.nn.routing import applied_to  # noqa: E402
 from farm.nn.step_check import CheckSettings, check_step  # noqa: E402
 from farm.nn.step_record import record_check  # noqa: E402
 from farm.nn.torch_calls import read_call  # noqa: E402
-from farm.store.overrides.files import load_overrides, write_overrides  # noqa: E402
+from farm.store.overrides.parsing import load_overrides  # noqa: E402
+from farm.store.overrides.files import write_overrides  # noqa: E402
 from farm.store.overrides.entries import OverrideEntry  # noqa: E402
 from farm.store.targets import resolve  # noqa: E402
 

@@ -206,7 +206,7 @@ def test_verify_fix_of_a_run_does_not_call_fixed_what_the_runs_rows_cannot_fix(t
     # the run's override file holds an entry of a problem the run has no rows of (appended from elsewhere): the
     # fix lands through the rows, so that decision stays as it is, and verify says so (and --strict fails)
     from farm.cli.main import main
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
     from tests.fakes import fake_result, write_results
 
     cfg, device = _sim(tmp_path)
@@ -243,7 +243,7 @@ def test_a_default_decision_holds_where_replayed_and_farm_ops_own_cost_is_a_note
 
 def test_verify_flags_a_decision_slower_where_replayed_and_fix_publishes_the_default(tmp_path, capsys, replay_env):
     from farm.cli.main import main
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
 
     cfg, device = _sim(tmp_path)
     problem = Problem.create("matmul", {"A": [2048, 2048], "B": [2048, 2048]}, dtype="fp16")
@@ -282,7 +282,7 @@ def test_a_spelled_out_default_knob_is_the_same_candidate_to_verify(tmp_path, ca
     from engines.sim import SimPlan
     from farm.cli.main import main
     from farm.replay.verified import canonical_knobs
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
 
     cfg, device = _sim(tmp_path, "devices: [{name: Sim V, count: 1}]\nnoise: 0.01\n")  # replays as measured
     problem = Problem.create("matmul", {"A": [2048, 2048], "B": [2048, 2048]}, dtype="fp16")
@@ -325,7 +325,7 @@ def test_verify_holds_for_a_decision_that_delivers_and_says_so_in_a_run_folder(t
     import pyarrow.parquet as pq
 
     from farm.cli.main import main
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
 
     cfg, device = _sim(tmp_path)
     problem = Problem.create("matmul", {"A": [2048, 2048], "B": [2048, 2048]}, dtype="fp16")
@@ -378,7 +378,7 @@ def test_a_decision_short_of_its_figure_where_replayed_is_published_untrusted(tm
     import pyarrow.parquet as pq
 
     from farm.cli.main import main
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
 
     _, device = _sim(tmp_path)
     problem = Problem.create("matmul", {"A": [2048, 2048], "B": [2048, 2048]}, dtype="fp16")
@@ -409,8 +409,9 @@ def test_a_decision_short_of_its_figure_where_replayed_is_published_untrusted(tm
 
 
 def test_verify_refuses_a_file_of_another_device_and_names_unknown_problems(tmp_path, replay_env):
-    from farm.cli.verify import _keys, resolve
-    from farm.store.overrides.files import load_overrides
+    from farm.cli.verify import _keys
+    from farm.store.targets import resolve
+    from farm.store.overrides.parsing import load_overrides
 
     cfg, device = _sim(tmp_path)
     problem = Problem.create("matmul", {"A": [64, 64], "B": [64, 64]}, dtype="fp16")
@@ -487,7 +488,7 @@ def test_verify_fix_republishes_a_published_root(tmp_path, capsys, replay_env):
     from farm.cli.main import main
     from farm.replay.file_replay import FileReplay
     from farm.devices.sim import SimTensor
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
     from farm.store.publish.published import find_published
 
     cfg, device = _sim(tmp_path)
@@ -530,7 +531,7 @@ def _hipdnn_shared_file(path, problem):
 
 def test_verify_fix_leaves_an_entry_of_an_engine_the_farm_does_not_run(tmp_path, capsys, replay_env):
     from farm.cli.main import main
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
 
     path = tmp_path / "hipdnn_autotune.json"
     _hipdnn_shared_file(path, Problem.create("matmul", {"A": [32, 24], "B": [24, 16]}))
@@ -564,7 +565,7 @@ def test_verify_fix_keeps_a_winner_that_still_beats_the_direct_call_and_corrects
     """A winner delivering less than it published (a loaded host, a slower replay) but still faster than the direct
     call beyond noise is never undone by --fix: the file publishes the delivered figure instead."""
     from farm.cli.main import main
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
 
     cfg, device = _sim(tmp_path, "devices: [{name: Sim V, count: 1}]\nnoise: 0.01\nfaults:\n"
                                  "  - {kind: slow_replay, engine: sim.gemm, factor: 1.25}\n")

@@ -9,7 +9,8 @@ import pytest
 import farm.ops as ops
 from farm.devices.device import cpu_device
 from farm.store.overrides.entries import OverrideEntry
-from farm.store.overrides.files import load_overrides, write_overrides
+from farm.store.overrides.parsing import load_overrides
+from farm.store.overrides.files import write_overrides
 from farm.replay.tunable_runtime import TunableRuntime
 from farm.replay.tunable_settings import TunableSettings, with_ordinal
 from farm.model.workload import load_workload

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from farm.cli import main as farm_main
-from farm.store.overrides.files import load_overrides
+from farm.store.overrides.parsing import load_overrides
 from farm.model.problem import Problem
 from farm.store.results import FILE_SCHEMA, SCHEMA_VERSION
 

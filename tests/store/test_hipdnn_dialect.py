@@ -8,7 +8,8 @@ import pytest
 from farm.cli import main
 from farm.model.ids import engine_name_to_id
 from farm.model.problem import Problem
-from farm.store.overrides.files import load_overrides, parse_overrides, write_overrides
+from farm.store.overrides.parsing import load_overrides, parse_overrides
+from farm.store.overrides.files import write_overrides
 from farm.store.overrides.entries import OverrideEntry
 from tests.fakes import fake_props
 from tests.store import hipdnn_reference as hipdnn

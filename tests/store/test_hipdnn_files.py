@@ -11,7 +11,8 @@ from farm.devices.fb import encode_device_properties
 from farm.model.ids import engine_name_to_id
 from farm.model.problem import Problem
 from farm.replay.selection import Selector
-from farm.store.overrides.files import parse_overrides, render
+from farm.store.overrides.parsing import parse_overrides
+from farm.store.overrides.files import render
 from policies.config import ConfigPolicy
 
 MIOPEN, HIPBLASLT = engine_name_to_id("MIOPEN_ENGINE"), engine_name_to_id("HIPBLASLT_ENGINE")

@@ -17,7 +17,8 @@ from farm.model.problem import Problem
 from farm.replay.tunable_runtime import TunableRuntime
 from farm.replay.tunable_settings import TunableSettings
 from farm.store.overrides.hipdnn_names import POINTWISE_MODES, REDUCTION_MODES, RESAMPLE_MODES
-from farm.store.overrides.files import load_overrides, merge_entries, parse_overrides, render, write_overrides
+from farm.store.overrides.parsing import load_overrides, parse_overrides
+from farm.store.overrides.files import merge_entries, render, write_overrides
 from farm.store.overrides.entries import OverrideEntry
 from policies.config import ConfigPolicy
 
@@ -242,7 +243,7 @@ def test_a_file_with_entries_no_reader_can_read_is_refused_or_they_are_set_aside
     """hipDNN's writer keeps such entries and its reader then refuses the whole file, the winners just written
     included: our writer refuses (nothing written, the entry named, what to do said), or with set_aside leaves them
     out, the file as it was copied beside byte for byte."""
-    from farm.store.overrides.files import load_overrides
+    from farm.store.overrides.parsing import load_overrides
 
     path = tmp_path / "hipdnn_autotune.json"
     text = hipdnn_text(UNREADABLE + [GOOD])

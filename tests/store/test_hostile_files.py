@@ -215,7 +215,8 @@ def test_devices_sim_of_something_that_is_not_a_sim_file(tmp_path, capsys, kind)
 def test_an_append_beside_a_rule_readers_skip_keeps_it_and_says_what_is_true(tmp_path, caplog):
     """A rule with a negative dim can match nothing: farm.ops and hipDNN's reader skip it and read the rest, so an
     append writes beside it (the rule kept as written) instead of refusing the file as unreadable (issue 64)."""
-    from farm.store.overrides.files import load_overrides, write_overrides
+    from farm.store.overrides.parsing import load_overrides
+    from farm.store.overrides.files import write_overrides
     from farm.store.overrides.entries import OverrideEntry
 
     cpu = cpu_device()

@@ -8,7 +8,8 @@ import pytest
 
 from farm.errors import InputError
 from farm.store.overrides.entries import OverrideEntry, TensorRule
-from farm.store.overrides.files import render, autotune_metadata, load_overrides, parse_overrides, write_overrides
+from farm.store.overrides.files import render, autotune_metadata, write_overrides
+from farm.store.overrides.parsing import load_overrides, parse_overrides
 from farm.model.problem import Problem
 
 DEVICE = {"signature": "nvidia-h200-sm90-132cu-abc", "properties": {"arch": "sm_90"}}

@@ -9,7 +9,8 @@ from farm.cli import main
 from farm.devices.device import cpu_device
 from farm.errors import InputError
 from farm.store.overrides.entries import OverrideEntry
-from farm.store.overrides.files import load_overrides, write_overrides
+from farm.store.overrides.parsing import load_overrides
+from farm.store.overrides.files import write_overrides
 from farm.store.publish.root import publish
 from farm.store.publish.published import find_published
 from tests.fakes import fake_props, matmul_problem

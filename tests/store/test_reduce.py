@@ -11,7 +11,7 @@ import pytest
 
 from fakes import fake_props, fake_result, matmul_problem, write_results
 from farm.model.records import Disposition
-from farm.store.overrides.files import load_overrides
+from farm.store.overrides.parsing import load_overrides
 from farm.store.reduce import reduce_results
 
 P1, P2, P3 = matmul_problem(8), matmul_problem(16), matmul_problem(32)

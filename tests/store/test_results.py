@@ -15,7 +15,11 @@ import pytest
 
 from fakes import fake_props, fake_result, matmul_problem, write_results
 from farm.model.records import Disposition
-from farm.store.results import COLUMNS, FILE_SCHEMA, SCHEMA_VERSION, MeasurementContext, ResultWriter, RunContext, candidate_key, knobs_from_structs, knobs_to_structs, result_row, schema_markdown, spec_of
+from farm.store.results import (
+    COLUMNS, FILE_SCHEMA, SCHEMA_VERSION, MeasurementContext, ResultWriter, RunContext, knobs_from_structs,
+    knobs_to_structs, result_row, schema_markdown
+)
+from farm.model.plans import candidate_key, spec_of
 from farm.store.dataset import ResultsDataset
 
 P1 = matmul_problem(8, 6, 5)

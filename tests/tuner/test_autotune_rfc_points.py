@@ -12,7 +12,7 @@ from farm import AutotuneStorageConfig
 from farm.errors import AutotuneError, InputError
 from farm.model.engine import engine_id
 from farm.model.records import AutotuneConfig, Disposition
-from farm.store.overrides.files import load_overrides
+from farm.store.overrides.parsing import load_overrides
 from farm.tuner.autotuner import Autotuner
 
 

@@ -11,8 +11,8 @@ import pytest
 from farm.analysis.report import build_report
 from farm.cli import main
 from farm.cli.tables.runs import round_cells
-from farm.store.deciding import decide_results
-from farm.store.overrides.files import load_overrides
+from farm.store.deciding.rule import decide_results
+from farm.store.overrides.parsing import load_overrides
 from farm.store.reduce import reduce_results
 from farm.tuner.judging.winner import noise_sigma
 from tests.fakes import fake_props, fake_result, matmul_problem, write_results

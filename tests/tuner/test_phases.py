@@ -94,7 +94,8 @@ ray = pytest.importorskip("ray", reason="the farm needs ray[default]")
 def test_a_farm_run_on_simulated_devices_reports_where_its_device_time_went(tmp_path, capsys):
     from farm.cli.main import main
     from farm.devices.sim import SimConfig
-    from farm.fleet.on_ray.cluster import DeviceRequest, FarmOptions, run_farm
+    from farm.fleet.options import DeviceRequest, FarmOptions
+    from farm.fleet.on_ray.cluster import run_farm
     from farm.model.engine import default_engine_registry
     from farm.model.workload import parse_workload
 

@@ -108,7 +108,7 @@ def round_cells(values: Sequence[float | None], rounds: Sequence[str | None], he
                 ) -> tuple[str, list[str]]:
     """A figure column named by the round its figures come from (``stage ms``); where rows mix rounds, each cell
     names its own (``0.4257 main``). A round of None: no figure ("-")."""
-    from farm.store.deciding import ROUND_NAMES
+    from farm.store.deciding.records import ROUND_NAMES
 
     names = [ROUND_NAMES.get(r, r) if r is not None else None for r in rounds]
     distinct = {n for n in names if n is not None}

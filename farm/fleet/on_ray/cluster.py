@@ -40,7 +40,7 @@ from farm.store.dataset import ResultsDataset
 log = logging.getLogger("farm.fleet.on_ray.cluster")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["DeviceRequest", "FarmFailed", "FarmOptions", "TuneReport", "FarmStatus", "WorkerStatus", "run_farm"]
+__all__ = ["run_farm"]
 
 
 def run_farm(
@@ -265,7 +265,8 @@ def _finished_here(workload: Workload, jr: JobRun, request: DeviceRequest, optio
     workers' own planning, run here, so no Ray instance starts to do nothing. None: there is work (or
     the devices are GPUs, which only Ray's workers open)."""
     from farm.devices.open import open_device
-    from farm.devices.runtimes import RuntimeUnavailable, runtime_for
+    from farm.devices.runtimes.base import RuntimeUnavailable
+    from farm.devices.runtimes import runtime_for
     from farm.fleet.on_ray.worker import DeviceWorkerImpl, expand_problems
     from farm.model.engine import default_engine_registry
 

@@ -20,15 +20,16 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from farm.devices.device import Device
 from farm.devices.open import open_device
 from farm.devices.properties import DeviceProperties
-from farm.devices.runtimes import RuntimeUnavailable
+from farm.devices.runtimes.base import RuntimeUnavailable
 from farm.devices.sim import SimConfig, SimGroup, sim_device
 from farm.errors import AutotuneError, FarmError
-from farm.fleet.scheduler import CONFIRM, FINALIST, Candidate, Task
+from farm.fleet.tasks import CONFIRM, FINALIST, Candidate, Task
 from farm.model.plans import PlanSpec
 from farm.model.engine import EngineRegistry, default_engine_registry
 from farm.model.records import AutotuneConfig, AutotuneResult, CallMode
 from farm.model.workload import WorkloadProblem
-from farm.store.results import MeasurementContext, ResultWriter, RunContext, candidate_key, new_id, result_row
+from farm.store.results import MeasurementContext, ResultWriter, RunContext, new_id, result_row
+from farm.model.plans import candidate_key
 from farm.tuner.autotuner import Autotuner
 from farm.tuner.judging.confirm import run_confirmation
 from farm.tuner.session import ENGINE_ERRORS

@@ -14,9 +14,9 @@ import pyarrow as pa
 
 from farm.model.ids import engine_name_to_id
 from farm.store.dataset import ResultsDataset
-from farm.store.overrides.files import load_overrides
+from farm.store.overrides.parsing import load_overrides
 from farm.store.overrides.entries import OverrideEntry
-from farm.store.results import candidate_key
+from farm.model.plans import candidate_key
 
 log = logging.getLogger("farm.store.deciding")
 

@@ -16,7 +16,8 @@ import pyarrow.dataset as ds
 from farm.model.knobs import candidate_label
 from farm.store.dataset import ResultsDataset
 from farm.store.deciding.records import CONFIRM, VERIFY, StageFailure
-from farm.store.results import CHECK_ROUNDS, spec_of
+from farm.store.results import CHECK_ROUNDS
+from farm.model.plans import spec_of
 
 DICT_COLUMNS = ("problem_json", "problem_name", "engine_name", "device_json", "round", "mode", "strategy", "job_id",
                 "session_id")

@@ -16,7 +16,7 @@ from farm.model.knobs import KnobSettings
 from farm.store.dataset import ResultsDataset
 from farm.store.deciding.loading import COLUMNS, key_at, knobs_of, label_of, load_confirmations, strings
 from farm.store.deciding.records import VERIFY, Verification, Winner
-from farm.store.results import candidate_key
+from farm.model.plans import candidate_key
 from farm.tuner.judging.paired import paired_ratio
 from farm.tuner.judging.winner import ConfirmedRule
 

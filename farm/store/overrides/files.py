@@ -14,8 +14,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from farm.errors import InputError
 from farm.fsutil import MAX_TEXT_BYTES, PathLock, atomic_write_text, copy_aside, move_aside, read_text_file
 from farm.store.overrides.hipdnn_dialect import hipdnn_spelled, shared_key, spelled_like_twin
-from farm.store.overrides.parsing import (INVALID_RULE_ENV, UnusableRule, call_choice, load_json, load_overrides, need,
-                                         parse_entry, parse_knobs, parse_overrides)
+from farm.store.overrides.parsing import (INVALID_RULE_ENV, UnusableRule, load_json, need,
+                                         parse_entry, parse_knobs)
 from farm.store.overrides.entries import (
     OVERRIDE_VERSION,
     WRITE_MODES,
@@ -25,9 +25,8 @@ from farm.store.overrides.entries import (
 
 log = logging.getLogger("farm.store.overrides.entries")
 
-__all__ = ["INVALID_RULE_ENV", "ISO_SECONDS_FORMAT", "UnusableRule", "WriteReport", "autotune_metadata", "call_choice",
-           "iso_seconds", "load_json", "load_overrides", "lock_path", "merge_entries", "parse_overrides", "render",
-           "write_overrides"]
+__all__ = ["ISO_SECONDS_FORMAT", "WriteReport", "autotune_metadata", "iso_seconds", "lock_path", "merge_entries",
+           "render", "write_overrides"]
 
 
 def render(doc: OverrideFile, entries: Sequence[dict[str, Any]] | None = None) -> str:

@@ -27,7 +27,8 @@ from typing import Any, Iterable, Sequence
 from farm.devices.properties import DeviceProperties
 from farm.errors import FarmError, InputError
 from farm.fsutil import read_text_file
-from farm.store.overrides.files import merge_entries, parse_overrides, render
+from farm.store.overrides.files import merge_entries, render
+from farm.store.overrides.parsing import parse_overrides
 from farm.store.overrides.entries import OverrideEntry, OverrideFile
 
 log = logging.getLogger("farm.store.publish.root")
