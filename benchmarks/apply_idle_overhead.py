@@ -21,24 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import farm  # noqa: E402
-from apply_overhead import DECISION, LAYERS, WIDTH, timed  # noqa: E402
-from farm.devices.device import cpu_device  # noqa: E402
-from farm.nn.torch_calls import read_call  # noqa: E402
-from farm.store.overrides.entries import OverrideEntry  # noqa: E402
-from farm.store.overrides.files import write_overrides  # noqa: E402
+from apply_overhead import LAYERS, decided_stack, timed  # noqa: E402
 
 
 def main() -> int:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)]).eval()
-    x = torch.randn(1, WIDTH)
-    cpu = cpu_device()
-    problem = read_call(torch.nn.functional.linear, (x, model[0].weight, None), {}).problem
     rows = []
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         path = str(Path(tmp) / "o.json")
-        write_overrides(path, [OverrideEntry.for_problem(problem, *DECISION)],
-                        device={"signature": cpu.signature, "properties": cpu.properties.to_dict()}, mode="replace")
+        model, x = decided_stack(path)
         for _ in range(2):  # interleaved: plain, applied, plain, applied
             plain = timed(lambda: model(x))
             farm.apply(model, path, call="graph")
@@ -48,11 +38,10 @@ def main() -> int:
             rows.append((plain, applied))
     plain = min(r[0] for r in rows)
     applied = min(r[1] for r in rows)
-    print("| what | us |")
-    print("| --- | --- |")
-    print(f"| the stack unapplied, a step ({LAYERS} linear layers) | {plain:.1f} |")
-    print(f"| applied, graph decisions only, a step in eager | {applied:.1f} |")
-    print(f"| applied - unapplied, a module call | {(applied - plain) / LAYERS:+.2f} |")
+    table = [(f"the stack unapplied, a step ({LAYERS} linear layers)", f"{plain:.1f}"),
+             ("applied, graph decisions only, a step in eager", f"{applied:.1f}"),
+             ("applied - unapplied, a module call", f"{(applied - plain) / LAYERS:+.2f}")]
+    print("| what | us |\n| --- | --- |\n" + "\n".join(f"| {what} | {us} |" for what, us in table))
     return 0
 
 

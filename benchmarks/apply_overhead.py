@@ -44,16 +44,22 @@ def timed(fn, repeats: int = 15, calls: int = 400) -> float:
     return statistics.median(samples)
 
 
-def main() -> int:
+def decided_stack(path: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The stack and its input; ``path``: an override file deciding its layers' problem for DECISION."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)]).eval()
     x = torch.randn(1, WIDTH)
     cpu = cpu_device()
     problem = read_call(torch.nn.functional.linear, (x, model[0].weight, None), {}).problem
+    write_overrides(path, [OverrideEntry.for_problem(problem, *DECISION)],
+                    device={"signature": cpu.signature, "properties": cpu.properties.to_dict()}, mode="replace")
+    return model, x
+
+
+def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "o.json")
-        write_overrides(path, [OverrideEntry.for_problem(problem, *DECISION)],
-                        device={"signature": cpu.signature, "properties": cpu.properties.to_dict()}, mode="replace")
+        model, x = decided_stack(path)
         with torch.no_grad():
             plain = timed(lambda: model(x))
             farm.apply(model, path)

@@ -238,15 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("engines", help="list engines, the ops they serve and their knobs")
+    p = _listing(sub, "engines", "list engines, the ops they serve and their knobs", cmd_engines)
     p.add_argument("--op", help="only engines implementing this op")
     p.add_argument("--here", action="store_true", help="only engines that run on this machine's devices")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_engines)
-
-    p = sub.add_parser("devices", help="list visible devices (GPUs and the CPU), their properties and signatures")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_devices)
+    _listing(sub, "devices", "list visible devices (GPUs and the CPU), their properties and signatures", cmd_devices)
 
     add_capture_parser(sub)
     add_tune_parser(sub)
@@ -254,6 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_result_commands(sub)
     add_verbose_everywhere(parser)
     return parser
+
+
+def _listing(sub: Any, name: str, help: str, func: Any) -> Any:
+    """A command that prints a table (``--json``: machine-readable output); -> its parser."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=func)
+    return p
 
 
 def _add_result_commands(sub: Any) -> None:
@@ -278,9 +281,8 @@ def _add_result_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_reduce)
 
-    p = sub.add_parser("policies", help="list the selection policies loaded (built-in and plugins) and the order in force")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_policies)
+    _listing(sub, "policies", "list the selection policies loaded (built-in and plugins) and the order in force",
+             cmd_policies)
 
     _add_publish(sub)
 

@@ -45,6 +45,7 @@ import yaml
 
 from farm.devices.device import Device
 from farm.devices.properties import DeviceProperties
+from farm.devices.runtimes.cpu import HostRuntime
 from farm.devices.timing import EventTimer
 from farm.errors import InputError
 from farm.model.problem import Problem, TensorDesc
@@ -197,7 +198,7 @@ class SimEvent:
     t: float = 0.0
 
 
-class SimRuntime:
+class SimRuntime(HostRuntime):
     """A runtime with a virtual clock (ms) that sim plans advance; memory is not allocated."""
 
     name = "sim"
@@ -208,38 +209,17 @@ class SimRuntime:
         self.kernels: set[str] = set()  # kernels this worker compiled or loaded
         self.set_up: set[str] = set()  # problems whose plans this worker has set up
 
-    def device_count(self) -> int:
-        return 1
-
     def properties(self, index: int = 0) -> DeviceProperties:
         return self._props
-
-    def set_device(self, index: int) -> None:
-        pass
-
-    def create_stream(self) -> None:
-        return None
-
-    def destroy_stream(self, stream: Any) -> None:
-        pass
 
     def create_event(self) -> SimEvent:
         return SimEvent()
 
-    def destroy_event(self, event: Any) -> None:
-        pass
-
     def record_event(self, event: SimEvent, stream: Any) -> None:
         event.t = self.clock_ms
 
-    def synchronize_event(self, event: Any) -> None:
-        pass
-
     def elapsed_ms(self, start: SimEvent, end: SimEvent) -> float:
         return end.t - start.t
-
-    def synchronize(self) -> None:
-        pass
 
     def malloc(self, nbytes: int) -> int:
         return int(nbytes)  # a handle; simulated workspaces hold nothing

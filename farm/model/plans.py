@@ -18,7 +18,7 @@ import itertools
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from farm.errors import InputError, UnknownNameError, UsageError
 from farm.model.engine import (
@@ -252,14 +252,8 @@ class PlanSpecCollection:
         """Explicit (engine, knobs) candidates. An engine that is not available is skipped with a warning; an
         unknown knob or a value out of range is an InputError naming the first bad variant (those before it are
         kept); one that does not apply here is left out (logged)."""
-        self._check_unlocked()
-        if not variants:
-            raise InputError("no variants given", field="variants", value=[])
         added = 0
-        for i, v in enumerate(variants):
-            eng = self._available(v.engine, f"variants[{i}].engine")
-            if eng is None:
-                continue
+        for i, v, eng in self._available_each(variants, "variants"):
             try:
                 spec = PlanSpec(engine_id(eng), self._normalize(eng, v.knobs))
             except InputError as exc:
@@ -271,14 +265,8 @@ class PlanSpecCollection:
     def add_engine_sweep(self, sweeps: Sequence[EngineSweep]) -> int:
         """Cartesian sweeps; a sweep above 10,000 specs is an error, above 1,000 a warning; a sweep of an engine
         that is not available is skipped with a warning."""
-        self._check_unlocked()
-        if not sweeps:
-            raise InputError("no sweeps given", field="sweeps", value=[])
         added = 0
-        for i, sw in enumerate(sweeps):
-            eng = self._available(sw.engine, f"sweeps[{i}].engine")
-            if eng is None:
-                continue
+        for i, sw, eng in self._available_each(sweeps, "sweeps"):
             combos = cartesian_product(self._sweep_axes(eng, sw.axes, i))  # raises above the limit
             if len(combos) > SWEEP_WARN_LIMIT:
                 log.warning("autotune: sweep %d on %s expands to %d plan specs", i, sw.engine, len(combos))
@@ -291,6 +279,17 @@ class PlanSpecCollection:
                 if self._applies(eng, spec):
                     added += self._store(spec)
         return added
+
+    def _available_each(self, items: Sequence[Any], field: str) -> Iterator[tuple[int, Any, Engine]]:
+        """(index, item, its engine) of each item whose engine is available here (the others skipped with a
+        warning); none given is an InputError naming ``field``."""
+        self._check_unlocked()
+        if not items:
+            raise InputError(f"no {field} given", field=field, value=[])
+        for i, item in enumerate(items):
+            eng = self._available(item.engine, f"{field}[{i}].engine")
+            if eng is not None:
+                yield i, item, eng
 
     def _sweep_axes(self, engine: Engine, axes: Mapping[str, Sequence[Any]], index: int) -> dict[str, Sequence[Any]]:
         """The axes to multiply: the benchmarking knob stripped (the tuner sets it) and empty axes dropped,

@@ -391,27 +391,10 @@ def _linear_call(route: Route, x: Any, w: Any, b: Any, plain: Callable[..., Any]
     return call
 
 
-def _conv_call(route: Route, x: Any, w: Any, b: Any, plain: Callable[..., Any]) -> Callable[..., Any]:
-    wd, device = w.detach(), x.get_device()
-    bias = b.detach().view(1, -1, 1, 1) if b is not None else None
-    same = same_tensors(w, b)
-    pick = chooser(route)
-    prime(route, {"X": x, "W": wd})
-
-    def call(x: Any, w: Any, b: Any) -> Any:
-        if not same(w, b):
-            return REBIND
-        run = pick()
-        if run is None or x.get_device() != device:
-            return plain(x, w, b)
-        y = run({"X": x, "W": wd})
-        return y.add_(bias) if bias is not None else y
-
-    return call
-
-
-def norm_call(route: Route, x: Any, w: Any, b: Any, plain: Callable[..., Any]) -> Callable[..., Any]:
-    held = {"scale": w.detach(), **({"bias": b.detach()} if b is not None else {})}
+def _held_call(route: Route, x: Any, w: Any, b: Any, plain: Callable[..., Any], held: dict[str, Any],
+               finish: Callable[[Any], Any] | None = None) -> Callable[..., Any]:
+    """A call of the decision with the module's weights as bound (``held``, detached) and the input as "X";
+    ``finish(y)``: what the module adds after it (a conv's bias)."""
     same, device = same_tensors(w, b), x.get_device()
     pick = chooser(route)
     prime(route, {**held, "X": x})
@@ -422,6 +405,16 @@ def norm_call(route: Route, x: Any, w: Any, b: Any, plain: Callable[..., Any]) -
         run = pick()
         if run is None or x.get_device() != device:
             return plain(x, w, b)
-        return run({**held, "X": x})
+        y = run({**held, "X": x})
+        return finish(y) if finish is not None else y
 
     return call
+
+
+def _conv_call(route: Route, x: Any, w: Any, b: Any, plain: Callable[..., Any]) -> Callable[..., Any]:
+    bias = b.detach().view(1, -1, 1, 1) if b is not None else None
+    return _held_call(route, x, w, b, plain, {"W": w.detach()}, (lambda y: y.add_(bias)) if bias is not None else None)
+
+
+def norm_call(route: Route, x: Any, w: Any, b: Any, plain: Callable[..., Any]) -> Callable[..., Any]:
+    return _held_call(route, x, w, b, plain, {"scale": w.detach(), **({"bias": b.detach()} if b is not None else {})})

@@ -22,16 +22,11 @@ class CpuEvent:
     ns: int = 0
 
 
-class CpuRuntime:
-    """Streams are no-ops, events read the host clock, memory is numpy bytes."""
-
-    name = "cpu"
+class HostRuntime:
+    """What a runtime of the host has no need for: devices to select, streams, events to free, waits."""
 
     def device_count(self) -> int:
         return 1
-
-    def properties(self, index: int = 0) -> DeviceProperties:
-        return _cpu_properties(index)
 
     def set_device(self, index: int) -> None:
         pass
@@ -42,23 +37,32 @@ class CpuRuntime:
     def destroy_stream(self, stream: Any) -> None:
         pass
 
-    def create_event(self) -> CpuEvent:
-        return CpuEvent()
-
     def destroy_event(self, event: Any) -> None:
         pass
+
+    def synchronize_event(self, event: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class CpuRuntime(HostRuntime):
+    """Streams are no-ops, events read the host clock, memory is numpy bytes."""
+
+    name = "cpu"
+
+    def properties(self, index: int = 0) -> DeviceProperties:
+        return _cpu_properties(index)
+
+    def create_event(self) -> CpuEvent:
+        return CpuEvent()
 
     def record_event(self, event: CpuEvent, stream: Any) -> None:
         event.ns = time.perf_counter_ns()
 
-    def synchronize_event(self, event: CpuEvent) -> None:
-        pass
-
     def elapsed_ms(self, start: CpuEvent, end: CpuEvent) -> float:
         return (end.ns - start.ns) / 1e6
-
-    def synchronize(self) -> None:
-        pass
 
     def malloc(self, nbytes: int) -> np.ndarray:
         return np.empty(max(int(nbytes), 0), dtype=np.uint8)
