@@ -30,21 +30,15 @@ from engines.gpu.triton_decode_attention import TritonDecodeAttention  # noqa: E
 from farm.devices.open import open_device  # noqa: E402
 from farm.dispatch.calls import problem_for  # noqa: E402
 from farm.nn.torch_calls import layout, mask_layout  # noqa: E402
+from tests.gpu.conftest import captured  # noqa: E402
 
 F = torch.nn.functional
 CALLS = 20
 
 
 def graph_us(fn) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(CALLS):
-            fn()
+    """us a call of ``fn``: CALLS calls in one CUDA graph, the best of five replays."""
+    g, _ = captured(lambda: [fn() for _ in range(CALLS)])
     best = float("inf")
     for _ in range(5):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -77,9 +77,16 @@ def run_cpu(rounds: int) -> list[dict[str, Any]]:
     return rows
 
 
+def table_head(columns: list[str], left: str) -> None:
+    """A Markdown table's header: ``left`` gives the first columns' alignment (l: left, c: centred), the rest right."""
+    marks = {"l": "---", "c": ":---:"}
+    print("| " + " | ".join(columns) + " |")
+    print("| " + " | ".join(marks[left[i]] if i < len(left) else "---:" for i in range(len(columns))) + " |")
+
+
 def print_cpu(rows: list[dict[str, Any]]) -> None:
-    print("| shape | replayed engine | np.matmul us | farm.ops.matmul us | overhead us | np.matmul spread over rounds us |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    table_head(["shape", "replayed engine", "np.matmul us", "farm.ops.matmul us", "overhead us",
+                "np.matmul spread over rounds us"], "ll")
     for r in rows:
         print(f"| {r['shape']} | {r['engine']} | {r['direct_us']:.2f} | {r['replay_us']:.2f} | {r['overhead_us']:+.2f} "
               f"| {r['direct_spread_us']:.2f} |")
@@ -208,9 +215,8 @@ def run_gpu(workload_path: str, published: str, results: str | None, rounds: int
 
 
 def print_gpu(rows: list[dict[str, Any]]) -> None:
-    print("| problem | replayed engine | = published | = report | eager ms | replay ms | eager/replay "
-          "| host us eager / replay | tuned: replay speed-up | farm measured | ratio |")
-    print("| --- | --- | :---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    table_head(["problem", "replayed engine", "= published", "= report", "eager ms", "replay ms", "eager/replay",
+                "host us eager / replay", "tuned: replay speed-up", "farm measured", "ratio"], "llcc")
     for r in rows:
         same_pub = "yes" if r["replayed"] == r["published"] else "NO"
         same_rep = "-" if r["report_winner"] is None else ("yes" if r["replayed"] == r["report_winner"] else "NO")
@@ -311,9 +317,8 @@ def run_engines(shapes: list[tuple[int, int, int]], rounds: int, calls: int = 40
 
 
 def print_engines(rows: list[dict[str, Any]]) -> None:
-    print("| shape (bf16) | engine replayed by farm.ops | host us / call | torch.matmul host us | over torch us "
-          "| eager us / call | torch.matmul eager us |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    table_head(["shape (bf16)", "engine replayed by farm.ops", "host us / call", "torch.matmul host us",
+                "over torch us", "eager us / call", "torch.matmul eager us"], "ll")
     for r in rows:
         if "skipped" in r:
             print(f"| {r['shape']} | {r['engine']} | - | - | - | - | - |  (not applicable: {r['skipped']})")

@@ -24,43 +24,14 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import library_models  # noqa: E402
 
 import farm  # noqa: E402
 from farm.devices.open import open_device  # noqa: E402
-from farm.model.engine import default_engine_registry, settings_to_resolved  # noqa: E402
 from farm.store.overrides.files import write_overrides  # noqa: E402
 from farm.store.overrides.entries import OverrideEntry  # noqa: E402
-
-LINEAR_KINDS = (("cudnn.graph", ()), ("triton.gemm_splitk", (("REDUCTION", "serial"), ("SPLIT_K", 8))),
-                ("cublaslt", ()), ("triton.gemm_splitk", (("REDUCTION", "parallel"), ("SPLIT_K", 2))),
-                ("triton.gemm", ()), ("triton.gemv", ()))
-
-
-def runs(engine_name: str, knobs: tuple, problem) -> bool:
-    dev = open_device("cuda", 0)
-    try:
-        engine = default_engine_registry().get(engine_name)
-    except Exception:
-        return False
-    if not engine.applicable(problem, dev):
-        return False
-    check = getattr(engine, "knob_support", None)
-    return check is None or bool(check(problem, dev, settings_to_resolved(engine, knobs)))
-
-
-def forced(problems, backend: str) -> list[OverrideEntry]:
-    out, linear = [], 0
-    for p in problems:
-        if p.op == "sdpa_fwd":
-            choices = [("torch.sdpa", (("backend", backend),)), ("torch.sdpa", (("backend", "math"),))]
-        else:
-            choices = list(LINEAR_KINDS[linear % len(LINEAR_KINDS):] + LINEAR_KINDS)
-            linear += 1
-        choice = next((c for c in choices if runs(c[0], c[1], p)), None)
-        if choice is not None:
-            out.append(OverrideEntry.for_problem(p, *choice))
-    return out
+from tests.gpu.forced import forced, runs  # noqa: E402
 
 
 def write(path: Path, entries) -> str:
@@ -90,7 +61,7 @@ def decode_row(size: str, batch: int, layers: int, context: int, out: Path) -> l
     with torch.no_grad():
         base = max(rel_err(plain(*args, **kwargs).logits.clone(), ref) for _ in range(3))
     del plain
-    entries = forced([p.problem for p in c.workload().problems], "efficient")
+    entries, _ = forced([p.problem for p in c.workload().problems], "efficient")
     kinds = sorted({f"{e.engine_name}" + (f"[{','.join(f'{k}={v}' for k, v in e.knobs)}]" if e.knobs else "")
                     for e in entries})
     farm.apply(model, write(out / f"decode-{batch}.json", entries))

@@ -79,6 +79,13 @@ class _RowEngine(CpuEngine):
         return FunctionPlan(run, self.estimate_workspace(problem, knobs))
 
 
+def _normalized(y: np.ndarray, std: np.ndarray, p: dict[str, np.ndarray]) -> None:
+    """``y`` (x less its mean) divided by its rows' ``std``, scaled and shifted, in place."""
+    y /= std
+    y *= p["scale"]
+    y += p["bias"]
+
+
 class TwoPassLayerNorm(_RowEngine):
     """Mean first, then the variance of the centred rows (numerically safest)."""
 
@@ -96,9 +103,7 @@ class TwoPassLayerNorm(_RowEngine):
         var /= x.shape[1]
         var += eps
         np.sqrt(var, out=var)
-        y /= var
-        y *= p["scale"]
-        y += p["bias"]
+        _normalized(y, var, p)
 
 
 class OnePassLayerNorm(_RowEngine):
@@ -122,42 +127,44 @@ class OnePassLayerNorm(_RowEngine):
         sq += eps
         np.sqrt(sq, out=sq)
         np.subtract(x, mean, out=y)
-        y /= sq
-        y *= p["scale"]
-        y += p["bias"]
+        _normalized(y, sq, p)
 
 
-class NumpyRmsNorm(_RowEngine):
-    """mean(x*x) through a squared temporary."""
+class _RmsNorm(_RowEngine):
+    """x / sqrt(mean(x^2) + eps) * scale; a subclass says how the rows' mean square is summed."""
 
-    name = "cpu.rmsnorm.numpy"
     ops = frozenset({"rmsnorm"})
-    priority = 10
     params = ("scale",)
+
+    def mean_square(self, x: np.ndarray, y: np.ndarray, ms: np.ndarray) -> None:
+        raise NotImplementedError  # pragma: no cover - every subclass sums it
 
     def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray, eps: float) -> None:
         ms = stats[:, 0:1]
-        np.multiply(x, x, out=y)
-        np.mean(y, axis=1, keepdims=True, out=ms)
+        self.mean_square(x, y, ms)
         ms += eps
         np.sqrt(ms, out=ms)
         np.divide(x, ms, out=y)
         y *= p["scale"]
 
 
-class EinsumRmsNorm(_RowEngine):
+class NumpyRmsNorm(_RmsNorm):
+    """mean(x*x) through a squared temporary (``y`` holds it)."""
+
+    name = "cpu.rmsnorm.numpy"
+    priority = 10
+
+    def mean_square(self, x: np.ndarray, y: np.ndarray, ms: np.ndarray) -> None:
+        np.multiply(x, x, out=y)
+        np.mean(y, axis=1, keepdims=True, out=ms)
+
+
+class EinsumRmsNorm(_RmsNorm):
     """Sum of squares as a row-wise dot product (no squared temporary)."""
 
     name = "cpu.rmsnorm.einsum"
-    ops = frozenset({"rmsnorm"})
     priority = 20
-    params = ("scale",)
 
-    def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray, eps: float) -> None:
-        ms = stats[:, 0:1]
+    def mean_square(self, x: np.ndarray, y: np.ndarray, ms: np.ndarray) -> None:
         np.einsum("ij,ij->i", x, x, out=ms[:, 0])
         ms /= x.shape[1]
-        ms += eps
-        np.sqrt(ms, out=ms)
-        np.divide(x, ms, out=y)
-        y *= p["scale"]

@@ -1,6 +1,5 @@
 import math
 
-import pytest
 
 from farm.devices.timing import HostTimer
 from farm.model.measurement import StopRule, Strategy, coefficient_of_variation, summarize

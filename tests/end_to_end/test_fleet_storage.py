@@ -228,19 +228,22 @@ def test_a_few_thousand_candidates_into_s3_with_the_benchmarks_own_run(s3_bucket
     assert len(fs.get_file_info(pafs.FileSelector("tunefarm/scale/manifests"))) == 1  # the run's manifest
 
 
-def test_a_part_a_lost_node_s_worker_writes_after_its_task_ran_again_is_set_aside_not_read(tmp_path):
-    """Exactly once across a node loss: what a worker wrote before the driver looked is counted (not measured
-    again); a part of the same session that lands later (its node dying, or cut off) is renamed at the run's end."""
+def _one_matmul_job(tmp_path):
+    """A job folder on storage (a file:// URI) for a workload of one matmul: (the workload, its run, a device)."""
     from farm.fleet.job import JobRun
     from farm.model.engine import default_engine_registry
     from farm.model.workload import parse_workload
 
     wl = parse_workload({"name": "w", "problems": [{"name": "mm", "op": "matmul", "tensors": {"A": [8, 5], "B": [5, 6]}}]},
                         registry=default_engine_registry())
-    wp = wl.problems[0]
-    jr = JobRun(f"file://{tmp_path}/out", wl, {})
-    props = fake_props()
-    sig = props.signature
+    return wl, JobRun(f"file://{tmp_path}/out", wl, {}), fake_props()
+
+
+def test_a_part_a_lost_node_s_worker_writes_after_its_task_ran_again_is_set_aside_not_read(tmp_path):
+    """Exactly once across a node loss: what a worker wrote before the driver looked is counted (not measured
+    again); a part of the same session that lands later (its node dying, or cut off) is renamed at the run's end."""
+    wl, jr, props = _one_matmul_job(tmp_path)
+    wp, sig = wl.problems[0], props.signature
 
     writers = {}
 
@@ -278,15 +281,9 @@ def test_a_lost_sessions_late_rows_beside_others_keep_the_others_and_a_part_afte
     the end was read twice)."""
     from farm.analysis.report import build_report
     from farm.fleet.job import JobRun
-    from farm.model.engine import default_engine_registry
-    from farm.model.workload import parse_workload
 
-    wl = parse_workload({"name": "w", "problems": [{"name": "mm", "op": "matmul", "tensors": {"A": [8, 5], "B": [5, 6]}}]},
-                        registry=default_engine_registry())
-    wp = wl.problems[0]
-    jr = JobRun(f"file://{tmp_path}/out", wl, {})
-    props = fake_props()
-    sig = props.signature
+    wl, jr, props = _one_matmul_job(tmp_path)
+    wp, sig = wl.problems[0], props.signature
     writer = ResultWriter(jr.job.results, jr.run.run_id, flush_rows=1 << 20, flush_seconds=3600, name="w1")
 
     def rows(session, engines):

@@ -36,14 +36,22 @@ def _close(a, b, tol=2e-2):
     return float((a - b).norm() / b.norm()) < tol
 
 
-def test_a_library_decoders_masked_attention_is_routed_eagerly_in_a_graph_and_compiled(tmp_path):
-    model, args, kwargs = library_models.llama(batch=2, context=128, dtype="bfloat16")
+def _llama_captured(batch: int):
+    """transformers' Llama (bf16, a decode step over a static cache of 128), its step, torch's logits of it and the
+    problems farm.capture records of it: (model, args, kwargs, step, reference logits, problems)."""
+    model, args, kwargs = library_models.llama(batch=batch, context=128, dtype="bfloat16")
     step = lambda: model(*args, **kwargs).logits  # noqa: E731
     with torch.no_grad():
         ref = step().clone()
         with farm.capture(model) as c:
             step()
-        sdpa = [p.problem for p in c.workload().problems if p.problem.op == "sdpa_fwd"]
+    return model, args, kwargs, step, ref, [p.problem for p in c.workload().problems]
+
+
+def test_a_library_decoders_masked_attention_is_routed_eagerly_in_a_graph_and_compiled(tmp_path):
+    model, args, kwargs, step, ref, captured_problems = _llama_captured(batch=2)
+    with torch.no_grad():
+        sdpa = [p for p in captured_problems if p.op == "sdpa_fwd"]
         assert sdpa and all(p.has_tensor("mask") for p in sdpa)  # a decode step over a static cache is masked
         path = _file(tmp_path / "o.json", sdpa, "torch.sdpa", (("backend", "math"),))
         farm.apply(model, path)
@@ -69,13 +77,9 @@ def test_a_library_decoders_masked_attention_is_routed_eagerly_in_a_graph_and_co
 def test_a_graph_only_attention_decision_finds_its_modules_on_an_eager_call(tmp_path):
     """The eager calls run the library's; the modules making the calls are found on the first eager call all the
     same (a graph capture cannot look for them), and the capture runs the graph decision."""
-    model, args, kwargs = library_models.llama(batch=1, context=128, dtype="bfloat16")
-    step = lambda: model(*args, **kwargs).logits  # noqa: E731
+    model, args, kwargs, step, ref, captured_problems = _llama_captured(batch=1)
     with torch.no_grad():
-        ref = step().clone()
-        with farm.capture(model) as c:
-            step()
-        sdpa = next(p.problem for p in c.workload().problems if p.problem.op == "sdpa_fwd")
+        sdpa = next(p for p in captured_problems if p.op == "sdpa_fwd")
         meta = {"call": "eager", "calls": {"graph": {"engine_name": "torch.sdpa",
                                                      "knobs": [{"knob_id": "backend", "type": "string",
                                                                 "value": "math"}]}}}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import cuda_or_skip
+from .forced import forced, runs
 
 pytestmark = pytest.mark.gpu
 RT, COUNT = cuda_or_skip()
@@ -19,7 +20,6 @@ transformers = pytest.importorskip("transformers", reason="needs transformers (p
 
 import farm  # noqa: E402
 from farm.devices.open import open_device  # noqa: E402
-from farm.model.engine import default_engine_registry, settings_to_resolved  # noqa: E402
 from farm.nn.routing import applied_to  # noqa: E402
 from farm.store.overrides.files import write_overrides  # noqa: E402
 from farm.store.overrides.entries import OverrideEntry  # noqa: E402
@@ -28,10 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import library_models  # noqa: E402
 
 F = torch.nn.functional
-# a decision of each kind, for the linear layers in turn: (engine, knobs)
-LINEAR_KINDS = (("cudnn.graph", ()), ("triton.gemm_splitk", (("REDUCTION", "serial"), ("SPLIT_K", 8))),
-                ("cublaslt", ()), ("triton.gemm_splitk", (("REDUCTION", "parallel"), ("SPLIT_K", 2))),
-                ("triton.gemm", ()), ("triton.gemv", ()))
 MASKED_BACKENDS = ("math", "efficient", "cudnn")  # torch's attention backends that take a mask
 
 
@@ -44,36 +40,6 @@ def _write(path, entries) -> str:
     write_overrides(str(path), entries, device={"signature": d.signature, "properties": d.properties.to_dict()},
                     mode="replace")
     return str(path)
-
-
-def _runs(engine_name, knobs, problem) -> bool:
-    """The engine takes the problem here with these knobs."""
-    dev = _device()
-    registry = default_engine_registry()
-    try:
-        engine = registry.get(engine_name)
-    except Exception:
-        return False
-    if not engine.applicable(problem, dev):
-        return False
-    support = getattr(engine, "knob_support", None)
-    return support is None or bool(support(problem, dev, settings_to_resolved(engine, knobs)))
-
-
-def _forced(problems, backend="efficient"):
-    """Every captured problem decided for an engine of another kind than its default, kinds in turn."""
-    entries, kinds, linear = [], [], 0
-    for p in problems:
-        if p.op == "sdpa_fwd":
-            choices = [("torch.sdpa", (("backend", backend),)), ("torch.sdpa", (("backend", "math"),))]
-        else:
-            choices = list(LINEAR_KINDS[linear % len(LINEAR_KINDS):] + LINEAR_KINDS)
-            linear += 1
-        choice = next((c for c in choices if _runs(c[0], c[1], p)), None)
-        if choice is not None:
-            entries.append(OverrideEntry.for_problem(p, *choice))
-            kinds.append(choice[0])
-    return entries, kinds
 
 
 def _close(a, b, tol=3e-2):
@@ -91,7 +57,7 @@ def test_compile_reduce_overhead_of_an_applied_8b_shaped_decoder_at_every_batch_
         ref = step().clone()
         with farm.capture(model) as c:
             step()
-    entries, kinds = _forced([p.problem for p in c.workload().problems])
+    entries, kinds = forced([p.problem for p in c.workload().problems])
     assert {"cudnn.graph", "triton.gemm_splitk", "cublaslt", "torch.sdpa"} <= set(kinds), kinds
     farm.apply(model, _write(tmp_path / "o.json", entries))
     try:
@@ -137,7 +103,7 @@ def test_a_left_padded_batch_gives_torchs_logits_through_every_masked_attention_
     sdpa = [p.problem for p in c.workload().problems if p.problem.op == "sdpa_fwd"]
     assert sdpa and all(p.has_tensor("mask") for p in sdpa)
     choice = ("torch.sdpa", (("backend", backend),))
-    if not all(_runs(*choice, p) for p in sdpa):
+    if not all(runs(*choice, p) for p in sdpa):
         pytest.skip(f"torch's {backend} attention does not take this problem here")
     farm.apply(model, _write(tmp_path / "o.json", [OverrideEntry.for_problem(p, *choice) for p in sdpa]))
     try:
@@ -174,7 +140,7 @@ def test_threads_on_streams_of_their_own_calling_one_applied_model_get_torchs_ou
         refs = [model(x).clone() for x in xs]
         with farm.capture(model) as c:
             model(xs[0])
-    entries, kinds = _forced([p.problem for p in c.workload().problems], backend="math")
+    entries, kinds = forced([p.problem for p in c.workload().problems], backend="math")
     assert "triton.gemm_splitk" in kinds or "cudnn.graph" in kinds, kinds
     farm.apply(model, _write(tmp_path / "o.json", entries))
     failures = []

@@ -10,6 +10,8 @@ generated/ is flatc's (``python -m farm.devices.fb.generate`` rewrites it).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import flatbuffers
 
 from farm.devices.fb.generated import Criterion as _Criterion
@@ -98,25 +100,42 @@ def decode_device_properties(buf: bytes) -> DeviceProperties:
     return props
 
 
+def tensor_table(b: flatbuffers.Builder, tid: str, dims: Sequence[int], strides: Sequence[int], dtype: str) -> int:
+    """A Tensor table in ``b``; -> its offset."""
+    tid_at, dtype_at = _strings(b, tid, dtype)
+    vectors = []
+    for start, values in ((_Tensor.StartDimsVector, dims), (_Tensor.StartStridesVector, strides)):
+        start(b, len(values))
+        for v in reversed(values):
+            b.PrependInt64(v)
+        vectors.append(b.EndVector())
+    _Tensor.Start(b)
+    _Tensor.AddId(b, tid_at)
+    _Tensor.AddDims(b, vectors[0])
+    _Tensor.AddStrides(b, vectors[1])
+    _Tensor.AddDtype(b, dtype_at)
+    return _Tensor.End(b)
+
+
+def problem_buffer(b: flatbuffers.Builder, op: str, tensors: Sequence[int], criteria: Sequence[int],
+                   compute_dtype: str, key: str) -> bytes:
+    """A finished Problem buffer of tables already in ``b`` (tensor_table's offsets, criteria's)."""
+    tensor_vec = _vector_of_tables(b, _Problem.StartTensorsVector, list(tensors))
+    crit_vec = _vector_of_tables(b, _Problem.StartCriteriaVector, list(criteria))
+    op_at, cdt, key_at = _strings(b, op, compute_dtype, key)
+    _Problem.Start(b)
+    _Problem.AddOp(b, op_at)
+    _Problem.AddTensors(b, tensor_vec)
+    _Problem.AddCriteria(b, crit_vec)
+    _Problem.AddComputeDtype(b, cdt)
+    _Problem.AddKey(b, key_at)
+    b.Finish(_Problem.End(b), file_identifier=PROBLEM_IDENTIFIER)
+    return bytes(b.Output())
+
+
 def encode_problem(problem: Problem) -> bytes:
     b = flatbuffers.Builder(512)
-    tensors = []
-    for t in problem.tensors:
-        tid, dtype = _strings(b, t.id, t.dtype)
-        _Tensor.StartDimsVector(b, len(t.dims))
-        for d in reversed(t.dims):
-            b.PrependInt64(d)
-        dims = b.EndVector()
-        _Tensor.StartStridesVector(b, len(t.strides))
-        for s in reversed(t.strides):
-            b.PrependInt64(s)
-        strides = b.EndVector()
-        _Tensor.Start(b)
-        _Tensor.AddId(b, tid)
-        _Tensor.AddDims(b, dims)
-        _Tensor.AddStrides(b, strides)
-        _Tensor.AddDtype(b, dtype)
-        tensors.append(_Tensor.End(b))
+    tensors = [tensor_table(b, t.id, t.dims, t.strides, t.dtype) for t in problem.tensors]
     crits = []
     for name, value in problem.criteria:
         n = b.CreateString(name)
@@ -124,17 +143,7 @@ def encode_problem(problem: Problem) -> bytes:
         _Criterion.AddName(b, n)
         _Criterion.AddValue(b, value)
         crits.append(_Criterion.End(b))
-    tensor_vec = _vector_of_tables(b, _Problem.StartTensorsVector, tensors)
-    crit_vec = _vector_of_tables(b, _Problem.StartCriteriaVector, crits)
-    op, cdt, key = _strings(b, problem.op, problem.compute_dtype, problem.key)
-    _Problem.Start(b)
-    _Problem.AddOp(b, op)
-    _Problem.AddTensors(b, tensor_vec)
-    _Problem.AddCriteria(b, crit_vec)
-    _Problem.AddComputeDtype(b, cdt)
-    _Problem.AddKey(b, key)
-    b.Finish(_Problem.End(b), file_identifier=PROBLEM_IDENTIFIER)
-    return bytes(b.Output())
+    return problem_buffer(b, problem.op, tensors, crits, problem.compute_dtype, problem.key)
 
 
 def decode_problem(buf: bytes) -> Problem:
