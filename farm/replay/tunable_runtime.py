@@ -34,33 +34,31 @@ import functools
 import logging
 import os
 import threading
-from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 
 from farm.devices.device import Device
 from farm.dispatch.binding import Bound
 from farm.errors import AutotuneError, FarmError, InputError
-from farm.fsutil import atomic_write_text, move_aside, read_text_file
 from farm.model.engine import EngineRegistry, default_engine_registry, known_file_knobs, settings_to_resolved
 from farm.model.knobs import KnobSettings, format_settings
 from farm.model.problem import Problem
 from farm.model.records import AutotuneConfig
+from farm.replay.results_files import DeviceResultsFiles, append_untuned
 from farm.replay.selection import Selector
+from farm.replay.tunable_api import TunableOpSettings
 from farm.store.autotune_storage import winner_entry
-from farm.store.overrides.parsing import call_choice, load_overrides
-from farm.store.overrides.files import merge_entries, write_overrides
-from farm.store.overrides.entries import OverrideEntry, OverrideFile
-from farm.store.overrides.tunableop_csv import (DEFAULT_KERNEL, VALIDATORS, is_tunableop_csv, load_tunableop_csv,
-                                     result_line, validator_mismatch, write_tunableop_csv)
+from farm.store.overrides.parsing import call_choice
+from farm.store.overrides.files import merge_entries
+from farm.store.overrides.entries import OverrideFile
+from farm.store.overrides.tunableop_csv import (DEFAULT_KERNEL, result_line)
 from farm.tuner.autotuner import Autotuner
 
 log = logging.getLogger("farm.replay.tunable_runtime")
-from farm.replay.tunable_settings import DEFAULT_FILENAME, TunableSettings, parse_budget_ms, parse_budget_samples, with_ordinal
+from farm.replay.tunable_settings import DEFAULT_FILENAME, TunableSettings
 
 
-class TunableRuntime:
+class TunableRuntime(TunableOpSettings):
     """Chooses and runs the engine for each problem on one device."""
 
     def __init__(self, device: Device, exec_device: Device | None = None, *, settings: TunableSettings | None = None,
@@ -75,105 +73,12 @@ class TunableRuntime:
         self._results_loaded = False
         self._selector: Selector | None = None
         self._untuned: set[str] = set()
-        self._foreign: dict[str, str] = {}  # results files found to be another device's (path: why)
+        self.files = DeviceResultsFiles(device, self._say)  # where this device's results are read and written
         self._warned: set[Any] = set()
         self.measurements = 0  # autotune() calls made (0 when everything replays)
         self._insert_ordinal = True  # the device ordinal goes into the results file name
         # get_filename() is empty until the file is set (here, by set_filename or the environment) or used
         self._filename_used = settings is not None and settings.filename != DEFAULT_FILENAME
-
-    # -- settings (TunableOp's API) --------------------------------------------------------
-    @property
-    def settings(self) -> TunableSettings:
-        if self._settings is None:
-            self._settings = TunableSettings.from_env()
-        return self._settings
-
-    def _set(self, **changes: Any) -> None:
-        self._settings = dataclasses.replace(self.settings, **changes)
-
-    def configure(self, **changes: Any) -> None:
-        """Change settings; choices made so far are forgotten (they may depend on them)."""
-        with self._lock:
-            if "filename" in changes:
-                self._results_loaded = False
-            self._set(**changes)
-            self._bound.clear()
-
-    def enable(self, on: bool = True) -> None:
-        self._set(enabled=on)
-
-    def disable(self) -> None:
-        self.enable(False)
-
-    def is_enabled(self) -> bool:
-        return self.settings.enabled
-
-    def tuning_enable(self, on: bool = True) -> None:
-        self._set(tuning=on)
-
-    def tuning_disable(self) -> None:
-        self.tuning_enable(False)
-
-    def tuning_is_enabled(self) -> bool:
-        return self.settings.tuning
-
-    def record_untuned_enable(self, on: bool = True) -> None:
-        self._set(record_untuned=on)
-
-    def record_untuned_disable(self) -> None:
-        self.record_untuned_enable(False)
-
-    def record_untuned_is_enabled(self) -> bool:
-        return self.settings.record_untuned
-
-    def set_verbose(self, on: bool = True) -> None:
-        self._set(verbose=on)
-
-    def is_verbose(self) -> bool:
-        return self.settings.verbose
-
-    def set_max_tuning_duration(self, ms: float) -> None:
-        """Per candidate, in ms; 0 turns the time limit off."""
-        self._set(max_tuning_duration_ms=parse_budget_ms(str(ms)))
-
-    def get_max_tuning_duration(self) -> float:
-        return self.settings.max_tuning_duration_ms
-
-    def set_max_tuning_samples(self, samples: int) -> None:
-        """Per candidate; 0 turns the sample limit off."""
-        self._set(max_tuning_samples=parse_budget_samples(str(samples)))
-
-    def get_max_tuning_samples(self) -> int:
-        return self.settings.max_tuning_samples
-
-    # PyTorch TunableOp's names of the same setting
-    set_max_tuning_iterations = set_max_tuning_samples
-    get_max_tuning_iterations = get_max_tuning_samples
-
-    def set_filename(self, filename: str, insert_device_ordinal: bool = True) -> None:
-        self._set(filename=filename if insert_device_ordinal else filename.replace("{ordinal}", ""))
-        self._results_loaded = False
-        self._insert_ordinal = insert_device_ordinal
-        self._filename_used = True
-
-    def get_filename(self) -> str:
-        """The results file: empty until set (set_filename, FARM_TUNABLE_FILENAME) or first used (TunableOp's API)."""
-        named = "FARM_TUNABLE_FILENAME" in os.environ or "TP_TUNABLEOP_FILENAME" in os.environ
-        return self._results_path() if self._filename_used or named else ""
-
-    def _results_path(self) -> str:
-        if self._insert_ordinal:
-            return with_ordinal(self.settings.filename, self.device.index)
-        return self.settings.filename
-
-    def untuned_filename(self) -> str:
-        """Beside the results file, never the same file whatever it is named."""
-        p = Path(self._results_path())
-        stem = p.stem.replace("results", "untuned")
-        if stem == p.stem:
-            stem = f"{p.stem}.untuned"
-        return str(p.with_name(stem + ".yaml"))
 
     def _warn_once(self, key: Any, message: str, *args: Any) -> None:
         if key not in self._warned:
@@ -192,24 +97,14 @@ class TunableRuntime:
         with self._lock:
             self._results_loaded = True
             self._filename_used = True
-            if not os.path.exists(path):
+            f = self.files.read(path)
+            if f is None:
                 return False
-            try:
-                # TunableOp's CSV by its suffix; in JSON an unusable rule is skipped, not the file
-                f = load_tunableop_csv(path, ordinal=self.device.properties.index) if is_tunableop_csv(path) \
-                    else load_overrides(path, strict=False)
-            except FarmError as exc:
-                if os.path.isfile(path):  # kept for a person to look at; a later write_file would replace it
-                    moved = move_aside(Path(path))
-                    log.warning("autotune: results file %s unreadable (%s); moved aside to %s", path, exc, moved)
-                else:
-                    log.warning("autotune: results file %s unreadable (%s); ignored", path, exc)
-                return False
-            mismatch = self._mismatch(f)
+            mismatch = self.files.mismatch(f)
             if mismatch:
                 # a results file shared by a mixed fleet must survive every process that reads it: skipped, never
                 # moved, never written into
-                self._foreign[os.path.abspath(path)] = mismatch
+                self.files.foreign[os.path.abspath(path)] = mismatch
                 own = self.own_file(path)
                 self._say("results file %s is for %s; not used here (this device's results: %s)", path, mismatch, own)
                 return False if _own or not os.path.exists(own) else self.read_file(own, _own=True)
@@ -219,56 +114,15 @@ class TunableRuntime:
             self._bound.clear()
             return True
 
-    def _mismatch(self, f: OverrideFile) -> str:
-        if VALIDATORS in f.extra:  # read from CSV: its validators decide, as the runtime tuner's document has it
-            return validator_mismatch(f, self._csv_device())
-        sig = f.device_signature
-        if sig and sig != self.device.signature:
-            props = (f.device or {}).get("properties") or {}
-            ours = self.device.properties.library_versions
-            theirs = props.get("libraries") or {}
-            libs = [f"{k} {theirs.get(k)} vs {v}" for k, v in ours.items() if theirs.get(k) != v]
-            return f"device {sig} ({'libraries differ: ' + ', '.join(libs) if libs else 'another device'})"
-        return ""
-
     def write_file(self, filename: str | None = None) -> None:
         with self._lock:
             entries = self._results.entries if self._results else []
             self._filename_used = True
-            self._write(filename or self._results_path(), entries, "replace")
+            self.files.write(filename or self._results_path(), entries, "replace", self._extra())
 
     def own_file(self, path: str) -> str:
-        """Where this device's results go when ``path`` holds another device's: ``<stem>.<signature><suffix>``
-        beside it (read in its place by read_file)."""
-        p = Path(path)
-        return str(p.with_name(f"{p.stem}.{self.device.signature}{p.suffix}"))
-
-    def _writable(self, path: str) -> str:
-        """``path``, or this device's own file beside it where ``path`` is another device's (read now if it was
-        not): an append must never put this device's validators over another device's lines."""
-        key = os.path.abspath(path)
-        if key not in self._foreign and os.path.isfile(path):
-            try:
-                f = load_tunableop_csv(path, ordinal=self.device.properties.index) if is_tunableop_csv(path) \
-                    else load_overrides(path, strict=False)
-            except FarmError:
-                return path  # unreadable: the writer moves it aside
-            if mismatch := self._mismatch(f):
-                self._foreign[key] = mismatch
-        if key in self._foreign:
-            own = self.own_file(path)
-            self._say("results file %s is for %s: this device's results go to %s", path, self._foreign[key], own)
-            return own
-        return path
-
-    def _write(self, path: str, entries: list[OverrideEntry], mode: str) -> None:
-        """Write in the file's format: TunableOp's CSV for a ``.csv`` name (what it held otherwise kept), else JSON."""
-        path = self._writable(path)
-        if is_tunableop_csv(path):
-            write_tunableop_csv(path, entries, device=self._csv_device(), mode=mode,
-                                extra=self._results.extra if self._results is not None else None)
-        else:
-            write_overrides(path, entries, device=self._device_obj(), mode=mode)
+        """Where this device's results go when ``path`` holds another device's (farm.replay.results_files)."""
+        return self.files.own_file(path)
 
     def get_results(self) -> list[tuple[str, str, str, float]]:
         """The recorded winners as the runtime tuner's API gives them: ``(op, params, kernel, time_ms)``, the fields
@@ -287,16 +141,9 @@ class TunableRuntime:
                  "knobs": dict(e.knobs), "min_time_ms": (e.metadata or {}).get("min_time_ms")}
                 for e in (self._results.entries if self._results else [])]
 
-    def _device_obj(self) -> dict[str, Any]:
-        return {"signature": self.device.signature, "properties": self.device.properties.to_dict()}
-
-    def _csv_device(self) -> dict[str, Any]:
-        """The device as its CSV validators name it: on NVIDIA, with the loaded cuBLASLt's own version number."""
-        if self.device.vendor != "nvidia":
-            return self._device_obj()
-        from farm.devices.runtimes.cuda import loaded_cublaslt_version
-
-        return {**self._device_obj(), "cublaslt_version": loaded_cublaslt_version()}
+    def _extra(self) -> dict[str, Any] | None:
+        """What the results file held beyond its entries (a CSV's validators), kept when it is written again."""
+        return self._results.extra if self._results is not None else None
 
     def _ensure_results(self) -> None:
         if not self._results_loaded:
@@ -461,9 +308,9 @@ class TunableRuntime:
         w = results[0]
         with self._lock:
             entries = merge_entries(self._results.entries if self._results else [], [entry])[0]
-            self._results = OverrideFile(2, entries, self._device_obj(), {}, self._results_path())
+            self._results = OverrideFile(2, entries, self.files.device_obj(), {}, self._results_path())
             try:
-                self._write(self._results_path(), [entry], "append")
+                self.files.write(self._results_path(), [entry], "append", self._extra())
             except FarmError as exc:
                 log.warning("autotune: could not record %s in %s: %s", w.engine_name, self._results_path(), exc)
         self._say("tuned %s: %s[%s] %.4f ms (recorded)", problem.label(), w.engine_name, format_settings(w.knobs), w.min_ms)
@@ -477,29 +324,5 @@ class TunableRuntime:
             return
         self._untuned.add(problem.key)
         path = self.untuned_filename()
-        doc: dict[str, Any] = {"name": "untuned", "problems": []}
-        if os.path.lexists(path):
-            if not os.path.isfile(path):
-                log.warning("autotune: untuned file %s is not a regular file; %s not recorded", path, problem.label())
-                return
-            try:
-                loaded = yaml.safe_load(read_text_file(path, "untuned file"))
-                if not (isinstance(loaded, dict) and isinstance(loaded.get("problems"), list)
-                        and all(isinstance(p, dict) for p in loaded["problems"])):
-                    raise ValueError("not a workload with a problems list")
-                doc = loaded
-            except (InputError, yaml.YAMLError, ValueError, RecursionError) as exc:
-                moved = move_aside(Path(path))  # never overwritten: someone may want what was there
-                log.warning("autotune: untuned file %s unreadable (%s); moved aside to %s",
-                            path, str(exc).splitlines()[0], moved)
-        names = {p.get("name") for p in doc["problems"] if isinstance(p, dict)}
-        name = f"{problem.op}-{problem.key}"
-        if name in names:
-            return
-        c = problem.canonical()
-        doc["problems"].append({"name": name, "op": c["op"], "compute_dtype": c["compute_dtype"],
-                                "criteria": c["criteria"],
-                                "tensors": {t["id"]: {"dims": t["dims"], "strides": t["strides"], "dtype": t["dtype"]}
-                                            for t in c["tensors"]}})
-        atomic_write_text(path, yaml.safe_dump(doc, sort_keys=False))
-        self._say("untuned %s recorded in %s", problem.label(), path)
+        if append_untuned(path, problem):
+            self._say("untuned %s recorded in %s", problem.label(), path)
