@@ -45,7 +45,7 @@ from farm.tuner.callers import (REPLAY, Caller, direct_caller, graph_sampler, es
                                 input_set_count, input_sets, plan_caller, replay_caller)
 from farm.tuner.interrupts import reraise_user_interrupt
 from farm.tuner.judging.paired import PairedRatio, paired_ratio
-from farm.tuner.session import ENGINE_ERRORS
+from farm.tuner.interrupts import ENGINE_ERRORS
 from farm.tuner.judging.winner import ConfirmedRule
 from farm.replay.file_replay import FileReplay
 from farm.replay.verified import CALLS, Decision, Verified, VerifySettings, canonical_knobs, decisions_in, median_of

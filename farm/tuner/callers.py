@@ -253,3 +253,11 @@ def graph_sampler(device: Device, caller: Caller, repeats: int) -> tuple[Callabl
     turn = itertools.count()
     replay = capture(device, lambda: calls[next(turn) % m](), repeats)
     return (lambda: device.timer.measure(replay) / repeats), ""
+
+
+def rotating_inputs(problem: Problem, device: Device, tensors: Mapping[str, Any],
+                    config: Any) -> list[Mapping[str, Any]]:
+    """The tensor sets timed runs cycle through: the given one, then ``rotating_buffers`` others, or with
+    ``cold_cache`` as many as keep every run's inputs out of the device's cache."""
+    count = input_set_count(problem, device, rotating_buffers=config.rotating_buffers, cold_cache=config.cold_cache)
+    return input_sets(problem, device, tensors, count)

@@ -12,6 +12,11 @@ import signal
 import threading
 from typing import Any
 
+# what an engine's code may raise that is that candidate's failure: an engine that calls sys.exit() (or whose
+# library does) fails its candidate at once; it does not end the process (a farm worker: its whole task)
+# and a KeyboardInterrupt an engine raised itself, told from a user's Ctrl-C by reraise_user_interrupt
+ENGINE_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
+
 
 class SigintWatch:
     """Notes that a SIGINT arrived, then lets the handler that was there before act on it."""

@@ -6,40 +6,30 @@ The Autotuner (farm.tuner.autotuner) is its API; this module is the measuring se
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import logging
 import queue
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-import numpy as np
 
-from farm.devices.timing import timed_section
 from farm.errors import AutotuneError
 from farm.model import dtypes
 from farm.model.engine import Engine, Plan
 from farm.model.knobs import KnobSettings
-from farm.model.measurement import summarize, usable_time
 from farm.model.plans import PlanSpec
 from farm.model.records import AutotuneConfig, AutotuneResult, Disposition, PrimingFailurePolicy, ResultCheck, TuneMode
-from farm.tuner.callers import input_set_count, input_sets
+from farm.tuner.callers import rotating_inputs
 from farm.tuner.check import OutputCheck
 from farm.tuner.compile_claims import CompileQueue
-from farm.tuner.interrupts import reraise_user_interrupt
+from farm.tuner.interrupts import ENGINE_ERRORS, reraise_user_interrupt
 from farm.tuner.phases import COMPILE, MEASURE, PhaseClock, timed
-from farm.tuner.judging.winner import NOISE_SIGMAS, RELATIVE_FLOOR, is_noisy, noise_sigma
+from farm.tuner.sampling import noisy_near_top, sample, timed_call
 
 if TYPE_CHECKING:
     from farm.tuner.autotuner import Autotuner
 
-# the tuner's lines, wherever in the tuner they come from
-# what an engine's code may raise that is that candidate's failure: an engine that calls sys.exit() (or whose
-# library does) fails its candidate at once; it does not end the process (a farm worker: its whole task)
-# and a KeyboardInterrupt an engine raised itself, told from a user's Ctrl-C by farm.tuner.interrupts
-ENGINE_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
-
-log = logging.getLogger("farm.tuner.autotuner")
-from farm.tuner.candidate import CandidateRun, close_plan, error_text, started_iso
+log = logging.getLogger("farm.tuner.autotuner")  # the tuner's lines, wherever in the tuner they come from
+from farm.tuner.candidate import CandidateRun, candidate_row, close_plan, error_text, log_finished, started_iso
 
 
 class TuningRun:
@@ -53,21 +43,13 @@ class TuningRun:
         self.tensors = tensors
         self.listener = listener
         self.rule = config.stop_rule()
-        self.rotations = self._rotations(tuner, tensors, config)
+        self.rotations = rotating_inputs(tuner.problem, tuner.device, tensors, config)
         self.results: list[AutotuneResult] = []
         self._plans: dict[tuple[int, KnobSettings], tuple[PlanSpec, Engine, Plan]] = {}
         self._prebuilt = False
         self._best: tuple[float, float] | None = None  # (median, MAD) of the fastest candidate so far
         self._alone = False  # one candidate only: nothing to tie with
         self.check = OutputCheck(tuner.problem, tuner.device, tensors, config.check)
-
-    @staticmethod
-    def _rotations(tuner: "Autotuner", tensors: Mapping[str, Any], config: AutotuneConfig) -> list[Mapping[str, Any]]:
-        """The tensor sets timed runs cycle through: the given one, then ``rotating_buffers`` others, or with
-        ``cold_cache`` as many as keep every run's inputs out of the device's cache (farm.tuner.callers)."""
-        count = input_set_count(tuner.problem, tuner.device, rotating_buffers=config.rotating_buffers,
-                                cold_cache=config.cold_cache)
-        return input_sets(tuner.problem, tuner.device, tensors, count)
 
     # -- the pipeline ----------------------------------------------------------------
     def execute(self, candidates: list[CandidateRun], *, prebuilt: bool) -> list[AutotuneResult]:
@@ -164,7 +146,8 @@ class TuningRun:
         t0 = time.perf_counter()
         plan = self.t.compile_candidate(cand, benchmarking=True)
         failure = ""
-        over = self._workspace_bar(int(plan.workspace_size)) if plan is not None else None
+        over = workspace_bar(self.cfg.workspace_limit, self.t.ceiling_reason, int(plan.workspace_size)) \
+            if plan is not None else None
         if plan is None:
             failure, cand.error = cand.error, ""
         elif over is not None:
@@ -219,14 +202,15 @@ class TuningRun:
         if warmed is None:
             return
         warmups, max_err = warmed
-        timed, per_call, note = self._timed_call(plan, workspace, cand)
+        timed, per_call, note = timed_call(self.t.device, self.t.problem, self.cfg.graph_repeats, self.rotations,
+                                           plan, workspace, cand.spec.describe(self.t.registry))
         samples: list[float] = []
         try:
             label = cand.spec.describe(self.t.registry)
-            converged = self._sample(timed, per_call, samples, label)
-            if self._noisy_near_top(samples):
+            converged = sample(self.t.device, self.cfg, self.rule, timed, per_call, samples, label)
+            if not self._alone and noisy_near_top(samples, self._best):
                 # its noise would decide ties: measure again rather than promote or demote it on noise
-                converged = self._sample(timed, per_call, samples, label)
+                converged = sample(self.t.device, self.cfg, self.rule, timed, per_call, samples, label)
                 note = "; ".join(x for x in (note, f"noisy near the top: re-measured ({len(samples)} samples)") if x)
         except ENGINE_ERRORS as exc:
             reraise_user_interrupt(exc)
@@ -236,13 +220,6 @@ class TuningRun:
         self._finish(cand, Disposition.SUCCEEDED, workspace=ws, warmups=warmups, samples=samples,
                      converged=converged, max_err=max_err, error="; ".join(x for x in (cand.note, note) if x))
         self._plans[(cand.spec.engine_id, cand.spec.knobs)] = (cand.spec, cand.engine, plan)
-
-    def _workspace_bar(self, ws: int) -> str | None:
-        """Why a plan of this workspace may not run (deselect ceiling or the config's limit), or None."""
-        limit = self.cfg.workspace_limit
-        if limit is not None and ws > limit:
-            return f"workspace {ws} B over the limit {limit} B"
-        return self.t.ceiling_reason(ws)
 
     def _over_workspace_limit(self, cand: CandidateRun, ws: int) -> bool:
         """Finish the candidate when its compiled plan needs more workspace than the limit."""
@@ -289,147 +266,21 @@ class TuningRun:
             return None
         return warmups, max_err
 
-    def _sample(self, timed: Callable[[int], Callable[[], None]], per_call: int, samples: list[float], label: str = "") -> bool:
-        """Timed runs appended to ``samples`` until the stop rule (counted from this call) says stop."""
-        dev = self.t.device
-        first = len(samples)
-        with timed_section():  # compile threads of this process wait: see farm.devices.timing
-            t0 = time.perf_counter()
-            while True:
-                if self.cfg.cold_cache:
-                    dev.runtime.flush_l2(dev.stream)
-                t = dev.timer.measure(timed(len(samples))) / per_call
-                if not usable_time(t):  # a broken timer or engine: the candidate fails, its time is no result
-                    raise ValueError(f"unusable time {t!r} ms")
-                samples.append(t)
-                stop, converged = self.rule.done(samples[first:], (time.perf_counter() - t0) * 1e3)
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("autotune: %s iteration %d: %.4f ms%s", label, len(samples), samples[-1],
-                              self._cov_progress(samples[first:]))
-                if stop:
-                    return converged
-
-    def _cov_progress(self, samples: Sequence[float]) -> str:
-        """', CoV of the last W x.x % (target y %)' under run_until_stable, once a window is full."""
-        w = self.cfg.window
-        if self.cfg.strategy.value != "run_until_stable" or len(samples) < w:
-            return ""
-        tail = np.asarray(samples[-w:])
-        cov = float(tail.std() / tail.mean()) if tail.mean() > 0 else float("inf")
-        return f", CoV of the last {w} {cov:.1%} (target {self.cfg.stability_threshold:.0%})"
-
-    def _noisy_near_top(self, samples: Sequence[float]) -> bool:
-        """Noisy, and within noise of (or faster than) the best candidate measured so far."""
-        if len(samples) < 3 or self._alone:
-            return False
-        stats = summarize(samples)
-        if stats.median is None or not is_noisy(np.array([stats.median]), np.array([stats.mad]))[0]:
-            return False
-        if self._best is None:
-            return True
-        best_median, best_mad = self._best
-        sigma = noise_sigma(np.array([best_mad, stats.mad]))
-        band = NOISE_SIGMAS * float(np.sqrt((sigma ** 2).sum())) + RELATIVE_FLOOR * best_median
-        return stats.median - best_median <= band
-
-    def _timed_call(self, plan: Plan, workspace: Any, cand: CandidateRun) -> tuple[Callable[[int], Callable[[], None]], int, str]:
-        """(sample index -> the function one measurement times, runs per measurement, a note).
-
-        A plan whose ``run`` copies the library's output into the given one (``copies_output``) is timed
-        through ``produce``, as replay without ``out=`` runs it; ``run`` is what the warm-up checks.
-        With graph_repeats, one measurement is a replay of a device graph holding that many runs
-        (the device must offer ``capture_graph``), which take the input sets (rotating_buffers) in turn as
-        plain runs do: a graph of one set would time weights that sit in L2, which a model streaming its
-        layers' weights does not get. A failed capture falls back to plain runs.
-        """
-        dev = self.t.device
-        produce = getattr(plan, "produce", None) if workspace is None and getattr(plan, "copies_output", False) else None
-        if produce is not None and all(self.t.problem.tensor(o).is_contiguous for o in self.t.problem.output_ids):
-            # run() would copy the library's output into ours; a replay without out= hands it back instead.
-            # (Plans that write in place are timed as they are: allocating in timed runs contends with
-            # compile threads for the allocator and adds noise production does not have.)
-            def call(tensors: Mapping[str, Any]) -> None:
-                produce(tensors)
-        else:
-            def call(tensors: Mapping[str, Any]) -> None:
-                plan.run(tensors, workspace, dev.stream)
-        repeats = self.cfg.graph_repeats
-        capture = dev.extras.get("capture_graph")
-        if repeats and capture is not None:
-            sets, turn = self.rotations, itertools.count()
-            try:
-                replay = capture(dev, lambda: call(sets[next(turn) % len(sets)]), repeats)
-                return (lambda i: replay), repeats, ""
-            except ENGINE_ERRORS as exc:
-                reraise_user_interrupt(exc)
-                note = f"graph capture failed, timed without graphs: {error_text(exc)}"
-                log.info("autotune: %s: %s", cand.spec.describe(self.t.registry), note)
-                dev.synchronize()
-        elif repeats:
-            note = f"{dev.runtime.name} devices offer no graph capture; timed without graphs"
-        else:
-            note = ""
-        sets = self.rotations
-
-        def timed(i: int) -> Callable[[], None]:
-            tensors = sets[i % len(sets)]
-            return lambda: call(tensors)
-
-        return timed, 1, note
-
     # -- numerical check ---------------------------------------------------------------
     # -- bookkeeping -----------------------------------------------------------------
     def _finish(self, cand: CandidateRun, disposition: Disposition, *, error: str = "", workspace: int | None = None,
                 warmups: int = 0, samples: Sequence[float] = (), converged: bool = False,
                 max_err: float | None = None) -> None:
         self.t.in_flight.pop(cand.spec, None)
-        stats = summarize(samples)
-        engine = cand.engine
-        spent = cand.spent_ms + (cand.compile_ms or 0.0) + ((time.perf_counter() - cand.started) * 1e3 if cand.started else 0.0)
-        result = AutotuneResult(
-            problem_key=self.t.problem.key,
-            engine_id=cand.spec.engine_id,
-            engine_name=engine.name if engine is not None else str(cand.spec.engine_id),
-            knobs=cand.spec.knobs,
-            disposition=disposition,
-            candidate=cand.index,
-            mode=self.cfg.mode,
-            strategy=self.cfg.strategy,
-            error=error,
-            min_ms=stats.min,
-            avg_ms=stats.mean,
-            stddev_ms=stats.stddev,
-            median_ms=stats.median,
-            mad_ms=stats.mad,
-            samples=tuple(float(s) for s in samples),
-            iterations=len(samples),
-            warmups=warmups,
-            converged=converged,
-            workspace_size=-1 if workspace is None else workspace,
-            estimated_workspace=cand.estimated_workspace,
-            ran_exhaustive=cand.ran_exhaustive,
-            supports_exhaustive=bool(engine.supports_exhaustive) if engine is not None else False,
-            exhaustive_not_run_reason=cand.not_primed if self.cfg.mode is TuneMode.EXHAUSTIVE and not cand.ran_exhaustive
-            else "",
-            device_name=self.t.device.properties.name,
-            max_rel_error=max_err,
-            compile_ms=cand.compile_ms,
-            tuning_ms=spent,
-            started_at=cand.started_at,
-        )
+        result = candidate_row(cand, self.t.problem.key, self.cfg, self.t.device.properties.name, disposition,
+                               error=error, workspace=workspace, warmups=warmups, samples=samples,
+                               converged=converged, max_err=max_err)
         self.results.append(result)
         if disposition is Disposition.SUCCEEDED and result.median_ms is not None:
             if self._best is None or result.median_ms < self._best[0]:
                 self._best = (result.median_ms, result.mad_ms or 0.0)
-        if disposition is Disposition.SUCCEEDED:
-            log.info("autotune: %s: %.4f ms min, %.4f ms avg, %d iterations%s", result.label, result.min_ms,
-                     result.avg_ms, result.iterations, ", converged" if converged else "")
-        elif disposition in (Disposition.BARRED_BY_DESELECT, Disposition.EXCLUDED_BY_FILTER):
-            log.debug("autotune: %s %s: %s", result.label, disposition.value, error)
-        else:
-            # the RFC's failures at WARNING; a limit that skips a candidate is no failure
-            level = logging.INFO if disposition is Disposition.EXCEEDS_WORKSPACE_LIMIT else logging.WARNING
-            log.log(level, "autotune: %s %s: %s", result.label, disposition.value, error)
+        log_finished(result, error)
+        if disposition not in (Disposition.SUCCEEDED, Disposition.BARRED_BY_DESELECT, Disposition.EXCLUDED_BY_FILTER):
             if cand.plan is not None and not self._prebuilt:
                 close_plan(cand.plan)
         if self.listener is not None:
@@ -446,3 +297,8 @@ class TuningRun:
                 close_plan(entry[2])
 
 
+def workspace_bar(limit: int | None, ceiling: Callable[[int], str | None], ws: int) -> str | None:
+    """Why a plan of this workspace may not run (the config's limit, or the deselect ``ceiling``), or None."""
+    if limit is not None and ws > limit:
+        return f"workspace {ws} B over the limit {limit} B"
+    return ceiling(ws)

@@ -32,7 +32,7 @@ from farm.store.results import MeasurementContext, ResultWriter, RunContext, new
 from farm.model.plans import candidate_key
 from farm.tuner.autotuner import Autotuner
 from farm.tuner.judging.confirm import run_confirmation
-from farm.tuner.session import ENGINE_ERRORS
+from farm.tuner.interrupts import ENGINE_ERRORS
 from farm.tuner.phases import COMPILE, DISCOVER, MEASURE, SETUP, PhaseClock, PhaseSplit
 from farm.tuner.phases import CONFIRM as PHASE_CONFIRM
 from farm.tuner.problem_tuning import plan_specs_for

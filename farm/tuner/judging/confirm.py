@@ -40,7 +40,7 @@ from farm.tuner.callers import (Caller, calls_per_sample, estimate_ms, eager_sam
                                 input_set_count, input_sets, participant_caller)
 from farm.tuner.candidate import CandidateRun, close_plan, error_text, started_iso
 from farm.tuner.interrupts import reraise_user_interrupt
-from farm.tuner.session import ENGINE_ERRORS
+from farm.tuner.interrupts import ENGINE_ERRORS
 from farm.tuner.judging.paired import CONFIDENCE, min_rounds
 from farm.tuner.phases import COMPILE, CONFIRM, PhaseClock, timed
 from farm.tuner.watchdog import HangWatch
