@@ -86,13 +86,18 @@ def _normalized(y: np.ndarray, std: np.ndarray, p: dict[str, np.ndarray]) -> Non
     y += p["bias"]
 
 
-class TwoPassLayerNorm(_RowEngine):
+class _LayerNorm(_RowEngine):
+    """(x - mean) / sqrt(var + eps) * scale + bias over each row; a subclass says how the moments are summed."""
+
+    ops = frozenset({"layernorm"})
+    params = ("scale", "bias")
+
+
+class TwoPassLayerNorm(_LayerNorm):
     """Mean first, then the variance of the centred rows (numerically safest)."""
 
     name = "cpu.layernorm.twopass"
-    ops = frozenset({"layernorm"})
     priority = 10
-    params = ("scale", "bias")
 
     def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray, eps: float) -> None:
         mean = stats[:, 0:1]
@@ -106,13 +111,11 @@ class TwoPassLayerNorm(_RowEngine):
         _normalized(y, var, p)
 
 
-class OnePassLayerNorm(_RowEngine):
+class OnePassLayerNorm(_LayerNorm):
     """Sum and sum of squares in one sweep: var = E[x^2] - E[x]^2."""
 
     name = "cpu.layernorm.onepass"
-    ops = frozenset({"layernorm"})
     priority = 20
-    params = ("scale", "bias")
 
     def kernel(self, x: np.ndarray, p: dict[str, np.ndarray], y: np.ndarray, stats: np.ndarray, eps: float) -> None:
         n = x.shape[1]
