@@ -330,11 +330,29 @@ def _add_publish(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_publish)
 
+def _did_you_mean(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str:
+    """'' unless the command named is not one of farm's; then a line naming the closest ones."""
+    import difflib
+
+    commands = next((list(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction)), [])
+    word = next((w for w in argv if not w.startswith("-")), None)
+    if word is None or word in commands:
+        return ""
+    close = difflib.get_close_matches(word, commands, n=2, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return f"unknown command {word!r}: {hint}(farm --help lists the commands: {', '.join(commands)})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     # the command line as given, for a restart (farm tune --in-process) and a resume line: in the namespace before
     # parsing, so that nothing is set on the parsed arguments afterwards
     given = argparse.Namespace(argv=list(sys.argv[1:] if argv is None else argv))
+    suggestion = _did_you_mean(parser, given.argv)
+    if suggestion:
+        make_console(stderr=True).print(f"[bold red]error:[/] {escape(suggestion)}", markup=True, highlight=False,
+                                        soft_wrap=True)
+        return 2
     args = parser.parse_args(argv, namespace=given)
     setup_logging(verbose_level(args))
     from farm.tuner.interrupts import SIGINTS

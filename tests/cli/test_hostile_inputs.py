@@ -286,10 +286,12 @@ def test_rows_reach_disk_within_a_second_without_another_row_arriving(tmp_path):
     w = ResultWriter(tmp_path, run.run_id, flush_rows=1000, flush_seconds=0.3, background=True)
     try:
         w.append([result_row(fake_result(p, "e"), p, "p", run, MeasurementContext(gpu))])
-        deadline = time.monotonic() + 3
+        # the background flush after 0.3 s: waited for (60 s at most: a loaded machine delays the thread)
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not list(tmp_path.rglob("part-*.parquet")):
             time.sleep(0.05)
-        assert len(list(tmp_path.rglob("part-*.parquet"))) == 1 and w.rows_written == 1
+        assert len(list(tmp_path.rglob("part-*.parquet"))) == 1 and w.rows_written == 1, \
+            "the background flush wrote no part within 60 s"
     finally:
         w.close()
     assert w.rows_written == 1  # close() wrote nothing twice

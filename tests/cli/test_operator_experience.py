@@ -6,7 +6,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -42,15 +41,13 @@ def test_verbose_ray_run_names_problems_without_colour_codes_then_a_finished_res
     from farm.devices.runtimes.cpu import usable_cores
 
     many = usable_cores() + 1
-    t0 = time.perf_counter()
     again = farm(repo_root, "tune", tmp_path / "w.yaml", "--devices", f"cpu:{many}", "--out", out, "--allow-partial",
                  "--json")
-    took = time.perf_counter() - t0
     assert f"--devices cpu:{many} starts {many} measuring workers" in " ".join(again.stderr.split())
     assert again.returncode == 0, again.stderr[-2000:]
     data = json.loads(again.stdout)
     assert data["rows_written"] == 0 and "mm8" in json.dumps(data["no_winner"])
-    assert "Ray" not in again.stderr and took < 8.0, (took, again.stderr[-1000:])
+    assert data["ray_started"] is False and "Ray" not in again.stderr, again.stderr[-1000:]
     # nothing is left behind: no .lock in the job folder, its overrides/ or beside them
     assert not [p for p in out.rglob("*") if p.name.endswith(".lock")]
 
@@ -148,3 +145,14 @@ def test_the_tunable_runtime_leaves_no_lock_file_in_the_working_directory(tmp_pa
         ops.reset()
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["farm_tunable_results0.json"], names
+
+
+@pytest.mark.parametrize("argv, named", [(["tnue", "w.yaml"], "did you mean 'tune'?"),
+                                         (["-v", "pubilsh"], "did you mean 'publish'?"),
+                                         (["xyzzy"], "farm --help lists the commands")])
+def test_a_mistyped_command_gets_one_line_naming_the_closest(argv, named, capsys):
+    from farm.cli.main import main
+
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("error: unknown command") and named in err and err.count("error:") == 1, err

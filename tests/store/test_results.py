@@ -150,7 +150,10 @@ def test_a_killed_writer_leaves_only_complete_files(tmp_path, repo_root):
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
-    time.sleep(1.0)
+    # killed while it writes: once its first parts are on disk (60 s at most on a loaded machine), then a moment on
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(tmp_path.rglob("part-*.parquet"))) < 2:
+        time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     data = ResultsDataset(tmp_path)

@@ -183,7 +183,8 @@ def farm_dict(workload: Any, out: str, report: Any) -> dict[str, Any]:
     return {
         "workload": {"name": workload.name, "source": workload.source, "digest": workload.digest},
         "autotune": to_jsonable(workload.autotune),
-        "executor": "ray", "job_id": report.job_id, "run_id": report.run_id, "out": out, "wall_s": report.wall_s,
+        "executor": "ray", "ray_started": report.workers_started,  # False: a resume with nothing to measure
+        "job_id": report.job_id, "run_id": report.run_id, "out": out, "wall_s": report.wall_s,
         "tuning_s": report.tuning_s, "phases": {"tuning_s": report.tuning_s, "total": report.phases.to_json()},
         "rows_written": report.rows_written, "candidates": report.total, "remeasured": report.remeasured,
         "counts": report.counts, "skipped_problems": report.problems_skipped,
