@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from farm.errors import first_line
 from farm.fleet.driver import Driver, FarmStatus, WorkerState, WorkerStatus, finish_phases
 from farm.fleet.job import JobRun
 from farm.fleet.on_ray.launcher import FarmFailed, WorkerLauncher
@@ -165,6 +166,9 @@ def oversubscribed_cpu(request: DeviceRequest, address: str | None) -> str:
 
 
 CONNECT_TIMEOUT_S = 10.0
+LOCAL_START_ATTEMPTS = 2  # a loaded machine's first start can time out where the second one comes up
+
+
 def _reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """Fail within ``timeout_s`` when nothing listens at a ``host:port`` or ``ray://host:port`` address
     (Ray itself retries for minutes). ``auto`` and addresses without a port are left to Ray."""
@@ -196,7 +200,17 @@ def _init_ray(address: str | None, request: DeviceRequest) -> None:
     if request.kind == "cpu":
         cpus = max(cpus, request.count or 1)
     # address="local": a new instance even where a cluster runs on this machine (ray.init() would join that one)
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False, **kwargs)
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        try:
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, **kwargs)
+            return
+        except Exception as exc:  # Ray's own: its node timed out starting (a loaded machine), a port taken...
+            ray.shutdown()  # what this attempt started goes before the next one
+            if attempt == LOCAL_START_ATTEMPTS:
+                raise FarmFailed(f"a local Ray instance did not start ({LOCAL_START_ATTEMPTS} tries: "
+                                 f"{type(exc).__name__}: {first_line(exc)}); on a busy machine run the same command "
+                                 "again, or tune in this process with --in-process") from None
+            log.warning("farm: the local Ray instance did not start (%s); trying again", first_line(exc))
 
 
 def _stop_workers(handles: Sequence[Any]) -> None:
