@@ -69,7 +69,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
             console.print(f"step {escape(c.step)}: the farm's problems take {100 * c.covered:.1f} % of its {c.time} "
                           "time: what tuning can reach")
     console.print(f"wrote {escape(str(out))}: {len(workload.problems)} problem(s) from {len(workload.steps)} step(s)")
-    console.print(f"next: farm tune {escape(str(out))} --out {escape(str(out.parent))}", soft_wrap=True)
+    # a run folder of its own: beside a workload at runs/<name>/, else runs/<name> (not the workloads' folder)
+    run_dir = out.parent if out.parent.parent.name == "runs" else Path("runs") / workload.name
+    console.print(f"next: farm tune {escape(str(out))} --out {escape(str(run_dir))}", soft_wrap=True)
     return 0
 
 
@@ -88,8 +90,15 @@ def _for_the_device(template: Any, workload: Any) -> tuple[Any, str]:
 
 def _refuse_to_replace(args: argparse.Namespace) -> None:
     """Without --out, the default path (runs/<name>/workload.yaml) is where the last capture of this model went:
-    another capture (a --meta one of a device's, say) does not silently replace it, before any work is done."""
-    if args.out or args.force:
+    another capture (a --meta one of a device's, say) does not silently replace it, before any work is done; nor,
+    with --out, does it replace the workload a run folder was tuned from."""
+    if args.force:
+        return
+    if args.out:
+        given = Path(args.out)
+        if given.is_file() and (given.parent / "job.json").exists():
+            raise InputError("a tuned run's workload (job.json is beside it): replacing it would make that run's "
+                             "results another workload's; give another --out, or --force", source=str(given))
         return
     if ":" in args.target and not args.target.endswith(".py"):
         name = args.name or args.target.rpartition(":")[2].replace("_", "-")
