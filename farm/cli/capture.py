@@ -55,6 +55,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if note:
         console.print(f"[yellow]note[/] {escape(note)}")
     console.print(_problems_table(workload))
+    if over_whole(workload):
+        console.print("[yellow]note[/] a problem's calls, timed alone, took longer than the whole step: the machine "
+                      "was busy while it timed them, so no share is shown there; capture again on a quiet machine "
+                      "(or --no-time to skip the timing)", soft_wrap=True)
     for s in workload.steps:
         if s.wall_ms is not None:
             console.print(f"step {escape(s.label)} on {escape(s.device)}: {s.wall_ms:.3f} ms, the host issues it in "
@@ -159,11 +163,24 @@ def _problems_table(workload: Any) -> Table:
         uses = {u.step: u for u in p.uses}
         for label in steps:
             u = uses.get(label)
-            cells.append("\n".join([str(u.calls), f"{u.ms:.4f}" if u.ms is not None else "-",
-                                     f"{100 * u.share:.1f} %" if u.share is not None else "-"]) if u else "")
+            cells.append("\n".join([str(u.calls), f"{u.ms:.4f}" if u.ms is not None else "-", share_text(u.share)])
+                         if u else "")
         cells.append(Name(", ".join(p.sites)))
         table.add_row(*cells)
     return table
+
+
+def share_text(share: float | None) -> str:
+    """A problem's share of its step as printed: never above 100 % (its calls timed alone took longer than the
+    step: the machine was busy while it timed them, and the figure means nothing)."""
+    if share is None:
+        return "-"
+    return f"{100 * share:.1f} %" if share <= 1.0 else "? (busy)"
+
+
+def over_whole(workload: Any) -> bool:
+    """A problem's calls, timed alone, took longer than their step: the timing ran on a busy machine."""
+    return any(u.share is not None and u.share > 1.0 for p in workload.problems for u in p.uses)
 
 
 def _coverage_table(coverage: Any) -> Table:

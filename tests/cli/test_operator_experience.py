@@ -156,3 +156,16 @@ def test_a_mistyped_command_gets_one_line_naming_the_closest(argv, named, capsys
     assert main(argv) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert err.startswith("error: unknown command") and named in err and err.count("error:") == 1, err
+
+
+def test_a_share_above_the_whole_step_is_never_printed():
+    """Timed alone on a busy machine a problem's calls can take longer than its step (capture printed 1416 %):
+    the table says the figure is unusable instead."""
+    from types import SimpleNamespace
+
+    from farm.cli.capture import over_whole, share_text
+
+    assert share_text(0.254) == "25.4 %" and share_text(None) == "-" and share_text(14.16) == "? (busy)"
+    use = lambda share: SimpleNamespace(share=share)  # noqa: E731
+    assert over_whole(SimpleNamespace(problems=[SimpleNamespace(uses=[use(0.3), use(14.16)])]))
+    assert not over_whole(SimpleNamespace(problems=[SimpleNamespace(uses=[use(0.3), use(None)])]))
