@@ -26,7 +26,8 @@ from farm.cli.verify import add_verify_parser
 # -- farm engines ---------------------------------------------------------------------------
 def cmd_engines(args: argparse.Namespace) -> int:
     from farm.cli.engines_here import local_devices, runs_here
-    from farm.cli.tables.engines import engine_dict, engines_table
+    from farm.cli.tables.cards import WIDE
+    from farm.cli.tables.engines import engine_dict, engines_cards, engines_table
     from farm.model.engine import default_engine_registry, engine_priority
 
     registry = default_engine_registry()
@@ -46,13 +47,15 @@ def cmd_engines(args: argparse.Namespace) -> int:
     elif args.op is not None and not engines:
         make_console().print(f"no engine serves {escape(args.op)} (built-in or installed as a plugin)")
     else:
-        make_console().print(engines_table(registry, engines, here))
+        console = make_console()
+        console.print((engines_table if console.width >= WIDE else engines_cards)(registry, engines, here))
     return 0
 
 
 # -- farm devices ---------------------------------------------------------------------------
 def cmd_devices(args: argparse.Namespace) -> int:
-    from farm.cli.tables.engines import devices_table
+    from farm.cli.tables.cards import WIDE
+    from farm.cli.tables.engines import devices_cards, devices_table
     from farm.devices.device import probe
 
     probes = probe()
@@ -62,7 +65,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
             "runtimes": [{"runtime": p.runtime, "devices": len(p.devices), "note": p.note} for p in probes],
         })
     else:
-        make_console().print(devices_table(probes))
+        console = make_console()
+        console.print(devices_table(probes) if console.width >= WIDE else devices_cards(probes))
     return 0
 
 

@@ -169,3 +169,26 @@ def test_a_share_above_the_whole_step_is_never_printed():
     use = lambda share: SimpleNamespace(share=share)  # noqa: E731
     assert over_whole(SimpleNamespace(problems=[SimpleNamespace(uses=[use(0.3), use(14.16)])]))
     assert not over_whole(SimpleNamespace(problems=[SimpleNamespace(uses=[use(0.3), use(None)])]))
+
+
+@pytest.mark.parametrize("command", ["engines", "devices"])
+def test_listings_at_80_columns_keep_every_name_whole(command, repo_root):
+    """At 80 columns farm engines showed no engine names (zero-width columns) and farm devices cut every cell:
+    below the table's width each record is a block, and every name and signature is there whole."""
+    import os
+    import subprocess
+    import sys
+
+    from farm.devices.device import probe
+    from farm.model.engine import default_engine_registry
+
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(repo_root)}
+    run = subprocess.run([sys.executable, "-m", "farm", command], cwd=repo_root, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert lines and max(len(line) for line in lines) <= 80
+    words = {w for line in lines for w in line.split()}
+    names = [e.name for e in default_engine_registry()] if command == "engines" else \
+        [d.signature for p in probe() for d in p.devices]
+    assert names and all(n in words for n in names), [n for n in names if n not in words]

@@ -7,6 +7,7 @@ from typing import Any, Iterable, Sequence
 from rich.table import Table
 from rich.text import Text
 
+from farm.cli.tables.cards import cards
 from farm.cli.tables.runs import fmt_bytes
 from farm.model.engine import Engine, EngineRegistry, engine_id, user_knobs
 
@@ -37,6 +38,38 @@ def engines_table(registry: EngineRegistry, engines: Iterable[Engine], here: dic
             row.append(Text(answer, style="green" if answer.startswith("yes") else "dim"))
         table.add_row(*row)
     return table
+
+
+def engines_cards(registry: EngineRegistry, engines: Iterable[Engine], here: dict[str, str] | None = None) -> Any:
+    """farm engines at fewer than WIDE columns: an engine a block, its name whole."""
+    records = []
+    for e in engines:
+        described = [k.describe() for k in user_knobs(e)]
+        if len(described) > FOLD_KNOBS:
+            described = described[:FOLD_KNOBS - 1] + [f"... and {len(described) - FOLD_KNOBS + 1} more "
+                                                      f"(farm engines --json)"]
+        fields = [("ops", ", ".join(sorted(e.ops))), ("id", str(engine_id(e))), ("knobs", "\n".join(described) or "-"),
+                  ("exhaustive", "yes" if e.supports_exhaustive else "no"), ("from", registry.origin(e))]
+        if here is not None:
+            fields.append(("runs here", here.get(e.name, "")))
+        records.append((e.name, fields))
+    return cards("Engines", records)
+
+
+def devices_cards(probes: Any) -> Any:
+    """farm devices at fewer than WIDE columns: a device a block, its signature whole."""
+    records, notes = [], []
+    for p in probes:
+        for d in p.devices:
+            records.append((f"{p.runtime}:{d.index} {d.name}", [
+                ("signature", d.signature), ("arch", d.arch), ("units", str(d.compute_units)),
+                ("memory", fmt_bytes(d.total_memory)), ("L2", fmt_bytes(d.l2_bytes)),
+                ("clock", f"{d.clock_mhz} MHz" if d.clock_mhz else "-"),
+                ("driver / runtime", f"{d.driver_version or '-'} / {d.runtime_version or '-'}"),
+                ("libraries", "\n".join(f"{k} {v}" for k, v in d.libraries) or "-")]))
+        if p.note:
+            notes.append(f"{p.runtime}: {p.note}")
+    return cards("Devices", records, "\n".join(notes))
 
 
 def engine_dict(registry: EngineRegistry, e: Engine) -> dict[str, Any]:
