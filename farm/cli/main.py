@@ -179,7 +179,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         print_json({**publish_dict(reports), **({"history": vars(copied)} if copied else {})})
     else:
         console = make_console()
-        for table in publish_tables(reports, args.dry_run):
+        for table in publish_tables(reports, args.dry_run, console.width):
             console.print(table)
         if copied is not None:
             console.print(f"history: {copied.copied} results file(s) copied into {escape(copied.folder)}"

@@ -192,3 +192,30 @@ def test_listings_at_80_columns_keep_every_name_whole(command, repo_root):
     names = [e.name for e in default_engine_registry()] if command == "engines" else \
         [d.signature for p in probe() for d in p.devices]
     assert names and all(n in words for n in names), [n for n in names if n not in words]
+
+
+def test_farm_publish_at_80_columns_keeps_the_signature_whole_and_folds_the_path(tmp_path, repo_root):
+    import os
+    import subprocess
+    import sys
+
+    from farm.devices.device import cpu_device
+    from farm.store.overrides.entries import OverrideEntry
+    from farm.store.overrides.files import write_overrides
+    from tests.fakes import matmul_problem
+
+    cpu = cpu_device()
+    (tmp_path / "overrides").mkdir()
+    write_overrides(str(tmp_path / "overrides" / f"{cpu.signature}.json"),
+                    [OverrideEntry.for_problem(matmul_problem(), "cpu.matmul.blas", metadata={"min_time_ms": 1.0})],
+                    device={"signature": cpu.signature, "properties": cpu.properties.to_dict()}, mode="replace")
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(repo_root)}
+    run = subprocess.run([sys.executable, "-m", "farm", "publish", str(tmp_path / "overrides"), "--to",
+                          str(tmp_path / "root"), "--dry-run"], cwd=repo_root, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert cpu.signature in {w for line in lines for w in line.split()}  # whole, on one line
+    joined = "".join(line.strip() for line in lines)
+    assert f"{tmp_path / 'root'}" in joined and f"{cpu.signature}.json" in joined  # folded at the edge, not cut

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from farm.cli.names import Name
+from farm.cli.tables.cards import WIDE, cards
 from farm.cli.tables.runs import fmt_ms, fmt_speedup, round_cells
 from farm.cli.tables.farm import phases_table
 
@@ -21,8 +22,11 @@ def _change_line(c: Any) -> str:
     return f"~ {c.key}: {c.old_engine} {fmt_ms(c.old_ms)} -> {c.new_engine} {fmt_ms(c.new_ms)}"
 
 
-def publish_tables(reports: Sequence[Any], dry_run: bool = False) -> list[Table]:
-    summary = Table(title="Published" + (" (dry run: nothing written)" if dry_run else ""), title_justify="left")
+def publish_tables(reports: Sequence[Any], dry_run: bool = False, width: int = WIDE) -> list[Any]:
+    """The files published (a table; below WIDE columns a block a file, its signature and path whole), then the
+    changes."""
+    title = "Published" + (" (dry run: nothing written)" if dry_run else "")
+    summary = Table(title=title, title_justify="left")
     for col, justify in (("device signature", "left"), ("added", "right"), ("winner changed", "right"),
                          ("removed", "right"), ("unchanged", "right"), ("status", "left"), ("file", "left")):
         summary.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
@@ -53,6 +57,12 @@ def publish_tables(reports: Sequence[Any], dry_run: bool = False) -> list[Table]
             notes.append(f"{r.signature}: {n.label} {what}: {n.why}")
     if notes:
         summary.caption = Text("\n".join(notes), style="yellow", justify="left")
+    if width < WIDE:
+        summary = cards(title, [(r.signature, [
+            ("changes", f"{len(r.added)} added, {len(r.changed)} winner changed, {len(r.removed)} removed, "
+                        f"{r.unchanged} unchanged"),
+            ("status", "refused" if r.refused else "skipped" if r.skipped else "written" if r.written else "not written"),
+            ("file", r.path)]) for r in reports], "\n".join(notes))
     return [summary] + ([details] if details.row_count else [])
 
 
