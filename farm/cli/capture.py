@@ -40,6 +40,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     workload = merge(parts, name=args.name or name)
     out = Path(args.out or f"runs/{workload.name}/workload.yaml")
     template, note = _for_the_device(template, workload)
+    if not args.force:
+        _same_problems(out, workload)
     workload.write(out, template)
     if args.json:
         print_json({"workload": str(out), "name": workload.name, "steps": [s.to_dict() for s in workload.steps],
@@ -99,11 +101,7 @@ def _refuse_to_replace(args: argparse.Namespace) -> None:
     if args.force:
         return
     if args.out:
-        given = Path(args.out)
-        if given.is_file() and (given.parent / "job.json").exists():
-            raise InputError("a tuned run's workload (job.json is beside it): replacing it would make that run's "
-                             "results another workload's; give another --out, or --force", source=str(given))
-        return
+        return  # onto a tuned run's workload: checked once the capture says which problems it has (_same_problems)
     if ":" in args.target and not args.target.endswith(".py"):
         name = args.name or args.target.rpartition(":")[2].replace("_", "-")
     else:
@@ -112,6 +110,24 @@ def _refuse_to_replace(args: argparse.Namespace) -> None:
     if out.exists():
         raise InputError("a workload is there already (a capture of this model?): give --out, or --force to replace "
                          "it", source=str(out))
+
+
+def _same_problems(out: Path, workload: Any) -> None:
+    """A run folder tuned from ``out`` (job.json beside it) keeps its workload's problems: a capture with the same
+    problems replaces it (its times are new), one with other problems is refused, unless --force (the run's results
+    would be another workload's)."""
+    if not out.is_file() or not (out.parent / "job.json").exists():
+        return
+    from farm.model.workload import load_workload
+
+    try:
+        before = {wp.problem.key for wp in load_workload(out).problems}
+    except Exception:  # unreadable: what the run was tuned from cannot be told, so it is not replaced unasked
+        before = None
+    if before != {p.problem.key for p in workload.problems}:
+        raise InputError("a tuned run's workload (job.json is beside it) with other problems than this capture's: "
+                         "replacing it would make that run's results another workload's; give another --out, or "
+                         "--force", source=str(out))
 
 
 def _capture_factory(args: argparse.Namespace, device: str | None, calls: Any) -> tuple[list[Any], str]:

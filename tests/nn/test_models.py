@@ -388,11 +388,13 @@ def test_capture_does_not_replace_a_workload_at_its_default_path_unasked(tmp_pat
     assert capture("--meta", "--force").returncode == 0
     meta = capture("--meta", "--out", "workloads/meta.yaml")
     assert meta.returncode == 0 and "next: farm tune workloads/meta.yaml --out runs/decoder" in " ".join(meta.stdout.split())
-    # a run folder tuned from its workload (job.json beside it): --out onto that workload is refused, --force not
+    # a run folder tuned from its workload (job.json beside it): the same problems captured again replace it (new
+    # times), other problems are refused unless --force
     (tmp_path / "runs" / "decoder" / "job.json").write_text("{}")
-    tuned = capture("--meta", "--out", "runs/decoder/workload.yaml")
+    assert capture("--meta", "--out", "runs/decoder/workload.yaml").returncode == 0
+    tuned = capture("--meta", "--with", "batch=3", "--out", "runs/decoder/workload.yaml")
     assert tuned.returncode == 2 and "tuned run's workload" in tuned.stderr and "--force" in tuned.stderr
-    assert capture("--meta", "--out", "runs/decoder/workload.yaml", "--force").returncode == 0
+    assert capture("--meta", "--with", "batch=3", "--out", "runs/decoder/workload.yaml", "--force").returncode == 0
 
 
 def test_a_captured_workload_cut_short_is_refused_not_loaded_without_its_last_problems(tmp_path):
